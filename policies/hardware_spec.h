@@ -1,0 +1,43 @@
+// HardwareSpec: the figures the cost model needs for one GPU and its host. Datasheet presets
+// name their source per field; a calibrated profile (from `twinstep calibrate`) replaces the
+// measured fields without changing this interface.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace twinstep {
+
+struct HardwareSpec {
+  std::string name;
+  std::string source;  // where the numbers come from (datasheet, measurement, command)
+  int64_t hbm_bytes = 0;
+  double hbm_tbps = 0;          // datasheet HBM bandwidth, TB/s (1e12 B/s)
+  double stream_read_tbps = 0;  // best streaming-read bandwidth a kernel reaches, TB/s
+  double bf16_tflops = 0;       // dense bf16 tensor-core rate, TFLOP/s
+  int32_t sm_count = 0;
+  int64_t l2_bytes = 0;
+  double interconnect_gbps = 0;  // per-GPU NVLink bandwidth, GB/s (one direction)
+
+  // Cost-model knobs (roofline: time = max(bytes / (bw·mem_eff), flops / (peak·flop_eff)),
+  // at least kernel_floor_ns).
+  double mem_efficiency = 0.9;
+  double flop_efficiency = 0.7;
+  int64_t kernel_floor_ns = 2000;
+
+  // Launch and host-device figures.
+  int64_t eager_launch_ns = 4000;   // host cost of one eager kernel launch
+  int64_t graph_launch_ns = 5000;   // host cost of one cudaGraphLaunch
+  int64_t graph_node_gap_ns = 600;  // GPU gap between consecutive graph nodes
+  int64_t pdl_node_gap_ns = 200;    // the same with programmatic dependent launch
+  int64_t d2h_latency_ns = 5000;    // a small device-to-host copy, issue to completion
+  double d2h_gbps = 25;             // pinned device-to-host bandwidth, GB/s
+  int64_t host_wake_ns = 2000;      // event synchronise: completion to host resuming
+};
+
+// Presets by name: h100, h200, h20, b200, b300. Throws ConfigError for an unknown name.
+const HardwareSpec& hardware_preset(const std::string& name);
+std::vector<std::string> hardware_preset_names();
+
+}  // namespace twinstep

@@ -1,0 +1,42 @@
+#include "simulator/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace twinstep {
+
+CostModel::CostModel(const HardwareSpec& hw)
+    : ns_per_byte_(1e9 / (hw.stream_read_tbps * 1e12 * hw.mem_efficiency)),
+      ns_per_flop_(1e9 / (hw.bf16_tflops * 1e12 * hw.flop_efficiency)),
+      floor_ns_(hw.kernel_floor_ns),
+      d2h_latency_ns_(hw.d2h_latency_ns),
+      d2h_ns_per_byte_(1e9 / (hw.d2h_gbps * 1e9)) {}
+
+int64_t CostModel::kernel_ns(const KernelDesc& k) const {
+  const double mem_ns = double(k.bytes_read + k.bytes_written) * ns_per_byte_;
+  const double flop_ns = double(k.flops) * ns_per_flop_;
+  return std::max<int64_t>(floor_ns_, std::llround(std::max(mem_ns, flop_ns)));
+}
+
+GraphCost CostModel::graph_cost(const StepKernels& step) const {
+  GraphCost c;
+  for (const LayerRun& run : step.runs) {
+    int64_t busy = 0;
+    int64_t bytes = 0;
+    for (int32_t i = run.first; i < run.first + run.count; ++i) {
+      const KernelDesc& k = step.kernels[static_cast<size_t>(i)];
+      busy += kernel_ns(k);
+      bytes += k.bytes_read;
+    }
+    c.busy_ns += busy * run.repeat;
+    c.bytes_read += bytes * run.repeat;
+    c.nodes += int64_t{run.count} * run.repeat;
+  }
+  return c;
+}
+
+int64_t CostModel::copy_d2h_ns(int64_t bytes) const {
+  return d2h_latency_ns_ + std::llround(double(bytes) * d2h_ns_per_byte_);
+}
+
+}  // namespace twinstep

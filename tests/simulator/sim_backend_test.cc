@@ -1,0 +1,255 @@
+#include "simulator/sim_backend.h"
+
+#include <gtest/gtest.h>
+
+#include "policies/decode_loop.h"
+#include "tests/support/recording_backend.h"
+
+namespace twinstep {
+namespace {
+
+constexpr int64_t kUs = 1000;
+constexpr int64_t kFloorNs = 10 * kUs;
+// tiny-llama decode: embedding + 2 layers × 10 kernels + final norm + lm_head = 23 nodes, each
+// at the kernel floor on a machine with unbounded bandwidth and FLOPs: G = 230 µs.
+constexpr int64_t kGpuStepNs = 23 * kFloorNs;
+
+// A machine where every host-device overhead is zero and every kernel costs the floor, so
+// step times are exact sums of the host costs and G.
+HardwareSpec ideal_machine() {
+  HardwareSpec hw = hardware_preset("h200");
+  hw.stream_read_tbps = 1e9;
+  hw.bf16_tflops = 1e12;
+  hw.kernel_floor_ns = kFloorNs;
+  hw.eager_launch_ns = hw.graph_launch_ns = hw.graph_node_gap_ns = hw.pdl_node_gap_ns = 0;
+  hw.d2h_latency_ns = hw.host_wake_ns = 0;
+  hw.d2h_gbps = 1e12;
+  return hw;
+}
+
+struct SimRun {
+  RunRecord record;
+  // Decode steps away from the start and the end of the run.
+  std::vector<StepSample> steady() const {
+    std::vector<StepSample> s;
+    for (size_t i = 5; i + 5 < record.steps.size(); ++i)
+      if (record.steps[i].batch > 0) s.push_back(record.steps[i]);
+    return s;
+  }
+};
+
+SimRun simulate(HostSchedule schedule, const HostCostSpec& costs, const HardwareSpec& hw,
+                bool seq_lens_sync = false, int32_t output_len = 200) {
+  PolicySpec policy;
+  policy.host_schedule = schedule;
+  policy.seq_lens_sync = seq_lens_sync;
+  WorkloadSpec w;
+  w.input_len = {64, 64};
+  w.output_len = {output_len, output_len};
+  w.num_requests = 1;
+  w.max_concurrency = 1;
+  const std::vector<RequestSpec> requests = generate_requests(w);
+  SimRun run;
+  DecodeLoop loop(policy, w, requests, &run.record);
+  HostCostModel host(costs, 1);
+  SimBackend backend(model_preset("tiny-llama"), hw, host, requests);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, run.record);
+  return run;
+}
+
+HostCostSpec host_costs(int64_t schedule_ns, int64_t prepare_ns, int64_t process_ns) {
+  HostCostSpec c;
+  c.ops[size_t(HostOp::kSchedule)] = {DistKind::kFixed, schedule_ns};
+  c.ops[size_t(HostOp::kPrepareDecode)] = {DistKind::kFixed, prepare_ns};
+  c.ops[size_t(HostOp::kProcessOutputs)] = {DistKind::kFixed, process_ns};
+  return c;
+}
+
+TEST(SimBackend, ZeroHostCostSchedulesAgree) {
+  const HardwareSpec hw = ideal_machine();
+  for (HostSchedule s : {HostSchedule::kLockstep, HostSchedule::kRunahead}) {
+    for (const StepSample& st : simulate(s, host_costs(0, 0, 0), hw).steady()) {
+      EXPECT_EQ(st.dur_ns, kGpuStepNs) << host_schedule_name(s) << " step " << st.step;
+      EXPECT_EQ(st.gpu_busy_ns, kGpuStepNs);
+    }
+  }
+}
+
+TEST(SimBackend, LockstepPaysHostPlusGpuRunaheadPaysTheMax) {
+  const HardwareSpec hw = ideal_machine();
+  // H = 30 + 40 + 30 = 100 µs < G = 230 µs, then H = 400 µs > G.
+  for (int64_t h_us : {100, 400}) {
+    const HostCostSpec c = host_costs(30 * kUs, (h_us - 60) * kUs, 30 * kUs);
+    const int64_t h = h_us * kUs;
+    for (const StepSample& st : simulate(HostSchedule::kLockstep, c, hw).steady()) {
+      EXPECT_EQ(st.dur_ns, h + kGpuStepNs) << "lockstep H=" << h_us;
+      EXPECT_EQ(st.idle_host_ns, h);
+    }
+    for (const StepSample& st : simulate(HostSchedule::kRunahead, c, hw).steady()) {
+      EXPECT_EQ(st.dur_ns, std::max(h, kGpuStepNs)) << "runahead H=" << h_us;
+      EXPECT_EQ(st.idle_host_ns, std::max<int64_t>(0, h - kGpuStepNs));
+    }
+  }
+}
+
+TEST(SimBackend, SpikeBeyondSlackIsGpuIdleInRunaheadAndPaidInLockstep) {
+  const HardwareSpec hw = ideal_machine();
+  HostCostSpec c = host_costs(30 * kUs, 40 * kUs, 30 * kUs);  // H = 100 µs, slack 130 µs
+  const int64_t extra = 500 * kUs;
+  c.spikes.push_back(
+      {.op = HostOp::kProcessOutputs, .every_steps = 20, .phase_step = 10, .extra_ns = extra});
+  const int64_t slack = kGpuStepNs - 100 * kUs;
+
+  const SimRun ra = simulate(HostSchedule::kRunahead, c, hw);
+  int64_t spikes = 0, idle = 0;
+  for (const StepSample& st : ra.steady()) {
+    spikes += st.host_ns[size_t(HostOp::kProcessOutputs)] > 30 * kUs;
+    idle += st.idle_host_ns;
+  }
+  ASSERT_GT(spikes, 5);
+  EXPECT_EQ(idle, spikes * (extra - slack));
+
+  const SimRun ls = simulate(HostSchedule::kLockstep, c, hw);
+  int64_t ls_spikes = 0, ls_dur = 0, n = 0;
+  for (const StepSample& st : ls.steady()) {
+    ls_spikes += st.host_ns[size_t(HostOp::kProcessOutputs)] > 30 * kUs;
+    ls_dur += st.dur_ns;
+    ++n;
+  }
+  // The spike in step k's processing delays step k+1 by its whole length.
+  EXPECT_NEAR(double(ls_dur), double(n * (100 * kUs + kGpuStepNs) + ls_spikes * extra),
+              double(extra));
+}
+
+TEST(SimBackend, SeqLensSyncPinsRunaheadToGpuPlusPrepare) {
+  const HardwareSpec hw = ideal_machine();
+  const HostCostSpec c = host_costs(30 * kUs, 40 * kUs, 30 * kUs);
+  for (const StepSample& st : simulate(HostSchedule::kRunahead, c, hw, true).steady()) {
+    EXPECT_EQ(st.dur_ns, kGpuStepNs + 40 * kUs);
+    EXPECT_EQ(st.idle_host_ns, 40 * kUs);
+  }
+}
+
+TEST(SimBackend, GraphNodeGapsAreLaunchBoundIdle) {
+  HardwareSpec hw = ideal_machine();
+  hw.graph_node_gap_ns = 1 * kUs;
+  for (const StepSample& st : simulate(HostSchedule::kRunahead, host_costs(0, 0, 0), hw).steady()) {
+    EXPECT_EQ(st.dur_ns, kGpuStepNs + 23 * kUs);
+    EXPECT_EQ(st.idle_launch_ns, 23 * kUs);
+    EXPECT_EQ(st.gpu_busy_ns + st.idle_host_ns + st.idle_launch_ns + st.idle_dep_ns, st.dur_ns);
+  }
+}
+
+TEST(SimBackend, EagerLaunchSlowerThanKernelsIsLaunchBound) {
+  HardwareSpec hw = ideal_machine();
+  hw.eager_launch_ns = 15 * kUs;  // longer than the 10 µs kernels
+  PolicySpec policy;
+  const HostCostSpec c = host_costs(0, 0, 0);
+  policy.graph_mode = GraphMode::kEager;
+  WorkloadSpec w;
+  w.input_len = {64, 64};
+  w.output_len = {50, 50};
+  const std::vector<RequestSpec> requests = generate_requests(w);
+  RunRecord record;
+  DecodeLoop loop(policy, w, requests, &record);
+  HostCostModel host(c, 1);
+  SimBackend backend(model_preset("tiny-llama"), hw, host, requests);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, record);
+  // Each host iteration issues 23 kernel launches and one copy, 15 µs each: 360 µs per step.
+  // Kernel i starts when its launch lands, 5 µs after kernel i-1 ended (launch-bound); the first
+  // kernel of a step waits 5 µs for the host to finish the copy call (host-bound) and 15 µs for
+  // its own launch.
+  for (size_t i = 5; i + 5 < record.steps.size(); ++i) {
+    const StepSample& st = record.steps[i];
+    EXPECT_EQ(st.dur_ns, 24 * 15 * kUs);
+    EXPECT_EQ(st.gpu_busy_ns, kGpuStepNs);
+    EXPECT_EQ(st.idle_host_ns, 5 * kUs);
+    EXPECT_EQ(st.idle_launch_ns, 22 * 5 * kUs + 15 * kUs);
+  }
+}
+
+// Plans are data: the simulator issues exactly the operation sequence the policy decided, the
+// same sequence a zero-time recording backend sees.
+class PlanLogger final : public HostProgram {
+ public:
+  explicit PlanLogger(HostProgram& inner) : inner_(inner) {}
+  std::vector<std::vector<std::string>> plans;
+  bool next_plan(int64_t now, Plan& plan) override {
+    if (!inner_.next_plan(now, plan)) return false;
+    std::vector<std::string>& log = plans.emplace_back();
+    for (const Op& op : plan.ops) log.push_back(testing::describe(plan, op));
+    return true;
+  }
+  void observe(const StepOutputs& o, int64_t now) override { inner_.observe(o, now); }
+  void host_work_done(HostOp op, int64_t step, int64_t now) override {
+    inner_.host_work_done(op, step, now);
+  }
+
+ private:
+  HostProgram& inner_;
+};
+
+TEST(SimBackend, SameOperationSequenceAsRecordingBackend) {
+  for (HostSchedule s : {HostSchedule::kLockstep, HostSchedule::kRunahead}) {
+    PolicySpec policy;
+    policy.host_schedule = s;
+    WorkloadSpec w;
+    w.input_len = {32, 96};
+    w.output_len = {5, 40};
+    w.num_requests = 12;
+    w.max_concurrency = 4;
+    w.seed = 5;
+    const std::vector<RequestSpec> requests = generate_requests(w);
+
+    RunRecord sim_record, rec_record;
+    DecodeLoop sim_loop(policy, w, requests, &sim_record),
+        rec_loop(policy, w, requests, &rec_record);
+    PlanLogger sim_log(sim_loop), rec_log(rec_loop);
+    HostCostModel host(host_costs(30 * kUs, 40 * kUs, 30 * kUs), 1);
+    SimBackend sim(model_preset("tiny-llama"), hardware_preset("h200"), host, requests);
+    HostProgram* a[] = {&sim_log};
+    sim.run(a, sim_record);
+    testing::RecordingBackend rec;
+    HostProgram* b[] = {&rec_log};
+    rec.run(b, rec_record);
+    EXPECT_EQ(sim_log.plans, rec_log.plans) << host_schedule_name(s);
+    EXPECT_GT(sim_log.plans.size(), 50u);
+  }
+}
+
+TEST(SimBackend, SameSeedSameRecord) {
+  HostCostSpec c;
+  c.ops[size_t(HostOp::kPrepareDecode)] = {DistKind::kLognormal, 200 * kUs, 80 * kUs};
+  c.spikes.push_back({.op = HostOp::kSchedule, .probability = 0.02, .extra_ns = 3000 * kUs});
+  auto once = [&](uint64_t seed) {
+    PolicySpec policy;
+    WorkloadSpec w;
+    w.input_len = {100, 2000};
+    w.output_len = {10, 300};
+    w.num_requests = 30;
+    w.max_concurrency = 4;
+    w.arrival_rate_per_s = 50;
+    w.seed = seed;
+    const std::vector<RequestSpec> requests = generate_requests(w);
+    RunRecord r;
+    DecodeLoop loop(policy, w, requests, &r);
+    HostCostModel host(c, seed);
+    SimBackend backend(model_preset("llama-3-8b"), hardware_preset("h200"), host, requests);
+    HostProgram* ranks[] = {&loop};
+    backend.run(ranks, r);
+    std::string s;
+    for (const StepSample& st : r.steps)
+      s += std::to_string(st.step) + "," + std::to_string(st.end_ns) + "," +
+           std::to_string(st.gpu_busy_ns) + "," + std::to_string(st.idle_host_ns) + "," +
+           std::to_string(st.host_wait_ns) + ";";
+    for (const ChunkSample& ch : r.chunks) s += std::to_string(ch.t_ns) + ";";
+    return s;
+  };
+  EXPECT_EQ(once(9), once(9));
+  EXPECT_NE(once(9), once(10));
+}
+
+}  // namespace
+}  // namespace twinstep
