@@ -1,0 +1,911 @@
+// The experiment YAML schema. Every key is listed here and in experiments/examples/
+// full_schema.yaml (which loads). Unknown keys are errors at every level; so are duplicate
+// keys. Integers are plain YAML integers (no quotes, no fractions, no exponents); numbers accept
+// integers; booleans are true or false. Durations are strings with a unit: 120us, 1.5ms, 2s,
+// 0ns (units ns, us, ms, s; never negative; at most 3600s; rounded to whole nanoseconds).
+//
+//   name: quickstart               required; [A-Za-z0-9_.-]+, at most 128 characters
+//   description: "..."             optional text
+//   seed: 42                       optional, default 0; unsigned 64-bit; Variant::seed
+//   backends: [sim, real]          optional, default [sim]; a non-empty list without repeats
+//
+//   model: llama-3-8b              required; one of three forms:
+//     1. a preset name (model_preset_names()).
+//     2. {preset: NAME, overrides...}: overrides are name, hidden (1..1048576),
+//        vocab (1..16777216), num_layers (1..10000: layer i is the preset's layer
+//        i mod its layer count, so the preset's layer pattern repeats or is cut short),
+//        tie_embeddings, weight_bytes (1..8), kv_bytes (1..8), rope_theta (> 0).
+//        The name stays the preset's unless `name` is given.
+//     3. inline: name (required), hidden (required), vocab (required), tie_embeddings
+//        (default false), weight_bytes (default 2), kv_bytes (default 2), rope_theta
+//        (default 10000), layers (required): a non-empty list of layer groups
+//          {count: N (1..10000, default 1), attention: {...}, mlp: {...}}
+//        expanded in order; at most 10000 layers in all.
+//        attention.kind (default gqa) picks the keys that apply:
+//          gqa:    num_q_heads, num_kv_heads, head_dim (all required, > 0);
+//                  num_q_heads a multiple of num_kv_heads.
+//          mla:    num_q_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+//                  (required, > 0), q_lora_rank (default 0: q from the hidden state).
+//                  num_kv_heads is 1 (one shared latent), as in the presets.
+//          linear: num_q_heads, head_dim (required, > 0), num_kv_heads (default
+//                  num_q_heads; num_q_heads a multiple of it), conv_width (default 0).
+//        Head counts are at most 65536, dimensions and ranks at most 1048576.
+//        mlp.kind (default dense):
+//          dense:  intermediate (required, 1..16777216).
+//          moe:    num_experts (1..65536), top_k (1..num_experts), expert_intermediate
+//                  (1..16777216) required; num_shared_experts (default 0, 0..65536),
+//                  shared_intermediate (required > 0 exactly when num_shared_experts > 0).
+//     Every form is bounded by a rough parameter count of 1e15.
+//
+//   hardware: h200                 required; a preset name (hardware_preset_names()), or
+//     {preset: NAME, FIELD: value...} overriding HardwareSpec fields by their exact names, or
+//     the same mapping without `preset` (inline: name, hbm_bytes, hbm_tbps, stream_read_tbps,
+//     bf16_tflops required; the rest default as in HardwareSpec). Fields and ranges:
+//       name, source: text
+//       hbm_bytes 1..1e15, l2_bytes 0..1e12, sm_count 0..100000 (integers)
+//       hbm_tbps, stream_read_tbps (0, 1000]; bf16_tflops (0, 1e6]; interconnect_gbps
+//       [0, 1e6]; d2h_gbps (0, 1e6]; mem_efficiency, flop_efficiency (0, 1]
+//       kernel_floor_ns, eager_launch_ns, graph_launch_ns, graph_node_gap_ns,
+//       pdl_node_gap_ns, d2h_latency_ns, host_wake_ns: a duration, or an integer in ns
+//     Overriding a preset appends "; overridden by the experiment: FIELDS" to its source.
+//
+//   workload:                      required
+//     input_len: 8192              required; 1..10000000, or {uniform: [lo, hi]}, lo <= hi
+//     output_len: 1024             required; the same form
+//     requests: 100                required; 1..10000000
+//     concurrency: 1               optional, default 1; 1..1000000
+//     arrival_rate_per_s: 2.0      optional; (0, 1e9]; absent: closed loop
+//     seed: 1                      optional; default splitmix64(seed ^ 0x776f726b6c6f6164)
+//
+//   policies:                      optional; defaults as in PolicySpec
+//     host_schedule: runahead      lockstep | runahead (default runahead)
+//     runahead_depth: 1            1..64; only with runahead
+//     graph_mode: cuda_graph       eager | cuda_graph | cuda_graph_pdl
+//     seq_lens_sync: false
+//     output_copy_bytes_per_request: 64   0..1048576
+//
+//   host:                          optional; an absent op costs 0
+//     schedule | prepare_prefill | prepare_decode | process_outputs:
+//       a duration (fixed), or {dist: KIND, ...} with
+//         fixed: mean; normal: mean, std; lognormal: mean (> 0), std; uniform: lo, hi
+//         (lo <= hi; mean becomes (lo + hi) / 2). All required, all durations.
+//     spikes: a list of {op (required), extra (required duration > 0), and exactly one of
+//       every_steps (1..1e9, with optional phase_step 0..1e9) or probability (0, 1]}
+//
+//   trace: {first_step: 100, steps: 8}   optional; first_step 0..1e9 (default 0),
+//                                        steps 0..100000 (required; 0: no timeline)
+//
+//   sweep:                         optional; a non-empty mapping from a dotted path to a
+//                                  non-empty list of values
+//     policies.host_schedule: [lockstep, runahead]
+//     host.prepare_decode: [100us, 485us]
+//   The variants are the cartesian product in key order (the first key varies slowest), at
+//   most 1000000. Each is the document with every path set to its value (missing keys and
+//   mappings are created), then validated in full; errors in a substituted value point at the
+//   value in the sweep list and name the variant. A path descends through mappings; a number
+//   component indexes a list (host.spikes.0.extra); a preset name given as `model: NAME` or
+//   `hardware: NAME` counts as {preset: NAME}, so model.num_layers and
+//   hardware.stream_read_tbps can be swept over a preset. Paths may not start with name,
+//   description, backends or sweep, nor overlap (model and model.hidden).
+//   Variant::label is "path=value, path=value" with values as written (flow style); "base"
+//   without a sweep.
+#include "experiments/experiment.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <regex>
+#include <sstream>
+#include <system_error>
+
+#include "experiments/yaml_fields.h"
+#include "experiments/yaml_tree.h"
+#include "policies/error.h"
+#include "policies/rng.h"
+
+namespace twinstep {
+
+const char* backend_kind_name(BackendKind b) {
+  switch (b) {
+    case BackendKind::kSim:
+      return "sim";
+    case BackendKind::kReal:
+      return "real";
+  }
+  return "?";
+}
+
+namespace {
+
+using yaml::Context;
+using yaml::Entry;
+using yaml::MapReader;
+using yaml::Mark;
+using yaml::Node;
+using yaml::read_bool;
+using yaml::read_double;
+using yaml::read_duration_ns;
+using yaml::read_int;
+using yaml::read_string;
+
+constexpr int64_t kMaxLength = 10'000'000;  // tokens, per input or output
+constexpr int64_t kMaxRequests = 10'000'000;
+constexpr int64_t kMaxConcurrency = 1'000'000;
+constexpr int64_t kMaxVariants = 1'000'000;
+constexpr int64_t kMaxLayers = 10'000;
+constexpr int64_t kMaxHeads = 65'536;
+constexpr int64_t kMaxDim = 1'048'576;
+constexpr int64_t kMaxWidth = 16'777'216;  // vocab, MLP intermediates
+constexpr int64_t kMaxExperts = 65'536;
+constexpr double kMaxParams = 1e15;
+constexpr int64_t kMaxSteps = 1'000'000'000;
+constexpr uint64_t kWorkloadSeedSalt = 0x776f726b6c6f6164ULL;  // "workload"
+
+std::vector<std::string> top_level_keys() {
+  return {"name",     "description", "seed", "backends", "model", "hardware",
+          "workload", "policies",    "host", "trace",    "sweep"};
+}
+
+// ---- model ------------------------------------------------------------------------------------
+
+std::string known_model_presets() { return yaml::join_list(model_preset_names()); }
+
+const ModelSpec& preset_model(const Context& ctx, const Node& node, const std::string& field) {
+  const std::string name = read_string(ctx, node, field);
+  for (const std::string& known : model_preset_names()) {
+    if (known == name) return model_preset(name);
+  }
+  ctx.fail(node.mark, "unknown model preset '" + name + "'; known: " + known_model_presets());
+}
+
+int32_t read_i32(const Context& ctx, const MapReader& m, std::string_view key, int64_t lo,
+                 int64_t hi) {
+  return static_cast<int32_t>(read_int(ctx, m.require(key), m.field(key), lo, hi));
+}
+
+int32_t read_i32_or(const Context& ctx, const MapReader& m, std::string_view key, int64_t lo,
+                    int64_t hi, int32_t fallback) {
+  const Node* n = m.get(key);
+  return n == nullptr ? fallback : static_cast<int32_t>(read_int(ctx, *n, m.field(key), lo, hi));
+}
+
+AttentionSpec parse_attention(const Context& ctx, const Node& node, const std::string& field) {
+  AttentionSpec a;
+  if (!node.is_mapping()) ctx.fail(node.mark, field + " must be a mapping, got " + describe(node));
+  if (const Entry* kind = node.find("kind")) {
+    a.kind = yaml::read_enum<AttentionKind>(ctx, kind->value, field + ".kind",
+                                            {{"gqa", AttentionKind::kGqa},
+                                             {"mla", AttentionKind::kMla},
+                                             {"linear", AttentionKind::kLinear}});
+  }
+  switch (a.kind) {
+    case AttentionKind::kGqa: {
+      MapReader m(ctx, node, field, {"kind", "num_q_heads", "num_kv_heads", "head_dim"});
+      a.num_q_heads = read_i32(ctx, m, "num_q_heads", 1, kMaxHeads);
+      a.num_kv_heads = read_i32(ctx, m, "num_kv_heads", 1, kMaxHeads);
+      a.head_dim = read_i32(ctx, m, "head_dim", 1, kMaxDim);
+      break;
+    }
+    case AttentionKind::kMla: {
+      MapReader m(ctx, node, field,
+                  {"kind", "num_q_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                   "qk_rope_head_dim", "v_head_dim"});
+      a.num_q_heads = read_i32(ctx, m, "num_q_heads", 1, kMaxHeads);
+      a.num_kv_heads = 1;
+      a.q_lora_rank = read_i32_or(ctx, m, "q_lora_rank", 0, kMaxDim, 0);
+      a.kv_lora_rank = read_i32(ctx, m, "kv_lora_rank", 1, kMaxDim);
+      a.qk_nope_head_dim = read_i32(ctx, m, "qk_nope_head_dim", 1, kMaxDim);
+      a.qk_rope_head_dim = read_i32(ctx, m, "qk_rope_head_dim", 1, kMaxDim);
+      a.v_head_dim = read_i32(ctx, m, "v_head_dim", 1, kMaxDim);
+      break;
+    }
+    case AttentionKind::kLinear: {
+      MapReader m(ctx, node, field,
+                  {"kind", "num_q_heads", "num_kv_heads", "head_dim", "conv_width"});
+      a.num_q_heads = read_i32(ctx, m, "num_q_heads", 1, kMaxHeads);
+      a.num_kv_heads = read_i32_or(ctx, m, "num_kv_heads", 1, kMaxHeads, a.num_q_heads);
+      a.head_dim = read_i32(ctx, m, "head_dim", 1, kMaxDim);
+      a.conv_width = read_i32_or(ctx, m, "conv_width", 0, 1024, 0);
+      break;
+    }
+  }
+  if (a.kind != AttentionKind::kMla && a.num_q_heads % a.num_kv_heads != 0) {
+    ctx.fail(node.find("num_kv_heads") ? node.find("num_kv_heads")->value.mark : node.mark,
+             field + ": num_q_heads (" + std::to_string(a.num_q_heads) +
+                 ") must be a multiple of num_kv_heads (" + std::to_string(a.num_kv_heads) + ")");
+  }
+  return a;
+}
+
+MlpSpec parse_mlp(const Context& ctx, const Node& node, const std::string& field) {
+  MlpSpec mlp;
+  if (!node.is_mapping()) ctx.fail(node.mark, field + " must be a mapping, got " + describe(node));
+  if (const Entry* kind = node.find("kind")) {
+    mlp.kind = yaml::read_enum<MlpKind>(ctx, kind->value, field + ".kind",
+                                        {{"dense", MlpKind::kDense}, {"moe", MlpKind::kMoe}});
+  }
+  if (mlp.kind == MlpKind::kDense) {
+    MapReader m(ctx, node, field, {"kind", "intermediate"});
+    mlp.intermediate =
+        read_int(ctx, m.require("intermediate"), m.field("intermediate"), 1, kMaxWidth);
+    return mlp;
+  }
+  MapReader m(ctx, node, field,
+              {"kind", "num_experts", "top_k", "expert_intermediate", "num_shared_experts",
+               "shared_intermediate"});
+  mlp.num_experts = read_i32(ctx, m, "num_experts", 1, kMaxExperts);
+  mlp.top_k = read_i32(ctx, m, "top_k", 1, mlp.num_experts);
+  mlp.expert_intermediate =
+      read_int(ctx, m.require("expert_intermediate"), m.field("expert_intermediate"), 1, kMaxWidth);
+  mlp.num_shared_experts = read_i32_or(ctx, m, "num_shared_experts", 0, kMaxExperts, 0);
+  if (mlp.num_shared_experts > 0) {
+    mlp.shared_intermediate =
+        read_int(ctx, m.require("shared_intermediate", "needed when num_shared_experts > 0"),
+                 m.field("shared_intermediate"), 1, kMaxWidth);
+  } else if (m.has("shared_intermediate")) {
+    ctx.fail(m.key_mark("shared_intermediate"),
+             m.field("shared_intermediate") + " applies only when num_shared_experts > 0");
+  }
+  return mlp;
+}
+
+// A generous over-estimate of the parameter count in floating point, so absurd dimensions are
+// rejected before int64 arithmetic elsewhere can overflow.
+double rough_param_count(const ModelSpec& m) {
+  double total = 2.0 * double(m.vocab) * double(m.hidden);
+  for (const LayerSpec& l : m.layers) {
+    const AttentionSpec& a = l.attn;
+    double head_width =
+        std::max({a.head_dim, a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim});
+    double attn = double(m.hidden) * (4.0 * std::max(a.num_q_heads, a.num_kv_heads) * head_width +
+                                      a.q_lora_rank + a.kv_lora_rank) +
+                  double(std::max(a.q_lora_rank, a.kv_lora_rank)) * a.num_q_heads * head_width * 2;
+    const MlpSpec& p = l.mlp;
+    double mlp = 3.0 * double(m.hidden) *
+                 (double(p.intermediate) + double(p.num_experts) * double(p.expert_intermediate) +
+                  double(p.num_shared_experts) * double(p.shared_intermediate) + p.num_experts);
+    total += attn + mlp;
+  }
+  return total;
+}
+
+void read_model_scalars(const Context& ctx, const MapReader& m, ModelSpec* model) {
+  if (const Node* n = m.get("name")) model->name = read_string(ctx, *n, m.field("name"));
+  if (const Node* n = m.get("hidden"))
+    model->hidden = read_int(ctx, *n, m.field("hidden"), 1, kMaxDim);
+  if (const Node* n = m.get("vocab"))
+    model->vocab = read_int(ctx, *n, m.field("vocab"), 1, kMaxWidth);
+  if (const Node* n = m.get("tie_embeddings")) {
+    model->tie_embeddings = read_bool(ctx, *n, m.field("tie_embeddings"));
+  }
+  model->weight_bytes = read_i32_or(ctx, m, "weight_bytes", 1, 8, model->weight_bytes);
+  model->kv_bytes = read_i32_or(ctx, m, "kv_bytes", 1, 8, model->kv_bytes);
+  if (const Node* n = m.get("rope_theta")) {
+    model->rope_theta = read_double(ctx, *n, m.field("rope_theta"), 0, 1e12, true);
+  }
+}
+
+ModelSpec parse_model(const Context& ctx, const Node& node) {
+  const std::string field = "model";
+  ModelSpec model;
+  if (node.is_scalar()) {
+    model = preset_model(ctx, node, field);
+  } else if (!node.is_mapping()) {
+    ctx.fail(node.mark, "model must be a preset name (" + known_model_presets() +
+                            ") or a mapping, got " + describe(node));
+  } else if (node.find("preset") != nullptr) {
+    MapReader m(ctx, node, field,
+                {"preset", "name", "hidden", "vocab", "num_layers", "tie_embeddings",
+                 "weight_bytes", "kv_bytes", "rope_theta"});
+    model = preset_model(ctx, *m.get("preset"), m.field("preset"));
+    read_model_scalars(ctx, m, &model);
+    if (const Node* n = m.get("num_layers")) {
+      const int64_t count = read_int(ctx, *n, m.field("num_layers"), 1, kMaxLayers);
+      const std::vector<LayerSpec> pattern = model.layers;
+      model.layers.clear();
+      for (int64_t i = 0; i < count; ++i) model.layers.push_back(pattern[i % pattern.size()]);
+    }
+  } else {
+    MapReader m(ctx, node, field,
+                {"name", "hidden", "vocab", "tie_embeddings", "weight_bytes", "kv_bytes",
+                 "rope_theta", "layers"});
+    m.require("name", "or give a preset: {preset: NAME}");
+    m.require("hidden");
+    m.require("vocab");
+    read_model_scalars(ctx, m, &model);
+    const Node& layers = m.require("layers", "a list of {count, attention, mlp} groups");
+    if (!layers.is_sequence() || layers.items.empty()) {
+      ctx.fail(layers.mark,
+               "model.layers must be a non-empty list of {count, attention, mlp} "
+               "groups, got " +
+                   describe(layers));
+    }
+    for (size_t i = 0; i < layers.items.size(); ++i) {
+      const std::string group_field = "model.layers[" + std::to_string(i) + "]";
+      MapReader g(ctx, layers.items[i], group_field, {"count", "attention", "mlp"});
+      const int64_t count =
+          g.has("count") ? read_int(ctx, *g.get("count"), g.field("count"), 1, kMaxLayers) : 1;
+      LayerSpec layer;
+      layer.attn = parse_attention(ctx, g.require("attention"), g.field("attention"));
+      layer.mlp = parse_mlp(ctx, g.require("mlp"), g.field("mlp"));
+      if (int64_t(model.layers.size()) + count > kMaxLayers) {
+        ctx.fail(layers.items[i].mark,
+                 "model has more than " + std::to_string(kMaxLayers) + " layers");
+      }
+      model.layers.insert(model.layers.end(), count, layer);
+    }
+  }
+  const double params = rough_param_count(model);
+  if (params > kMaxParams) {
+    std::ostringstream s;
+    s << "model has about " << params << " parameters, over the limit of " << kMaxParams;
+    ctx.fail(node.mark, s.str());
+  }
+  return model;
+}
+
+// ---- hardware ---------------------------------------------------------------------------------
+
+struct HardwareField {
+  const char* name;
+  enum class Type { kText, kInt, kNumber, kDuration } type;
+  double lo;
+  double hi;
+  bool lo_exclusive;
+  std::string HardwareSpec::*text;
+  int64_t HardwareSpec::*i64;
+  int32_t HardwareSpec::*i32;
+  double HardwareSpec::*number;
+};
+
+const std::vector<HardwareField>& hardware_fields() {
+  using T = HardwareField::Type;
+  using H = HardwareSpec;
+  static const std::vector<HardwareField> kFields = {
+      {"name", T::kText, 0, 0, false, &H::name, nullptr, nullptr, nullptr},
+      {"source", T::kText, 0, 0, false, &H::source, nullptr, nullptr, nullptr},
+      {"hbm_bytes", T::kInt, 1, 1e15, false, nullptr, &H::hbm_bytes, nullptr, nullptr},
+      {"hbm_tbps", T::kNumber, 0, 1000, true, nullptr, nullptr, nullptr, &H::hbm_tbps},
+      {"stream_read_tbps", T::kNumber, 0, 1000, true, nullptr, nullptr, nullptr,
+       &H::stream_read_tbps},
+      {"bf16_tflops", T::kNumber, 0, 1e6, true, nullptr, nullptr, nullptr, &H::bf16_tflops},
+      {"sm_count", T::kInt, 0, 100000, false, nullptr, nullptr, &H::sm_count, nullptr},
+      {"l2_bytes", T::kInt, 0, 1e12, false, nullptr, &H::l2_bytes, nullptr, nullptr},
+      {"interconnect_gbps", T::kNumber, 0, 1e6, false, nullptr, nullptr, nullptr,
+       &H::interconnect_gbps},
+      {"mem_efficiency", T::kNumber, 0, 1, true, nullptr, nullptr, nullptr, &H::mem_efficiency},
+      {"flop_efficiency", T::kNumber, 0, 1, true, nullptr, nullptr, nullptr, &H::flop_efficiency},
+      {"kernel_floor_ns", T::kDuration, 0, 0, false, nullptr, &H::kernel_floor_ns, nullptr,
+       nullptr},
+      {"eager_launch_ns", T::kDuration, 0, 0, false, nullptr, &H::eager_launch_ns, nullptr,
+       nullptr},
+      {"graph_launch_ns", T::kDuration, 0, 0, false, nullptr, &H::graph_launch_ns, nullptr,
+       nullptr},
+      {"graph_node_gap_ns", T::kDuration, 0, 0, false, nullptr, &H::graph_node_gap_ns, nullptr,
+       nullptr},
+      {"pdl_node_gap_ns", T::kDuration, 0, 0, false, nullptr, &H::pdl_node_gap_ns, nullptr,
+       nullptr},
+      {"d2h_latency_ns", T::kDuration, 0, 0, false, nullptr, &H::d2h_latency_ns, nullptr, nullptr},
+      {"d2h_gbps", T::kNumber, 0, 1e6, true, nullptr, nullptr, nullptr, &H::d2h_gbps},
+      {"host_wake_ns", T::kDuration, 0, 0, false, nullptr, &H::host_wake_ns, nullptr, nullptr},
+  };
+  return kFields;
+}
+
+void read_hardware_field(const Context& ctx, const HardwareField& f, const Node& node,
+                         const std::string& field, HardwareSpec* hw) {
+  switch (f.type) {
+    case HardwareField::Type::kText:
+      hw->*f.text = read_string(ctx, node, field);
+      break;
+    case HardwareField::Type::kInt: {
+      const int64_t v = read_int(ctx, node, field, int64_t(f.lo), int64_t(f.hi));
+      if (f.i64 != nullptr) hw->*f.i64 = v;
+      if (f.i32 != nullptr) hw->*f.i32 = static_cast<int32_t>(v);
+      break;
+    }
+    case HardwareField::Type::kNumber:
+      hw->*f.number = read_double(ctx, node, field, f.lo, f.hi, f.lo_exclusive);
+      break;
+    case HardwareField::Type::kDuration:
+      hw->*f.i64 = read_duration_ns(ctx, node, field, /*bare_is_ns=*/true);
+      break;
+  }
+}
+
+HardwareSpec parse_hardware(const Context& ctx, const Node& node) {
+  const std::vector<std::string> presets = hardware_preset_names();
+  auto preset = [&](const Node& n, const std::string& field) -> const HardwareSpec& {
+    const std::string name = read_string(ctx, n, field);
+    for (const std::string& known : presets) {
+      if (known == name) return hardware_preset(name);
+    }
+    ctx.fail(n.mark, "unknown hardware preset '" + name + "'; known: " + yaml::join_list(presets));
+  };
+  if (node.is_scalar()) return preset(node, "hardware");
+  if (!node.is_mapping()) {
+    ctx.fail(node.mark, "hardware must be a preset name (" + yaml::join_list(presets) +
+                            ") or a mapping, got " + describe(node));
+  }
+  std::vector<std::string> allowed = {"preset"};
+  for (const HardwareField& f : hardware_fields()) allowed.push_back(f.name);
+  MapReader m(ctx, node, "hardware", allowed);
+  HardwareSpec hw;
+  const bool from_preset = m.has("preset");
+  if (from_preset) {
+    hw = preset(*m.get("preset"), m.field("preset"));
+  } else {
+    for (const char* key : {"name", "hbm_bytes", "hbm_tbps", "stream_read_tbps", "bf16_tflops"}) {
+      m.require(key, "or give a preset: {preset: NAME}");
+    }
+    hw.source = "inline in " + ctx.source;
+  }
+  std::vector<std::string> overridden;
+  for (const HardwareField& f : hardware_fields()) {
+    if (const Node* n = m.get(f.name)) {
+      read_hardware_field(ctx, f, *n, m.field(f.name), &hw);
+      if (std::string_view(f.name) != "source") overridden.push_back(f.name);
+    }
+  }
+  if (from_preset && !overridden.empty() && !m.has("source")) {
+    hw.source += "; overridden by the experiment: " + yaml::join_list(overridden);
+  }
+  return hw;
+}
+
+// ---- workload ---------------------------------------------------------------------------------
+
+LengthDist parse_length(const Context& ctx, const Node& node, const std::string& field) {
+  if (node.is_mapping()) {
+    MapReader m(ctx, node, field, {"uniform"});
+    const Node& range = m.require("uniform");
+    if (!range.is_sequence() || range.items.size() != 2) {
+      ctx.fail(range.mark, field + ".uniform must be a list [lo, hi], got " + describe(range));
+    }
+    const std::string uniform = field + ".uniform";
+    LengthDist d;
+    d.lo = static_cast<int32_t>(read_int(ctx, range.items[0], uniform + "[0]", 1, kMaxLength));
+    d.hi = static_cast<int32_t>(read_int(ctx, range.items[1], uniform + "[1]", 1, kMaxLength));
+    if (d.lo > d.hi) {
+      ctx.fail(range.mark, uniform + ": lo (" + std::to_string(d.lo) + ") is greater than hi (" +
+                               std::to_string(d.hi) + ")");
+    }
+    return d;
+  }
+  if (!node.is_scalar()) {
+    ctx.fail(node.mark, field + " must be an integer (1 to " + std::to_string(kMaxLength) +
+                            ") or {uniform: [lo, hi]}, got " + describe(node));
+  }
+  const auto len = static_cast<int32_t>(read_int(ctx, node, field, 1, kMaxLength));
+  return LengthDist{len, len};
+}
+
+WorkloadSpec parse_workload(const Context& ctx, const Node& node, uint64_t seed) {
+  MapReader m(ctx, node, "workload",
+              {"input_len", "output_len", "requests", "concurrency", "arrival_rate_per_s", "seed"});
+  WorkloadSpec w;
+  w.input_len = parse_length(ctx, m.require("input_len"), "workload.input_len");
+  w.output_len = parse_length(ctx, m.require("output_len"), "workload.output_len");
+  w.num_requests = static_cast<int32_t>(
+      read_int(ctx, m.require("requests"), "workload.requests", 1, kMaxRequests));
+  w.max_concurrency = read_i32_or(ctx, m, "concurrency", 1, kMaxConcurrency, 1);
+  if (const Node* n = m.get("arrival_rate_per_s")) {
+    w.arrival_rate_per_s = read_double(ctx, *n, "workload.arrival_rate_per_s", 0, 1e9, true);
+  }
+  w.seed = m.has("seed") ? yaml::read_uint64(ctx, *m.get("seed"), "workload.seed")
+                         : splitmix64(seed ^ kWorkloadSeedSalt);
+  return w;
+}
+
+// ---- policies, host, trace --------------------------------------------------------------------
+
+PolicySpec parse_policies(const Context& ctx, const Node& node) {
+  MapReader m(ctx, node, "policies",
+              {"host_schedule", "runahead_depth", "graph_mode", "seq_lens_sync",
+               "output_copy_bytes_per_request"});
+  PolicySpec p;
+  if (const Node* n = m.get("host_schedule")) {
+    std::vector<std::pair<std::string, HostSchedule>> choices;
+    for (HostSchedule s : {HostSchedule::kLockstep, HostSchedule::kRunahead}) {
+      choices.emplace_back(host_schedule_name(s), s);
+    }
+    p.host_schedule = yaml::read_enum(ctx, *n, "policies.host_schedule", choices);
+  }
+  if (const Node* n = m.get("runahead_depth")) {
+    if (p.host_schedule != HostSchedule::kRunahead) {
+      ctx.fail(m.key_mark("runahead_depth"),
+               "policies.runahead_depth applies only to host_schedule runahead (host_schedule "
+               "is " +
+                   std::string(host_schedule_name(p.host_schedule)) + ")");
+    }
+    p.runahead_depth = static_cast<int32_t>(read_int(ctx, *n, "policies.runahead_depth", 1, 64));
+  }
+  if (const Node* n = m.get("graph_mode")) {
+    std::vector<std::pair<std::string, GraphMode>> choices;
+    for (GraphMode g : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      choices.emplace_back(graph_mode_name(g), g);
+    }
+    p.graph_mode = yaml::read_enum(ctx, *n, "policies.graph_mode", choices);
+  }
+  if (const Node* n = m.get("seq_lens_sync")) {
+    p.seq_lens_sync = read_bool(ctx, *n, "policies.seq_lens_sync");
+  }
+  p.output_copy_bytes_per_request = read_i32_or(ctx, m, "output_copy_bytes_per_request", 0, 1 << 20,
+                                                p.output_copy_bytes_per_request);
+  return p;
+}
+
+std::vector<std::pair<std::string, HostOp>> host_op_choices() {
+  std::vector<std::pair<std::string, HostOp>> choices;
+  for (int i = 0; i < kHostOpCount; ++i) {
+    const auto op = static_cast<HostOp>(i);
+    choices.emplace_back(host_op_name(op), op);
+  }
+  return choices;
+}
+
+DurationDist parse_duration_dist(const Context& ctx, const Node& node, const std::string& field) {
+  DurationDist d;
+  if (node.is_scalar()) {
+    d.mean_ns = read_duration_ns(ctx, node, field);
+    return d;
+  }
+  if (!node.is_mapping()) {
+    ctx.fail(node.mark,
+             field + " must be a duration (e.g. 120us) or {dist: ...}, got " + describe(node));
+  }
+  const Entry* dist = node.find("dist");
+  if (dist == nullptr) {
+    ctx.fail(node.mark,
+             "missing required key 'dist' in " + field + " (fixed, normal, lognormal, uniform)");
+  }
+  d.kind = yaml::read_enum<DistKind>(ctx, dist->value, field + ".dist",
+                                     {{"fixed", DistKind::kFixed},
+                                      {"normal", DistKind::kNormal},
+                                      {"lognormal", DistKind::kLognormal},
+                                      {"uniform", DistKind::kUniform}});
+  auto duration = [&](const MapReader& m, std::string_view key) {
+    return read_duration_ns(ctx, m.require(key), m.field(key));
+  };
+  switch (d.kind) {
+    case DistKind::kFixed: {
+      MapReader m(ctx, node, field, {"dist", "mean"});
+      d.mean_ns = duration(m, "mean");
+      break;
+    }
+    case DistKind::kNormal:
+    case DistKind::kLognormal: {
+      MapReader m(ctx, node, field, {"dist", "mean", "std"});
+      d.mean_ns = duration(m, "mean");
+      d.std_ns = duration(m, "std");
+      if (d.kind == DistKind::kLognormal && d.mean_ns == 0) {
+        ctx.fail(m.get("mean")->mark, field + ".mean must be > 0 for a lognormal distribution");
+      }
+      break;
+    }
+    case DistKind::kUniform: {
+      MapReader m(ctx, node, field, {"dist", "lo", "hi"});
+      d.lo_ns = duration(m, "lo");
+      d.hi_ns = duration(m, "hi");
+      if (d.lo_ns > d.hi_ns) {
+        ctx.fail(m.get("hi")->mark, field + ": lo (" + to_flow(*m.get("lo")) +
+                                        ") is greater than hi (" + to_flow(*m.get("hi")) + ")");
+      }
+      d.mean_ns = (d.lo_ns + d.hi_ns) / 2;
+      break;
+    }
+  }
+  return d;
+}
+
+HostSpike parse_spike(const Context& ctx, const Node& node, const std::string& field) {
+  MapReader m(ctx, node, field, {"op", "every_steps", "phase_step", "probability", "extra"});
+  HostSpike s;
+  s.op = yaml::read_enum(ctx, m.require("op"), m.field("op"), host_op_choices());
+  s.extra_ns =
+      read_duration_ns(ctx, m.require("extra", "the added duration, e.g. 2ms"), m.field("extra"));
+  if (s.extra_ns <= 0) ctx.fail(m.get("extra")->mark, m.field("extra") + " must be > 0");
+  if (m.has("every_steps") == m.has("probability")) {
+    ctx.fail(node.mark, field + " needs exactly one of every_steps or probability");
+  }
+  if (const Node* n = m.get("every_steps")) {
+    s.every_steps = read_int(ctx, *n, m.field("every_steps"), 1, kMaxSteps);
+    if (const Node* p = m.get("phase_step")) {
+      s.phase_step = read_int(ctx, *p, m.field("phase_step"), 0, kMaxSteps);
+    }
+  } else {
+    if (m.has("phase_step")) {
+      ctx.fail(m.key_mark("phase_step"), m.field("phase_step") + " applies only with every_steps");
+    }
+    s.probability = read_double(ctx, *m.get("probability"), m.field("probability"), 0, 1, true);
+  }
+  return s;
+}
+
+HostCostSpec parse_host(const Context& ctx, const Node& node) {
+  std::vector<std::string> allowed;
+  for (const auto& [name, op] : host_op_choices()) allowed.push_back(name);
+  allowed.push_back("spikes");
+  MapReader m(ctx, node, "host", allowed);
+  HostCostSpec h;
+  for (const auto& [name, op] : host_op_choices()) {
+    if (const Node* n = m.get(name)) {
+      h.ops[static_cast<int>(op)] = parse_duration_dist(ctx, *n, m.field(name));
+    }
+  }
+  if (const Node* spikes = m.get("spikes")) {
+    if (!spikes->is_sequence()) {
+      ctx.fail(spikes->mark,
+               "host.spikes must be a list of {op, extra, every_steps | "
+               "probability}, got " +
+                   describe(*spikes));
+    }
+    for (size_t i = 0; i < spikes->items.size(); ++i) {
+      h.spikes.push_back(
+          parse_spike(ctx, spikes->items[i], "host.spikes[" + std::to_string(i) + "]"));
+    }
+  }
+  return h;
+}
+
+TraceSpec parse_trace(const Context& ctx, const Node& node) {
+  MapReader m(ctx, node, "trace", {"first_step", "steps"});
+  TraceSpec t;
+  if (const Node* n = m.get("first_step")) {
+    t.first_step = read_int(ctx, *n, "trace.first_step", 0, kMaxSteps);
+  }
+  t.step_count = read_int(ctx, m.require("steps"), "trace.steps", 0, 100'000);
+  return t;
+}
+
+// ---- the whole document -----------------------------------------------------------------------
+
+// Validates every per-variant key of `doc` (a top-level mapping without `sweep`).
+Variant parse_variant(const Context& ctx, const Node& doc) {
+  MapReader top(ctx, doc, "", top_level_keys());
+  Variant v;
+  if (const Node* n = top.get("seed")) v.seed = yaml::read_uint64(ctx, *n, "seed");
+  v.model = parse_model(ctx, top.require("model", "a preset name: " + known_model_presets()));
+  v.hardware = parse_hardware(
+      ctx, top.require("hardware", "a preset name: " + yaml::join_list(hardware_preset_names())));
+  v.workload = parse_workload(ctx, top.require("workload"), v.seed);
+  if (const Node* n = top.get("policies")) v.policy = parse_policies(ctx, *n);
+  if (const Node* n = top.get("host")) v.host_costs = parse_host(ctx, *n);
+  if (const Node* n = top.get("trace")) v.trace = parse_trace(ctx, *n);
+  return v;
+}
+
+std::vector<BackendKind> parse_backends(const Context& ctx, const Node& node) {
+  if (!node.is_sequence() || node.items.empty()) {
+    ctx.fail(node.mark, "backends must be a non-empty list such as [sim] or [sim, real], got " +
+                            describe(node));
+  }
+  std::vector<BackendKind> out;
+  for (const Node& item : node.items) {
+    const BackendKind b = yaml::read_enum<BackendKind>(
+        ctx, item, "backend", {{"sim", BackendKind::kSim}, {"real", BackendKind::kReal}});
+    if (std::find(out.begin(), out.end(), b) != out.end()) {
+      ctx.fail(item.mark, "backend '" + item.scalar + "' is listed twice");
+    }
+    out.push_back(b);
+  }
+  return out;
+}
+
+struct SweepAxis {
+  std::string key;
+  std::vector<std::string> path;
+  Mark key_mark;
+  std::vector<Node> values;
+};
+
+std::vector<std::string> split_path(const Context& ctx, const std::string& key, Mark mark) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = key.find('.', start);
+    parts.push_back(key.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (parts.back().empty()) {
+      ctx.fail(mark, "sweep key '" + key + "' has an empty path component");
+    }
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return parts;
+}
+
+bool is_index(const std::string& s) {
+  return !s.empty() && s.size() < 10 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(uint8_t(c)); });
+}
+
+// Sets `axis.path` in `doc` to `value`, creating missing mappings. Throws at the sweep key when
+// the path runs through something that is not a mapping (nor a list indexed by a number).
+void substitute(const Context& ctx, const SweepAxis& axis, const Node& value, Node* doc) {
+  Node* cur = doc;
+  for (size_t i = 0; i < axis.path.size(); ++i) {
+    const std::string& part = axis.path[i];
+    const bool last = i + 1 == axis.path.size();
+    if (i == 1 && cur->is_scalar() && (axis.path[0] == "model" || axis.path[0] == "hardware")) {
+      Node preset = *cur;
+      cur->kind = Node::Kind::kMapping;
+      cur->scalar.clear();
+      cur->entries.push_back(Entry{"preset", preset.mark, preset});
+    }
+    if (cur->is_sequence() && is_index(part)) {
+      const size_t index = std::stoul(part);
+      if (index >= cur->items.size()) {
+        ctx.fail(axis.key_mark, "sweep key '" + axis.key + "': index " + part + " is past the " +
+                                    std::to_string(cur->items.size()) + " items of that list");
+      }
+      cur = &cur->items[index];
+      if (last) *cur = value;
+      continue;
+    }
+    if (!cur->is_mapping()) {
+      std::string through = axis.path[0];
+      for (size_t j = 1; j < i; ++j) through += "." + axis.path[j];
+      ctx.fail(axis.key_mark, "sweep key '" + axis.key + "' goes through '" + through +
+                                  "', which is " + describe(*cur) + ", not a mapping");
+    }
+    Entry* e = cur->find(part);
+    if (e == nullptr) {
+      Node child;
+      child.kind = Node::Kind::kMapping;
+      child.mark = value.mark;
+      cur->entries.push_back(Entry{part, value.mark, child});
+      e = &cur->entries.back();
+    }
+    if (last) e->value = value;
+    cur = &e->value;
+  }
+}
+
+std::vector<SweepAxis> parse_sweep(const Context& ctx, const Node& sweep, const Node& base,
+                                   Mark sweep_mark) {
+  if (!sweep.is_mapping() || sweep.entries.empty()) {
+    ctx.fail(sweep.is_mapping() ? sweep_mark : sweep.mark,
+             "sweep must be a non-empty mapping from a dotted key (e.g. workload.concurrency) "
+             "to a list of values, got " +
+                 (sweep.is_mapping() ? std::string("an empty mapping") : describe(sweep)));
+  }
+  std::vector<SweepAxis> axes;
+  for (const Entry& e : sweep.entries) {
+    SweepAxis axis{e.key, split_path(ctx, e.key, e.key_mark), e.key_mark, {}};
+    for (const char* fixed : {"name", "description", "backends", "sweep"}) {
+      if (axis.path[0] == fixed) {
+        ctx.fail(e.key_mark, "sweep key '" + e.key + "': '" + fixed +
+                                 "' cannot be swept; sweep seed, model, hardware, workload, "
+                                 "policies, host or trace");
+      }
+    }
+    for (const SweepAxis& other : axes) {
+      const size_t n = std::min(other.path.size(), axis.path.size());
+      if (std::equal(other.path.begin(), other.path.begin() + n, axis.path.begin())) {
+        ctx.fail(e.key_mark, "sweep keys '" + other.key + "' and '" + e.key + "' overlap");
+      }
+    }
+    if (!e.value.is_sequence()) {
+      ctx.fail(e.value.mark, "sweep." + e.key + " must be a list of values, e.g. [a, b], got " +
+                                 describe(e.value));
+    }
+    if (e.value.items.empty()) {
+      ctx.fail(e.value.mark, "sweep." + e.key + " is an empty list; give at least one value");
+    }
+    axis.values = e.value.items;
+    Node scratch = base;
+    substitute(ctx, axis, axis.values[0], &scratch);
+    axes.push_back(std::move(axis));
+  }
+  return axes;
+}
+
+void check_name(const Context& ctx, const Node& node) {
+  const std::string name = read_string(ctx, node, "name");
+  static const std::regex kPattern("[A-Za-z0-9_.-]+");
+  if (name.size() > 128 || !std::regex_match(name, kPattern)) {
+    ctx.fail(node.mark, "name '" + name +
+                            "' must be 1 to 128 characters of A-Z a-z 0-9 _ . - (it names the "
+                            "experiment in the results database)");
+  }
+}
+
+}  // namespace
+
+Experiment load_experiment_text(const std::string& yaml_text, const std::string& source_name) {
+  const Node doc = yaml::parse_document(yaml_text, source_name);
+  const Context ctx{source_name, ""};
+  MapReader top(ctx, doc, "", top_level_keys());
+
+  Experiment exp;
+  exp.source_path = source_name;
+  exp.yaml_text = yaml_text;
+  check_name(ctx, top.require("name"));
+  exp.name = top.get("name")->scalar;
+  if (const Node* n = top.get("description")) {
+    exp.description = read_string(ctx, *n, "description");
+  }
+  exp.backends = top.has("backends") ? parse_backends(ctx, *top.get("backends"))
+                                     : std::vector<BackendKind>{BackendKind::kSim};
+
+  Node base = doc;
+  std::erase_if(base.entries, [](const Entry& e) { return e.key == "sweep"; });
+  if (!top.has("sweep")) {
+    Variant v = parse_variant(ctx, base);
+    v.label = "base";
+    exp.variants.push_back(std::move(v));
+    return exp;
+  }
+
+  const std::vector<SweepAxis> axes =
+      parse_sweep(ctx, *top.get("sweep"), base, top.key_mark("sweep"));
+  int64_t count = 1;
+  for (const SweepAxis& axis : axes) {
+    count *= int64_t(axis.values.size());
+    if (count > kMaxVariants) {
+      std::string sizes;
+      double total = 1;
+      for (const SweepAxis& a : axes) {
+        sizes += (sizes.empty() ? "" : " x ") + std::to_string(a.values.size());
+        total *= double(a.values.size());
+      }
+      std::ostringstream s;
+      s << "sweep expands to " << std::fixed << std::setprecision(0) << total << " variants ("
+        << sizes << "), over the limit of " << kMaxVariants;
+      ctx.fail(top.key_mark("sweep"), s.str());
+    }
+  }
+  exp.variants.reserve(count);
+  std::vector<size_t> pick(axes.size(), 0);
+  for (int64_t index = 0; index < count; ++index) {
+    Variant v;
+    Node doc_v = base;
+    std::vector<std::pair<std::string, std::string>> params;
+    std::string label;
+    for (size_t a = 0; a < axes.size(); ++a) {
+      const Node& value = axes[a].values[pick[a]];
+      substitute(ctx, axes[a], value, &doc_v);
+      params.emplace_back(axes[a].key, yaml::to_flow(value));
+      label += (label.empty() ? "" : ", ") + axes[a].key + "=" + params.back().second;
+    }
+    const Context vctx{source_name,
+                       " (in sweep variant " + std::to_string(index) + ": " + label + ")"};
+    v = parse_variant(vctx, doc_v);
+    v.index = static_cast<int32_t>(index);
+    v.label = std::move(label);
+    v.params = std::move(params);
+    exp.variants.push_back(std::move(v));
+    for (size_t a = axes.size(); a-- > 0;) {
+      if (++pick[a] < axes[a].values.size()) break;
+      pick[a] = 0;
+    }
+  }
+  return exp;
+}
+
+Experiment load_experiment_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    throw ConfigError(path, "cannot read experiment file '" + path + "': no such file");
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError(path, "cannot read experiment file '" + path + "': it is a directory");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw ConfigError(path, "cannot read experiment file '" + path +
+                                "': " + std::error_code(errno, std::generic_category()).message());
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    throw ConfigError(path, "cannot read experiment file '" + path + "': read failed");
+  }
+  return load_experiment_text(text.str(), path);
+}
+
+}  // namespace twinstep
