@@ -1,0 +1,35 @@
+// Decode attention: grouped-query heads over the KV cache (kv_cache.h), 1..16 new query
+// positions per request with a causal mask among them, split along the context
+// (flash-decoding) and combined in a fixed split order (deterministic).
+//
+// q:   [num_requests][q_len][num_q_heads][128] bf16, RoPE applied (rope_kv_append's q_out).
+// out: [num_requests][q_len][num_q_heads][128] bf16.
+// ctx_lens: device [num_requests], tokens cached before this step; the q_len new tokens are
+//   already appended at positions ctx .. ctx + q_len - 1, and query j sees keys 0 .. ctx + j.
+//   ctx_lens must not be written by the kernel launched just before (PDL prologue reads it).
+// Requires head_dim 128, num_q_heads % num_kv_heads == 0, (num_q_heads / num_kv_heads) * q_len
+// <= 64, and ctx + q_len <= capacity_tokens. workspace: attention_workspace_bytes(), caller-owned.
+// Two launches: the split kernel (tensor cores, cp.async pipeline) and the combine kernel.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/common.h"
+#include "kernels/kv_cache.h"
+
+namespace twinstep::kernels {
+
+struct AttentionShape {
+  int num_requests = 1;
+  int q_len = 1;
+  int num_q_heads = 32;
+  float softmax_scale = 0.08838834764831845f;  // 1 / sqrt(128)
+};
+
+size_t attention_workspace_bytes(const AttentionShape& shape, const KvCache& cache);
+
+void decode_attention(const bf16* q, const KvCache& cache, int layer, const int* ctx_lens,
+                      bf16* out, const AttentionShape& shape, void* workspace, cudaStream_t stream,
+                      bool pdl = false);
+
+}  // namespace twinstep::kernels

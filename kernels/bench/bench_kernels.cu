@@ -1,0 +1,567 @@
+// Bandwidth benchmark for kernels/: each figure beside the floor it is judged against, all
+// measured in this one process on this GPU.
+//
+//   twinstep_kernels_bench --out results.json [--commit SHA]
+//
+// Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
+// Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
+// copies together >= 1.5 GiB, far beyond the 60 MB L2. Warm: the same copy every launch.
+// Times: a captured graph of many launches, replayed; median of replays / launches per graph.
+// cuBLAS: cublasGemmEx bf16 in/out, fp32 compute, captured and timed the same way.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/device.cuh"
+#include "kernels/gemv.h"
+#include "kernels/lm_head.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+
+using namespace twinstep::kernels;
+
+#define CUBLAS_CHECK(expr)                                                             \
+  do {                                                                                 \
+    cublasStatus_t s_ = (expr);                                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
+      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr, \
+                   static_cast<int>(s_));                                              \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+namespace {
+
+constexpr size_t kColdBytes = size_t{3} << 29;  // 1.5 GiB of distinct copies at least
+
+// ---------------------------------------------------------------------------------------------
+// helper kernels
+
+__global__ void fill_random_kernel(bf16* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const uint32_t r = philox_u32(seed, i >> 32, 0, static_cast<uint32_t>(i));
+    float v = (static_cast<float>(r >> 8) * 0x1p-24f * 2.0f - 1.0f) * scale;
+    if (v == 0.0f) v = scale * 0.5f;
+    p[i] = __float2bfloat16(v);
+  }
+}
+
+// Streaming read: each thread keeps kUnroll independent 16-byte loads in flight.
+template <int kUnroll>
+__global__ void stream_read_kernel(const uint4* p, size_t n, unsigned* sink) {
+  uint32_t acc = 0;
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = detail::load_stream_16(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = detail::load_stream_16(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) sink[0] = acc;  // keeps the loads alive
+}
+
+void fill_random(bf16* p, size_t n, uint64_t seed, float scale) {
+  fill_random_kernel<<<4096, 256>>>(p, n, seed, scale);
+  TS_CUDA_CHECK(cudaGetLastError());
+}
+
+bf16* alloc_bf16(size_t n, uint64_t seed, float scale) {
+  bf16* p = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(bf16)));
+  fill_random(p, n, seed, scale);
+  return p;
+}
+
+cudaStream_t g_stream;
+
+// Captures body(stream) once, replays it, returns the median replay time in microseconds.
+double time_graph_us(const std::function<void(cudaStream_t)>& body, int replays = 9) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TS_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+  body(g_stream);
+  TS_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+  TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  TS_CUDA_CHECK(cudaEventCreate(&start));
+  TS_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 2; ++i) TS_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
+  std::vector<double> times;
+  for (int i = 0; i < replays; ++i) {
+    TS_CUDA_CHECK(cudaEventRecord(start, g_stream));
+    TS_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
+    TS_CUDA_CHECK(cudaEventRecord(stop, g_stream));
+    TS_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1e3);
+  }
+  TS_CUDA_CHECK(cudaEventDestroy(start));
+  TS_CUDA_CHECK(cudaEventDestroy(stop));
+  TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TS_CUDA_CHECK(cudaGraphDestroy(graph));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// One JSON row: keys carry units.
+struct Row {
+  std::vector<std::pair<std::string, std::string>> fields;
+  Row& s(const std::string& k, const std::string& v) {
+    fields.emplace_back(k, "\"" + v + "\"");
+    return *this;
+  }
+  Row& n(const std::string& k, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.6g", v);
+    fields.emplace_back(k, buf);
+    return *this;
+  }
+  Row& b(const std::string& k, bool v) {
+    fields.emplace_back(k, v ? "true" : "false");
+    return *this;
+  }
+  std::string json() const {
+    std::string out = "{";
+    for (size_t i = 0; i < fields.size(); ++i)
+      out += (i ? ", \"" : "\"") + fields[i].first + "\": " + fields[i].second;
+    return out + "}";
+  }
+};
+std::vector<Row> g_rows;
+double g_floor_tbps = 0;
+
+void add_row(Row row, double bytes, double time_us) {
+  const double tbps = bytes / (time_us * 1e-6) / 1e12;
+  row.n("bytes", bytes)
+      .n("time_us", time_us)
+      .n("tbps", tbps)
+      .n("floor_tbps", g_floor_tbps)
+      .n("floor_us", bytes / (g_floor_tbps * 1e12) * 1e6)
+      .n("pct_of_floor", 100.0 * tbps / g_floor_tbps);
+  g_rows.push_back(row);
+}
+
+// ---------------------------------------------------------------------------------------------
+// sections
+
+double measure_floor() {
+  const size_t bytes = size_t{4} << 30;
+  uint4* buf = nullptr;
+  unsigned* sink = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&buf, bytes));
+  TS_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+  fill_random(reinterpret_cast<bf16*>(buf), bytes / 2, 7, 1.0f);
+  int sms = 0;
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  double best = 0;
+  for (int blocks_per_sm : {2, 4, 8}) {
+    for (int threads : {256, 512, 1024}) {
+      if (blocks_per_sm * threads > 2048) continue;
+      const double us = time_graph_us(
+          [&](cudaStream_t s) {
+            stream_read_kernel<8><<<sms * blocks_per_sm, threads, 0, s>>>(buf, bytes / 16, sink);
+            TS_CUDA_CHECK(cudaGetLastError());
+          },
+          5);
+      const double tbps = bytes / (us * 1e-6) / 1e12;
+      std::printf("stream-read %d blocks/SM x %d threads: %.1f us, %.3f TB/s\n", blocks_per_sm,
+                  threads, us, tbps);
+      best = std::max(best, tbps);
+    }
+  }
+  TS_CUDA_CHECK(cudaFree(buf));
+  TS_CUDA_CHECK(cudaFree(sink));
+  return best;
+}
+
+struct Shape {
+  const char* name;
+  int n, k;
+  bool swiglu;  // n = rows of the stacked gate/up weight
+};
+
+void bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<int>& ms) {
+  const size_t w_elems = static_cast<size_t>(shape.n) * shape.k;
+  const int copies =
+      static_cast<int>(std::max<size_t>(2, (kColdBytes + w_elems * 2 - 1) / (w_elems * 2)));
+  std::vector<bf16*> w(copies);
+  for (int c = 0; c < copies; ++c) w[c] = alloc_bf16(w_elems, 100 + c, 0.02f);
+  bf16* x = alloc_bf16(static_cast<size_t>(16) * shape.k, 3, 1.0f);
+  bf16 *out = nullptr, *tmp = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(16) * shape.n * sizeof(bf16)));
+  TS_CUDA_CHECK(cudaMalloc(&tmp, static_cast<size_t>(16) * shape.n * sizeof(bf16)));
+  const int launches = std::max(copies, 24) / copies * copies;
+  for (int m : ms) {
+    const double bytes = static_cast<double>(w_elems) * 2 + 2.0 * m * shape.k +
+                         2.0 * m * (shape.swiglu ? shape.n / 2 : shape.n);
+    auto ours = [&](cudaStream_t s, bf16* wp, bool pdl) {
+      if (shape.swiglu)
+        gemv_swiglu(wp, x, out, m, shape.n / 2, shape.k, s, pdl);
+      else
+        gemv(wp, x, out, m, shape.n, shape.k, s, pdl);
+    };
+    double t[2][2];  // [cold][pdl]
+    for (int cold = 0; cold < 2; ++cold)
+      for (int pdl = 0; pdl < 2; ++pdl)
+        t[cold][pdl] = time_graph_us([&](cudaStream_t s) {
+                         for (int i = 0; i < launches; ++i) ours(s, w[cold ? i % copies : 0], pdl);
+                       }) /
+                       launches;
+    // cuBLAS: out^T[n][m] = W[n][k] . x^T, column-major view: C(n x m) = A^T(k x n)^T B(k x m).
+    const float alpha = 1.0f, beta = 0.0f;
+    const double t_cublas =
+        time_graph_us([&](cudaStream_t s) {
+          CUBLAS_CHECK(cublasSetStream(cublas, s));
+          for (int i = 0; i < launches; ++i)
+            CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, shape.n, m, shape.k, &alpha,
+                                      w[i % copies], CUDA_R_16BF, shape.k, x, CUDA_R_16BF, shape.k,
+                                      &beta, tmp, CUDA_R_16BF, shape.n, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        }) /
+        launches;
+    Row row;
+    row.s("section", "gemv")
+        .s("shape", shape.name)
+        .n("m", m)
+        .n("n", shape.n)
+        .n("k", shape.k)
+        .b("fused_swiglu", shape.swiglu)
+        .b("cold", true)
+        .b("pdl", false)
+        .n("copies", copies);
+    row.n("time_pdl_us", t[1][1])
+        .n("tbps_pdl", bytes / (t[1][1] * 1e-6) / 1e12)
+        .n("warm_time_us", t[0][0])
+        .n("warm_tbps", bytes / (t[0][0] * 1e-6) / 1e12)
+        .n("cublas_time_us", t_cublas)
+        .n("cublas_tbps", bytes / (t_cublas * 1e-6) / 1e12);
+    add_row(row, bytes, t[1][0]);
+    std::printf(
+        "gemv %-8s m=%2d  cold %7.2f us %5.2f TB/s (%5.1f%% of floor)  pdl %7.2f us  warm %7.2f us "
+        " cuBLAS %7.2f us %5.2f TB/s\n",
+        shape.name, m, t[1][0], bytes / (t[1][0] * 1e-6) / 1e12,
+        100.0 * bytes / (t[1][0] * 1e-6) / 1e12 / g_floor_tbps, t[1][1], t[0][0], t_cublas,
+        bytes / (t_cublas * 1e-6) / 1e12);
+    if (shape.swiglu) {  // unfused baseline: plain gemv over 2n rows, then the swiglu kernel
+      const double t_unfused = time_graph_us([&](cudaStream_t s) {
+                                 for (int i = 0; i < launches; ++i) {
+                                   gemv(w[i % copies], x, tmp, m, shape.n, shape.k, s, false);
+                                   swiglu(tmp, out, m, shape.n / 2, s, false);
+                                 }
+                               }) /
+                               launches;
+      Row r2;
+      r2.s("section", "swiglu_unfused")
+          .s("shape", shape.name)
+          .n("m", m)
+          .n("n", shape.n)
+          .n("k", shape.k)
+          .b("cold", true)
+          .n("fused_time_us", t[1][0]);
+      add_row(r2, bytes, t_unfused);
+      std::printf("  unfused gemv + swiglu: %7.2f us (fused %7.2f us)\n", t_unfused, t[1][0]);
+    }
+  }
+  for (bf16* p : w) TS_CUDA_CHECK(cudaFree(p));
+  TS_CUDA_CHECK(cudaFree(x));
+  TS_CUDA_CHECK(cudaFree(out));
+  TS_CUDA_CHECK(cudaFree(tmp));
+}
+
+void bench_lm_head() {
+  const int vocab = 128256, k = 4096;
+  const size_t w_elems = static_cast<size_t>(vocab) * k;
+  std::vector<bf16*> w = {alloc_bf16(w_elems, 200, 0.02f), alloc_bf16(w_elems, 201, 0.02f)};
+  bf16* x = alloc_bf16(16 * k, 5, 1.0f);
+  void* ws = nullptr;
+  int *argmax = nullptr, *sampled = nullptr;
+  float* top1 = nullptr;
+  uint64_t* step = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&ws, lm_head_workspace_bytes(16, vocab)));
+  TS_CUDA_CHECK(cudaMalloc(&argmax, 16 * sizeof(int)));
+  TS_CUDA_CHECK(cudaMalloc(&sampled, 16 * sizeof(int)));
+  TS_CUDA_CHECK(cudaMalloc(&top1, 16 * sizeof(float)));
+  TS_CUDA_CHECK(cudaMalloc(&step, sizeof(uint64_t)));
+  TS_CUDA_CHECK(cudaMemset(step, 0, sizeof(uint64_t)));
+  for (int m : {1, 6, 16}) {
+    for (float temperature : {0.0f, 1.0f}) {
+      const double us =
+          time_graph_us([&](cudaStream_t s) {
+            for (int i = 0; i < 8; ++i)
+              lm_head(w[i % 2], x, m, vocab, k, SamplingParams{temperature, 1234, step}, ws,
+                      LmHeadOutputs{argmax, top1, sampled, nullptr}, s, true);
+          }) /
+          8;
+      const double bytes = static_cast<double>(w_elems) * 2 + 2.0 * m * k;
+      Row row;
+      row.s("section", "lm_head_argmax_sample")
+          .n("m", m)
+          .n("n", vocab)
+          .n("k", k)
+          .b("cold", true)
+          .b("pdl", true)
+          .n("temperature", temperature);
+      add_row(row, bytes, us);
+      std::printf("lm_head fused argmax/top1/sample m=%2d T=%.0f: %7.2f us %5.2f TB/s (%5.1f%%)\n",
+                  m, temperature, us, bytes / (us * 1e-6) / 1e12,
+                  100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
+    }
+  }
+  for (bf16* p : w) TS_CUDA_CHECK(cudaFree(p));
+  TS_CUDA_CHECK(cudaFree(x));
+  TS_CUDA_CHECK(cudaFree(ws));
+  TS_CUDA_CHECK(cudaFree(argmax));
+  TS_CUDA_CHECK(cudaFree(sampled));
+  TS_CUDA_CHECK(cudaFree(top1));
+  TS_CUDA_CHECK(cudaFree(step));
+}
+
+// Llama-3-8B attention shape: 32 q heads, 8 kv heads, 128 dims, context 8192.
+struct KvSetup {
+  KvCache cache;
+  bf16* buffer = nullptr;
+  bf16** bases = nullptr;
+  int* ctx = nullptr;
+};
+
+KvSetup make_kv(int num_layers, int ctx_tokens, int capacity) {
+  KvSetup kv;
+  kv.cache.num_layers = num_layers;
+  kv.cache.num_kv_heads = 8;
+  kv.cache.capacity_tokens = capacity;
+  const size_t elems = kv_cache_bytes_per_request(kv.cache) / sizeof(bf16);
+  kv.buffer = alloc_bf16(elems, 300, 1.0f);
+  TS_CUDA_CHECK(cudaMalloc(&kv.bases, sizeof(bf16*)));
+  TS_CUDA_CHECK(cudaMemcpy(kv.bases, &kv.buffer, sizeof(bf16*), cudaMemcpyHostToDevice));
+  TS_CUDA_CHECK(cudaMalloc(&kv.ctx, sizeof(int)));
+  TS_CUDA_CHECK(cudaMemcpy(kv.ctx, &ctx_tokens, sizeof(int), cudaMemcpyHostToDevice));
+  kv.cache.request_base = kv.bases;
+  return kv;
+}
+
+void free_kv(KvSetup& kv) {
+  TS_CUDA_CHECK(cudaFree(kv.buffer));
+  TS_CUDA_CHECK(cudaFree(kv.bases));
+  TS_CUDA_CHECK(cudaFree(kv.ctx));
+}
+
+void bench_attention() {
+  const int layers = 32, ctx = 8192, capacity = ctx + 16;
+  KvSetup kv = make_kv(layers, ctx, capacity);
+  bf16* q = alloc_bf16(16 * 32 * kHeadDim, 9, 1.0f);
+  bf16* out = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&out, 16 * 32 * kHeadDim * sizeof(bf16)));
+  for (int q_len : {1, 2, 6, 8, 16}) {
+    AttentionShape shape;
+    shape.q_len = q_len;
+    shape.num_q_heads = 32;
+    if ((32 / 8) * q_len > 64) continue;
+    void* ws = nullptr;
+    TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
+    const double bytes = 2.0 * (ctx + q_len) * 8 * kHeadDim * 2;
+    double t[2];
+    for (int pdl = 0; pdl < 2; ++pdl)
+      t[pdl] = time_graph_us([&](cudaStream_t s) {
+                 for (int l = 0; l < layers; ++l)
+                   decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, pdl);
+               }) /
+               layers;
+    Row row;
+    row.s("section", "attention")
+        .n("q_len", q_len)
+        .n("ctx_tokens", ctx)
+        .n("num_q_heads", 32)
+        .n("num_kv_heads", 8)
+        .n("head_dim", kHeadDim)
+        .b("cold", true)
+        .b("pdl", false)
+        .n("time_pdl_us", t[1])
+        .n("tbps_pdl", bytes / (t[1] * 1e-6) / 1e12);
+    add_row(row, bytes, t[0]);
+    std::printf(
+        "attention q_len=%2d ctx=%d: %7.2f us %5.2f TB/s (%5.1f%% of floor), pdl %7.2f us "
+        "(%5.1f%%)\n",
+        q_len, ctx, t[0], bytes / (t[0] * 1e-6) / 1e12,
+        100.0 * bytes / (t[0] * 1e-6) / 1e12 / g_floor_tbps, t[1],
+        100.0 * bytes / (t[1] * 1e-6) / 1e12 / g_floor_tbps);
+    TS_CUDA_CHECK(cudaFree(ws));
+  }
+  TS_CUDA_CHECK(cudaFree(q));
+  TS_CUDA_CHECK(cudaFree(out));
+  free_kv(kv);
+}
+
+// One Llama-3-8B decode layer, 32 layers of distinct weights in one graph (cold, like a forward).
+void bench_layer_chain(int m) {
+  const int layers = 32, hidden = 4096, inter = 14336, ctx = 8192, capacity = ctx + 16;
+  const int qkv_n = (32 + 2 * 8) * kHeadDim;  // 6144
+  struct Layer {
+    bf16 *norm1, *qkv, *o, *norm2, *gate_up, *down;
+  };
+  std::vector<Layer> w(layers);
+  for (int l = 0; l < layers; ++l) {
+    w[l].norm1 = alloc_bf16(hidden, 400 + l, 1.0f);
+    w[l].qkv = alloc_bf16(static_cast<size_t>(qkv_n) * hidden, 500 + l, 0.02f);
+    w[l].o = alloc_bf16(static_cast<size_t>(hidden) * hidden, 600 + l, 0.02f);
+    w[l].norm2 = alloc_bf16(hidden, 700 + l, 1.0f);
+    w[l].gate_up = alloc_bf16(static_cast<size_t>(2 * inter) * hidden, 800 + l, 0.02f);
+    w[l].down = alloc_bf16(static_cast<size_t>(hidden) * inter, 900 + l, 0.02f);
+  }
+  KvSetup kv = make_kv(layers, ctx, capacity);
+  bf16* residual = alloc_bf16(static_cast<size_t>(m) * hidden, 11, 1.0f);
+  bf16* delta = alloc_bf16(static_cast<size_t>(m) * hidden, 12, 1.0f);
+  bf16 *normed, *qkv, *q, *attn, *act;
+  TS_CUDA_CHECK(cudaMalloc(&normed, static_cast<size_t>(m) * hidden * 2));
+  TS_CUDA_CHECK(cudaMalloc(&qkv, static_cast<size_t>(m) * qkv_n * 2));
+  TS_CUDA_CHECK(cudaMalloc(&q, static_cast<size_t>(m) * 32 * kHeadDim * 2));
+  TS_CUDA_CHECK(cudaMalloc(&attn, static_cast<size_t>(m) * 32 * kHeadDim * 2));
+  TS_CUDA_CHECK(cudaMalloc(&act, static_cast<size_t>(m) * inter * 2));
+  AttentionShape shape;
+  shape.q_len = m;
+  void* ws = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
+  const RopeTable rope = llama3_rope_table();
+  auto forward = [&](cudaStream_t s, bool pdl) {
+    for (int l = 0; l < layers; ++l) {
+      rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, pdl);
+      gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, pdl);
+      rope_kv_append(qkv, kv.ctx, kv.cache, l, q, 1, m, 32, rope, s, pdl);
+      decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, pdl);
+      gemv(w[l].o, attn, delta, m, hidden, hidden, s, pdl);
+      rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, pdl);
+      gemv_swiglu(w[l].gate_up, normed, act, m, inter, hidden, s, pdl);
+      gemv(w[l].down, act, delta, m, hidden, inter, s, pdl);
+    }
+  };
+  const double weight_bytes = 2.0 * (2.0 * hidden + static_cast<double>(qkv_n) * hidden +
+                                     static_cast<double>(hidden) * hidden + 2.0 * inter * hidden +
+                                     static_cast<double>(hidden) * inter);
+  const double kv_bytes = 2.0 * (ctx + m) * 8 * kHeadDim * 2;
+  const double bytes = weight_bytes + kv_bytes;
+  double t[2];
+  for (int pdl = 0; pdl < 2; ++pdl)
+    t[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl); }, 7) / layers;
+  for (int pdl = 0; pdl < 2; ++pdl) {
+    Row row;
+    row.s("section", "layer_chain")
+        .s("model", "llama3-8b")
+        .n("m", m)
+        .n("ctx_tokens", ctx)
+        .n("layers_in_graph", layers)
+        .b("cold", true)
+        .b("pdl", pdl == 1)
+        .n("kernels_per_layer", 9)
+        .n("time_over_floor", t[pdl] / (bytes / (g_floor_tbps * 1e12) * 1e6));
+    add_row(row, bytes, t[pdl]);
+  }
+  std::printf(
+      "layer chain m=%d (9 kernels, graph of %d layers): pdl off %7.2f us, pdl on %7.2f us, floor "
+      "%7.2f us -> %.3fx / %.3fx of floor\n",
+      m, layers, t[0], t[1], bytes / (g_floor_tbps * 1e12) * 1e6,
+      t[0] / (bytes / (g_floor_tbps * 1e12) * 1e6), t[1] / (bytes / (g_floor_tbps * 1e12) * 1e6));
+  for (auto& l : w)
+    for (bf16* p : {l.norm1, l.qkv, l.o, l.norm2, l.gate_up, l.down}) TS_CUDA_CHECK(cudaFree(p));
+  for (bf16* p : {residual, delta, normed, qkv, q, attn, act}) TS_CUDA_CHECK(cudaFree(p));
+  TS_CUDA_CHECK(cudaFree(ws));
+  free_kv(kv);
+}
+
+std::string commit_id(const char* arg) {
+  if (arg != nullptr) return arg;
+  if (const char* env = std::getenv("TWINSTEP_COMMIT")) return env;
+  std::string out;
+  if (FILE* f = popen(
+          "git rev-parse HEAD 2>/dev/null && (git diff --quiet HEAD -- 2>/dev/null || echo -dirty)",
+          "r")) {
+    char buf[128];
+    while (std::fgets(buf, sizeof(buf), f)) out += buf;
+    pclose(f);
+  }
+  out.erase(std::remove(out.begin(), out.end(), '\n'), out.end());
+  return out.empty() ? "unknown" : out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path, command;
+  const char* commit = nullptr;
+  std::vector<std::string> only;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    command += (i ? " " : "") + a;
+    if (a == "--out" && i + 1 < argc) out_path = argv[i + 1];
+    if (a == "--commit" && i + 1 < argc) commit = argv[i + 1];
+  }
+  cudaDeviceProp prop;
+  TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  std::printf("GPU %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+
+  g_floor_tbps = measure_floor();
+  std::printf("floor (best streaming read): %.3f TB/s\n", g_floor_tbps);
+  {
+    Row r;
+    r.s("section", "floor")
+        .s("kernel", "stream_read 4 GiB, 16-byte loads, best launch shape")
+        .n("floor_tbps", g_floor_tbps);
+    g_rows.push_back(r);
+  }
+
+  cublasHandle_t cublas;
+  CUBLAS_CHECK(cublasCreate(&cublas));
+  void* cublas_ws = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&cublas_ws, size_t{64} << 20));
+  CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_ws, size_t{64} << 20));
+
+  const std::vector<Shape> shapes = {
+      {"qkv", 6144, 4096, false},      {"o", 4096, 4096, false},
+      {"gate_up", 28672, 4096, false}, {"gate_up_swiglu", 28672, 4096, true},
+      {"down", 4096, 14336, false},    {"lm_head", 128256, 4096, false}};
+  for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16});
+  bench_attention();
+  bench_layer_chain(1);
+  bench_layer_chain(6);
+  bench_lm_head();
+
+  if (!out_path.empty()) {
+    std::time_t now = std::time(nullptr);
+    char date[64];
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (f == nullptr) {
+      std::perror(out_path.c_str());
+      return 1;
+    }
+    std::fprintf(f,
+                 "{\n  \"command\": \"%s\",\n  \"commit\": \"%s\",\n  \"gpu\": \"%s\",\n  "
+                 "\"date\": \"%s\",\n  \"rows\": [\n",
+                 command.c_str(), commit_id(commit).c_str(), prop.name, date);
+    for (size_t i = 0; i < g_rows.size(); ++i)
+      std::fprintf(f, "    %s%s\n", g_rows[i].json().c_str(), i + 1 < g_rows.size() ? "," : "");
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  CUBLAS_CHECK(cublasDestroy(cublas));
+  return 0;
+}

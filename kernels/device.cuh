@@ -1,0 +1,98 @@
+// Device-side helpers shared by the kernel sources (nvcc only, not part of the public API):
+// the PDL-aware launcher, programmatic-dependent-launch hooks, tensor-core and copy primitives.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "kernels/common.h"
+
+namespace twinstep::kernels::detail {
+
+// Launches `kernel` with cudaLaunchKernelEx; with pdl the launch carries
+// cudaLaunchAttributeProgrammaticStreamSerialization, so its blocks may start while the previous
+// kernel in the stream finishes (works inside stream capture). Checks the launch.
+template <typename... KernelArgs, typename... Args>
+void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem_bytes,
+            cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  TS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  TS_CUDA_CHECK(cudaGetLastError());
+}
+
+// PDL contract used by every kernel here: the prologue before pdl_wait() reads only data that the
+// immediately preceding kernel does not write (weights, older KV tokens); pdl_wait() waits for the
+// preceding grid to complete and flush; the trigger comes after the wait, so at most two kernels
+// of a chain overlap and anything written two kernels back is complete before a prologue runs.
+// Without the PDL launch attribute both calls return at once.
+__device__ __forceinline__ void pdl_wait_and_trigger() {
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
+}
+
+// D += A * B for one m16n8k16 bf16 tile, fp32 accumulate (PTX fragment layouts).
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 16-byte global load that bypasses L1 (weights and KV: read once per launch).
+__device__ __forceinline__ uint4 load_stream_16(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+// 16-byte global load through L1 (activations, re-read by neighbouring blocks).
+__device__ __forceinline__ uint4 load_16(const void* ptr) {
+  return __ldg(reinterpret_cast<const uint4*>(ptr));
+}
+
+// Asynchronous 16-byte global->shared copy; src_bytes = 0 fills the 16 bytes with zeros.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Four 8x8 b16 matrices from shared memory, transposed (B fragments from a row-major [k][n] tile).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+}
+
+}  // namespace twinstep::kernels::detail

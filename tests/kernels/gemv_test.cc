@@ -1,0 +1,138 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "kernels/gemv.h"
+#include "tests/kernels/test_util.h"
+
+namespace twinstep::kernels {
+namespace {
+
+using test::Bf16Host;
+using test::DeviceBuffer;
+
+std::vector<double> reference_gemv(const Bf16Host& w, const Bf16Host& x, int m, int n, int k) {
+  std::vector<double> out(static_cast<size_t>(m) * n);
+  for (int r = 0; r < m; ++r)
+    for (int c = 0; c < n; ++c) {
+      double acc = 0;
+      for (int i = 0; i < k; ++i)
+        acc += static_cast<double>(w.values[static_cast<size_t>(c) * k + i]) *
+               x.values[static_cast<size_t>(r) * k + i];
+      out[static_cast<size_t>(r) * n + c] = acc;
+    }
+  return out;
+}
+
+class GemvShapes : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(GemvShapes, MatchesCpuReference) {
+  TS_SKIP_WITHOUT_GPU();
+  const auto [m, n, k] = GetParam();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const Bf16Host w = test::random_bf16(static_cast<size_t>(n) * k, rng);
+  const Bf16Host x = test::random_bf16(static_cast<size_t>(m) * k, rng);
+  auto dw = test::to_device(w);
+  auto dx = test::to_device(x);
+  DeviceBuffer<bf16> out(static_cast<size_t>(m) * n);
+  out.poison();
+  gemv(dw.get(), dx.get(), out.get(), m, n, k, nullptr);
+  const auto got = test::bf16_to_float(out.download<uint16_t>());
+  const double err = test::rel_error(got, reference_gemv(w, x, m, n, k));
+  EXPECT_LT(err, test::kBf16RelTol) << "m=" << m << " n=" << n << " k=" << k;
+}
+
+TEST_P(GemvShapes, SwigluMatchesCpuReference) {
+  TS_SKIP_WITHOUT_GPU();
+  const auto [m, n, k] = GetParam();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const Bf16Host w = test::random_bf16(static_cast<size_t>(2 * n) * k, rng);
+  const Bf16Host x = test::random_bf16(static_cast<size_t>(m) * k, rng);
+  auto dw = test::to_device(w);
+  auto dx = test::to_device(x);
+  DeviceBuffer<bf16> out(static_cast<size_t>(m) * n);
+  out.poison();
+  gemv_swiglu(dw.get(), dx.get(), out.get(), m, n, k, nullptr);
+  const auto gu = reference_gemv(w, x, m, 2 * n, k);
+  std::vector<double> ref(static_cast<size_t>(m) * n);
+  for (int r = 0; r < m; ++r)
+    for (int c = 0; c < n; ++c) {
+      const double g = gu[static_cast<size_t>(r) * 2 * n + c],
+                   u = gu[static_cast<size_t>(r) * 2 * n + n + c];
+      ref[static_cast<size_t>(r) * n + c] = g / (1.0 + std::exp(-g)) * u;
+    }
+  const double err = test::rel_error(test::bf16_to_float(out.download<uint16_t>()), ref);
+  EXPECT_LT(err, test::kBf16RelTol) << "m=" << m << " n=" << n << " k=" << k;
+}
+
+// k = 1344 gives 42 chunks of 32: an uneven split over the 8 warps.
+INSTANTIATE_TEST_SUITE_P(Shapes, GemvShapes,
+                         ::testing::Values(std::make_tuple(1, 64, 64), std::make_tuple(3, 128, 64),
+                                           std::make_tuple(6, 256, 1344),
+                                           std::make_tuple(8, 192, 512),
+                                           std::make_tuple(9, 512, 4096),
+                                           std::make_tuple(16, 1024, 4096)));
+
+// Row i must be bit-identical whether it is computed alone (m = 1), among 6 or among 16 rows.
+TEST(Gemv, RowResultsDoNotDependOnM) {
+  TS_SKIP_WITHOUT_GPU();
+  const int n = 512, k = 4096;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const Bf16Host w = test::random_bf16(static_cast<size_t>(2 * n) * k, rng);
+  const Bf16Host x = test::random_bf16(static_cast<size_t>(16) * k, rng);
+  auto dw = test::to_device(w);
+  auto dx = test::to_device(x);
+  for (const bool fused : {false, true}) {
+    DeviceBuffer<bf16> all(static_cast<size_t>(16) * n), six(static_cast<size_t>(6) * n), one(n);
+    auto run = [&](const bf16* xin, bf16* out, int m) {
+      if (fused)
+        gemv_swiglu(dw.get(), xin, out, m, n, k, nullptr);
+      else
+        gemv(dw.get(), xin, out, m, n, k, nullptr);
+    };
+    run(dx.get(), all.get(), 16);
+    run(dx.get(), six.get(), 6);
+    const auto all_bits = all.download<uint16_t>();
+    const auto six_bits = six.download<uint16_t>();
+    for (int r = 0; r < 6; ++r)
+      for (int c = 0; c < n; ++c)
+        ASSERT_EQ(six_bits[r * n + c], all_bits[r * n + c])
+            << "m=6 row " << r << " fused " << fused;
+    for (int r = 0; r < 16; ++r) {
+      run(dx.get() + static_cast<size_t>(r) * k, one.get(), 1);
+      const auto one_bits = one.download<uint16_t>();
+      for (int c = 0; c < n; ++c)
+        ASSERT_EQ(one_bits[c], all_bits[r * n + c])
+            << "m=1 row " << r << " col " << c << " fused " << fused;
+    }
+  }
+}
+
+TEST(Gemv, RejectsInvalidShapes) {
+  // Validation happens before any CUDA call: runs with or without a GPU.
+  const bf16* p = reinterpret_cast<const bf16*>(0x100);
+  bf16* o = reinterpret_cast<bf16*>(0x100);
+  EXPECT_THROW(gemv(p, p, o, 0, 64, 64, nullptr), std::invalid_argument);
+  EXPECT_THROW(gemv(p, p, o, 17, 64, 64, nullptr), std::invalid_argument);
+  EXPECT_THROW(gemv(p, p, o, 1, 100, 64, nullptr), std::invalid_argument);
+  EXPECT_THROW(gemv(p, p, o, 1, 64, 96, nullptr), std::invalid_argument);
+  EXPECT_THROW(gemv(nullptr, p, o, 1, 64, 64, nullptr), std::invalid_argument);
+  EXPECT_THROW(gemv_swiglu(p, p, o, 1, 64, 32, nullptr), std::invalid_argument);
+  try {
+    gemv(p, p, o, 1, 64, 100, nullptr);
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("k = 100"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace twinstep::kernels

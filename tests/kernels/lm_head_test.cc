@@ -1,0 +1,123 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/lm_head.h"
+#include "kernels/philox.h"
+#include "tests/kernels/test_util.h"
+
+namespace twinstep::kernels {
+namespace {
+
+using test::Bf16Host;
+using test::DeviceBuffer;
+
+TEST(LmHead, LogitsArgmaxTop1AndSeededSampling) {
+  TS_SKIP_WITHOUT_GPU();
+  const int m = 3, vocab = 4096 + 64, k = 512;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const Bf16Host w = test::random_bf16(static_cast<size_t>(vocab) * k, rng);
+  const Bf16Host x = test::random_bf16(static_cast<size_t>(m) * k, rng);
+  auto dw = test::to_device(w);
+  auto dx = test::to_device(x);
+  DeviceBuffer<float> logits(static_cast<size_t>(m) * vocab);
+  DeviceBuffer<int> argmax(m), sampled(m);
+  DeviceBuffer<float> top1(m);
+  DeviceBuffer<unsigned char> ws(lm_head_workspace_bytes(m, vocab));
+  DeviceBuffer<uint64_t> step(1);
+  const uint64_t step_value = 41;
+  step.upload(std::vector<uint64_t>{step_value});
+  const float temperature = 0.8f;
+  const uint64_t sample_seed = rng();
+  auto run = [&] {
+    logits.poison();
+    argmax.poison();
+    sampled.poison();
+    top1.poison();
+    lm_head(dw.get(), dx.get(), m, vocab, k, SamplingParams{temperature, sample_seed, step.get()},
+            ws.get(), LmHeadOutputs{argmax.get(), top1.get(), sampled.get(), logits.get()},
+            nullptr);
+  };
+  run();
+  const auto got_logits = logits.download();
+  const auto got_argmax = argmax.download();
+  const auto got_sampled = sampled.download();
+  const auto got_top1 = top1.download();
+
+  std::vector<double> ref(got_logits.size());
+  for (int r = 0; r < m; ++r)
+    for (int v = 0; v < vocab; ++v) {
+      double acc = 0;
+      for (int i = 0; i < k; ++i)
+        acc += static_cast<double>(w.values[static_cast<size_t>(v) * k + i]) *
+               x.values[static_cast<size_t>(r) * k + i];
+      ref[static_cast<size_t>(r) * vocab + v] = acc;
+    }
+  EXPECT_LT(test::rel_error(got_logits, ref), 1e-4);  // fp32 logits, no bf16 output rounding
+
+  for (int r = 0; r < m; ++r) {
+    const float* l = &got_logits[static_cast<size_t>(r) * vocab];
+    int best = 0;
+    double best_score = -INFINITY, sample_score = -INFINITY;
+    int sample = 0;
+    for (int v = 0; v < vocab; ++v) {
+      if (l[v] > l[best]) best = v;
+      const double s = l[v] / temperature + gumbel_noise(sample_seed, step_value, r, v);
+      if (s > best_score) {
+        best_score = s;
+        sample = v;
+      }
+    }
+    EXPECT_EQ(got_argmax[r], best) << "row " << r;
+    double sum = 0;
+    for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(l[v]) - l[best]);
+    EXPECT_NEAR(got_top1[r], 1.0 / sum, 1e-3 / sum) << "row " << r;
+    // The GPU's pick must score within rounding of the host's best Gumbel-max score.
+    ASSERT_GE(got_sampled[r], 0);
+    ASSERT_LT(got_sampled[r], vocab);
+    sample_score =
+        l[got_sampled[r]] / temperature + gumbel_noise(sample_seed, step_value, r, got_sampled[r]);
+    EXPECT_GE(sample_score, best_score - 1e-4) << "row " << r << " host pick " << sample;
+  }
+  // Same (seed, step, row): same draw.
+  run();
+  EXPECT_EQ(sampled.download(), got_sampled);
+}
+
+TEST(LmHead, GreedyWhenTemperatureZero) {
+  TS_SKIP_WITHOUT_GPU();
+  const int m = 2, vocab = 1024, k = 64;
+  std::mt19937_64 rng(test::fresh_seed());
+  const Bf16Host w = test::random_bf16(static_cast<size_t>(vocab) * k, rng);
+  const Bf16Host x = test::random_bf16(static_cast<size_t>(m) * k, rng);
+  auto dw = test::to_device(w);
+  auto dx = test::to_device(x);
+  DeviceBuffer<int> argmax(m), sampled(m);
+  DeviceBuffer<float> top1(m);
+  DeviceBuffer<unsigned char> ws(lm_head_workspace_bytes(m, vocab));
+  sampled.poison();
+  lm_head(dw.get(), dx.get(), m, vocab, k, SamplingParams{}, ws.get(),
+          LmHeadOutputs{argmax.get(), top1.get(), sampled.get(), nullptr}, nullptr);
+  EXPECT_EQ(sampled.download(), argmax.download());
+}
+
+TEST(LmHead, RejectsInvalidShapes) {
+  const bf16* p = reinterpret_cast<const bf16*>(0x100);
+  LmHeadOutputs out{reinterpret_cast<int*>(0x100), reinterpret_cast<float*>(0x100),
+                    reinterpret_cast<int*>(0x100), nullptr};
+  void* ws = reinterpret_cast<void*>(0x100);
+  EXPECT_THROW(lm_head(p, p, 1, 128256 + 1, 4096, SamplingParams{}, ws, out, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(lm_head(p, p, 17, 1024, 4096, SamplingParams{}, ws, out, nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(lm_head(p, p, 1, 1024, 4096, SamplingParams{NAN, 0, nullptr}, ws, out, nullptr),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace twinstep::kernels
