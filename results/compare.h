@@ -1,0 +1,30 @@
+// Side-by-side comparison of runs (`twinstep compare`): sim against real, variant against
+// variant. The result is a QueryResult so format.h renders it as a table, CSV or JSON.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "results/db.h"
+
+namespace twinstep {
+
+// The default rows, in order: tpot_ms_mean, tpot_ms_p99, itl_ms_p99, ttft_ms_mean,
+// output_throughput_tok_s, accept_len_mean, step_time_estimate_ms, step_ms_mean, gpu_busy_frac,
+// idle_host_frac, idle_launch_frac, achieved_tbps, pct_of_floor.
+const std::vector<std::string>& compare_metric_keys();
+
+// Columns: "metric", "unit", then one per run headed "<variant_label> [<backend>]" (" #<id>"
+// appended when two headers would coincide). One row per key of `keys` that at least one run
+// has; a run lacking the metric gets NULL. Throws Error for an unknown run id.
+QueryResult compare_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
+                         const std::vector<std::string>& keys = compare_metric_keys());
+
+// The complete runs of the most recent invocation of experiment `name`: the experiment version
+// (name + YAML hash) of the latest complete run with that name, and within it the latest complete
+// run per (variant_index, backend). Ordered by variant_index, then sim before real.
+// Throws Error if the experiment has no complete run.
+std::vector<int64_t> latest_runs_of_experiment(ResultsDb& db, const std::string& name);
+
+}  // namespace twinstep

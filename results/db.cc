@@ -1,0 +1,691 @@
+#include "results/db.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "policies/error.h"
+#include "results/build_info.h"
+#include "results/json.h"
+
+namespace twinstep {
+namespace {
+
+[[noreturn]] void throw_sqlite(sqlite3* db, const std::string& what) {
+  throw Error(what + ": " + (db ? sqlite3_errmsg(db) : "out of memory"));
+}
+
+void exec(sqlite3* db, const std::string& sql) {
+  char* message = nullptr;
+  if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &message) != SQLITE_OK) {
+    std::string text = message ? message : sqlite3_errmsg(db);
+    sqlite3_free(message);
+    throw Error("results database: " + text);
+  }
+}
+
+// A prepared statement, reset between uses. Binding is by 1-based index.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) {
+      throw_sqlite(db, "results database: preparing statement");
+    }
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Stmt& bind(int i, int64_t v) { return check(sqlite3_bind_int64(stmt_, i, v)); }
+  Stmt& bind(int i, int32_t v) { return check(sqlite3_bind_int64(stmt_, i, v)); }
+  Stmt& bind(int i, double v) { return check(sqlite3_bind_double(stmt_, i, v)); }
+  Stmt& bind(int i, const std::string& v) {
+    return check(
+        sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+  }
+  Stmt& bind(int i, const char* v) {
+    return check(sqlite3_bind_text(stmt_, i, v, -1, SQLITE_STATIC));
+  }
+  Stmt& bind_null(int i) { return check(sqlite3_bind_null(stmt_, i)); }
+  Stmt& bind(int i, const std::optional<double>& v) { return v ? bind(i, *v) : bind_null(i); }
+
+  // Steps once; true if a row is available.
+  bool step() {
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    throw_sqlite(db_, "results database");
+  }
+  // Runs a statement that returns no rows, then resets it for reuse.
+  void run() {
+    step();
+    sqlite3_reset(stmt_);
+  }
+  void reset() { sqlite3_reset(stmt_); }
+  int64_t int64(int col) const { return sqlite3_column_int64(stmt_, col); }
+  std::string text(int col) const {
+    const auto* p = sqlite3_column_text(stmt_, col);
+    return p ? reinterpret_cast<const char*>(p) : "";
+  }
+
+ private:
+  Stmt& check(int rc) {
+    if (rc != SQLITE_OK) throw_sqlite(db_, "results database: binding a value");
+    return *this;
+  }
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+// Rolls back unless committed.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) { exec(db_, "BEGIN IMMEDIATE"); }
+  ~Transaction() {
+    if (!done_) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  void commit() {
+    exec(db_, "COMMIT");
+    done_ = true;
+  }
+
+ private:
+  sqlite3* db_;
+  bool done_ = false;
+};
+
+int user_version(sqlite3* db) {
+  Stmt s(db, "PRAGMA user_version");
+  s.step();
+  return static_cast<int>(s.int64(0));
+}
+
+std::string step_sample_host_columns(const char* suffix) {
+  std::string cols;
+  for (int op = 0; op < kHostOpCount; ++op) {
+    cols += std::string(",\n  host_") + host_op_db_name(static_cast<HostOp>(op)) + "_ns" + suffix;
+  }
+  return cols;
+}
+
+// Schema version 1. Every table holding samples of a run references run(id) ON DELETE CASCADE,
+// so `DELETE FROM run WHERE ...` removes a run completely. The large sample tables are
+// WITHOUT ROWID tables keyed (run_id, ...): rows of one run are stored together, no separate
+// run_id index is maintained, and a million-row run inserts in about a second.
+void create_schema_v1(sqlite3* db) {
+  exec(db, R"sql(
+CREATE TABLE build (
+  id               INTEGER PRIMARY KEY,
+  git_sha          TEXT NOT NULL,
+  git_dirty        INTEGER NOT NULL CHECK (git_dirty IN (0, 1)),
+  compiler         TEXT NOT NULL,
+  cuda_version     TEXT NOT NULL,
+  nccl_version     TEXT NOT NULL,
+  twinstep_version TEXT NOT NULL,
+  UNIQUE (git_sha, git_dirty, compiler, cuda_version, nccl_version, twinstep_version)
+);
+CREATE TABLE host (
+  id        INTEGER PRIMARY KEY,
+  hostname  TEXT NOT NULL,
+  cpu_model TEXT NOT NULL,
+  cores     INTEGER NOT NULL,
+  mem_bytes INTEGER NOT NULL,
+  gpu_name  TEXT
+);
+CREATE TABLE experiment (
+  id          INTEGER PRIMARY KEY,
+  name        TEXT NOT NULL,
+  yaml_text   TEXT NOT NULL,
+  yaml_hash   TEXT NOT NULL,
+  source_path TEXT NOT NULL,
+  created_at  TEXT NOT NULL,
+  UNIQUE (name, yaml_hash)
+);
+CREATE TABLE run (
+  id            INTEGER PRIMARY KEY,
+  experiment_id INTEGER NOT NULL REFERENCES experiment(id),
+  build_id      INTEGER NOT NULL REFERENCES build(id),
+  host_id       INTEGER NOT NULL REFERENCES host(id),
+  variant_index INTEGER NOT NULL,
+  variant_label TEXT NOT NULL,
+  variant_json  TEXT NOT NULL,
+  backend       TEXT NOT NULL CHECK (backend IN ('sim', 'real')),
+  seed          TEXT NOT NULL,
+  status        TEXT NOT NULL CHECK (status IN ('running', 'complete', 'failed', 'interrupted')),
+  error         TEXT,
+  started_at    TEXT NOT NULL,
+  ended_at      TEXT,
+  wall_s        REAL
+);
+CREATE INDEX run_experiment ON run(experiment_id);
+CREATE TABLE metric (
+  run_id INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  key    TEXT NOT NULL,
+  value  REAL NOT NULL,
+  unit   TEXT NOT NULL,
+  PRIMARY KEY (run_id, key)
+);
+CREATE TABLE request_sample (
+  run_id         INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  request_id     INTEGER NOT NULL,
+  input_len      INTEGER NOT NULL,
+  output_len     INTEGER NOT NULL,
+  arrival_ns     INTEGER NOT NULL,
+  start_ns       INTEGER NOT NULL,
+  first_token_ns INTEGER NOT NULL,
+  end_ns         INTEGER NOT NULL,
+  ttft_ms        REAL,
+  tpot_ms        REAL,
+  e2e_ms         REAL,
+  chunk_count    INTEGER NOT NULL,
+  PRIMARY KEY (run_id, request_id)
+) WITHOUT ROWID;
+CREATE TABLE chunk_sample (
+  run_id     INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  request_id INTEGER NOT NULL,
+  idx        INTEGER NOT NULL,
+  t_ns       INTEGER NOT NULL,
+  tokens     INTEGER NOT NULL,
+  PRIMARY KEY (run_id, request_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE timeline_span (
+  run_id   INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  rank     INTEGER NOT NULL,
+  lane     TEXT NOT NULL CHECK (lane IN ('host', 'compute', 'copy')),
+  name     TEXT NOT NULL,
+  step     INTEGER NOT NULL,
+  start_ns INTEGER NOT NULL,
+  dur_ns   INTEGER NOT NULL,
+  flow     INTEGER NOT NULL
+);
+CREATE INDEX timeline_span_run ON timeline_span(run_id);
+)sql");
+  exec(db, R"sql(
+CREATE TABLE step_sample (
+  run_id         INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  rank           INTEGER NOT NULL,
+  step           INTEGER NOT NULL,
+  end_ns         INTEGER NOT NULL,
+  dur_ns         INTEGER NOT NULL,
+  gpu_busy_ns    INTEGER NOT NULL,
+  idle_host_ns   INTEGER NOT NULL,
+  idle_launch_ns INTEGER NOT NULL,
+  idle_dep_ns    INTEGER NOT NULL,
+  batch          INTEGER NOT NULL,
+  prefills       INTEGER NOT NULL,
+  tokens         INTEGER NOT NULL,
+  draft_len      INTEGER NOT NULL,
+  bytes_read     INTEGER NOT NULL)sql" +
+               step_sample_host_columns(" INTEGER NOT NULL") + R"sql(,
+  host_launch_ns INTEGER NOT NULL,
+  host_wait_ns   INTEGER NOT NULL,
+  PRIMARY KEY (run_id, rank, step)
+) WITHOUT ROWID;
+)sql");
+}
+
+// Migration i takes the schema from version i to i + 1. Append, never edit, to add version 2.
+using MigrationFn = void (*)(sqlite3*);
+constexpr MigrationFn kMigrations[] = {&create_schema_v1};
+static_assert(std::size(kMigrations) == ResultsDb::kSchemaVersion);
+
+void migrate(sqlite3* db, const std::string& path) {
+  Transaction txn(db);
+  const int version = user_version(db);  // re-read under the write lock
+  if (version >= ResultsDb::kSchemaVersion) return;
+  if (version == 0) {
+    Stmt s(db, "SELECT count(*) FROM sqlite_schema");
+    s.step();
+    if (s.int64(0) != 0) {
+      throw Error("results database " + path +
+                  " is not a twinstep database (it has tables but no schema version)");
+    }
+  }
+  for (int v = version; v < ResultsDb::kSchemaVersion; ++v) kMigrations[v](db);
+  exec(db, "PRAGMA user_version = " + std::to_string(ResultsDb::kSchemaVersion));
+  txn.commit();
+}
+
+std::string now_iso8601_utc() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[40];
+  const size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms));
+  return buf;
+}
+
+std::string params_json(const std::vector<std::pair<std::string, std::string>>& params) {
+  std::ostringstream out;
+  out << '{';
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (i) out << ',';
+    write_json_string(out, params[i].first);
+    out << ':';
+    const std::string& v = params[i].second;
+    if (is_json_number(v) || v == "true" || v == "false") {
+      out << v;
+    } else {
+      write_json_string(out, v);
+    }
+  }
+  out << '}';
+  return out.str();
+}
+
+const char* lane_name(Lane lane) {
+  switch (lane) {
+    case Lane::kHost:
+      return "host";
+    case Lane::kCompute:
+      return "compute";
+    case Lane::kCopy:
+      return "copy";
+  }
+  return "host";
+}
+
+// Returns the id of the row matching `select` (bound by `bind`), inserting it first if absent.
+template <typename Bind>
+int64_t find_or_insert(sqlite3* db, const char* select, const char* insert, Bind bind) {
+  {
+    Stmt s(db, select);
+    bind(s);
+    if (s.step()) return s.int64(0);
+  }
+  Stmt s(db, insert);
+  bind(s);
+  s.run();
+  return sqlite3_last_insert_rowid(db);
+}
+
+Cell column_cell(sqlite3_stmt* stmt, int col) {
+  switch (sqlite3_column_type(stmt, col)) {
+    case SQLITE_INTEGER:
+      return sqlite3_column_int64(stmt, col);
+    case SQLITE_FLOAT:
+      return sqlite3_column_double(stmt, col);
+    case SQLITE_NULL:
+      return std::monostate{};
+    default: {
+      const auto* p = static_cast<const char*>(sqlite3_column_blob(stmt, col));
+      return std::string(p ? p : "", static_cast<size_t>(sqlite3_column_bytes(stmt, col)));
+    }
+  }
+}
+
+}  // namespace
+
+std::string fnv1a64_hex(std::string_view data) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : data) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+ResultsDb ResultsDb::open(const std::string& path) {
+  const bool special = path.empty() || path == ":memory:" || path.rfind("file:", 0) == 0;
+  if (!special) {
+    namespace fs = std::filesystem;
+    const fs::path parent = fs::path(path).parent_path();
+    std::error_code ec;
+    if (!parent.empty() && !fs::is_directory(parent, ec)) {
+      throw Error("cannot open results database " + path + ": directory " + parent.string() +
+                  " does not exist (create it first)");
+    }
+    if (fs::is_directory(path, ec)) {
+      throw Error("cannot open results database " + path + ": it is a directory");
+    }
+  }
+  sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &raw,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_URI |
+                                     SQLITE_OPEN_NOMUTEX,  // one thread per ResultsDb
+                                 nullptr);
+  ResultsDb db(raw, path);  // owns raw from here, even on failure
+  if (rc != SQLITE_OK) throw_sqlite(raw, "cannot open results database " + path);
+  sqlite3_busy_timeout(raw, 10000);
+  try {
+    exec(raw, "PRAGMA foreign_keys = ON");
+    const int version = user_version(raw);
+    if (version > kSchemaVersion) {
+      throw Error("results database " + path + " has schema version " + std::to_string(version) +
+                  ", newer than this twinstep supports (" + std::to_string(kSchemaVersion) +
+                  "); use a newer twinstep build");
+    }
+    exec(raw, "PRAGMA journal_mode = WAL");
+    exec(raw, "PRAGMA synchronous = NORMAL");  // WAL + NORMAL: durable against process crashes
+    exec(raw, "PRAGMA cache_size = -32768");   // 32 MiB: large runs insert without thrashing
+    migrate(raw, path);
+  } catch (const Error& e) {
+    std::string what = e.what();
+    if (what.find(path) == std::string::npos) what = "results database " + path + ": " + what;
+    throw Error(what);
+  }
+  return db;
+}
+
+ResultsDb::ResultsDb(ResultsDb&& other) noexcept
+    : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)) {}
+
+ResultsDb& ResultsDb::operator=(ResultsDb&& other) noexcept {
+  if (this != &other) {
+    sqlite3_close_v2(db_);
+    db_ = std::exchange(other.db_, nullptr);
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+ResultsDb::~ResultsDb() { sqlite3_close_v2(db_); }
+
+int ResultsDb::schema_version() { return user_version(db_); }
+
+int64_t ResultsDb::begin_run(const RunInfo& info) {
+  if (info.backend != "sim" && info.backend != "real") {
+    throw Error("backend must be \"sim\" or \"real\", got \"" + info.backend + "\"");
+  }
+  Transaction txn(db_);
+  const BuildInfo& b = build_info();
+  const int64_t build_id =
+      find_or_insert(db_,
+                     "SELECT id FROM build WHERE git_sha=?1 AND git_dirty=?2 AND compiler=?3 AND "
+                     "cuda_version=?4 AND nccl_version=?5 AND twinstep_version=?6",
+                     "INSERT INTO build (git_sha, git_dirty, compiler, cuda_version, nccl_version, "
+                     "twinstep_version) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                     [&](Stmt& s) {
+                       s.bind(1, b.git_sha).bind(2, int64_t{b.git_dirty}).bind(3, b.compiler);
+                       s.bind(4, b.cuda_version).bind(5, b.nccl_version).bind(6, b.version);
+                     });
+  const HostInfo& h = host_info();
+  const int64_t host_id = find_or_insert(
+      db_,
+      "SELECT id FROM host WHERE hostname=?1 AND cpu_model=?2 AND cores=?3 AND mem_bytes=?4 AND "
+      "gpu_name IS ?5",
+      "INSERT INTO host (hostname, cpu_model, cores, mem_bytes, gpu_name) "
+      "VALUES (?1, ?2, ?3, ?4, ?5)",
+      [&](Stmt& s) {
+        s.bind(1, h.hostname).bind(2, h.cpu_model).bind(3, h.cores).bind(4, h.mem_bytes);
+        if (info.gpu_name.empty()) {
+          s.bind_null(5);
+        } else {
+          s.bind(5, info.gpu_name);
+        }
+      });
+  const std::string hash = fnv1a64_hex(info.yaml_text);
+  int64_t experiment_id = 0;
+  {
+    Stmt find(db_, "SELECT id FROM experiment WHERE name=?1 AND yaml_hash=?2");
+    find.bind(1, info.experiment_name).bind(2, hash);
+    if (find.step()) {
+      experiment_id = find.int64(0);
+    } else {
+      Stmt insert(db_,
+                  "INSERT INTO experiment (name, yaml_hash, yaml_text, source_path, created_at) "
+                  "VALUES (?1, ?2, ?3, ?4, ?5)");
+      insert.bind(1, info.experiment_name).bind(2, hash).bind(3, info.yaml_text);
+      insert.bind(4, info.source_path).bind(5, now_iso8601_utc());
+      insert.run();
+      experiment_id = sqlite3_last_insert_rowid(db_);
+    }
+  }
+  Stmt run(db_,
+           "INSERT INTO run (experiment_id, build_id, host_id, variant_index, variant_label, "
+           "variant_json, backend, seed, status, started_at) "
+           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9)");
+  run.bind(1, experiment_id).bind(2, build_id).bind(3, host_id).bind(4, info.variant_index);
+  run.bind(5, info.variant_label).bind(6, params_json(info.variant_params));
+  run.bind(7, info.backend).bind(8, std::to_string(info.seed)).bind(9, now_iso8601_utc());
+  run.run();
+  const int64_t run_id = sqlite3_last_insert_rowid(db_);
+  txn.commit();
+  return run_id;
+}
+
+namespace {
+
+// Indices 0..n-1 stably sorted by key(i).
+template <typename Key>
+std::vector<size_t> key_order(size_t n, Key key) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  bool sorted = true;  // the common case: backends record in key order
+  for (size_t i = 1; i < n && sorted; ++i) sorted = !(key(i) < key(i - 1));
+  if (sorted) return order;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  return order;
+}
+
+// Throws unless run `run_id` exists with status 'running'.
+void require_running(sqlite3* db, int64_t run_id) {
+  Stmt s(db, "SELECT status FROM run WHERE id = ?1");
+  s.bind(1, run_id);
+  if (!s.step()) throw Error("results database: no run with id " + std::to_string(run_id));
+  const std::string status = s.text(0);
+  if (status != "running") {
+    throw Error("results database: run " + std::to_string(run_id) + " is " + status +
+                ", not running");
+  }
+}
+
+}  // namespace
+
+void ResultsDb::finish_run(int64_t run_id, const RunRecord& record,
+                           const std::vector<Metric>& metrics, double wall_s) {
+  // Rows go in primary-key order (B-tree appends, not random inserts). Sorting also finds
+  // duplicate keys, reported here rather than as a constraint failure mid-transaction.
+  const std::vector<size_t> req_order = key_order(record.requests.size(), [&](size_t i) {
+    return std::pair<int64_t, int64_t>{record.requests[i].id, 0};
+  });
+  for (size_t k = 1; k < req_order.size(); ++k) {
+    if (record.requests[req_order[k]].id == record.requests[req_order[k - 1]].id) {
+      throw Error("run record has two request samples with id " +
+                  std::to_string(record.requests[req_order[k]].id));
+    }
+  }
+  const std::vector<size_t> step_order = key_order(record.steps.size(), [&](size_t i) {
+    return std::pair<int64_t, int64_t>{record.steps[i].rank, record.steps[i].step};
+  });
+  for (size_t k = 1; k < step_order.size(); ++k) {
+    const StepSample& a = record.steps[step_order[k - 1]];
+    const StepSample& b = record.steps[step_order[k]];
+    if (a.rank == b.rank && a.step == b.step) {
+      throw Error("run record has two step samples for rank " + std::to_string(a.rank) + " step " +
+                  std::to_string(a.step));
+    }
+  }
+  // Stable: a request's chunks keep their record order, which defines idx.
+  const std::vector<size_t> chunk_order = key_order(record.chunks.size(), [&](size_t i) {
+    return std::pair<int64_t, int64_t>{record.chunks[i].request, 0};
+  });
+
+  // Per-row foreign-key checks would double the cost of a million-row insert; the only parent
+  // is this run, checked once below while the write lock is held.
+  exec(db_, "PRAGMA foreign_keys = OFF");
+  struct RestoreForeignKeys {
+    sqlite3* db;
+    ~RestoreForeignKeys() {
+      sqlite3_exec(db, "PRAGMA foreign_keys = ON", nullptr, nullptr, nullptr);
+    }
+  } restore{db_};
+  Transaction txn(db_);
+  require_running(db_, run_id);
+
+  Stmt req(db_,
+           "INSERT INTO request_sample (run_id, request_id, input_len, output_len, arrival_ns, "
+           "start_ns, first_token_ns, end_ns, ttft_ms, tpot_ms, e2e_ms, chunk_count) "
+           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
+  for (size_t i : req_order) {
+    const RequestSample& r = record.requests[i];
+    req.bind(1, run_id).bind(2, r.id).bind(3, r.input_len).bind(4, r.output_len);
+    req.bind(5, r.arrival_ns).bind(6, r.start_ns).bind(7, r.first_token_ns).bind(8, r.end_ns);
+    req.bind(9, request_ttft_ms(r)).bind(10, request_tpot_ms(r)).bind(11, request_e2e_ms(r));
+    req.bind(12, r.chunk_count);
+    req.run();
+  }
+
+  Stmt chunk(db_,
+             "INSERT INTO chunk_sample (run_id, request_id, idx, t_ns, tokens) "
+             "VALUES (?1, ?2, ?3, ?4, ?5)");
+  int32_t idx = 0;
+  for (size_t k = 0; k < chunk_order.size(); ++k) {
+    const ChunkSample& c = record.chunks[chunk_order[k]];
+    if (k > 0 && record.chunks[chunk_order[k - 1]].request != c.request) idx = 0;
+    chunk.bind(1, run_id).bind(2, c.request).bind(3, idx++).bind(4, c.t_ns).bind(5, c.tokens);
+    chunk.run();
+  }
+
+  std::string step_sql =
+      "INSERT INTO step_sample (run_id, rank, step, end_ns, dur_ns, gpu_busy_ns, idle_host_ns, "
+      "idle_launch_ns, idle_dep_ns, batch, prefills, tokens, draft_len, bytes_read" +
+      step_sample_host_columns("") + ", host_launch_ns, host_wait_ns) VALUES (?1";
+  constexpr int kStepColumns = 16 + kHostOpCount;
+  for (int i = 2; i <= kStepColumns; ++i) step_sql += ", ?" + std::to_string(i);
+  step_sql += ")";
+  Stmt step(db_, step_sql.c_str());
+  for (size_t i : step_order) {
+    const StepSample& s = record.steps[i];
+    step.bind(1, run_id).bind(2, s.rank).bind(3, s.step).bind(4, s.end_ns).bind(5, s.dur_ns);
+    step.bind(6, s.gpu_busy_ns).bind(7, s.idle_host_ns).bind(8, s.idle_launch_ns);
+    step.bind(9, s.idle_dep_ns).bind(10, s.batch).bind(11, s.prefills).bind(12, s.tokens);
+    step.bind(13, s.draft_len).bind(14, s.bytes_read);
+    for (int op = 0; op < kHostOpCount; ++op) step.bind(15 + op, s.host_ns[op]);
+    step.bind(15 + kHostOpCount, s.host_launch_ns).bind(16 + kHostOpCount, s.host_wait_ns);
+    step.run();
+  }
+
+  Stmt span(db_,
+            "INSERT INTO timeline_span (run_id, rank, lane, name, step, start_ns, dur_ns, flow) "
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  for (const TimelineSpan& t : record.timeline) {
+    span.bind(1, run_id).bind(2, t.rank).bind(3, lane_name(t.lane)).bind(4, t.name ? t.name : "");
+    span.bind(5, t.step).bind(6, t.start_ns).bind(7, t.dur_ns).bind(8, t.flow);
+    span.run();
+  }
+
+  Stmt metric(db_, "INSERT INTO metric (run_id, key, value, unit) VALUES (?1, ?2, ?3, ?4)");
+  for (const Metric& m : metrics) {
+    if (!std::isfinite(m.value)) {
+      throw Error("results database: metric " + m.key + " is not finite");
+    }
+    metric.bind(1, run_id).bind(2, m.key).bind(3, m.value).bind(4, m.unit);
+    metric.run();
+  }
+
+  Stmt done(db_,
+            "UPDATE run SET status = 'complete', error = NULL, ended_at = ?2, wall_s = ?3 "
+            "WHERE id = ?1");
+  done.bind(1, run_id).bind(2, now_iso8601_utc()).bind(3, wall_s);
+  done.run();
+  txn.commit();
+}
+
+void ResultsDb::fail_run(int64_t run_id, const std::string& status, const std::string& error) {
+  if (status != "failed" && status != "interrupted") {
+    throw Error("fail_run: status must be \"failed\" or \"interrupted\", got \"" + status + "\"");
+  }
+  Transaction txn(db_);
+  require_running(db_, run_id);
+  Stmt s(db_, "UPDATE run SET status = ?2, error = ?3, ended_at = ?4 WHERE id = ?1");
+  s.bind(1, run_id).bind(2, status).bind(3, error).bind(4, now_iso8601_utc());
+  s.run();
+  txn.commit();
+}
+
+std::vector<int64_t> ResultsDb::incomplete_runs() {
+  Stmt s(db_, "SELECT id FROM run WHERE status != 'complete' ORDER BY id");
+  std::vector<int64_t> ids;
+  while (s.step()) ids.push_back(s.int64(0));
+  return ids;
+}
+
+QueryResult ResultsDb::query(const std::string& sql, bool allow_write) {
+  return query_params(sql, {}, allow_write);
+}
+
+QueryResult ResultsDb::query_params(const std::string& sql, const std::vector<Cell>& params,
+                                    bool allow_write) {
+  // Second line of defence behind sqlite3_stmt_readonly: the connection refuses writes.
+  struct QueryOnly {
+    sqlite3* db;
+    bool on;
+    QueryOnly(sqlite3* d, bool enable) : db(d), on(enable) {
+      if (on) exec(db, "PRAGMA query_only = ON");
+    }
+    ~QueryOnly() {
+      if (on) sqlite3_exec(db, "PRAGMA query_only = OFF", nullptr, nullptr, nullptr);
+    }
+  } query_only(db_, !allow_write);
+
+  QueryResult result;
+  const char* tail = sql.c_str();
+  int statements = 0;
+  while (tail && *tail) {
+    sqlite3_stmt* raw = nullptr;
+    const char* next = nullptr;
+    if (sqlite3_prepare_v2(db_, tail, -1, &raw, &next) != SQLITE_OK) {
+      throw Error(std::string("SQL error: ") + sqlite3_errmsg(db_));
+    }
+    tail = next;
+    if (!raw) continue;  // whitespace or a comment
+    std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt*)> stmt(raw, sqlite3_finalize);
+    ++statements;
+    if (!params.empty() && statements > 1) {
+      throw Error("SQL error: query parameters need a single statement");
+    }
+    if (!allow_write && !sqlite3_stmt_readonly(raw)) {
+      throw Error("query is read-only: \"" + std::string(sqlite3_sql(raw)) +
+                  "\" would modify the database");
+    }
+    if (!params.empty() && sqlite3_bind_parameter_count(raw) != static_cast<int>(params.size())) {
+      throw Error("SQL error: statement has " + std::to_string(sqlite3_bind_parameter_count(raw)) +
+                  " parameters, " + std::to_string(params.size()) + " given");
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int idx = static_cast<int>(i) + 1;
+      const Cell& p = params[i];
+      int rc = SQLITE_OK;
+      if (const auto* v = std::get_if<int64_t>(&p)) {
+        rc = sqlite3_bind_int64(raw, idx, *v);
+      } else if (const auto* d = std::get_if<double>(&p)) {
+        rc = sqlite3_bind_double(raw, idx, *d);
+      } else if (const auto* t = std::get_if<std::string>(&p)) {
+        rc = sqlite3_bind_text(raw, idx, t->data(), static_cast<int>(t->size()), SQLITE_TRANSIENT);
+      } else {
+        rc = sqlite3_bind_null(raw, idx);
+      }
+      if (rc != SQLITE_OK) throw Error(std::string("SQL error: ") + sqlite3_errmsg(db_));
+    }
+    const int columns = sqlite3_column_count(raw);
+    QueryResult current;
+    for (int c = 0; c < columns; ++c) current.columns.push_back(sqlite3_column_name(raw, c));
+    for (;;) {
+      const int rc = sqlite3_step(raw);
+      if (rc == SQLITE_DONE) break;
+      if (rc != SQLITE_ROW) throw Error(std::string("SQL error: ") + sqlite3_errmsg(db_));
+      std::vector<Cell> row;
+      row.reserve(columns);
+      for (int c = 0; c < columns; ++c) row.push_back(column_cell(raw, c));
+      current.rows.push_back(std::move(row));
+    }
+    if (columns > 0) result = std::move(current);
+  }
+  return result;
+}
+
+}  // namespace twinstep

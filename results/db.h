@@ -1,0 +1,94 @@
+// ResultsDb: the SQLite results database (schema in docs/database.md). One transaction per
+// finished run, so an interrupted run leaves its row 'running' and no sample rows.
+// Not thread-safe: use one ResultsDb per thread (SQLite serialises writers across processes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "policies/run_record.h"
+#include "results/metrics.h"
+
+struct sqlite3;
+
+namespace twinstep {
+
+// A result cell; the alternative is the SQLite storage class (NULL, INTEGER, REAL, TEXT; a BLOB
+// comes back as its bytes in std::string).
+using Cell = std::variant<std::monostate, int64_t, double, std::string>;
+
+struct QueryResult {
+  std::vector<std::string> columns;
+  std::vector<std::vector<Cell>> rows;
+};
+
+struct RunInfo {
+  std::string experiment_name;
+  std::string yaml_text;
+  std::string source_path;
+  int32_t variant_index = 0;
+  std::string variant_label;
+  // Swept key -> value as written; stored as a JSON object, values that are JSON numbers or
+  // true/false stored as such, everything else as strings.
+  std::vector<std::pair<std::string, std::string>> variant_params;
+  std::string backend;  // "sim" or "real"
+  // Stored as decimal TEXT: SQLite integers are int64 and seeds use all 64 bits.
+  uint64_t seed = 0;
+  std::string gpu_name;  // the driver's name for the GPU; empty (stored NULL) for none
+};
+
+class ResultsDb {
+ public:
+  static constexpr int kSchemaVersion = 1;
+
+  // Opens or creates the database at `path` (":memory:" for a private in-memory one), enables
+  // WAL and foreign keys, and creates/migrates the schema. Throws Error if the parent directory
+  // does not exist, the file is not a twinstep database, or its schema is newer than this code.
+  static ResultsDb open(const std::string& path);
+
+  ResultsDb(ResultsDb&& other) noexcept;
+  ResultsDb& operator=(ResultsDb&& other) noexcept;
+  ResultsDb(const ResultsDb&) = delete;
+  ResultsDb& operator=(const ResultsDb&) = delete;
+  ~ResultsDb();
+
+  // Records build, host and experiment (deduplicated) and inserts a run with status 'running'.
+  // Returns the run id. One short transaction.
+  int64_t begin_run(const RunInfo& info);
+
+  // In ONE transaction: every sample of `record`, `metrics`, status 'complete', ended_at, wall_s.
+  // Throws Error if the run does not exist or is not 'running'; on any failure nothing is kept.
+  void finish_run(int64_t run_id, const RunRecord& record, const std::vector<Metric>& metrics,
+                  double wall_s);
+
+  // Marks a 'running' run as `status` ("failed" or "interrupted") with an error message.
+  void fail_run(int64_t run_id, const std::string& status, const std::string& error);
+
+  // Ids of runs whose status is not 'complete' (running, failed, interrupted), ascending.
+  std::vector<int64_t> incomplete_runs();
+
+  // Runs `sql` (one or more statements; the result of the last statement returning columns is
+  // returned). Unless allow_write, a statement that would modify the database is rejected with
+  // Error before it runs. `params` bind ?1..?N and require a single statement. SQLite errors are
+  // thrown as Error carrying SQLite's message.
+  QueryResult query(const std::string& sql, bool allow_write = false);
+  QueryResult query_params(const std::string& sql, const std::vector<Cell>& params,
+                           bool allow_write = false);
+
+  const std::string& path() const { return path_; }
+  int schema_version();
+
+ private:
+  ResultsDb(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  sqlite3* db_ = nullptr;
+  std::string path_;
+};
+
+// FNV-1a 64-bit hash as 16 lowercase hex digits (experiment.yaml_hash).
+std::string fnv1a64_hex(std::string_view data);
+
+}  // namespace twinstep

@@ -1,0 +1,182 @@
+#include "results/format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "policies/error.h"
+#include "results/json.h"
+
+namespace twinstep {
+namespace {
+
+bool is_number(const Cell& c) {
+  return std::holds_alternative<int64_t>(c) || std::holds_alternative<double>(c);
+}
+
+std::string table_text(const Cell& c) {
+  if (std::holds_alternative<std::monostate>(c)) return "NULL";
+  if (const auto* i = std::get_if<int64_t>(&c)) return std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&c)) return format_table_number(*d);
+  // One cell, one line: control characters shown escaped.
+  std::string out;
+  for (char ch : std::get<std::string>(c)) {
+    if (ch == '\n') {
+      out += "\\n";
+    } else if (ch == '\r') {
+      out += "\\r";
+    } else if (ch == '\t') {
+      out += "\\t";
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+// Display width in terminal columns: counts UTF-8 code points, not bytes.
+size_t display_width(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char ch : s) n += (ch & 0xC0) != 0x80;
+  return n;
+}
+
+std::string csv_field(const std::string& s) {
+  const bool quote = s.find_first_of(",\"\r\n") != std::string::npos ||
+                     (!s.empty() && (s.front() == ' ' || s.back() == ' '));
+  if (!quote) return s;
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"') out += '"';
+    out += ch;
+  }
+  out += '"';
+  return out;
+}
+
+std::string trim_zeros(std::string s) {
+  if (s.find('.') == std::string::npos) return s;
+  while (s.back() == '0') s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+OutputFormat parse_output_format(const std::string& name) {
+  if (name == "table") return OutputFormat::kTable;
+  if (name == "csv") return OutputFormat::kCsv;
+  if (name == "json") return OutputFormat::kJson;
+  throw Error("unknown output format \"" + name + "\" (expected table, csv or json)");
+}
+
+std::string format_table_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == 0) return "0";
+  char buf[64];
+  const double a = std::fabs(v);
+  if (a >= 1e15) {
+    std::snprintf(buf, sizeof buf, "%.4g", v);
+    return buf;
+  }
+  if (a >= 1) {
+    std::snprintf(buf, sizeof buf, "%.4f", v);
+    std::string s = trim_zeros(buf);
+    return s == "-0" ? "0" : s;
+  }
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+void write_table(const QueryResult& result, std::ostream& out) {
+  const size_t ncol = result.columns.size();
+  std::vector<std::vector<std::string>> text(result.rows.size());
+  std::vector<size_t> width(ncol);
+  std::vector<bool> numeric(ncol, true);  // right-align a column whose non-NULL cells are numbers
+  for (size_t c = 0; c < ncol; ++c) width[c] = display_width(result.columns[c]);
+  for (size_t r = 0; r < result.rows.size(); ++r) {
+    for (size_t c = 0; c < ncol; ++c) {
+      const Cell& cell = result.rows[r][c];
+      text[r].push_back(table_text(cell));
+      width[c] = std::max(width[c], display_width(text[r].back()));
+      if (!is_number(cell) && !std::holds_alternative<std::monostate>(cell)) numeric[c] = false;
+    }
+  }
+  auto emit_row = [&](const std::vector<std::string>& cells, bool header) {
+    std::string line;
+    for (size_t c = 0; c < ncol; ++c) {
+      const std::string pad(width[c] - display_width(cells[c]), ' ');
+      if (c) line += "  ";
+      line += (numeric[c] && !header) ? pad + cells[c] : cells[c] + pad;
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << '\n';
+  };
+  emit_row(result.columns, true);
+  std::string rule;
+  for (size_t c = 0; c < ncol; ++c) rule += (c ? "  " : "") + std::string(width[c], '-');
+  out << rule << '\n';
+  for (const auto& row : text) emit_row(row, false);
+}
+
+void write_csv(const QueryResult& result, std::ostream& out) {
+  auto emit = [&](size_t n, auto field) {
+    for (size_t c = 0; c < n; ++c) out << (c ? "," : "") << field(c);
+    out << '\n';
+  };
+  emit(result.columns.size(), [&](size_t c) { return csv_field(result.columns[c]); });
+  for (const auto& row : result.rows) {
+    emit(row.size(), [&](size_t c) -> std::string {
+      const Cell& cell = row[c];
+      if (std::holds_alternative<std::monostate>(cell)) return "";
+      if (const auto* i = std::get_if<int64_t>(&cell)) return std::to_string(*i);
+      if (const auto* d = std::get_if<double>(&cell)) return format_double_exact(*d);
+      return csv_field(std::get<std::string>(cell));
+    });
+  }
+}
+
+void write_json(const QueryResult& result, std::ostream& out) {
+  std::vector<std::string> keys;
+  std::set<std::string> used;
+  for (const std::string& name : result.columns) {
+    std::string key = name;
+    for (int n = 2; used.count(key); ++n) key = name + "_" + std::to_string(n);
+    used.insert(key);
+    keys.push_back(json_quote(key));
+  }
+  out << '[';
+  for (size_t r = 0; r < result.rows.size(); ++r) {
+    out << (r ? ",\n " : "\n ") << '{';
+    for (size_t c = 0; c < keys.size(); ++c) {
+      out << (c ? ", " : "") << keys[c] << ": ";
+      const Cell& cell = result.rows[r][c];
+      if (const auto* i = std::get_if<int64_t>(&cell)) {
+        out << *i;
+      } else if (const auto* d = std::get_if<double>(&cell)) {
+        out << (std::isfinite(*d) ? format_double_exact(*d) : "null");
+      } else if (const auto* s = std::get_if<std::string>(&cell)) {
+        write_json_string(out, *s);
+      } else {
+        out << "null";
+      }
+    }
+    out << '}';
+  }
+  out << (result.rows.empty() ? "]\n" : "\n]\n");
+}
+
+void write_result(const QueryResult& result, OutputFormat format, std::ostream& out) {
+  switch (format) {
+    case OutputFormat::kTable:
+      return write_table(result, out);
+    case OutputFormat::kCsv:
+      return write_csv(result, out);
+    case OutputFormat::kJson:
+      return write_json(result, out);
+  }
+}
+
+}  // namespace twinstep

@@ -1,0 +1,462 @@
+#include "results/db.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "policies/error.h"
+#include "results/build_info.h"
+#include "sample_record.h"
+
+namespace twinstep {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::hand_record;
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string templ = (fs::temp_directory_path() / "twinstep_db_test_XXXXXX").string();
+    path_ = mkdtemp(templ.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
+
+ private:
+  std::string path_;
+};
+
+RunInfo sample_info(const std::string& yaml = "name: demo\n") {
+  RunInfo info;
+  info.experiment_name = "demo";
+  info.yaml_text = yaml;
+  info.source_path = "experiments/demo.yaml";
+  info.variant_index = 1;
+  info.variant_label = "policies.host_schedule=run_ahead, draft_len=5";
+  info.variant_params = {{"policies.host_schedule", "run_ahead"},
+                         {"draft_len", "5"},
+                         {"greedy", "true"},
+                         {"odd", "5x"}};
+  info.backend = "sim";
+  info.seed = 18446744073709551615ULL;  // 2^64 - 1: does not fit int64
+  return info;
+}
+
+int64_t scalar_int(ResultsDb& db, const std::string& sql) {
+  const QueryResult r = db.query(sql);
+  return std::get<int64_t>(r.rows.at(0).at(0));
+}
+
+std::string scalar_text(ResultsDb& db, const std::string& sql) {
+  const QueryResult r = db.query(sql);
+  return std::get<std::string>(r.rows.at(0).at(0));
+}
+
+double scalar_real(ResultsDb& db, const std::string& sql) {
+  const QueryResult r = db.query(sql);
+  return std::get<double>(r.rows.at(0).at(0));
+}
+
+TEST(ResultsDb, RoundTrip) {
+  TempDir dir;
+  auto db = ResultsDb::open(dir.file("r.db"));
+  const int64_t id = db.begin_run(sample_info());
+  EXPECT_EQ(scalar_text(db, "SELECT status FROM run WHERE id = " + std::to_string(id)), "running");
+  const RunRecord rec = hand_record();
+  db.finish_run(id, rec, compute_metrics(rec, {4.0}), 1.25);
+
+  const std::string where = " WHERE run_id = " + std::to_string(id);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM request_sample" + where), 3);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM chunk_sample" + where), 7);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM step_sample" + where), 3);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM timeline_span" + where), 4);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM metric" + where),
+            static_cast<int64_t>(metric_definitions().size()));
+
+  // Per-request derived columns: r0 TTFT 100, TPOT 100, E2E 400; r1 TPOT NULL (one token).
+  const QueryResult req =
+      db.query("SELECT request_id, ttft_ms, tpot_ms, e2e_ms, chunk_count FROM request_sample" +
+               where + " ORDER BY request_id");
+  ASSERT_EQ(req.rows.size(), 3u);
+  EXPECT_DOUBLE_EQ(std::get<double>(req.rows[0][1]), 100);
+  EXPECT_DOUBLE_EQ(std::get<double>(req.rows[0][2]), 100);
+  EXPECT_DOUBLE_EQ(std::get<double>(req.rows[0][3]), 400);
+  EXPECT_EQ(std::get<int64_t>(req.rows[0][4]), 3);
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(req.rows[1][2]));
+  EXPECT_DOUBLE_EQ(std::get<double>(req.rows[2][2]), 500);
+
+  // Chunk positions within a request; tokens sum to the output lengths (4 + 1 + 3).
+  EXPECT_EQ(scalar_text(db,
+                        "SELECT group_concat(idx || ':' || (t_ns / 1000000), ' ') FROM "
+                        "(SELECT * FROM chunk_sample" +
+                            where + " AND request_id = 0 ORDER BY idx)"),
+            "0:100 1:250 2:400");
+  EXPECT_EQ(scalar_int(db, "SELECT sum(tokens) FROM chunk_sample" + where), 8);
+
+  // Step columns, including the per-op host times: s2 prepare_decode 6 ms, launch 1.5 ms.
+  const QueryResult step = db.query(
+      "SELECT batch, tokens, draft_len, bytes_read, host_prepare_decode_ns, host_launch_ns, "
+      "host_wait_ns, host_schedule_ns, host_prepare_prefill_ns, host_process_outputs_ns "
+      "FROM step_sample" +
+      where + " AND step = 2");
+  ASSERT_EQ(step.rows.size(), 1u);
+  const std::vector<int64_t> expect_step = {
+      2, 3, 3, 40'000'000'000, 6'000'000, 1'500'000, 4'000'000, 3'000'000, 4'000'000, 1'000'000};
+  for (size_t c = 0; c < expect_step.size(); ++c) {
+    EXPECT_EQ(std::get<int64_t>(step.rows[0][c]), expect_step[c]) << step.columns[c];
+  }
+
+  EXPECT_EQ(scalar_text(db,
+                        "SELECT group_concat(lane || '/' || name || '/' || flow, ' ') FROM "
+                        "(SELECT * FROM timeline_span" +
+                            where + " ORDER BY start_ns)"),
+            "host/prepare_decode/0 host/launch/7 compute/decode_graph/7 copy/copy_out/0");
+
+  // Metrics as computed: tpot_ms_mean 300 (see metrics_test.cc), unit kept.
+  EXPECT_DOUBLE_EQ(
+      scalar_real(db, "SELECT value FROM metric" + where + " AND key = 'tpot_ms_mean'"), 300);
+  EXPECT_EQ(scalar_text(db, "SELECT unit FROM metric" + where + " AND key = 'achieved_tbps'"),
+            "TB/s");
+
+  // Run row: status, seed as exact decimal text, parameters as a JSON object.
+  const std::string run = " FROM run WHERE id = " + std::to_string(id);
+  EXPECT_EQ(scalar_text(db, "SELECT status" + run), "complete");
+  EXPECT_EQ(scalar_text(db, "SELECT seed" + run), "18446744073709551615");
+  EXPECT_DOUBLE_EQ(scalar_real(db, "SELECT wall_s" + run), 1.25);
+  EXPECT_EQ(scalar_int(db, "SELECT ended_at IS NOT NULL AND error IS NULL" + run), 1);
+  EXPECT_EQ(
+      scalar_int(db, "SELECT length(started_at) = 24 AND started_at LIKE '____-__-__T%Z'" + run),
+      1);
+  EXPECT_EQ(scalar_text(db, "SELECT variant_json" + run),
+            R"({"policies.host_schedule":"run_ahead","draft_len":5,"greedy":true,"odd":"5x"})");
+  EXPECT_EQ(scalar_int(db, "SELECT json_extract(variant_json, '$.draft_len')" + run), 5);
+  EXPECT_EQ(
+      scalar_text(db, "SELECT json_extract(variant_json, '$.\"policies.host_schedule\"')" + run),
+      "run_ahead");
+  EXPECT_EQ(scalar_text(db, "SELECT backend" + run), "sim");
+
+  // Build, host and experiment rows.
+  EXPECT_EQ(scalar_text(db, "SELECT b.git_sha FROM build b JOIN run r ON r.build_id = b.id"),
+            build_info().git_sha);
+  EXPECT_EQ(scalar_text(db, "SELECT h.hostname FROM host h JOIN run r ON r.host_id = h.id"),
+            host_info().hostname);
+  EXPECT_EQ(scalar_int(db, "SELECT h.gpu_name IS NULL FROM host h"), 1);
+  EXPECT_EQ(scalar_text(db, "SELECT yaml_hash FROM experiment"), fnv1a64_hex("name: demo\n"));
+  EXPECT_EQ(scalar_text(db, "SELECT yaml_text FROM experiment"), "name: demo\n");
+}
+
+TEST(ResultsDb, DeduplicatesBuildHostAndExperiment) {
+  auto db = ResultsDb::open(":memory:");
+  db.begin_run(sample_info());
+  db.begin_run(sample_info());
+  RunInfo changed = sample_info("name: demo\nsteps: 2\n");
+  db.begin_run(changed);
+  RunInfo gpu = sample_info();
+  gpu.backend = "real";
+  gpu.gpu_name = "NVIDIA H200";
+  db.begin_run(gpu);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 4);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM build"), 1);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM experiment"), 2);  // same name, two YAML texts
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM host"), 2);        // without and with a GPU
+  EXPECT_EQ(scalar_int(db, "SELECT count(DISTINCT experiment_id) FROM run"), 2);
+}
+
+TEST(ResultsDb, Fnv1a64KnownVectors) {
+  // Published FNV-1a 64 test vectors.
+  EXPECT_EQ(fnv1a64_hex(""), "cbf29ce484222325");
+  EXPECT_EQ(fnv1a64_hex("a"), "af63dc4c8601ec8c");
+  EXPECT_EQ(fnv1a64_hex("foobar"), "85944171f73967e8");
+}
+
+TEST(ResultsDb, SchemaVersionAndPragmas) {
+  TempDir dir;
+  const std::string path = dir.file("v.db");
+  {
+    auto db = ResultsDb::open(path);
+    EXPECT_EQ(db.schema_version(), ResultsDb::kSchemaVersion);
+    EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 1);
+    EXPECT_EQ(std::get<std::string>(db.query("PRAGMA journal_mode", true).rows.at(0).at(0)), "wal");
+    EXPECT_EQ(scalar_int(db, "PRAGMA foreign_keys"), 1);
+    EXPECT_EQ(scalar_text(db,
+                          "SELECT group_concat(name, ',') FROM (SELECT name FROM "
+                          "sqlite_schema WHERE type = 'table' ORDER BY name)"),
+              "build,chunk_sample,experiment,host,metric,request_sample,run,step_sample,"
+              "timeline_span");
+    db.begin_run(sample_info());
+  }
+  // Reopening an up-to-date database keeps its data (no migration re-run).
+  auto db = ResultsDb::open(path);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 1);
+  // Moving works; the moved-from object is inert.
+  ResultsDb moved = std::move(db);
+  EXPECT_EQ(scalar_int(moved, "SELECT count(*) FROM run"), 1);
+}
+
+void raw_exec(const std::string& path, const std::string& sql) {
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(raw, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(raw);
+}
+
+std::string open_error(const std::string& path) {
+  try {
+    ResultsDb::open(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ResultsDb, RejectsNewerSchema) {
+  TempDir dir;
+  const std::string path = dir.file("future.db");
+  raw_exec(path, "CREATE TABLE future (x); PRAGMA user_version = 99;");
+  const std::string error = open_error(path);
+  EXPECT_NE(error.find("schema version 99"), std::string::npos) << error;
+  EXPECT_NE(error.find("newer"), std::string::npos) << error;
+}
+
+TEST(ResultsDb, RejectsForeignDatabasesAndMissingDirectories) {
+  TempDir dir;
+  const std::string foreign = dir.file("foreign.db");
+  raw_exec(foreign, "CREATE TABLE t (x);");
+  EXPECT_NE(open_error(foreign).find("not a twinstep database"), std::string::npos);
+
+  const std::string garbage = dir.file("garbage.db");
+  std::ofstream(garbage) << "this is not a database, just text that is long enough to matter.";
+  EXPECT_NE(open_error(garbage).find("garbage.db"), std::string::npos) << open_error(garbage);
+
+  const std::string missing = dir.file("no/such/dir/r.db");
+  const std::string error = open_error(missing);
+  EXPECT_NE(error.find("does not exist"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(dir.file("no")));
+}
+
+TEST(ResultsDb, QueryIsReadOnlyUnlessAllowed) {
+  auto db = ResultsDb::open(":memory:");
+  db.begin_run(sample_info());
+  EXPECT_THROW(db.query("DELETE FROM run"), Error);
+  EXPECT_THROW(db.query("SELECT 1; UPDATE run SET status = 'failed'"), Error);
+  EXPECT_THROW(db.query("PRAGMA user_version = 5"), Error);
+  EXPECT_EQ(scalar_text(db, "SELECT status FROM run"), "running");
+  try {
+    db.query("DROP TABLE run");
+    FAIL() << "DROP accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("read-only"), std::string::npos) << e.what();
+  }
+  db.query("UPDATE run SET variant_label = 'x'", /*allow_write=*/true);
+  EXPECT_EQ(scalar_text(db, "SELECT variant_label FROM run"), "x");
+  // Writes are possible again after a read-only query (query_only switched back off).
+  db.begin_run(sample_info());
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 2);
+}
+
+TEST(ResultsDb, QueryErrorsAndResults) {
+  auto db = ResultsDb::open(":memory:");
+  try {
+    db.query("SELEC 1");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("syntax error"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(db.query("SELECT * FROM no_such_table"), Error);
+  // Storage classes come back as their own alternatives; the last statement with columns wins.
+  const QueryResult r = db.query("SELECT 0; SELECT 1 AS i, 2.5 AS r, 'x' AS t, NULL AS n");
+  ASSERT_EQ(r.columns, (std::vector<std::string>{"i", "r", "t", "n"}));
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(std::get<int64_t>(r.rows[0][0]), 1);
+  EXPECT_EQ(std::get<double>(r.rows[0][1]), 2.5);
+  EXPECT_EQ(std::get<std::string>(r.rows[0][2]), "x");
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(r.rows[0][3]));
+  const QueryResult p = db.query_params("SELECT ?1 + ?2, ?3", {int64_t{40}, 2.5, "s"});
+  EXPECT_EQ(std::get<double>(p.rows[0][0]), 42.5);
+  EXPECT_EQ(std::get<std::string>(p.rows[0][1]), "s");
+  EXPECT_THROW(db.query_params("SELECT ?1", {int64_t{1}, int64_t{2}}), Error);
+  EXPECT_TRUE(db.query("").columns.empty());
+}
+
+TEST(ResultsDb, FailAndIncompleteRuns) {
+  auto db = ResultsDb::open(":memory:");
+  const int64_t a = db.begin_run(sample_info());
+  const int64_t b = db.begin_run(sample_info());
+  const int64_t c = db.begin_run(sample_info());
+  const int64_t d = db.begin_run(sample_info());
+  const RunRecord rec = hand_record();
+  db.finish_run(b, rec, {}, 0.5);
+  db.fail_run(c, "failed", "CUDA error: out of memory");
+  db.fail_run(d, "interrupted", "SIGINT");
+  EXPECT_EQ(db.incomplete_runs(), (std::vector<int64_t>{a, c, d}));
+  EXPECT_EQ(scalar_text(db, "SELECT error FROM run WHERE id = " + std::to_string(c)),
+            "CUDA error: out of memory");
+  EXPECT_EQ(scalar_text(db, "SELECT status FROM run WHERE id = " + std::to_string(d)),
+            "interrupted");
+  EXPECT_THROW(db.fail_run(b, "failed", "late"), Error);  // complete already
+  EXPECT_THROW(db.fail_run(a, "complete", "x"), Error);   // not a failure status
+  EXPECT_THROW(db.finish_run(b, rec, {}, 0.5), Error);    // finished twice
+  EXPECT_THROW(db.finish_run(999, rec, {}, 0.5), Error);  // no such run
+  RunInfo bad = sample_info();
+  bad.backend = "gpu";
+  EXPECT_THROW(db.begin_run(bad), Error);
+}
+
+TEST(ResultsDb, FailedFinishKeepsNothing) {
+  auto db = ResultsDb::open(":memory:");
+  const int64_t id = db.begin_run(sample_info());
+  // A duplicate metric key violates the primary key after every sample was inserted.
+  const std::vector<Metric> dup = {{"x", 1, "ms"}, {"x", 2, "ms"}};
+  EXPECT_THROW(db.finish_run(id, hand_record(), dup, 1), Error);
+  EXPECT_EQ(scalar_text(db, "SELECT status FROM run"), "running");
+  EXPECT_EQ(scalar_int(db,
+                       "SELECT (SELECT count(*) FROM step_sample) + (SELECT count(*) FROM "
+                       "chunk_sample) + (SELECT count(*) FROM request_sample) + (SELECT "
+                       "count(*) FROM metric)"),
+            0);
+  // The run can still be finished properly.
+  db.finish_run(id, hand_record(), {{"x", 1, "ms"}}, 1);
+  EXPECT_EQ(scalar_text(db, "SELECT status FROM run"), "complete");
+}
+
+TEST(ResultsDb, ChunksAreNumberedPerRequestInRecordOrder) {
+  auto db = ResultsDb::open(":memory:");
+  const int64_t id = db.begin_run(sample_info());
+  RunRecord rec;
+  // Two concurrent requests, chunks interleaved in time: request 1 gets idx 0, 1, 2 and
+  // request 0 gets idx 0, 1, each in time order.
+  rec.chunks = {{1, 1, 10}, {0, 1, 20}, {1, 2, 30}, {0, 3, 40}, {1, 1, 50}};
+  db.finish_run(id, rec, {}, 0);
+  EXPECT_EQ(scalar_text(db,
+                        "SELECT group_concat(request_id || ':' || idx || '@' || t_ns, ' ') "
+                        "FROM (SELECT * FROM chunk_sample ORDER BY t_ns)"),
+            "1:0@10 0:0@20 1:1@30 0:1@40 1:2@50");
+}
+
+TEST(ResultsDb, DuplicateSampleKeysAreRejectedBeforeWriting) {
+  auto db = ResultsDb::open(":memory:");
+  const int64_t id = db.begin_run(sample_info());
+  RunRecord rec = hand_record();
+  rec.steps.push_back(rec.steps[1]);  // rank 0 step 1 twice
+  try {
+    db.finish_run(id, rec, {}, 0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "run record has two step samples for rank 0 step 1");
+  }
+  rec = hand_record();
+  rec.requests.push_back(rec.requests[0]);
+  EXPECT_THROW(db.finish_run(id, rec, {}, 0), Error);
+  EXPECT_EQ(scalar_text(db, "SELECT status FROM run"), "running");
+  // Steps recorded out of order are fine: rank 1 before rank 0.
+  rec = hand_record();
+  rec.steps[0].rank = 1;
+  db.finish_run(id, rec, {}, 0);
+  EXPECT_EQ(scalar_text(db, "SELECT group_concat(rank || '/' || step, ' ') FROM step_sample"),
+            "0/1 0/2 1/0");
+}
+
+RunRecord large_record(int64_t steps, int64_t chunks) {
+  RunRecord rec;
+  rec.steps.resize(steps);
+  for (int64_t i = 0; i < steps; ++i) {
+    StepSample& s = rec.steps[i];
+    s.step = i;
+    s.end_ns = i * 10'000;
+    s.dur_ns = 10'000;
+    s.batch = 1;
+    s.tokens = 2;
+    s.host_ns = {1, 2, 3, 4};
+  }
+  rec.chunks.resize(chunks);
+  for (int64_t i = 0; i < chunks; ++i) {
+    rec.chunks[i] = {static_cast<int32_t>(i / 1024), 2, i * 10'000};
+  }
+  return rec;
+}
+
+// DESIGN: one transaction per run; 1M step rows + 1M chunk rows should take seconds.
+TEST(ResultsDb, MillionRowRunInsertsQuickly) {
+  TempDir dir;
+  auto db = ResultsDb::open(dir.file("big.db"));
+  const int64_t id = db.begin_run(sample_info());
+  const RunRecord rec = large_record(1'000'000, 1'000'000);
+  const auto t0 = std::chrono::steady_clock::now();
+  db.finish_run(id, rec, {}, 0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("finish_run: 1M steps + 1M chunks in %.2f s\n", s);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM step_sample"), 1'000'000);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM chunk_sample"), 1'000'000);
+  EXPECT_EQ(scalar_int(db, "SELECT max(idx) FROM chunk_sample"), 1023);
+  EXPECT_LT(s, 30.0);  // generous: sanitizer builds and slow disks; ~2 s on a laptop
+}
+
+off_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
+}
+
+// kill -9 in the middle of finish_run: SQLite rolls the open transaction back on the next open,
+// so the run stays 'running' (incomplete) with no sample rows and the file is intact.
+TEST(ResultsDb, SigkillDuringFinishRunLeavesNoHalfWrittenRun) {
+  TempDir dir;
+  const std::string path = dir.file("kill.db");
+  int64_t id = 0;
+  {
+    auto db = ResultsDb::open(path);
+    id = db.begin_run(sample_info());
+  }
+  const RunRecord rec = large_record(2'000'000, 0);  // ~100 MB of rows: seconds to write
+  const off_t wal_before = file_size(path + "-wal");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    try {
+      auto db = ResultsDb::open(path);
+      db.finish_run(id, rec, {}, 0);
+    } catch (...) {
+    }
+    _exit(0);  // reaching here means the kill came too late; the parent's checks then fail
+  }
+  // The transaction spills pages into the WAL as it goes: once the WAL has grown by 8 MB the
+  // child is inside finish_run, far from its commit.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool grown = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (file_size(path + "-wal") > wal_before + (8 << 20)) {
+      grown = true;
+      break;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) break;  // exited early
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(grown) << "child never reached the middle of finish_run";
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+
+  auto db = ResultsDb::open(path);
+  EXPECT_EQ(scalar_text(db, "PRAGMA integrity_check"), "ok");
+  EXPECT_EQ(db.incomplete_runs(), std::vector<int64_t>{id});
+  EXPECT_EQ(scalar_text(db, "SELECT status FROM run WHERE id = " + std::to_string(id)), "running");
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM step_sample"), 0);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM metric"), 0);
+  // The interrupted run can be marked as such afterwards.
+  db.fail_run(id, "interrupted", "killed");
+  EXPECT_EQ(scalar_text(db, "SELECT status FROM run"), "interrupted");
+}
+
+}  // namespace
+}  // namespace twinstep
