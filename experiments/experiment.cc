@@ -144,6 +144,12 @@ constexpr int64_t kMaxExperts = 65'536;
 constexpr double kMaxParams = 1e15;
 constexpr int64_t kMaxSteps = 1'000'000'000;
 constexpr uint64_t kWorkloadSeedSalt = 0x776f726b6c6f6164ULL;  // "workload"
+// Run size limits (check_run_size). The simulator counts time in int64 ns, bytes and FLOPs in
+// int64, and indexes samples with int32; these keep every value a variant can produce in range.
+constexpr int64_t kMaxOutputTokensPerRun = std::numeric_limits<int32_t>::max();
+constexpr double kMaxArrivalSpanS = 1e7;    // ~116 days: arrival times stay far below 2^63 ns
+constexpr double kMaxStepCount = 0x1p62;    // bytes of one step, FLOPs of one kernel
+constexpr double kMaxSimulatedNs = 0x1p62;  // ~146 years of simulated time
 
 std::vector<std::string> top_level_keys() {
   return {"name",     "description", "seed", "backends", "model", "hardware",
@@ -662,6 +668,120 @@ TraceSpec parse_trace(const Context& ctx, const Node& node) {
   return t;
 }
 
+// ---- run size limits --------------------------------------------------------------------------
+
+std::string sci(double v) {
+  std::ostringstream s;
+  s << std::setprecision(3) << v;
+  return s.str();
+}
+
+// Upper bounds, in floating point, on what the simulator computes in integers for `v`; throws
+// at `workload` (the workload mapping) when one is out of range. Each bound over-estimates its
+// quantity (prefill of every concurrent request at once at the longest lengths, every output
+// token a step of its own), so a variant that passes cannot overflow; typical experiments sit
+// many orders of magnitude below every limit.
+void check_run_size(const Context& ctx, const Node& workload, const Variant& v) {
+  const WorkloadSpec& w = v.workload;
+  const int64_t output_tokens = int64_t{w.num_requests} * w.output_len.hi;
+  if (output_tokens > kMaxOutputTokensPerRun) {
+    ctx.fail(workload.mark,
+             "workload.requests x workload.output_len = " + std::to_string(w.num_requests) + " x " +
+                 std::to_string(w.output_len.hi) + " = " + std::to_string(output_tokens) +
+                 " output tokens, over the limit of " + std::to_string(kMaxOutputTokensPerRun) +
+                 " per run (samples are indexed with 32-bit integers); lower "
+                 "requests or output_len");
+  }
+  double arrival_span_s = 0;
+  if (w.arrival_rate_per_s > 0) {
+    arrival_span_s = double(w.num_requests) / w.arrival_rate_per_s;
+    if (arrival_span_s > kMaxArrivalSpanS) {
+      ctx.fail(workload.mark, "workload.arrival_rate_per_s = " + sci(w.arrival_rate_per_s) +
+                                  " spreads " + std::to_string(w.num_requests) +
+                                  " requests over about " + sci(arrival_span_s) +
+                                  " s, over the limit of " + sci(kMaxArrivalSpanS) +
+                                  " s of arrivals; raise the rate or lower requests");
+    }
+  }
+
+  const ModelSpec& m = v.model;
+  const double concurrent = double(std::min(w.max_concurrency, w.num_requests));
+  const double prefill_tokens = concurrent * double(w.input_len.hi);  // one step's prefill
+  const double seq = double(w.input_len.hi) + double(w.output_len.hi);
+  const double pairs = concurrent * seq * seq;  // >= attention (query, key) pairs of any step
+  double widest = double(std::max(m.hidden, m.vocab));
+  double largest_matrix = double(m.vocab) * double(m.hidden);
+  double max_attn_width = 0, attn_width_sum = 0, max_state = 0, kv_per_token = 0;
+  for (const LayerSpec& l : m.layers) {
+    const AttentionSpec& a = l.attn;
+    const double heads = a.num_q_heads;
+    const double width = a.kind == AttentionKind::kMla
+                             ? heads * (2.0 * a.kv_lora_rank + a.qk_rope_head_dim +
+                                        a.qk_nope_head_dim + a.v_head_dim)
+                             : heads * a.head_dim;
+    max_attn_width = std::max(max_attn_width, width);
+    attn_width_sum += width;
+    if (a.kind == AttentionKind::kLinear) {
+      max_state = std::max(max_state, heads * double(a.head_dim) * double(a.head_dim));
+    }
+    kv_per_token += double(layer_kv_bytes_per_token(l, m.kv_bytes));
+    const double mlp_width = std::max(
+        {double(l.mlp.intermediate), double(l.mlp.expert_intermediate) * l.mlp.top_k,
+         double(l.mlp.shared_intermediate) * l.mlp.num_shared_experts, double(l.mlp.num_experts)});
+    widest = std::max({widest, width, mlp_width});
+    largest_matrix = std::max(largest_matrix, double(layer_param_count(l, m.hidden)));
+  }
+  const double layers = double(m.layers.size());
+  const double params = rough_param_count(m);
+  // FLOPs of the largest kernel and bytes of a whole step, in the worst (all-prefill) step.
+  const double kernel_flops =
+      std::max({2.0 * prefill_tokens * largest_matrix, 4.0 * pairs * max_attn_width,
+                8.0 * prefill_tokens * max_state});
+  const double step_bytes = params * 8 + concurrent * seq * kv_per_token +
+                            concurrent * max_state * 4 * layers +
+                            64.0 * prefill_tokens * widest * (layers + 1);
+  if (kernel_flops > kMaxStepCount || step_bytes > kMaxStepCount) {
+    ctx.fail(workload.mark,
+             "a prefill step of this workload (" + sci(concurrent) + " concurrent requests of " +
+                 std::to_string(w.input_len.hi) + " input tokens on model " + m.name +
+                 ") would need about " + sci(std::max(kernel_flops, step_bytes)) +
+                 " FLOPs or bytes, over the simulator's limit of " + sci(kMaxStepCount) +
+                 " (64-bit counters); lower workload.concurrency or workload.input_len");
+  }
+
+  // Simulated time: every step pays the host loop, launches and its kernels; every token pays
+  // the weights and its KV cache; arrivals add their span.
+  const HardwareSpec& hw = v.hardware;
+  const double ns_per_byte = 1e9 / (hw.stream_read_tbps * 1e12 * hw.mem_efficiency);
+  const double ns_per_flop = 1e9 / (hw.bf16_tflops * 1e12 * hw.flop_efficiency);
+  double host_step_ns = 0;
+  for (const DurationDist& d : v.host_costs.ops) {
+    host_step_ns += double(std::max(d.mean_ns, d.hi_ns)) + 10.0 * double(d.std_ns);
+  }
+  for (const HostSpike& spike : v.host_costs.spikes) host_step_ns += double(spike.extra_ns);
+  const double kernels = 24.0 * (layers + 1);
+  const double launch_step_ns =
+      double(hw.graph_launch_ns + hw.d2h_latency_ns + hw.host_wake_ns) +
+      kernels * double(std::max({hw.eager_launch_ns, hw.graph_node_gap_ns, hw.pdl_node_gap_ns,
+                                 hw.kernel_floor_ns}));
+  const double steps = double(w.num_requests) * (double(w.output_len.hi) + 2.0);
+  const double work_ns =
+      steps * (params * 8 + concurrent * seq * kv_per_token + kernels * 4096) * ns_per_byte +
+      double(w.num_requests) * (2.0 * seq * params + 4.0 * seq * seq * attn_width_sum) *
+          ns_per_flop;
+  const double total_ns = steps * (host_step_ns + launch_step_ns) + work_ns + arrival_span_s * 40e9;
+  if (!(total_ns <= kMaxSimulatedNs)) {
+    ctx.fail(workload.mark,
+             "this variant could simulate up to about " + sci(total_ns / 1e9 / 86400 / 365) +
+                 " years (" + std::to_string(w.num_requests) + " requests of up to " +
+                 std::to_string(w.output_len.hi) + " output tokens, host loop up to " +
+                 sci(host_step_ns / 1e6) + " ms per step on " + hw.name + "), over the limit of " +
+                 sci(kMaxSimulatedNs / 1e9 / 86400 / 365) +
+                 " years (64-bit nanosecond clock); lower requests, output_len or host costs, or "
+                 "raise the hardware rates");
+  }
+}
+
 // ---- the whole document -----------------------------------------------------------------------
 
 // Validates every per-variant key of `doc` (a top-level mapping without `sweep`).
@@ -676,6 +796,7 @@ Variant parse_variant(const Context& ctx, const Node& doc) {
   if (const Node* n = top.get("policies")) v.policy = parse_policies(ctx, *n);
   if (const Node* n = top.get("host")) v.host_costs = parse_host(ctx, *n);
   if (const Node* n = top.get("trace")) v.trace = parse_trace(ctx, *n);
+  check_run_size(ctx, *top.get("workload"), v);
   return v;
 }
 

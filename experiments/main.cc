@@ -1,0 +1,420 @@
+// twinstep: the command line. Results go to stdout, progress and errors to stderr; a failure
+// the user can act on prints "twinstep: <what>" and exits 1 (2 for usage errors).
+#include <stdlib.h>
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include "experiments/distributed.h"
+#include "experiments/experiment.h"
+#include "experiments/plot.h"
+#include "experiments/progress.h"
+#include "experiments/report.h"
+#include "experiments/runner.h"
+#include "policies/decode_loop.h"
+#include "policies/error.h"
+#include "results/compare.h"
+#include "results/db.h"
+#include "results/format.h"
+#include "results/trace.h"
+#include "simulator/sim_backend.h"
+
+namespace twinstep {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_signal(int) { g_stop.store(true); }
+
+constexpr const char* kDefaultDb = "results/twinstep.db";
+
+ResultsDb open_db(const std::string& path) {
+  if (path == kDefaultDb) std::filesystem::create_directories("results");
+  ResultsDb db = ResultsDb::open(path);
+  const std::vector<int64_t> bad = db.incomplete_runs();
+  if (!bad.empty()) {
+    std::string ids;
+    for (size_t i = 0; i < bad.size() && i < 10; ++i) ids += (i ? ", " : "") + std::to_string(bad[i]);
+    if (bad.size() > 10) ids += ", ...";
+    std::fprintf(stderr,
+                 "twinstep: note: %zu run(s) in %s never completed (interrupted or failed): %s; "
+                 "see: twinstep query \"SELECT id, status, error FROM run WHERE status != "
+                 "'complete'\"\n",
+                 bad.size(), path.c_str(), ids.c_str());
+  }
+  return db;
+}
+
+void print_table(const QueryResult& r, OutputFormat f) { write_result(r, f, std::cout); }
+
+QueryResult table(std::vector<std::string> columns) { return QueryResult{std::move(columns), {}}; }
+
+int cmd_models(OutputFormat f) {
+  QueryResult t = table({"model", "layers", "hidden", "params_b", "active_params_b",
+                         "weights_gb", "kv_bytes_per_token", "state_bytes_per_request"});
+  for (const std::string& name : model_preset_names()) {
+    const ModelSpec& m = model_preset(name);
+    t.rows.push_back({name, int64_t(m.layers.size()), m.hidden, double(m.param_count()) / 1e9,
+                      double(m.active_param_count()) / 1e9, double(m.weight_bytes_total()) / 1e9,
+                      m.kv_bytes_per_token(), m.state_bytes_per_request()});
+  }
+  print_table(t, f);
+  return 0;
+}
+
+int cmd_hardware(OutputFormat f, bool sources) {
+  QueryResult t = table({"hardware", "hbm_gb", "hbm_tbps", "stream_read_tbps", "bf16_tflops",
+                         "sms", "eager_launch_us", "graph_node_gap_us"});
+  if (sources) t.columns.push_back("source");
+  for (const std::string& name : hardware_preset_names()) {
+    const HardwareSpec& h = hardware_preset(name);
+    std::vector<Cell> row = {name,          double(h.hbm_bytes) / 1e9,
+                             h.hbm_tbps,    h.stream_read_tbps,
+                             h.bf16_tflops, int64_t(h.sm_count),
+                             double(h.eager_launch_ns) / 1e3, double(h.graph_node_gap_ns) / 1e3};
+    if (sources) row.push_back(h.source);
+    t.rows.push_back(std::move(row));
+  }
+  print_table(t, f);
+  return 0;
+}
+
+int cmd_validate(const std::string& file) {
+  const Experiment e = load_experiment_file(file);
+  std::printf("ok: %s: experiment '%s', %zu variant(s), backends:", file.c_str(), e.name.c_str(),
+              e.variants.size());
+  for (BackendKind b : e.backends) std::printf(" %s", backend_kind_name(b));
+  std::printf("\n");
+  for (const Variant& v : e.variants) std::printf("  %d  %s\n", v.index, v.label.c_str());
+  return 0;
+}
+
+// The comparison printed after a run: side by side for a few runs; for a large sweep a pointer
+// to `compare` instead of a table thousands of columns wide.
+void print_run_summary(const Experiment& e, ResultsDb& db, const std::string& db_path,
+                       const std::vector<int64_t>& ids, OutputFormat f) {
+  if (ids.empty()) return;
+  const auto [lo, hi] = std::minmax_element(ids.begin(), ids.end());
+  std::printf("experiment %s: %zu run(s) stored in %s (run ids %lld..%lld)\n", e.name.c_str(),
+              ids.size(), db_path.c_str(), (long long)*lo, (long long)*hi);
+  constexpr size_t kMaxCompared = 12;
+  if (ids.size() <= kMaxCompared) {
+    print_table(compare_runs(db, ids), f);
+  } else {
+    std::printf("compare runs side by side with: twinstep --db %s compare <run ids>, or see them "
+                "all with: twinstep --db %s report --experiment %s\n",
+                db_path.c_str(), db_path.c_str(), e.name.c_str());
+  }
+}
+
+int cmd_run(const std::string& file, const std::string& db_path, bool quiet, OutputFormat f) {
+  // Validate everything before the database is touched.
+  const Experiment e = load_experiment_file(file);
+  check_backends_available(e);
+  DistributedSession session;  // refuses a multi-rank launch in a build without MPI
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  if (!session.distributed()) {
+    ResultsDb db = open_db(db_path);
+    Progress progress(quiet);
+    const std::vector<RunOutcome> runs = run_experiment(e, db, progress, g_stop);
+    std::vector<int64_t> ids;
+    for (const RunOutcome& r : runs) ids.push_back(r.run_id);
+    print_run_summary(e, db, db_path, ids, f);
+    return g_stop.load() ? 130 : 0;
+  }
+
+  // Under mpirun: rank 0 owns the database; any infrastructure error ends every rank.
+  try {
+    std::optional<ResultsDb> db;
+    if (session.rank() == 0) db.emplace(open_db(db_path));
+    Progress progress(quiet || session.rank() != 0);
+    if (session.rank() == 0) {
+      progress.message("distributed run: " + std::to_string(e.variants.size()) +
+                       " variant(s) over " + std::to_string(session.size()) + " ranks");
+    }
+    const DistributedOutcome outcome =
+        run_experiment_distributed(session, e, db ? &*db : nullptr, progress, g_stop);
+    if (session.rank() != 0) return outcome.interrupted ? 130 : 0;
+    std::vector<int64_t> ids;
+    for (const RunOutcome& r : outcome.stored) ids.push_back(r.run_id);
+    print_run_summary(e, *db, db_path, ids, f);
+    if (!outcome.failures.empty()) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "twinstep: %zu run(s) failed (stored with status 'failed'):\n",
+                   outcome.failures.size());
+      for (const std::string& what : outcome.failures) {
+        std::fprintf(stderr, "twinstep:   %s\n", what.c_str());
+      }
+      return 1;
+    }
+    return outcome.interrupted ? 130 : 0;
+  } catch (const std::exception& ex) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "twinstep: rank %d of %d: %s\n", session.rank(), session.size(),
+                 ex.what());
+    session.abort(1);
+  }
+}
+
+int cmd_query(const std::string& sql, const std::string& db_path, OutputFormat f) {
+  ResultsDb db = open_db(db_path);
+  print_table(db.query(sql), f);
+  return 0;
+}
+
+// The runs a command reads: `run_ids` if given, else the latest runs of `experiment` (default:
+// the experiment of the latest complete run). Sets *experiment to the experiment's name.
+std::vector<int64_t> resolve_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
+                                  std::string* experiment) {
+  if (!run_ids.empty()) {
+    if (experiment->empty()) {
+      const QueryResult r = db.query_params(
+          "SELECT e.name FROM run r JOIN experiment e ON e.id = r.experiment_id WHERE r.id = ?1",
+          {run_ids.front()});
+      if (r.rows.empty()) throw Error("no run with id " + std::to_string(run_ids.front()));
+      *experiment = std::get<std::string>(r.rows[0][0]);
+    }
+    return run_ids;
+  }
+  if (experiment->empty()) {
+    const QueryResult r = db.query(
+        "SELECT e.name FROM run r JOIN experiment e ON e.id = r.experiment_id "
+        "WHERE r.status = 'complete' ORDER BY r.id DESC LIMIT 1");
+    if (r.rows.empty()) throw Error("no complete runs in " + db.path() + "; run an experiment first");
+    *experiment = std::get<std::string>(r.rows[0][0]);
+  }
+  return latest_runs_of_experiment(db, *experiment);
+}
+
+int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
+                const std::string& db_path, OutputFormat f) {
+  ResultsDb db = open_db(db_path);
+  print_table(compare_runs(db, resolve_runs(db, run_ids, &experiment)), f);
+  return 0;
+}
+
+void report_skipped(const std::vector<Figure>& figures) {
+  for (const Figure& fig : figures) {
+    if (fig.path.empty()) {
+      std::fprintf(stderr, "twinstep: figure %s skipped: %s\n", fig.name.c_str(),
+                   fig.skipped.c_str());
+    }
+  }
+}
+
+int cmd_plot(const std::vector<int64_t>& run_ids, std::string experiment,
+             const std::string& out_dir, const std::string& db_path) {
+  ResultsDb db = open_db(db_path);
+  const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
+  PlotOptions options;
+  options.out_dir = out_dir;
+  const std::vector<Figure> figures = plot_runs(db, ids, options);
+  for (const Figure& fig : figures) {
+    if (!fig.path.empty()) std::printf("wrote %s\n", fig.path.c_str());
+  }
+  report_skipped(figures);
+  return 0;
+}
+
+int cmd_report(const std::vector<int64_t>& run_ids, std::string experiment, std::string out_path,
+               const std::string& db_path) {
+  ResultsDb db = open_db(db_path);
+  const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
+  if (out_path.empty()) {
+    std::filesystem::create_directories("results");
+    out_path = "results/" + experiment + ".html";
+  }
+  std::string scratch = (std::filesystem::temp_directory_path() / "twinstep-report-XXXXXX").string();
+  if (!mkdtemp(scratch.data())) throw Error("cannot create a temporary directory");
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{scratch};
+  PlotOptions options;
+  options.out_dir = scratch;
+  const std::vector<Figure> figures = plot_runs(db, ids, options);
+  report_skipped(figures);
+  const std::string tmp = out_path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw Error("cannot write " + tmp);
+    write_report(db, experiment, ids, figures, out);
+    if (!out.flush()) throw Error("error writing " + tmp);
+  }
+  std::filesystem::rename(tmp, out_path);
+  std::printf("wrote %s\n", out_path.c_str());
+  return 0;
+}
+
+int cmd_trace(int64_t run_id, const std::string& out_path, const std::string& db_path) {
+  ResultsDb db = open_db(db_path);
+  if (out_path.empty() || out_path == "-") {
+    write_chrome_trace(db, run_id, std::cout);
+    return 0;
+  }
+  // Write to a temporary file and rename, so a failure leaves no half-written trace.
+  const std::string tmp = out_path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw Error("cannot write " + tmp);
+    write_chrome_trace(db, run_id, out);
+    if (!out.flush()) throw Error("error writing " + tmp);
+  }
+  std::filesystem::rename(tmp, out_path);
+  std::fprintf(stderr, "twinstep: wrote %s (open in ui.perfetto.dev or chrome://tracing)\n",
+               out_path.c_str());
+  return 0;
+}
+
+// The simulator speed benchmark of the foundation issue: 1000 requests of 8192 in / 1024 out at
+// concurrency 1, llama-3-8b on the h200 profile, run-ahead with graphs, no tracing, one thread.
+int cmd_bench_sim(int32_t requests) {
+  WorkloadSpec w;
+  w.input_len = {8192, 8192};
+  w.output_len = {1024, 1024};
+  w.num_requests = requests;
+  w.max_concurrency = 1;
+  w.seed = 1;
+  PolicySpec policy;  // run-ahead, depth 1, CUDA graphs
+  HostCostSpec costs;
+  costs.ops[size_t(HostOp::kSchedule)] = {DistKind::kNormal, 150'000, 15'000};
+  costs.ops[size_t(HostOp::kPreparePrefill)] = {DistKind::kNormal, 2'000'000, 100'000};
+  costs.ops[size_t(HostOp::kPrepareDecode)] = {DistKind::kNormal, 485'000, 40'000};
+  costs.ops[size_t(HostOp::kProcessOutputs)] = {DistKind::kLognormal, 250'000, 60'000};
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<RequestSpec> reqs = generate_requests(w);
+  RunRecord record;
+  DecodeLoop loop(policy, w, reqs, &record);
+  const HostCostModel host(costs, 1);
+  SimBackend backend(model_preset("llama-3-8b"), hardware_preset("h200"), host, reqs);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, record);
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  int64_t tokens = 0;
+  for (const ChunkSample& c : record.chunks) tokens += c.tokens;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const double peak_mb = double(usage.ru_maxrss) / 1024.0;
+  std::printf("bench sim: llama-3-8b, h200, run-ahead + CUDA graphs, %d requests x 8192 in / "
+              "1024 out, concurrency 1, no trace\n",
+              requests);
+  std::printf("  decode steps simulated     %zu\n", record.steps.size());
+  std::printf("  simulated time             %.1f s\n", double(record.end_ns) / 1e9);
+  std::printf("  wall time                  %.3f s   (target < 1.000 s for 1000 requests)\n",
+              wall_s);
+  std::printf("  simulated tokens / wall s  %.0f\n", double(tokens) / wall_s);
+  std::printf("  wall time per step         %.0f ns\n", wall_s * 1e9 / double(record.steps.size()));
+  std::printf("  peak memory (max RSS)      %.1f MB  (target < 200 MB)\n", peak_mb);
+  std::printf("  reference: Vidur, 1000 requests of 512/256 on a 2-core machine: 49.6 s, "
+              "~5,200 simulated tokens / s, 1.1 GB (ANCHORS.md)\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace twinstep
+
+int main(int argc, char** argv) {
+  using namespace twinstep;
+  CLI::App app{"twinstep: simulation-backed scheduling research for LLM decode"};
+  app.require_subcommand(1);
+  std::string db_path = kDefaultDb;
+  app.add_option("--db", db_path, "results database (SQLite)")->capture_default_str();
+  std::string format = "table";
+  bool csv = false, json = false;
+  auto add_format = [&](CLI::App* c) {
+    c->add_flag("--csv", csv, "CSV output");
+    c->add_flag("--json", json, "JSON output");
+  };
+
+  std::string file;
+  bool quiet = false;
+  CLI::App* run = app.add_subcommand("run", "run an experiment, store its runs, print a comparison");
+  run->add_option("file", file, "experiment YAML")->required();
+  run->add_flag("-q,--quiet", quiet, "no progress on stderr");
+  add_format(run);
+
+  CLI::App* validate = app.add_subcommand("validate", "check an experiment YAML; run nothing");
+  validate->add_option("file", file, "experiment YAML")->required();
+
+  std::string sql;
+  CLI::App* query = app.add_subcommand("query", "run SQL (read-only) on the results database");
+  query->add_option("sql", sql, "SQL statement")->required();
+  add_format(query);
+
+  std::vector<int64_t> run_ids;
+  std::string experiment;
+  CLI::App* compare = app.add_subcommand("compare", "runs side by side (default: the latest experiment)");
+  compare->add_option("run_ids", run_ids, "run ids");
+  compare->add_option("--experiment", experiment, "the latest runs of this experiment");
+  add_format(compare);
+
+  int64_t trace_run = 0;
+  std::string trace_out;
+  CLI::App* trace = app.add_subcommand("trace", "a run's timeline as Chrome/Perfetto trace JSON");
+  trace->add_option("run_id", trace_run, "run id")->required();
+  trace->add_option("-o,--out", trace_out, "output file (default stdout)");
+
+  std::string plot_out = "results/figures";
+  CLI::App* plot = app.add_subcommand("plot", "an experiment's figures as PNGs (gnuplot)");
+  plot->add_option("run_ids", run_ids, "run ids (default: the latest runs of the experiment)");
+  plot->add_option("--experiment", experiment, "the latest runs of this experiment");
+  plot->add_option("-o,--out-dir", plot_out, "directory for the PNGs")->capture_default_str();
+
+  std::string report_out;
+  CLI::App* report =
+      app.add_subcommand("report", "a self-contained HTML report: compare tables and figures");
+  report->add_option("run_ids", run_ids, "run ids (default: the latest runs of the experiment)");
+  report->add_option("--experiment", experiment, "the latest runs of this experiment");
+  report->add_option("-o,--out", report_out, "HTML file (default results/<experiment>.html)");
+
+  bool sources = false;
+  CLI::App* models = app.add_subcommand("models", "model presets and their key figures");
+  add_format(models);
+  CLI::App* hardware = app.add_subcommand("hardware", "hardware presets and their key figures");
+  hardware->add_flag("--sources", sources, "show where each preset's numbers come from");
+  add_format(hardware);
+
+  int32_t bench_requests = 1000;
+  CLI::App* bench = app.add_subcommand("bench-sim", "simulator speed benchmark (wall time, memory)");
+  bench->add_option("--requests", bench_requests, "requests of 8192/1024")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  const OutputFormat f = json ? OutputFormat::kJson : csv ? OutputFormat::kCsv : OutputFormat::kTable;
+  try {
+    if (*run) return cmd_run(file, db_path, quiet, f);
+    if (*validate) return cmd_validate(file);
+    if (*query) return cmd_query(sql, db_path, f);
+    if (*compare) return cmd_compare(run_ids, experiment, db_path, f);
+    if (*trace) return cmd_trace(trace_run, trace_out, db_path);
+    if (*plot) return cmd_plot(run_ids, experiment, plot_out, db_path);
+    if (*report) return cmd_report(run_ids, experiment, report_out, db_path);
+    if (*models) return cmd_models(f);
+    if (*hardware) return cmd_hardware(f, sources);
+    if (*bench) return cmd_bench_sim(bench_requests);
+  } catch (const ConfigError& e) {
+    // Every rank of an mpirun job reads the same file: only the first reports it.
+    std::fflush(stdout);
+    if (launcher_rank() == 0) std::fprintf(stderr, "twinstep: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "twinstep: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

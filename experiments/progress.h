@@ -1,0 +1,28 @@
+// Progress of a long run on stderr: a self-rewriting line on a terminal, plain periodic lines
+// otherwise (logs, CI). Results never go here; they go to stdout.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace twinstep {
+
+class Progress {
+ public:
+  // quiet: print nothing.
+  explicit Progress(bool quiet);
+  // `done` of `total` units finished; `what` names the current one.
+  void update(int64_t done, int64_t total, const std::string& what);
+  void finish();
+  void message(const std::string& line);
+
+ private:
+  bool quiet_;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_plain_;
+  bool line_open_ = false;
+};
+
+}  // namespace twinstep

@@ -1,0 +1,130 @@
+#include "experiments/runner.h"
+
+#include <chrono>
+
+#include "policies/decode_loop.h"
+#include "policies/error.h"
+#include "simulator/sim_backend.h"
+
+namespace twinstep {
+namespace {
+
+// The real CUDA runtime is not part of this build yet; when it is, this asks it for a device.
+bool real_backend_available(std::string* why) {
+  *why = "this build has no real CUDA runtime (the runtime/ backend is not built yet)";
+  return false;
+}
+
+}  // namespace
+
+RunRecord simulate_variant(const Variant& v) {
+  const std::vector<RequestSpec> requests = generate_requests(v.workload);
+  RunRecord record;
+  DecodeLoop loop(v.policy, v.workload, requests, &record);
+  const HostCostModel host(v.host_costs, v.seed);
+  SimOptions options;
+  options.trace_first_step = v.trace.first_step;
+  options.trace_steps = v.trace.step_count;
+  SimBackend backend(v.model, v.hardware, host, requests, options);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, record);
+  return record;
+}
+
+FinishedRun execute_run(const Variant& v, BackendKind backend) {
+  FinishedRun run;
+  run.variant_index = v.index;
+  run.backend = backend;
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    run.record = simulate_variant(v);
+    run.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    run.metrics = compute_metrics(run.record, MetricsContext{v.hardware.stream_read_tbps});
+  } catch (const std::exception& ex) {
+    run.record = RunRecord{};
+    run.metrics.clear();
+    run.error = ex.what();
+  }
+  return run;
+}
+
+RunInfo make_run_info(const Experiment& e, const Variant& v, BackendKind b) {
+  RunInfo info;
+  info.experiment_name = e.name;
+  info.yaml_text = e.yaml_text;
+  info.source_path = e.source_path;
+  info.variant_index = v.index;
+  info.variant_label = v.label;
+  info.variant_params = v.params;
+  info.backend = backend_kind_name(b);
+  info.seed = v.seed;
+  return info;
+}
+
+int64_t store_run(const Experiment& e, const FinishedRun& run, ResultsDb& db) {
+  const Variant& v = e.variants.at(static_cast<size_t>(run.variant_index));
+  const int64_t run_id = db.begin_run(make_run_info(e, v, run.backend));
+  if (!run.error.empty()) {
+    db.fail_run(run_id, "failed", run.error);
+  } else {
+    db.finish_run(run_id, run.record, run.metrics, run.wall_s);
+  }
+  return run_id;
+}
+
+void check_backends_available(const Experiment& e) {
+  std::string why;
+  for (BackendKind b : e.backends) {
+    if (b == BackendKind::kSim || real_backend_available(&why)) return;
+  }
+  throw Error("experiment '" + e.name + "' asks only for the real backend, but " + why +
+              "; nothing was run or written");
+}
+
+std::vector<BackendKind> runnable_backends(const Experiment& e, Progress& progress) {
+  check_backends_available(e);
+  std::vector<BackendKind> backends;
+  for (BackendKind b : e.backends) {
+    std::string why;
+    if (b == BackendKind::kReal && !real_backend_available(&why)) {
+      progress.message("real backend skipped: " + why);
+      continue;
+    }
+    backends.push_back(b);
+  }
+  return backends;
+}
+
+std::vector<RunOutcome> run_experiment(const Experiment& e, ResultsDb& db, Progress& progress,
+                                       const std::atomic<bool>& stop) {
+  const std::vector<BackendKind> backends = runnable_backends(e, progress);
+  std::vector<RunOutcome> out;
+  const int64_t total = int64_t(e.variants.size() * backends.size());
+  int64_t done = 0;
+  for (const Variant& v : e.variants) {
+    for (BackendKind b : backends) {
+      if (stop.load()) {
+        progress.message("interrupted: " + std::to_string(done) + " of " +
+                         std::to_string(total) + " runs stored, the rest not started");
+        return out;
+      }
+      progress.update(done, total, v.label + " [" + backend_kind_name(b) + "]");
+      // The run row exists while it simulates, so a killed process leaves it 'running'.
+      const int64_t run_id = db.begin_run(make_run_info(e, v, b));
+      const FinishedRun run = execute_run(v, b);
+      if (!run.error.empty()) {
+        db.fail_run(run_id, "failed", run.error);
+        throw Error("variant " + std::to_string(v.index) + " '" + v.label + "' failed: " +
+                    run.error);
+      }
+      db.finish_run(run_id, run.record, run.metrics, run.wall_s);
+      out.push_back({run_id, v.index, b});
+      ++done;
+    }
+  }
+  progress.update(done, total, "done");
+  progress.finish();
+  return out;
+}
+
+}  // namespace twinstep

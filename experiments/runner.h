@@ -1,0 +1,63 @@
+// Runs an experiment: every variant on every backend, one database transaction per run.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "experiments/experiment.h"
+#include "experiments/progress.h"
+#include "policies/run_record.h"
+#include "results/db.h"
+#include "results/metrics.h"
+
+namespace twinstep {
+
+// Simulates one variant. A pure function of the variant (its seeds included): the same variant
+// gives a byte-identical record.
+RunRecord simulate_variant(const Variant& variant);
+
+// One finished unit of work (a variant on a backend), ready to store. `error` non-empty: the
+// run failed and record/metrics are empty.
+struct FinishedRun {
+  int32_t variant_index = 0;
+  BackendKind backend = BackendKind::kSim;
+  RunRecord record;
+  std::vector<Metric> metrics;
+  double wall_s = 0;
+  std::string error;
+};
+
+// Simulates `variant` on `backend` and computes its metrics; a simulation failure is returned
+// in FinishedRun::error, never thrown.
+FinishedRun execute_run(const Variant& variant, BackendKind backend);
+
+// The database row describing `variant` of `experiment` on `backend`.
+RunInfo make_run_info(const Experiment& experiment, const Variant& variant, BackendKind backend);
+
+// Stores a finished run (begin_run + finish_run, or fail_run when it failed). Returns its id.
+int64_t store_run(const Experiment& experiment, const FinishedRun& run, ResultsDb& db);
+
+struct RunOutcome {
+  int64_t run_id;
+  int32_t variant_index;
+  BackendKind backend;
+};
+
+// The backends of `experiment` this build and machine can run, in experiment order; the
+// others are reported through `progress`. Throws Error if none can run.
+std::vector<BackendKind> runnable_backends(const Experiment& experiment, Progress& progress);
+
+// Runs each variant × backend and stores it. Checks `stop` between runs (set by SIGINT/SIGTERM):
+// finished runs stay, the rest are not started. Backends this build or machine cannot run are
+// reported through `progress` and skipped; an experiment naming only such backends throws
+// Error before anything is written. A failing run is stored as 'failed' and throws Error.
+std::vector<RunOutcome> run_experiment(const Experiment& experiment, ResultsDb& db,
+                                       Progress& progress, const std::atomic<bool>& stop);
+
+// Throws Error if none of the experiment's backends can run here (checked before the database
+// is opened).
+void check_backends_available(const Experiment& experiment);
+
+}  // namespace twinstep

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# End-to-end checks of the twinstep CLI. Usage: cli_test.sh TWINSTEP_BINARY SOURCE_DIR
+# Prints "N passed, M failed" and exits non-zero on any failure.
+set -uo pipefail
+bin=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok: $1"; }
+bad() { failed=$((failed + 1)); echo "FAILED: $1"; }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+q() { "$bin" --db "$1" query --csv "$2" 2>/dev/null | tail -n +2; }
+
+# validate runs nothing and lists the sweep.
+out=$("$bin" validate "$src/experiments/quickstart.yaml")
+check "validate lists 4 variants" grep -q "4 variant(s)" <<<"$out"
+
+# run: 4 complete runs with metrics, a comparison table on stdout.
+db=$work/a.db
+"$bin" --db "$db" run -q "$src/experiments/quickstart.yaml" >"$work/run.out" 2>"$work/run.err"
+check "run exits 0" test $? -eq 0
+check "run prints the comparison" grep -q "tpot_ms_mean" "$work/run.out"
+check "4 complete runs" test "$(q "$db" "SELECT count(*) FROM run WHERE status='complete'")" = 4
+check "every run has metrics" test "$(q "$db" "SELECT count(DISTINCT run_id) FROM metric WHERE key='tpot_ms_mean'")" = 4
+check "step samples stored" test "$(q "$db" "SELECT count(*) > 20000 FROM step_sample")" = 1
+
+# The seed's finding: lockstep pays the host loop, run-ahead hides it, the host pin brings back
+# the 485 us prepare.
+tpot() { q "$db" "SELECT m.value FROM metric m JOIN run r ON r.id=m.run_id WHERE m.key='tpot_ms_mean' AND r.variant_index=$1"; }
+lock=$(tpot 0); ahead=$(tpot 2); pinned=$(tpot 3)
+check "run-ahead beats lockstep by the host loop (~0.9 ms)" python3 -c "import sys; d=$lock-$ahead; sys.exit(0 if 0.7<d<1.1 else 1)"
+check "host pin costs ~485 us per step" python3 -c "import sys; d=$pinned-$ahead; sys.exit(0 if 0.40<d<0.57 else 1)"
+
+# Same YAML, same seed: byte-identical metrics.
+db2=$work/b.db
+"$bin" --db "$db2" run -q "$src/experiments/quickstart.yaml" >/dev/null 2>&1
+sel="SELECT r.variant_index, m.key, m.value FROM metric m JOIN run r ON r.id=m.run_id ORDER BY 1, 2"
+check "rerun gives identical metrics" test "$(q "$db" "$sel")" = "$(q "$db2" "$sel")"
+
+# query formats.
+check "query --json is JSON" bash -c "'$bin' --db '$db' query --json 'SELECT id, status FROM run' | python3 -m json.tool >/dev/null"
+check "query rejects writes" bash -c "! '$bin' --db '$db' query 'DELETE FROM run' 2>/dev/null"
+
+# trace: Chrome trace JSON with complete events on host and stream lanes, and flow arrows.
+"$bin" --db "$db" trace 3 -o "$work/trace.json" 2>/dev/null
+check "trace is Chrome trace JSON" python3 - "$work/trace.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+ev = t["traceEvents"]
+lanes = {e["tid"] for e in ev if e.get("ph") == "X"}
+flows = [e for e in ev if e.get("ph") in ("s", "f")]
+names = {e["args"]["name"] for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"}
+sys.exit(0 if lanes >= {0, 1, 2} and flows and "host" in names else 1)
+PY
+
+# Bad input: a clear error with file:line:column, and the database untouched.
+before=$(sha256sum "$db" | cut -d' ' -f1)
+n_bad=0
+for f in "$src"/tests/experiments/bad/*.yaml; do
+  [ -e "$f" ] || continue
+  n_bad=$((n_bad + 1))
+  if "$bin" --db "$db" run -q "$f" >/dev/null 2>"$work/err"; then
+    bad "bad input accepted: $f"
+  elif ! grep -qE "$(basename "$f"):[0-9]+:[0-9]+: |cannot read|empty" "$work/err"; then
+    bad "error without location for $f: $(cat "$work/err")"
+  fi
+done
+check "at least 15 bad inputs rejected with a location" test "$n_bad" -ge 15
+check "bad inputs left the database untouched" test "$(sha256sum "$db" | cut -d' ' -f1)" = "$before"
+check "bad input creates no database" bash -c "! '$bin' --db '$work/none.db' run '$src/tests/experiments/bad/$(ls "$src/tests/experiments/bad" | head -1)' 2>/dev/null; test ! -e '$work/none.db'"
+
+# kill -9 in the middle of a sweep: the database stays consistent; every run is complete or
+# reported as incomplete, and incomplete runs hold no samples.
+cat >"$work/long.yaml" <<'YAML'
+name: long
+model: llama-3-8b
+hardware: h200
+workload: {input_len: 1024, output_len: 1024, requests: 300, concurrency: 1}
+sweep:
+  seed: [1, 2, 3, 4, 5, 6, 7, 8]
+YAML
+db3=$work/c.db
+"$bin" --db "$db3" run -q "$work/long.yaml" >/dev/null 2>&1 &
+pid=$!
+sleep 1.5
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null
+check "integrity after kill -9" test "$(q "$db3" "PRAGMA integrity_check")" = ok
+check "no samples for incomplete runs" test "$(q "$db3" "SELECT count(*) FROM step_sample s JOIN run r ON r.id=s.run_id WHERE r.status!='complete'")" = 0
+check "complete runs have all their metrics" test "$(q "$db3" "SELECT count(*) FROM run r WHERE r.status='complete' AND (SELECT count(*) FROM metric m WHERE m.run_id=r.id) < 10")" = 0
+"$bin" --db "$db3" query "SELECT 1" >/dev/null 2>"$work/note"
+n_incomplete=$(q "$db3" "SELECT count(*) FROM run WHERE status!='complete'")
+if [ "$n_incomplete" -gt 0 ]; then
+  check "incomplete runs are reported" grep -q "never completed" "$work/note"
+else
+  ok "kill landed between runs (nothing incomplete)"
+fi
+
+# SIGINT: the run in progress finishes, the rest are not started, exit 130.
+db4=$work/d.db
+"$bin" --db "$db4" run -q "$work/long.yaml" >/dev/null 2>&1 &
+pid=$!
+sleep 1.5
+kill -INT $pid
+wait $pid
+check "SIGINT exits 130" test $? -eq 130
+check "SIGINT leaves no incomplete runs" test "$(q "$db4" "SELECT count(*) FROM run WHERE status!='complete'")" = 0
+
+# models / hardware list presets.
+check "models lists llama-3-8b" bash -c "'$bin' models | grep -q 'llama-3-8b .* 8.0303'"
+check "hardware lists h200" bash -c "'$bin' hardware | grep -q '^h200 '"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
