@@ -15,13 +15,16 @@ namespace twinstep {
 // What a step's copied outputs tell the host about one request.
 struct RequestOutput {
   int32_t request;
-  int32_t tokens;     // tokens committed this step (decode 1; speculation accepted + 1)
-  int32_t draft_len;  // draft tokens proposed (0 without speculation)
+  int32_t tokens;         // tokens committed this step (decode 1; speculation accepted + 1)
+  int32_t draft_len = 0;  // draft tokens proposed (0 without speculation)
+  int32_t conf_len = 0;   // leading drafted tokens whose confidence met the threshold
 };
 
 struct StepOutputs {
   int64_t step;
   std::span<const RequestOutput> outputs;
+  // A blocking read of draft lengths only (tokens 0): no token is committed yet.
+  bool draft_only = false;
 };
 
 class HostProgram {

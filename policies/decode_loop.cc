@@ -52,6 +52,32 @@ bool DecodeLoop::next_plan(int64_t now_ns, Plan& plan) {
   }
   plan.step = step_++;
 
+  const SpecSpec& spec = policy_.spec;
+  const bool blocking =
+      spec.method == SpecMethod::kConfidence && spec.mode == DraftMode::kHostBlocking;
+  if (blocking && !running_.empty() && !verify_pending_) {
+    // First half of a host_blocking step: draft, then block on reading the draft lengths.
+    // Admission waits for the second half, which sees the same running set.
+    plan.host_work(HostOp::kSchedule);
+    plan.host_work(HostOp::kPrepareDecode);
+    plan.requests.insert(plan.requests.end(), running_.begin(), running_.end());
+    plan.launches.push_back({.phase = Phase::kDraft,
+                             .mode = policy_.graph_mode,
+                             .q_tokens = spec.max_steps,
+                             .first_request = 0,
+                             .request_count = static_cast<int32_t>(running_.size())});
+    plan.launch(StreamId::kCompute, 0);
+    const EventId drafted = next_event_++;
+    plan.record(StreamId::kCompute, drafted);
+    plan.stream_wait(StreamId::kCopy, drafted);
+    plan.copy_d2h(StreamId::kCopy, plan.step, 8 * static_cast<int64_t>(running_.size()));
+    const EventId read = next_event_++;
+    plan.record(StreamId::kCopy, read);
+    plan.host_wait(read, plan.step);
+    verify_pending_ = true;
+    return true;
+  }
+
   admit(now_ns, plan);
   const auto admitted = static_cast<int32_t>(plan.requests.size());
   if (admitted == 0 && running_.empty()) {
@@ -84,13 +110,32 @@ bool DecodeLoop::next_plan(int64_t now_ns, Plan& plan) {
     if (policy_.seq_lens_sync && last_compute_event_ >= 0) plan.host_wait(last_compute_event_);
     plan.host_work(HostOp::kPrepareDecode);
     const auto first = static_cast<int32_t>(plan.requests.size());
+    const auto count = static_cast<int32_t>(running_.size());
     plan.requests.insert(plan.requests.end(), running_.begin(), running_.end());
-    plan.launches.push_back({.phase = Phase::kDecode,
-                             .mode = policy_.graph_mode,
-                             .q_tokens = 1,
-                             .first_request = first,
-                             .request_count = static_cast<int32_t>(running_.size())});
-    plan.launch(StreamId::kCompute, static_cast<int32_t>(plan.launches.size()) - 1);
+    switch (spec.method) {
+      case SpecMethod::kNone:
+        plan.launches.push_back({.phase = Phase::kDecode,
+                                 .mode = policy_.graph_mode,
+                                 .q_tokens = 1,
+                                 .first_request = first,
+                                 .request_count = count});
+        plan.launch(StreamId::kCompute, static_cast<int32_t>(plan.launches.size()) - 1);
+        break;
+      case SpecMethod::kChain:
+        launch_speculative(plan, first, count, spec.draft_tokens - 1);
+        break;
+      case SpecMethod::kConfidence:
+        if (spec.mode == DraftMode::kDevice) {
+          launch_speculative(plan, first, count, spec.max_steps);
+        } else if (spec.mode == DraftMode::kHostLate) {
+          launch_speculative(plan, first, count, host_late_draft_len(plan.step));
+        } else {
+          // host_blocking, second half: the draft already ran; verify what it proposed.
+          launch_speculative(plan, first, count, blocking_draft_len_);
+          verify_pending_ = false;
+        }
+        break;
+    }
   }
   running_.insert(running_.end(), plan.requests.begin(), plan.requests.begin() + admitted);
 
@@ -112,7 +157,62 @@ bool DecodeLoop::next_plan(int64_t now_ns, Plan& plan) {
   return true;
 }
 
+void DecodeLoop::launch_speculative(Plan& plan, int32_t first, int32_t count,
+                                    int32_t draft_len) {
+  const SpecSpec& spec = policy_.spec;
+  const bool drafted = spec.method == SpecMethod::kConfidence &&
+                       spec.mode == DraftMode::kHostBlocking;
+  const int32_t width = draft_len + 1;  // the committed token plus the drafts
+  if (!drafted) {
+    plan.launches.push_back({.phase = Phase::kDraft,
+                             .mode = policy_.graph_mode,
+                             .q_tokens = draft_len,
+                             .first_request = first,
+                             .request_count = count});
+    plan.launch(StreamId::kCompute, static_cast<int32_t>(plan.launches.size()) - 1);
+  }
+  for (Phase phase : {Phase::kVerify, Phase::kExtend}) {
+    plan.launches.push_back({.phase = phase,
+                             .mode = policy_.graph_mode,
+                             .q_tokens = width,
+                             .first_request = first,
+                             .request_count = count});
+    plan.launch(StreamId::kCompute, static_cast<int32_t>(plan.launches.size()) - 1);
+  }
+}
+
+int32_t DecodeLoop::host_late_draft_len(int64_t step) const {
+  const SpecSpec& spec = policy_.spec;
+  int32_t len = spec.min_steps;
+  for (const auto& [observed, suggested] : late_suggestions_) {
+    if (observed <= step - spec.lag) len = suggested;
+  }
+  return len;
+}
+
 void DecodeLoop::observe(const StepOutputs& out, int64_t /*now_ns*/) {
+  const SpecSpec& spec = policy_.spec;
+  if (out.draft_only) {
+    int32_t len = 0;
+    for (const RequestOutput& o : out.outputs) len = std::max(len, o.draft_len);
+    blocking_draft_len_ = std::max(len, spec.min_steps);
+    return;
+  }
+  if (spec.method == SpecMethod::kConfidence && spec.mode == DraftMode::kHostLate) {
+    // Next length: as far as the draft stayed confident, one further when it never wavered.
+    int32_t suggested = 0;
+    bool any = false;
+    for (const RequestOutput& o : out.outputs) {
+      if (o.draft_len == 0) continue;  // prefill output
+      any = true;
+      suggested = std::max(suggested, o.conf_len + (o.conf_len == o.draft_len ? 1 : 0));
+    }
+    if (any) {
+      late_suggestions_.emplace_back(out.step,
+                                     std::clamp(suggested, spec.min_steps, spec.max_steps));
+      while (late_suggestions_.size() > size_t(spec.lag) + 8) late_suggestions_.pop_front();
+    }
+  }
   for (const RequestOutput& o : out.outputs) {
     const auto i = static_cast<size_t>(o.request);
     HostRequest& r = host_[i];

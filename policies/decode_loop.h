@@ -7,6 +7,14 @@
 // while step k runs and learns finished requests d steps late (extra steps are discarded).
 // With seq_lens_sync the host also blocks on step k-1's compute before preparing step k.
 //
+// Speculative decoding replaces the decode graph with three: draft (the draft chain), verify
+// (the target over the committed token and the drafts, acceptance decided on the device) and
+// extend (the draft over the accepted prefix, seeding the next round). Draft length L: chain
+// draft_tokens - 1; confidence/device max_steps (the device stops early); confidence/host_late
+// the host's choice from confidence read `lag` steps late. confidence/host_blocking splits a
+// step into two plans: draft, then a blocking read of the draft lengths, then verify + extend
+// sized by what was read.
+//
 // The host sees only what observe() delivers. Request samples and chunks go to `record`.
 #pragma once
 
@@ -42,6 +50,8 @@ class DecodeLoop final : public HostProgram {
   };
 
   void admit(int64_t now_ns, Plan& plan);
+  void launch_speculative(Plan& plan, int32_t first, int32_t count, int32_t draft_len);
+  int32_t host_late_draft_len(int64_t step) const;
   void wait_oldest(Plan& plan);
   void finish_record();
 
@@ -60,6 +70,11 @@ class DecodeLoop final : public HostProgram {
   int64_t step_ = 0;
   EventId next_event_ = 0;
   EventId last_compute_event_ = -1;
+
+  // Speculation state (host view).
+  bool verify_pending_ = false;  // host_blocking: drafted, lengths read, verify not launched
+  int32_t blocking_draft_len_ = 0;
+  std::deque<std::pair<int64_t, int32_t>> late_suggestions_;  // (observed step, suggested L)
 };
 
 }  // namespace twinstep

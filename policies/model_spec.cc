@@ -71,8 +71,17 @@ int64_t layer_kv_bytes_per_token(const LayerSpec& layer, int32_t kv_bytes) {
   return 0;
 }
 
+ModelSpec nextn_draft(const ModelSpec& target) {
+  ModelSpec d = target;
+  d.name = target.name + "-nextn";
+  d.mtp_input_proj = true;
+  d.layers.assign(1, target.layers.back());
+  return d;
+}
+
 int64_t ModelSpec::param_count() const {
   int64_t n = vocab * hidden * (tie_embeddings ? 1 : 2) + hidden /*final norm*/;
+  if (mtp_input_proj) n += 2 * hidden * hidden + 2 * hidden;  // eh_proj, enorm, hnorm
   for (const LayerSpec& l : layers) n += layer_param_count(l, hidden);
   return n;
 }

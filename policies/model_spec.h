@@ -50,6 +50,10 @@ struct ModelSpec {
   int32_t weight_bytes = 2;  // bytes per parameter (bf16)
   int32_t kv_bytes = 2;      // bytes per cached KV element
   double rope_theta = 10000.0;
+  // A NEXTN/MTP draft module: embeds the next token, normalises it and the target's hidden
+  // state, projects their concatenation (eh_proj, 2·hidden → hidden) before its layers. It
+  // shares the target's embedding and lm_head (read, not owned).
+  bool mtp_input_proj = false;
   std::vector<LayerSpec> layers;
 
   int64_t param_count() const;
@@ -66,6 +70,9 @@ struct ModelSpec {
 
 int64_t layer_param_count(const LayerSpec& layer, int64_t hidden);
 int64_t layer_kv_bytes_per_token(const LayerSpec& layer, int32_t kv_bytes);
+
+// The one-layer NEXTN draft module of `target`: its last layer's kind, mtp_input_proj set.
+ModelSpec nextn_draft(const ModelSpec& target);
 
 // Presets by name (llama-3-8b, llama-3-70b, qwen3-30b-a3b, ling-flash-like, deepseek-like,
 // tiny-llama). Throws ConfigError listing the known names for an unknown one.

@@ -20,6 +20,24 @@ const char* graph_mode_name(GraphMode m) {
   return "?";
 }
 
+const char* spec_method_name(SpecMethod m) {
+  switch (m) {
+    case SpecMethod::kNone: return "none";
+    case SpecMethod::kChain: return "chain";
+    case SpecMethod::kConfidence: return "confidence";
+  }
+  return "?";
+}
+
+const char* draft_mode_name(DraftMode m) {
+  switch (m) {
+    case DraftMode::kDevice: return "device";
+    case DraftMode::kHostLate: return "host_late";
+    case DraftMode::kHostBlocking: return "host_blocking";
+  }
+  return "?";
+}
+
 const char* phase_name(Phase p) {
   switch (p) {
     case Phase::kPrefill:

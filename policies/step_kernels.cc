@@ -231,6 +231,11 @@ void step_kernels(const ModelSpec& m, const StepShape& s, StepKernels& out) {
 
   e.add("embedding", KernelClass::kEmbedding, s.tokens * (h * m.weight_bytes + 4),
         s.tokens * h * kActBytes, 0);
+  if (m.mtp_input_proj) {
+    e.norm("enorm", h, /*residual=*/false);
+    e.norm("hnorm", h, /*residual=*/false);
+    e.gemm("eh_proj", 2 * h, h);
+  }
   out.runs.push_back({1, 0, static_cast<int32_t>(out.kernels.size())});
 
   size_t i = 0;

@@ -15,7 +15,8 @@ CostModel::CostModel(const HardwareSpec& hw)
 int64_t CostModel::kernel_ns(const KernelDesc& k) const {
   const double mem_ns = double(k.bytes_read + k.bytes_written) * ns_per_byte_;
   const double flop_ns = double(k.flops) * ns_per_flop_;
-  return std::max<int64_t>(floor_ns_, std::llround(std::max(mem_ns, flop_ns)));
+  // Round half up; durations are non-negative, so this equals llround without the libm call.
+  return std::max<int64_t>(floor_ns_, static_cast<int64_t>(std::max(mem_ns, flop_ns) + 0.5));
 }
 
 GraphCost CostModel::graph_cost(const StepKernels& step) const {

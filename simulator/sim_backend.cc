@@ -4,15 +4,19 @@
 #include <array>
 #include <cassert>
 #include <queue>
+#include <unordered_map>
 
 #include "policies/error.h"
+#include "policies/spec_rules.h"
 #include "policies/step_kernels.h"
+#include "simulator/acceptance_model.h"
 
 namespace twinstep {
 namespace {
 
 constexpr size_t kEventRing = 1024;  // events alive at once per rank (policy depth ≪ this)
 constexpr size_t kOutputRing = 64;   // steps whose outputs may be in flight per rank
+constexpr int32_t kMaxDraft = 64;     // draft tokens per round the device model supports
 
 struct EventSlot {
   EventId id = -1;
@@ -26,7 +30,16 @@ struct StreamState {
 
 struct OutputSlot {
   int64_t step = -1;
+  bool draft_only = false;
   std::vector<RequestOutput> outputs;
+};
+
+// What one launch runs on the device: `repeat` forward passes of `model` over `shape`.
+struct DeviceWork {
+  const ModelSpec* model;
+  StepShape shape;
+  int32_t q_tokens;
+  int32_t repeat;
 };
 
 // Idle time before an op that starts at start_ns on a stream free since free_ns, split by
@@ -55,12 +68,29 @@ struct Resume {
   bool operator>(const Resume& o) const { return t_ns != o.t_ns ? t_ns > o.t_ns : seq > o.seq; }
 };
 
+// The cost of a decode-shaped launch for fixed (requests, q_tokens) is exact integer-affine in
+// the cached context: every kernel's bytes and FLOPs are. Kernels that do not depend on the
+// context are summed once; only the others (attention) are re-priced each step.
+struct DecodeCost {
+  int64_t fixed_busy_ns = 0;
+  int64_t fixed_bytes_read = 0;
+  int64_t nodes = 0;
+  struct Varying {
+    KernelDesc at_zero;
+    KernelDesc per_token;  // bytes/FLOPs added per cached context token
+    int32_t repeat;
+  };
+  std::vector<Varying> varying;
+};
+
 class Engine {
  public:
-  Engine(const ModelSpec& model, const HardwareSpec& hw, const HostCostModel& host_costs,
-         const std::vector<RequestSpec>& requests, const SimOptions& options, const CostModel& cost,
-         RunRecord& record)
+  Engine(const ModelSpec& model, const ModelSpec& draft, const HardwareSpec& hw,
+         const HostCostModel& host_costs, const std::vector<RequestSpec>& requests,
+         const SimOptions& options, const CostModel& cost, RunRecord& record)
       : model_(model),
+        draft_(draft),
+        acceptance_(options.acceptance, options.acceptance_seed),
         hw_(hw),
         host_costs_(host_costs),
         requests_(requests),
@@ -73,6 +103,9 @@ class Engine {
     for (size_t r = 0; r < programs.size(); ++r) {
       ranks_[r].program = programs[r];
       ranks_[r].device_ctx.assign(requests_.size(), 0);
+      ranks_[r].draft_len.assign(requests_.size(), 0);
+      ranks_[r].conf_len.assign(requests_.size(), 0);
+      ranks_[r].rounds.assign(requests_.size(), 0);
       queue_.push({0, seq_++, static_cast<int32_t>(r)});
     }
     while (!queue_.empty()) {
@@ -99,8 +132,13 @@ class Engine {
     std::array<StreamState, kStreamCount> streams{};
     std::array<EventSlot, kEventRing> events{};
     std::array<OutputSlot, kOutputRing> outputs{};
-    std::vector<int64_t> device_ctx;  // per request: tokens in its KV cache on the device
+    std::vector<int64_t> device_ctx;  // per request: sequence length on the device
+    std::vector<int32_t> draft_len;   // per request: tokens the current round drafted
+    std::vector<int32_t> conf_len;    // per request: of those, the confident prefix
+    std::vector<int64_t> rounds;      // per request: verify rounds done
     int64_t prev_step_end_ns = 0;
+    StepSample carry;  // a draft-only plan's sample, merged into the next step's
+    bool has_carry = false;
   };
 
   bool tracing(int64_t step) const {
@@ -121,41 +159,146 @@ class Engine {
     return e.t_ns;
   }
 
-  // Sets up the device-side effects of a launch (contexts, outputs) and returns its shape.
-  StepShape device_execute(Rank& r, const Plan& plan, const GraphLaunch& g, OutputSlot& out,
-                           StepSample& sample) {
+  const DecodeCost& decode_cost(const ModelSpec& m, int32_t requests, int32_t q_tokens) {
+    const uint64_t key = (uint64_t(&m == &draft_) << 63) | (uint64_t(uint32_t(requests)) << 32) |
+                         uint32_t(q_tokens);
+    auto it = decode_costs_.find(key);
+    if (it != decode_costs_.end()) return it->second;
+    DecodeCost c;
+    StepKernels base, one;
+    step_kernels(m, decode_shape(requests, q_tokens, 0), base);
+    step_kernels(m, decode_shape(requests, q_tokens, 1), one);
+    for (const LayerRun& run : base.runs) {
+      for (int32_t i = run.first; i < run.first + run.count; ++i) {
+        const KernelDesc& k0 = base.kernels[size_t(i)];
+        const KernelDesc& k1 = one.kernels[size_t(i)];
+        c.nodes += run.repeat;
+        if (k0.bytes_read == k1.bytes_read && k0.bytes_written == k1.bytes_written &&
+            k0.flops == k1.flops) {
+          c.fixed_busy_ns += run.repeat * cost_.kernel_ns(k0);
+          c.fixed_bytes_read += run.repeat * k0.bytes_read;
+          continue;
+        }
+        const KernelDesc slope{k0.name, k0.cls, k1.bytes_read - k0.bytes_read,
+                               k1.bytes_written - k0.bytes_written, k1.flops - k0.flops};
+        c.varying.push_back({k0, slope, run.repeat});
+      }
+    }
+    return decode_costs_.emplace(key, std::move(c)).first->second;
+  }
+
+  GraphCost priced_decode(const ModelSpec& m, const StepShape& shape, int32_t q_tokens) {
+    const DecodeCost& c = decode_cost(m, shape.requests, q_tokens);
+    GraphCost g{c.fixed_busy_ns, c.nodes, c.fixed_bytes_read};
+    for (const DecodeCost::Varying& v : c.varying) {
+      const KernelDesc k{v.at_zero.name, v.at_zero.cls,
+                         v.at_zero.bytes_read + v.per_token.bytes_read * shape.ctx_tokens,
+                         v.at_zero.bytes_written + v.per_token.bytes_written * shape.ctx_tokens,
+                         v.at_zero.flops + v.per_token.flops * shape.ctx_tokens};
+      g.busy_ns += v.repeat * cost_.kernel_ns(k);
+      g.bytes_read += v.repeat * k.bytes_read;
+    }
+    return g;
+  }
+
+  // Applies a launch's device-side effects (contexts, drafts, acceptance, outputs) and says
+  // what it runs.
+  DeviceWork device_execute(Rank& r, const Plan& plan, const GraphLaunch& g, OutputSlot& out,
+                            StepSample& sample) {
     const int32_t* ids = plan.requests.data() + g.first_request;
+    const int32_t n = g.request_count;
     if (g.phase == Phase::kPrefill) {
       int64_t tokens = 0;
       int64_t sq = 0;
-      for (int32_t i = 0; i < g.request_count; ++i) {
+      for (int32_t i = 0; i < n; ++i) {
         const int64_t len = requests_[static_cast<size_t>(ids[i])].input_len;
         tokens += len;
         sq += len * len;
         r.device_ctx[static_cast<size_t>(ids[i])] = len + 1;  // the prompt plus the first token
-        out.outputs.push_back({ids[i], 1, 0});
+        out.outputs.push_back({ids[i], 1});
       }
-      sample.prefills += g.request_count;
-      return prefill_shape(g.request_count, tokens, sq);
+      sample.prefills += n;
+      return {&model_, prefill_shape(n, tokens, sq), 0, 1};
     }
-    int64_t ctx = 0;
-    for (int32_t i = 0; i < g.request_count; ++i) {
-      int64_t& c = r.device_ctx[static_cast<size_t>(ids[i])];
-      ctx += c - 1;  // the newest token is this step's input, not yet in the cache
-      c += g.q_tokens;
-      out.outputs.push_back({ids[i], g.q_tokens, 0});
+    int64_t ctx = 0;  // cached tokens: the newest token is this step's input
+    for (int32_t i = 0; i < n; ++i) ctx += r.device_ctx[static_cast<size_t>(ids[i])] - 1;
+
+    switch (g.phase) {
+      case Phase::kDecode:
+        for (int32_t i = 0; i < n; ++i) {
+          r.device_ctx[static_cast<size_t>(ids[i])] += g.q_tokens;
+          out.outputs.push_back({ids[i], g.q_tokens});
+        }
+        sample.batch += n;
+        sample.tokens += n * g.q_tokens;
+        return {&model_, decode_shape(n, g.q_tokens, ctx), g.q_tokens, 1};
+      case Phase::kDraft: {
+        // Confidence-scheduled drafts stop on the device; chains and host-chosen lengths run
+        // exactly q_tokens. The draft loop runs as long as any request drafts.
+        const bool device_decides = options_.spec.method == SpecMethod::kConfidence &&
+                                    options_.spec.mode != DraftMode::kHostLate;
+        int32_t longest = 0;
+        for (int32_t i = 0; i < n; ++i) {
+          const auto id = static_cast<size_t>(ids[i]);
+          float conf[kMaxDraft];
+          const int32_t max_len = std::min(g.q_tokens, kMaxDraft);
+          for (int32_t p = 0; p < max_len; ++p) {
+            conf[p] = acceptance_.draw(ids[i], r.rounds[id], p + 1).confidence;
+          }
+          const std::span<const float> c(conf, size_t(max_len));
+          r.draft_len[id] = device_decides ? device_draft_len(options_.spec, c, max_len) : max_len;
+          r.conf_len[id] = confident_prefix(options_.spec, c, r.draft_len[id]);
+          longest = std::max(longest, r.draft_len[id]);
+          out.outputs.push_back({ids[i], 0, r.draft_len[id], r.conf_len[id]});
+        }
+        // NEXTN: the first draft token comes from the previous round's extend, so L draft
+        // tokens take L - 1 draft forwards.
+        return {&draft_, decode_shape(n, 1, ctx), 1, std::max(0, longest - 1)};
+      }
+      case Phase::kVerify: {
+        int32_t widest = 0;
+        for (int32_t i = 0; i < n; ++i) {
+          const auto id = static_cast<size_t>(ids[i]);
+          const int32_t d = std::min(r.draft_len[id], g.q_tokens - 1);
+          bool agrees[kMaxDraft];
+          for (int32_t p = 0; p < d; ++p) agrees[p] = acceptance_.draw(ids[i], r.rounds[id], p + 1).agrees;
+          const int32_t committed = accepted_prefix(std::span<const bool>(agrees, size_t(d)), d) + 1;
+          r.device_ctx[id] += committed;
+          ++r.rounds[id];
+          out.outputs.push_back({ids[i], committed, d, r.conf_len[id]});
+          sample.tokens += committed;
+          widest = std::max(widest, d);
+        }
+        sample.batch += n;
+        sample.draft_len = std::max(sample.draft_len, widest);
+        return {&model_, decode_shape(n, g.q_tokens, ctx), g.q_tokens, 1};
+      }
+      case Phase::kExtend:
+        return {&draft_, decode_shape(n, g.q_tokens, ctx), g.q_tokens, 1};
+      case Phase::kPrefill:
+        break;
     }
-    sample.batch += g.request_count;
-    sample.tokens += g.request_count * g.q_tokens;
-    return decode_shape(g.request_count, g.q_tokens, ctx);
+    return {&model_, StepShape{}, 0, 0};
   }
 
   void launch(int32_t rank_id, Rank& r, const Plan& plan, const Op& op, OutputSlot& out,
               StepSample& sample, bool trace) {
     const GraphLaunch& g = plan.launches[static_cast<size_t>(op.graph)];
-    const StepShape shape = device_execute(r, plan, g, out, sample);
-    step_kernels(model_, shape, kernels_);
-    const GraphCost cost = cost_.graph_cost(kernels_);
+    const DeviceWork work = device_execute(r, plan, g, out, sample);
+    // The node list is needed for eager launches, prefill and traced steps; otherwise the
+    // graph is priced as a whole.
+    const bool aggregate = g.mode != GraphMode::kEager && g.phase != Phase::kPrefill && !trace;
+    GraphCost cost;
+    if (aggregate) {
+      cost = priced_decode(*work.model, work.shape, work.q_tokens);
+    } else {
+      step_kernels(*work.model, work.shape, kernels_);
+      cost = cost_.graph_cost(kernels_);
+    }
+    repeat_ = work.repeat;
+    cost.busy_ns *= work.repeat;
+    cost.nodes *= work.repeat;
+    cost.bytes_read *= work.repeat;
     if (g.phase != Phase::kPrefill) sample.bytes_read += cost.bytes_read;
 
     StreamState& s = r.streams[static_cast<size_t>(op.stream)];
@@ -187,6 +330,7 @@ class Engine {
     // Eager: every kernel is a host launch call; the GPU cannot start a kernel before its
     // launch reaches it.
     int64_t first_flow = flow;
+    for (int32_t pass = 0; pass < repeat_; ++pass)
     for (const LayerRun& run : kernels_.runs) {
       for (int32_t rep = 0; rep < run.repeat; ++rep) {
         for (int32_t i = run.first; i < run.first + run.count; ++i) {
@@ -217,6 +361,7 @@ class Engine {
 
   void trace_nodes(int32_t rank_id, int64_t step, int64_t start, int64_t gap_ns, int64_t flow) {
     int64_t t = start;
+    for (int32_t pass = 0; pass < repeat_; ++pass)
     for (const LayerRun& run : kernels_.runs) {
       for (int32_t rep = 0; rep < run.repeat; ++rep) {
         for (int32_t i = run.first; i < run.first + run.count; ++i) {
@@ -237,7 +382,12 @@ class Engine {
     OutputSlot& out = r.outputs[static_cast<size_t>(plan.step) % kOutputRing];
     out.step = plan.step;
     out.outputs.clear();
+    bool commits = false;  // the plan launches work that commits tokens
+    for (const GraphLaunch& g : plan.launches) commits |= g.phase != Phase::kDraft && g.phase != Phase::kExtend;
+    out.draft_only = !plan.launches.empty() && !commits;
     StepSample sample;
+    if (r.has_carry) sample = r.carry;
+    r.has_carry = false;
     sample.rank = rank_id;
     sample.step = plan.step;
     bool launched = false;
@@ -303,13 +453,18 @@ class Engine {
               throw Error("simulator: outputs of step " + std::to_string(op.payload_step) +
                           " are no longer held (run-ahead deeper than the output ring)");
             }
-            r.program->observe({op.payload_step, o.outputs}, r.host_ns);
+            r.program->observe({op.payload_step, o.outputs, o.draft_only}, r.host_ns);
           }
           break;
         }
       }
     }
     if (!active) return;
+    if (out.draft_only) {  // half a step (host_blocking): counted with the step it belongs to
+      r.carry = sample;
+      r.has_carry = true;
+      return;
+    }
     const int64_t end =
         launched ? r.streams[static_cast<size_t>(StreamId::kCompute)].free_ns : r.prev_step_end_ns;
     sample.end_ns = end;
@@ -319,6 +474,8 @@ class Engine {
   }
 
   const ModelSpec& model_;
+  const ModelSpec& draft_;
+  AcceptanceModel acceptance_;
   const HardwareSpec& hw_;
   const HostCostModel& host_costs_;
   const std::vector<RequestSpec>& requests_;
@@ -330,6 +487,8 @@ class Engine {
   uint64_t seq_ = 0;
   int64_t flow_ = 0;
   StepKernels kernels_;
+  int32_t repeat_ = 1;  // forward passes of kernels_ in the launch being executed
+  std::unordered_map<uint64_t, DecodeCost> decode_costs_;
 };
 
 }  // namespace
@@ -342,10 +501,11 @@ SimBackend::SimBackend(const ModelSpec& model, const HardwareSpec& hw,
       host_costs_(host_costs),
       requests_(requests),
       options_(options),
+      draft_(nextn_draft(model)),
       cost_(hw) {}
 
 void SimBackend::run(std::span<HostProgram* const> ranks, RunRecord& record) {
-  Engine engine(model_, hw_, host_costs_, requests_, options_, cost_, record);
+  Engine engine(model_, draft_, hw_, host_costs_, requests_, options_, cost_, record);
   engine.run(ranks);
 }
 

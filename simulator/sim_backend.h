@@ -13,7 +13,9 @@
 #include "policies/backend.h"
 #include "policies/hardware_spec.h"
 #include "policies/host_costs.h"
+#include "policies/acceptance_spec.h"
 #include "policies/model_spec.h"
+#include "policies/policy_spec.h"
 #include "policies/workload.h"
 #include "simulator/cost_model.h"
 
@@ -23,6 +25,12 @@ struct SimOptions {
   // Node-level timeline for plan steps [trace_first_step, trace_first_step + trace_steps).
   int64_t trace_first_step = 0;
   int64_t trace_steps = 0;
+  // Speculative decoding: the device-side rules (spec_rules.h) read `spec`; draft/target
+  // agreement comes from `acceptance`, drawn with `acceptance_seed`. The draft is the model's
+  // NEXTN module (nextn_draft).
+  SpecSpec spec;
+  AcceptanceSpec acceptance;
+  uint64_t acceptance_seed = 0;
 };
 
 class SimBackend final : public Backend {
@@ -39,6 +47,7 @@ class SimBackend final : public Backend {
   const HostCostModel& host_costs_;
   const std::vector<RequestSpec>& requests_;
   SimOptions options_;
+  ModelSpec draft_;
   CostModel cost_;
 };
 

@@ -253,3 +253,44 @@ TEST(SimBackend, SameSeedSameRecord) {
 
 }  // namespace
 }  // namespace twinstep
+
+namespace twinstep {
+namespace {
+
+// Pricing a decode graph as a whole (context-affine cache) and node by node (tracing) agree to
+// the nanosecond, for dense, MoE and hybrid models across batch sizes.
+TEST(SimBackend, TracingDoesNotChangeTimes) {
+  for (const char* model : {"llama-3-8b", "qwen3-30b-a3b", "ling-flash-like"}) {
+    auto once = [&](int64_t trace_steps) {
+      PolicySpec policy;
+      WorkloadSpec w;
+      w.input_len = {100, 3000};
+      w.output_len = {20, 60};
+      w.num_requests = 16;
+      w.max_concurrency = 5;
+      w.seed = 3;
+      const std::vector<RequestSpec> requests = generate_requests(w);
+      RunRecord r;
+      DecodeLoop loop(policy, w, requests, &r);
+      HostCostModel host(host_costs(30 * kUs, 40 * kUs, 30 * kUs), 1);
+      SimOptions options;
+      options.trace_steps = trace_steps;
+      SimBackend backend(model_preset(model), hardware_preset("h200"), host, requests, options);
+      HostProgram* ranks[] = {&loop};
+      backend.run(ranks, r);
+      return r;
+    };
+    const RunRecord plain = once(0), traced = once(1'000'000);
+    ASSERT_EQ(plain.steps.size(), traced.steps.size());
+    EXPECT_TRUE(plain.timeline.empty());
+    EXPECT_GT(traced.timeline.size(), plain.steps.size() * 10);
+    for (size_t i = 0; i < plain.steps.size(); ++i) {
+      EXPECT_EQ(plain.steps[i].end_ns, traced.steps[i].end_ns) << model << " step " << i;
+      EXPECT_EQ(plain.steps[i].gpu_busy_ns, traced.steps[i].gpu_busy_ns) << model;
+      EXPECT_EQ(plain.steps[i].bytes_read, traced.steps[i].bytes_read) << model;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace twinstep
