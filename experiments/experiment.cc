@@ -63,6 +63,19 @@
 //     graph_mode: cuda_graph       eager | cuda_graph | cuda_graph_pdl
 //     seq_lens_sync: false
 //     output_copy_bytes_per_request: 64   0..1048576
+//     spec:                        optional speculative decoding (default {method: none})
+//       method: none | chain | confidence                 (required)
+//       chain:      steps (1..64, default 5), draft_tokens (= steps + 1, default)
+//       confidence: threshold (0..1, default 0.5), min_steps (default 1) <= max_steps
+//                   (default 8, at most 64), mode: device | host_late | host_blocking
+//                   (default device), lag (1..64, only with host_late)
+//
+//   acceptance:                    optional; simulator draft/target agreement (AcceptanceSpec)
+//     accept_rate: 0.7             per-position acceptance, 0..1; or instead
+//     chain_accept_len: 3.25       the mean tokens per verify of a chain of chain_draft tokens
+//     chain_draft: 5               (default 5; only with chain_accept_len)
+//     decay: 1.0                   position i accepts with accept_rate * decay^(i-1)
+//     confidence_signal: 0.4       0 (confidence is noise) .. 1 (a perfect predictor)
 //
 //   host:                          optional; an absent op costs 0
 //     schedule | prepare_prefill | prepare_decode | process_outputs:
@@ -150,10 +163,12 @@ constexpr int64_t kMaxOutputTokensPerRun = std::numeric_limits<int32_t>::max();
 constexpr double kMaxArrivalSpanS = 1e7;    // ~116 days: arrival times stay far below 2^63 ns
 constexpr double kMaxStepCount = 0x1p62;    // bytes of one step, FLOPs of one kernel
 constexpr double kMaxSimulatedNs = 0x1p62;  // ~146 years of simulated time
+// Model layers held by all the variants of a sweep together (~90 bytes each: ~9 GB).
+constexpr int64_t kMaxSweepLayers = 100'000'000;
 
 std::vector<std::string> top_level_keys() {
-  return {"name",     "description", "seed", "backends", "model", "hardware",
-          "workload", "policies",    "host", "trace",    "sweep"};
+  return {"name",     "description", "seed", "backends",   "model", "hardware",
+          "workload", "policies",    "host", "acceptance", "trace", "sweep"};
 }
 
 // ---- model ------------------------------------------------------------------------------------
@@ -509,9 +524,95 @@ WorkloadSpec parse_workload(const Context& ctx, const Node& node, uint64_t seed)
 
 // ---- policies, host, trace --------------------------------------------------------------------
 
+// policies.spec: {method: none} | {method: chain, steps, draft_tokens} |
+// {method: confidence, threshold, min_steps, max_steps, mode, lag}.
+SpecSpec parse_spec(const Context& ctx, const Node& node) {
+  MapReader m(
+      ctx, node, "policies.spec",
+      {"method", "steps", "draft_tokens", "threshold", "min_steps", "max_steps", "mode", "lag"});
+  SpecSpec s;
+  std::vector<std::pair<std::string, SpecMethod>> methods;
+  for (SpecMethod x : {SpecMethod::kNone, SpecMethod::kChain, SpecMethod::kConfidence}) {
+    methods.emplace_back(spec_method_name(x), x);
+  }
+  s.method = yaml::read_enum(ctx, m.require("method"), "policies.spec.method", methods);
+  const auto only_for = [&](std::initializer_list<const char*> keys, SpecMethod method) {
+    for (const char* k : keys) {
+      if (m.has(k) && s.method != method) {
+        ctx.fail(m.key_mark(k), std::string("policies.spec.") + k + " applies only to method " +
+                                    spec_method_name(method) + " (method is " +
+                                    spec_method_name(s.method) + ")");
+      }
+    }
+  };
+  only_for({"steps", "draft_tokens"}, SpecMethod::kChain);
+  only_for({"threshold", "min_steps", "max_steps", "mode", "lag"}, SpecMethod::kConfidence);
+  constexpr int64_t kMaxDraftTokens = 64;
+  if (s.method == SpecMethod::kChain) {
+    s.steps = read_i32_or(ctx, m, "steps", 1, kMaxDraftTokens, s.steps);
+    s.draft_tokens = read_i32_or(ctx, m, "draft_tokens", 2, kMaxDraftTokens + 1, s.steps + 1);
+    if (s.draft_tokens != s.steps + 1) {
+      ctx.fail(m.key_mark(m.has("draft_tokens") ? "draft_tokens" : "steps"),
+               "policies.spec.draft_tokens must be steps + 1 with topk 1 (steps " +
+                   std::to_string(s.steps) + ", draft_tokens " + std::to_string(s.draft_tokens) +
+                   ")");
+    }
+  } else if (s.method == SpecMethod::kConfidence) {
+    if (const Node* n = m.get("threshold")) {
+      s.threshold = read_double(ctx, *n, "policies.spec.threshold", 0, 1, false);
+    }
+    s.min_steps = read_i32_or(ctx, m, "min_steps", 1, kMaxDraftTokens, s.min_steps);
+    s.max_steps = read_i32_or(ctx, m, "max_steps", 1, kMaxDraftTokens, s.max_steps);
+    if (s.min_steps > s.max_steps) {
+      ctx.fail(m.key_mark("min_steps"), "policies.spec.min_steps (" + std::to_string(s.min_steps) +
+                                            ") exceeds max_steps (" + std::to_string(s.max_steps) +
+                                            ")");
+    }
+    if (const Node* n = m.get("mode")) {
+      std::vector<std::pair<std::string, DraftMode>> modes;
+      for (DraftMode x : {DraftMode::kDevice, DraftMode::kHostLate, DraftMode::kHostBlocking}) {
+        modes.emplace_back(draft_mode_name(x), x);
+      }
+      s.mode = yaml::read_enum(ctx, *n, "policies.spec.mode", modes);
+    }
+    if (m.has("lag") && s.mode != DraftMode::kHostLate) {
+      ctx.fail(m.key_mark("lag"), "policies.spec.lag applies only to mode host_late");
+    }
+    s.lag = read_i32_or(ctx, m, "lag", 1, 64, s.lag);
+  }
+  return s;
+}
+
+// acceptance: {accept_rate | chain_accept_len + chain_draft, decay, confidence_signal}.
+AcceptanceSpec parse_acceptance(const Context& ctx, const Node& node) {
+  MapReader m(ctx, node, "acceptance",
+              {"accept_rate", "chain_accept_len", "chain_draft", "decay", "confidence_signal"});
+  AcceptanceSpec a;
+  if (m.has("accept_rate") && m.has("chain_accept_len")) {
+    ctx.fail(m.key_mark("chain_accept_len"),
+             "give acceptance.accept_rate or acceptance.chain_accept_len, not both");
+  }
+  if (const Node* n = m.get("accept_rate")) {
+    a.accept_rate = read_double(ctx, *n, "acceptance.accept_rate", 0, 1, false);
+  }
+  if (const Node* n = m.get("chain_accept_len")) {
+    const auto draft = read_i32_or(ctx, m, "chain_draft", 1, 64, 5);
+    const double len = read_double(ctx, *n, "acceptance.chain_accept_len", 1, draft + 1, false);
+    a.accept_rate = rate_for_chain_accept_len(len, draft);
+  } else if (m.has("chain_draft")) {
+    ctx.fail(m.key_mark("chain_draft"), "acceptance.chain_draft goes with chain_accept_len");
+  }
+  if (const Node* n = m.get("decay"))
+    a.decay = read_double(ctx, *n, "acceptance.decay", 0, 1, false);
+  if (const Node* n = m.get("confidence_signal")) {
+    a.confidence_signal = read_double(ctx, *n, "acceptance.confidence_signal", 0, 1, false);
+  }
+  return a;
+}
+
 PolicySpec parse_policies(const Context& ctx, const Node& node) {
   MapReader m(ctx, node, "policies",
-              {"host_schedule", "runahead_depth", "graph_mode", "seq_lens_sync",
+              {"host_schedule", "runahead_depth", "graph_mode", "seq_lens_sync", "spec",
                "output_copy_bytes_per_request"});
   PolicySpec p;
   if (const Node* n = m.get("host_schedule")) {
@@ -542,6 +643,7 @@ PolicySpec parse_policies(const Context& ctx, const Node& node) {
   }
   p.output_copy_bytes_per_request = read_i32_or(ctx, m, "output_copy_bytes_per_request", 0, 1 << 20,
                                                 p.output_copy_bytes_per_request);
+  if (const Node* n = m.get("spec")) p.spec = parse_spec(ctx, *n);
   return p;
 }
 
@@ -795,6 +897,7 @@ Variant parse_variant(const Context& ctx, const Node& doc) {
   v.workload = parse_workload(ctx, top.require("workload"), v.seed);
   if (const Node* n = top.get("policies")) v.policy = parse_policies(ctx, *n);
   if (const Node* n = top.get("host")) v.host_costs = parse_host(ctx, *n);
+  if (const Node* n = top.get("acceptance")) v.acceptance = parse_acceptance(ctx, *n);
   if (const Node* n = top.get("trace")) v.trace = parse_trace(ctx, *n);
   check_run_size(ctx, *top.get("workload"), v);
   return v;
@@ -982,6 +1085,7 @@ Experiment load_experiment_text(const std::string& yaml_text, const std::string&
   }
   exp.variants.reserve(count);
   std::vector<size_t> pick(axes.size(), 0);
+  int64_t sweep_layers = 0;
   for (int64_t index = 0; index < count; ++index) {
     Variant v;
     Node doc_v = base;
@@ -996,6 +1100,19 @@ Experiment load_experiment_text(const std::string& yaml_text, const std::string&
     const Context vctx{source_name,
                        " (in sweep variant " + std::to_string(index) + ": " + label + ")"};
     v = parse_variant(vctx, doc_v);
+    // Every variant holds its model's layers: bound the total before memory runs out. The first
+    // variant predicts the whole sweep; the running total catches swept layer counts.
+    sweep_layers += int64_t(v.model.layers.size());
+    const int64_t predicted = index == 0 ? count * sweep_layers : sweep_layers;
+    if (predicted > kMaxSweepLayers) {
+      ctx.fail(top.key_mark("sweep"),
+               "sweep of " + std::to_string(count) + " variants holds about " +
+                   std::to_string(index == 0 ? predicted : sweep_layers * count / (index + 1)) +
+                   " model layers in memory (" + std::to_string(v.model.layers.size()) +
+                   " in variant " + std::to_string(index) + "), over the limit of " +
+                   std::to_string(kMaxSweepLayers) +
+                   "; sweep fewer variants or split the experiment");
+    }
     v.index = static_cast<int32_t>(index);
     v.label = std::move(label);
     v.params = std::move(params);

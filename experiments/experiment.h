@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "policies/acceptance_spec.h"
 #include "policies/hardware_spec.h"
 #include "policies/host_costs.h"
 #include "policies/model_spec.h"
@@ -33,6 +34,7 @@ struct Variant {
   WorkloadSpec workload;
   PolicySpec policy;
   HostCostSpec host_costs;
+  AcceptanceSpec acceptance;  // simulator only: how the draft agrees with the target
   TraceSpec trace;
   uint64_t seed = 0;
 };

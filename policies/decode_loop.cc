@@ -157,11 +157,10 @@ bool DecodeLoop::next_plan(int64_t now_ns, Plan& plan) {
   return true;
 }
 
-void DecodeLoop::launch_speculative(Plan& plan, int32_t first, int32_t count,
-                                    int32_t draft_len) {
+void DecodeLoop::launch_speculative(Plan& plan, int32_t first, int32_t count, int32_t draft_len) {
   const SpecSpec& spec = policy_.spec;
-  const bool drafted = spec.method == SpecMethod::kConfidence &&
-                       spec.mode == DraftMode::kHostBlocking;
+  const bool drafted =
+      spec.method == SpecMethod::kConfidence && spec.mode == DraftMode::kHostBlocking;
   const int32_t width = draft_len + 1;  // the committed token plus the drafts
   if (!drafted) {
     plan.launches.push_back({.phase = Phase::kDraft,

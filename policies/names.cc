@@ -22,18 +22,24 @@ const char* graph_mode_name(GraphMode m) {
 
 const char* spec_method_name(SpecMethod m) {
   switch (m) {
-    case SpecMethod::kNone: return "none";
-    case SpecMethod::kChain: return "chain";
-    case SpecMethod::kConfidence: return "confidence";
+    case SpecMethod::kNone:
+      return "none";
+    case SpecMethod::kChain:
+      return "chain";
+    case SpecMethod::kConfidence:
+      return "confidence";
   }
   return "?";
 }
 
 const char* draft_mode_name(DraftMode m) {
   switch (m) {
-    case DraftMode::kDevice: return "device";
-    case DraftMode::kHostLate: return "host_late";
-    case DraftMode::kHostBlocking: return "host_blocking";
+    case DraftMode::kDevice:
+      return "device";
+    case DraftMode::kHostLate:
+      return "host_late";
+    case DraftMode::kHostBlocking:
+      return "host_blocking";
   }
   return "?";
 }

@@ -16,7 +16,7 @@ namespace {
 
 constexpr size_t kEventRing = 1024;  // events alive at once per rank (policy depth ≪ this)
 constexpr size_t kOutputRing = 64;   // steps whose outputs may be in flight per rank
-constexpr int32_t kMaxDraft = 64;     // draft tokens per round the device model supports
+constexpr int32_t kMaxDraft = 64;    // draft tokens per round the device model supports
 
 struct EventSlot {
   EventId id = -1;
@@ -160,8 +160,8 @@ class Engine {
   }
 
   const DecodeCost& decode_cost(const ModelSpec& m, int32_t requests, int32_t q_tokens) {
-    const uint64_t key = (uint64_t(&m == &draft_) << 63) | (uint64_t(uint32_t(requests)) << 32) |
-                         uint32_t(q_tokens);
+    const uint64_t key =
+        (uint64_t(&m == &draft_) << 63) | (uint64_t(uint32_t(requests)) << 32) | uint32_t(q_tokens);
     auto it = decode_costs_.find(key);
     if (it != decode_costs_.end()) return it->second;
     DecodeCost c;
@@ -261,8 +261,10 @@ class Engine {
           const auto id = static_cast<size_t>(ids[i]);
           const int32_t d = std::min(r.draft_len[id], g.q_tokens - 1);
           bool agrees[kMaxDraft];
-          for (int32_t p = 0; p < d; ++p) agrees[p] = acceptance_.draw(ids[i], r.rounds[id], p + 1).agrees;
-          const int32_t committed = accepted_prefix(std::span<const bool>(agrees, size_t(d)), d) + 1;
+          for (int32_t p = 0; p < d; ++p)
+            agrees[p] = acceptance_.draw(ids[i], r.rounds[id], p + 1).agrees;
+          const int32_t committed =
+              accepted_prefix(std::span<const bool>(agrees, size_t(d)), d) + 1;
           r.device_ctx[id] += committed;
           ++r.rounds[id];
           out.outputs.push_back({ids[i], committed, d, r.conf_len[id]});
@@ -331,49 +333,49 @@ class Engine {
     // launch reaches it.
     int64_t first_flow = flow;
     for (int32_t pass = 0; pass < repeat_; ++pass)
-    for (const LayerRun& run : kernels_.runs) {
-      for (int32_t rep = 0; rep < run.repeat; ++rep) {
-        for (int32_t i = run.first; i < run.first + run.count; ++i) {
-          const KernelDesc& k = kernels_.kernels[static_cast<size_t>(i)];
-          const int64_t call_begin = r.host_ns;
-          r.host_ns += hw_.eager_launch_ns;
-          const int64_t ready = s.free_ns + gap_ns;
-          const int64_t start = std::max({ready, r.host_ns, s.dep_ns});
-          const IdleSplit idle = split_idle(s.free_ns, start, host_begin, r.host_ns);
-          sample.idle_host_ns += idle.host;
-          sample.idle_launch_ns += idle.launch;
-          sample.idle_dep_ns += idle.dep;
-          const int64_t dur = cost_.kernel_ns(k);
-          sample.gpu_busy_ns += dur;
-          if (trace) {
-            span(rank_id, Lane::kHost, "launch_kernel", plan.step, call_begin, hw_.eager_launch_ns,
-                 first_flow);
-            span(rank_id, Lane::kCompute, k.name, plan.step, start, dur, first_flow);
-            first_flow = 0;
+      for (const LayerRun& run : kernels_.runs) {
+        for (int32_t rep = 0; rep < run.repeat; ++rep) {
+          for (int32_t i = run.first; i < run.first + run.count; ++i) {
+            const KernelDesc& k = kernels_.kernels[static_cast<size_t>(i)];
+            const int64_t call_begin = r.host_ns;
+            r.host_ns += hw_.eager_launch_ns;
+            const int64_t ready = s.free_ns + gap_ns;
+            const int64_t start = std::max({ready, r.host_ns, s.dep_ns});
+            const IdleSplit idle = split_idle(s.free_ns, start, host_begin, r.host_ns);
+            sample.idle_host_ns += idle.host;
+            sample.idle_launch_ns += idle.launch;
+            sample.idle_dep_ns += idle.dep;
+            const int64_t dur = cost_.kernel_ns(k);
+            sample.gpu_busy_ns += dur;
+            if (trace) {
+              span(rank_id, Lane::kHost, "launch_kernel", plan.step, call_begin,
+                   hw_.eager_launch_ns, first_flow);
+              span(rank_id, Lane::kCompute, k.name, plan.step, start, dur, first_flow);
+              first_flow = 0;
+            }
+            s.free_ns = start + dur;
+            s.dep_ns = 0;
           }
-          s.free_ns = start + dur;
-          s.dep_ns = 0;
         }
       }
-    }
     sample.host_launch_ns += r.host_ns - host_begin;
   }
 
   void trace_nodes(int32_t rank_id, int64_t step, int64_t start, int64_t gap_ns, int64_t flow) {
     int64_t t = start;
     for (int32_t pass = 0; pass < repeat_; ++pass)
-    for (const LayerRun& run : kernels_.runs) {
-      for (int32_t rep = 0; rep < run.repeat; ++rep) {
-        for (int32_t i = run.first; i < run.first + run.count; ++i) {
-          const KernelDesc& k = kernels_.kernels[static_cast<size_t>(i)];
-          const int64_t dur = cost_.kernel_ns(k);
-          t += gap_ns;
-          span(rank_id, Lane::kCompute, k.name, step, t, dur, flow);
-          flow = 0;
-          t += dur;
+      for (const LayerRun& run : kernels_.runs) {
+        for (int32_t rep = 0; rep < run.repeat; ++rep) {
+          for (int32_t i = run.first; i < run.first + run.count; ++i) {
+            const KernelDesc& k = kernels_.kernels[static_cast<size_t>(i)];
+            const int64_t dur = cost_.kernel_ns(k);
+            t += gap_ns;
+            span(rank_id, Lane::kCompute, k.name, step, t, dur, flow);
+            flow = 0;
+            t += dur;
+          }
         }
       }
-    }
   }
 
   void execute_plan(int32_t rank_id, Rank& r) {
@@ -383,7 +385,8 @@ class Engine {
     out.step = plan.step;
     out.outputs.clear();
     bool commits = false;  // the plan launches work that commits tokens
-    for (const GraphLaunch& g : plan.launches) commits |= g.phase != Phase::kDraft && g.phase != Phase::kExtend;
+    for (const GraphLaunch& g : plan.launches)
+      commits |= g.phase != Phase::kDraft && g.phase != Phase::kExtend;
     out.draft_only = !plan.launches.empty() && !commits;
     StepSample sample;
     if (r.has_carry) sample = r.carry;

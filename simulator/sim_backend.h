@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "policies/acceptance_spec.h"
 #include "policies/backend.h"
 #include "policies/hardware_spec.h"
 #include "policies/host_costs.h"
-#include "policies/acceptance_spec.h"
 #include "policies/model_spec.h"
 #include "policies/policy_spec.h"
 #include "policies/workload.h"

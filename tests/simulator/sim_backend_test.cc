@@ -4,28 +4,17 @@
 
 #include "policies/decode_loop.h"
 #include "tests/support/recording_backend.h"
+#include "tests/support/sim_fixtures.h"
 
 namespace twinstep {
 namespace {
 
-constexpr int64_t kUs = 1000;
-constexpr int64_t kFloorNs = 10 * kUs;
+using testing::ideal_machine;
+using testing::kFloorNs;
+using testing::kUs;
 // tiny-llama decode: embedding + 2 layers × 10 kernels + final norm + lm_head = 23 nodes, each
-// at the kernel floor on a machine with unbounded bandwidth and FLOPs: G = 230 µs.
+// at the kernel floor on the ideal machine: G = 230 µs.
 constexpr int64_t kGpuStepNs = 23 * kFloorNs;
-
-// A machine where every host-device overhead is zero and every kernel costs the floor, so
-// step times are exact sums of the host costs and G.
-HardwareSpec ideal_machine() {
-  HardwareSpec hw = hardware_preset("h200");
-  hw.stream_read_tbps = 1e9;
-  hw.bf16_tflops = 1e12;
-  hw.kernel_floor_ns = kFloorNs;
-  hw.eager_launch_ns = hw.graph_launch_ns = hw.graph_node_gap_ns = hw.pdl_node_gap_ns = 0;
-  hw.d2h_latency_ns = hw.host_wake_ns = 0;
-  hw.d2h_gbps = 1e12;
-  return hw;
-}
 
 struct SimRun {
   RunRecord record;
@@ -59,11 +48,7 @@ SimRun simulate(HostSchedule schedule, const HostCostSpec& costs, const Hardware
 }
 
 HostCostSpec host_costs(int64_t schedule_ns, int64_t prepare_ns, int64_t process_ns) {
-  HostCostSpec c;
-  c.ops[size_t(HostOp::kSchedule)] = {DistKind::kFixed, schedule_ns};
-  c.ops[size_t(HostOp::kPrepareDecode)] = {DistKind::kFixed, prepare_ns};
-  c.ops[size_t(HostOp::kProcessOutputs)] = {DistKind::kFixed, process_ns};
-  return c;
+  return testing::fixed_host_costs(schedule_ns, prepare_ns, process_ns);
 }
 
 TEST(SimBackend, ZeroHostCostSchedulesAgree) {

@@ -46,6 +46,7 @@ class RecordingBackend final : public Backend {
     Plan plan;
     int64_t now = 0;
     std::map<int64_t, std::vector<RequestOutput>> outputs;
+    std::map<int64_t, bool> draft_only;
     for (;;) {
       plan.clear();
       if (!p.next_plan(now, plan)) return;
@@ -56,10 +57,32 @@ class RecordingBackend final : public Backend {
           const GraphLaunch& g = plan.launches[size_t(op.graph)];
           for (int32_t i = 0; i < g.request_count; ++i) {
             const int32_t id = plan.requests[size_t(g.first_request + i)];
-            outputs[plan.step].push_back({id, g.phase == Phase::kPrefill ? 1 : g.q_tokens, 0});
+            switch (g.phase) {
+              case Phase::kPrefill:
+                outputs[plan.step].push_back({id, 1});
+                break;
+              case Phase::kDecode:
+                outputs[plan.step].push_back({id, g.q_tokens});
+                break;
+              // Every draft token is confident and accepted.
+              case Phase::kDraft:
+                draft_only[plan.step] = true;
+                outputs[plan.step].push_back({id, 0, g.q_tokens, g.q_tokens});
+                break;
+              case Phase::kVerify:
+                draft_only[plan.step] = false;
+                outputs[plan.step].erase(
+                    std::remove_if(outputs[plan.step].begin(), outputs[plan.step].end(),
+                                   [](const RequestOutput& o) { return o.tokens == 0; }),
+                    outputs[plan.step].end());
+                outputs[plan.step].push_back({id, g.q_tokens, g.q_tokens - 1, g.q_tokens - 1});
+                break;
+              case Phase::kExtend:
+                break;
+            }
           }
         } else if (op.kind == OpKind::kHostWait && op.payload_step >= 0) {
-          p.observe({op.payload_step, outputs[op.payload_step]}, now);
+          p.observe({op.payload_step, outputs[op.payload_step], draft_only[op.payload_step]}, now);
         } else if (op.kind == OpKind::kHostWork) {
           p.host_work_done(op.host_op, plan.step, now);
         } else if (op.kind == OpKind::kHostSleep) {
