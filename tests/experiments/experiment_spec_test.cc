@@ -486,10 +486,11 @@ TEST(ExperimentErrors, SweepValueErrorsPointIntoTheSweepList) {
 
 TEST(ExperimentErrors, UnknownKeySuggestsTheClosestName) {
   const std::string text = std::string(kMinimal) + "policies: {graph_mdoe: eager}\n";
-  EXPECT_EQ(error_of(text),
-            "t.yaml:5:12: unknown key 'graph_mdoe' in policies; allowed: host_schedule, "
-            "runahead_depth, graph_mode, seq_lens_sync, spec, output_copy_bytes_per_request; did you "
-            "mean 'graph_mode'?");
+  EXPECT_EQ(
+      error_of(text),
+      "t.yaml:5:12: unknown key 'graph_mdoe' in policies; allowed: host_schedule, "
+      "runahead_depth, graph_mode, seq_lens_sync, spec, output_copy_bytes_per_request; did you "
+      "mean 'graph_mode'?");
 }
 
 }  // namespace
