@@ -3,6 +3,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/device.cuh"
+#include "kernels/tuning.h"
 
 namespace twinstep::kernels {
 
@@ -43,11 +44,15 @@ __device__ __forceinline__ int smem_index(int token, int unit) {
 // ---------------------------------------------------------------------------------------------
 // kernels
 
-// Block = (split, kv head, request). Warp w handles query rows [16 * (w / kWarpsPerTile), +16)
-// (row = j * group + g) and tokens [(w % kWarpsPerTile) * 64 / kWarpsPerTile, ...) of every
-// 64-token tile; K and V tiles stream through a kStages-deep cp.async pipeline.
-template <int kWarpsPerTile>
-__global__ void __launch_bounds__(kSplitThreads, 2) attention_split_kernel(const SplitParams p) {
+// Block = (split, kv head, request), 4 warps per 16-row tile of query rows (row = j * group + g).
+// Warp (rt, sub) handles rows [16 rt, 16 rt + 16) and tokens [16 sub, 16 sub + 16) of every
+// 64-token tile. The token partition and the merge order are the same for every row count, so a
+// row's result does not depend on group * q_len (spec-verify rows match plain decode bit for bit).
+template <int kRowTiles>
+__global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
+    attention_split_kernel(const SplitParams p) {
+  constexpr int kWarpsPerTile = 4;
+  constexpr int kThreads = kSplitThreads * kRowTiles;
   constexpr int kWarpTokens = kTileTokens / kWarpsPerTile;
   constexpr int kTokTiles = kWarpTokens / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -74,8 +79,8 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_split_kernel(const
     bf16* v_smem = k_smem + kTileElems;
     const int tok0 = t_begin + tile * kTileTokens;
 #pragma unroll
-    for (int i = 0; i < kTileElems / 8 / kSplitThreads; ++i) {
-      const int idx = threadIdx.x + i * kSplitThreads;
+    for (int i = 0; i < kTileElems / 8 / kThreads; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
       const int t = idx / 16, u = idx % 16;
       const bool valid = tok0 + t < t_end;
       const size_t src = static_cast<size_t>(valid ? tok0 + t : t_begin) * kHeadDim + u * 8;
@@ -218,8 +223,8 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_split_kernel(const
     l_run[0] += __shfl_xor_sync(0xffffffffu, l_run[0], offset);
     l_run[1] += __shfl_xor_sync(0xffffffffu, l_run[1], offset);
   }
-  float* o_smem = reinterpret_cast<float*>(smem_raw);                       // [warp][16][128]
-  float2* ml_smem = reinterpret_cast<float2*>(o_smem + 4 * 16 * kHeadDim);  // [warp][16]
+  float* o_smem = reinterpret_cast<float*>(smem_raw);  // [warp][16][128]
+  float2* ml_smem = reinterpret_cast<float2*>(o_smem + kRowTiles * 4 * 16 * kHeadDim);
 #pragma unroll
   for (int d = 0; d < kHeadDim / 8; ++d) {
     const int col = d * 8 + 2 * tq;
@@ -235,8 +240,8 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_split_kernel(const
     ml_smem[warp * 16 + gid + 8] = make_float2(m_run[1], l_run[1]);
   }
   __syncthreads();
-  const int d = threadIdx.x;  // kSplitThreads == kHeadDim
-  for (int row = 0; row < p.rows; ++row) {
+  const int d = threadIdx.x % kHeadDim;
+  for (int row = threadIdx.x / kHeadDim; row < p.rows; row += kRowTiles) {
     const int rt = row / 16, r = row % 16;
     float m_max = -INFINITY;
 #pragma unroll
@@ -248,7 +253,8 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_split_kernel(const
       for (int w = 0; w < kWarpsPerTile; ++w) {
         const int ww = rt * kWarpsPerTile + w;
         const float2 ml = ml_smem[ww * 16 + r];
-        const float scale = exp2f(ml.x - m_max);  // 0 for a warp that saw no key
+        if (ml.x == -INFINITY) continue;  // a warp that saw no key adds nothing (not even +0)
+        const float scale = exp2f(ml.x - m_max);
         l_sum += ml.y * scale;
         o_sum += o_smem[(ww * 16 + r) * kHeadDim + d] * scale;
       }
@@ -260,32 +266,46 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_split_kernel(const
   }
 }
 
-// Block = (row, kv head, request), thread = dimension: merges the splits in order. The split
-// maxima and sums are staged in shared memory by parallel loads (a serial chain of dependent L2
-// reads here cost microseconds).
+// Block = (row, kv head, request), thread = dimension: merges the splits in split order. All
+// loads (split maxima/sums and the first kCombineBatch partial outputs) are issued before any is
+// used, so the kernel costs about one L2 round trip. Splits with no visible key are skipped, so
+// trailing empty splits (other rows' causal tails) leave the result bit-identical.
+constexpr int kCombineBatch = 48;
 __global__ void __launch_bounds__(kHeadDim)
-    attention_combine_kernel(const SplitParams p, bf16* out) {
+    attention_combine_kernel(const SplitParams p, bf16* out, bool early_trigger) {
   __shared__ float2 ml[kMaxSplits];
-  __shared__ float scale[kMaxSplits];
-  detail::pdl_wait_and_trigger();
+  if (early_trigger)
+    detail::pdl_trigger_then_wait();
+  else
+    detail::pdl_wait_and_trigger();
   const int row = blockIdx.x, head = blockIdx.y, request = blockIdx.z, d = threadIdx.x;
   const int total = p.ctx_lens[request] + p.q_len;
   const int splits = min(p.num_splits, (total + p.split_tokens - 1) / p.split_tokens);
   const size_t slot0 =
       ((static_cast<size_t>(request) * gridDim.y + head) * p.num_splits) * p.rows + row;
+  float ov[kCombineBatch];
+#pragma unroll
+  for (int s = 0; s < kCombineBatch; ++s)
+    ov[s] = s < splits ? p.part_o[(slot0 + static_cast<size_t>(s) * p.rows) * kHeadDim + d] : 0.0f;
   for (int s = d; s < splits; s += kHeadDim)
     ml[s] = p.part_ml[slot0 + static_cast<size_t>(s) * p.rows];
   __syncthreads();
   float m_max = -INFINITY;
   for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, ml[s].x);
-  for (int s = d; s < splits; s += kHeadDim)
-    scale[s] = ml[s].x == -INFINITY ? 0.0f : exp2f(ml[s].x - m_max);
-  __syncthreads();
   float l_sum = 0.0f, o_sum = 0.0f;
-#pragma unroll 8
-  for (int s = 0; s < splits; ++s) {
-    l_sum += ml[s].y * scale[s];
-    o_sum += p.part_o[(slot0 + static_cast<size_t>(s) * p.rows) * kHeadDim + d] * scale[s];
+#pragma unroll
+  for (int s = 0; s < kCombineBatch; ++s) {
+    if (s < splits && ml[s].x != -INFINITY) {
+      const float scale = exp2f(ml[s].x - m_max);
+      l_sum += ml[s].y * scale;
+      o_sum += ov[s] * scale;
+    }
+  }
+  for (int s = kCombineBatch; s < splits; ++s) {
+    if (ml[s].x == -INFINITY) continue;
+    const float scale = exp2f(ml[s].x - m_max);
+    l_sum += ml[s].y * scale;
+    o_sum += p.part_o[(slot0 + static_cast<size_t>(s) * p.rows) * kHeadDim + d] * scale;
   }
   const int j = row / p.group, g = row % p.group;
   out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
@@ -303,11 +323,14 @@ int num_sms() {
   return count;
 }
 
-// Split size: a multiple of 64 tokens chosen from the capacity (not the live lengths), so that
-// about two blocks per SM run when the cache is full. Results depend on it at rounding level.
+// Split size: a multiple of 64 tokens chosen from the capacity, the request count and the KV head
+// count (never from q_len or the live lengths), so that about ctas_per_sm blocks per SM run when
+// the cache is full. Results depend on it at rounding level; for one cache and batch it is fixed,
+// so a verify pass and plain decode steps split the context identically.
 int split_tokens_for(const AttentionShape& shape, const KvCache& cache) {
   const int blocks_per_split = shape.num_requests * cache.num_kv_heads;
-  const int target_splits = std::max(1, (2 * num_sms() + blocks_per_split - 1) / blocks_per_split);
+  const int target_blocks = detail::attention_tuning().ctas_per_sm * num_sms();
+  const int target_splits = std::max(1, (target_blocks + blocks_per_split - 1) / blocks_per_split);
   const int tokens = (cache.capacity_tokens + target_splits - 1) / target_splits;
   return std::max(kTileTokens, (tokens + kTileTokens - 1) / kTileTokens * kTileTokens);
 }
@@ -366,25 +389,38 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
 
   const dim3 grid(p.num_splits, cache.num_kv_heads, shape.num_requests);
   const int row_tiles = (p.rows + 15) / 16;
+  const size_t merge_bytes = static_cast<size_t>(row_tiles) * 4 * 16 * (kHeadDim * 4 + 8);
+  const size_t smem = std::max(kSplitSmemBytes, merge_bytes);
   static const bool configured = [] {  // > 48 KB of dynamic shared memory needs an opt-in
-    for (auto kernel :
-         {attention_split_kernel<4>, attention_split_kernel<2>, attention_split_kernel<1>})
-      TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kSplitSmemBytes)));
+    for (auto kernel : {attention_split_kernel<1>, attention_split_kernel<2>,
+                        attention_split_kernel<3>, attention_split_kernel<4>})
+      TS_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
-  auto run = [&](void (*kernel)(SplitParams)) {
-    detail::launch(kernel, grid, dim3(kSplitThreads), kSplitSmemBytes, stream, pdl, p);
+  const detail::AttentionTuning& tuning = detail::attention_tuning();
+  auto run = [&](void (*kernel)(SplitParams), int tiles) {
+    detail::launch(kernel, grid, dim3(kSplitThreads * tiles), smem, stream, pdl, p);
   };
-  if (row_tiles == 1)
-    run(attention_split_kernel<4>);
-  else if (row_tiles == 2)
-    run(attention_split_kernel<2>);
-  else
-    run(attention_split_kernel<1>);
-  detail::launch(attention_combine_kernel, dim3(p.rows, cache.num_kv_heads, shape.num_requests),
-                 dim3(kHeadDim), 0, stream, pdl, p, out);
+  if (tuning.launch_split) {
+    switch (row_tiles) {
+      case 1: run(attention_split_kernel<1>, 1); break;
+      case 2: run(attention_split_kernel<2>, 2); break;
+      case 3: run(attention_split_kernel<3>, 3); break;
+      default: run(attention_split_kernel<4>, 4); break;
+    }
+  }
+  if (tuning.launch_combine)
+    detail::launch(attention_combine_kernel, dim3(p.rows, cache.num_kv_heads, shape.num_requests),
+                   dim3(kHeadDim), 0, stream, pdl, p, out, detail::kernel_tuning().early_trigger);
 }
+
+namespace detail {
+AttentionTuning& attention_tuning() {
+  static AttentionTuning tuning;
+  return tuning;
+}
+}  // namespace detail
 
 }  // namespace twinstep::kernels

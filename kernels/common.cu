@@ -2,6 +2,7 @@
 #include <string>
 
 #include "kernels/common.h"
+#include "kernels/tuning.h"
 
 namespace twinstep::kernels {
 
@@ -13,5 +14,12 @@ void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int l
 void throw_invalid_argument(const char* launcher, const std::string& message) {
   throw std::invalid_argument(std::string("twinstep::kernels::") + launcher + ": " + message);
 }
+
+namespace detail {
+KernelTuning& kernel_tuning() {
+  static KernelTuning tuning;
+  return tuning;
+}
+}  // namespace detail
 
 }  // namespace twinstep::kernels

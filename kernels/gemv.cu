@@ -24,7 +24,26 @@ void check_shape(const char* launcher, const void* w, const void* x, const void*
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// launchers (the kernel is in gemv_kernel.cuh, shared with lm_head.cu)
+// launchers (the kernel is in gemv_kernel.cuh, shared with lm_head.cu and moe.cu)
+
+namespace detail {
+
+GemvTuning& gemv_tuning() {
+  static GemvTuning tuning;
+  return tuning;
+}
+
+int num_sms() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    TS_CUDA_CHECK(cudaGetDevice(&device));
+    TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+  }();
+  return count;
+}
+
+}  // namespace detail
 
 void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStream_t stream,
           bool pdl) {

@@ -1,12 +1,14 @@
-// The skinny-GEMM kernel behind gemv.h and lm_head.h (nvcc only).
+// The skinny-GEMM kernel behind gemv.h, lm_head.h and moe.h (nvcc only).
 //
-// Tile = 16 weight rows (one m16 tensor-core tile), worked on by the 8 warps of a block.
-// The 8 warps split K into 8 contiguous ranges of 32-element chunks and reduce through shared
-// memory in warp order; the split depends on k alone, never on m, so row results do not depend
-// on m. Each lane loads 16 contiguous bytes of weight row (lane/4) and (lane/4 + 8) per chunk and
-// the same 16 bytes of activation row (lane/4): the reduction over k is order-free inside an
-// mma, so A and B fragments may use one shared permutation of k, which turns every fragment into
-// a single 16-byte load (no shared-memory staging, no shuffles).
+// Roles: one producer warp streams weight rows (and the m activation rows) into a ring of
+// shared-memory stages with bulk copies (cp.async.bulk, completing on mbarriers); four consumer
+// warps each own one tile of 16 weight rows per pass and run mma.m16n8k16 with the weights as
+// the B operand (two n8 units per tile) and the activations as the A operand (m <= 16 rows), so
+// the tensor-core work per weight byte is the same for any m. The stage ring decouples the bytes
+// in flight from registers: ~100 KB per block, all issued before the PDL dependency wait.
+//
+// Determinism: each output is accumulated by one warp over k in order (stage by stage, 32-element
+// chunk by chunk), so row results depend on k only, never on m, the grid or the pass layout.
 #pragma once
 
 #include <algorithm>
@@ -14,21 +16,39 @@
 
 #include "kernels/device.cuh"
 #include "kernels/philox.h"
+#include "kernels/tuning.h"
 
 namespace twinstep::kernels::detail {
 
-constexpr int kGemvWarps = 8;
-constexpr int kGemvThreads = kGemvWarps * 32;
-constexpr int kGemvRowsPerBlock = 16;
+constexpr int kGemvRowsPerBlock = 16;  // weight rows of one tile (lm_head partial granularity)
+constexpr int kGemvConsumerWarps = 4;  // tiles per pass
+constexpr int kGemvThreads = (kGemvConsumerWarps + 1) * 32;
+constexpr int kGemvMaxStages = 8;
+constexpr int kGemvMaxKc = 256;  // k elements per stage (<= 8 chunks of 32)
 
-enum class GemvEpilogue { kStore, kSwiglu, kLogits };
+enum class GemvEpilogue { kStore, kSwiglu, kLogits, kStoreF32, kMoeGateUp, kMoeDown };
 
 struct LogitPartial {
   float max_logit;
   int argmax;
-  float sum_exp;  // sum over the block of exp(logit - max_logit)
+  float sum_exp;  // sum over the tile of exp(logit - max_logit)
   float sample_score;
   int sample_index;
+};
+
+// Grouped mode (MoE): entries = the experts any token selected (expert_list[0 .. *expert_count)),
+// then the shared expert if shared_w != null. Each entry is n / out_cols tiles (shared: shared_n).
+struct GemvGroup {
+  const int* expert_list = nullptr;  // device, ascending expert ids
+  const int* expert_count = nullptr;
+  const int8_t* slot_of = nullptr;  // [m][num_experts]: slot of expert e in token t's top-k, or -1
+  size_t expert_stride = 0;         // elements between consecutive experts' weight matrices
+  const bf16* shared_w = nullptr;
+  int shared_n = 0, shared_k = 0;  // gate_up: (shared inter, hidden); down: (hidden, shared inter)
+  int num_experts = 0, top_k = 0;
+  bf16* act = nullptr;         // [m][top_k][inter]: gate_up output, down input
+  bf16* act_shared = nullptr;  // [m][shared inter]
+  float* y = nullptr;          // [m][top_k + 1][hidden] fp32: down output (slot top_k = shared)
 };
 
 struct GemvParams {
@@ -36,12 +56,365 @@ struct GemvParams {
   const bf16* x;
   int m, n, k;  // n = output columns (= gate rows for SwiGLU)
   bf16* out;
+  float* out_f32;          // kStoreF32
   float* logits;           // kLogits, optional
-  LogitPartial* partials;  // kLogits: [m][gridDim.x]
+  LogitPartial* partials;  // kLogits: [m][n / 16]
   float inv_temperature;   // kLogits: 0 = no sampling
   uint64_t seed;
   const uint64_t* step;
+  GemvGroup group;
+  // Layout chosen by the launcher.
+  int kc;          // k elements per stage, multiple of 64, <= kGemvMaxKc
+  int stages;      // ring depth, <= kGemvMaxStages
+  int x_rows;      // 8 or 16 activation rows reserved per stage
+  int stage_rows;  // x_rows + weight rows per pass (<= 64)
+  int fill;        // GemvTuning::fill (0 or 1)
 };
+
+template <GemvEpilogue kEpilogue>
+__device__ __forceinline__ constexpr int out_cols_per_tile() {
+  return (kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kMoeGateUp) ? 8 : 16;
+}
+
+// One pass: consecutive tiles [tile_begin, tile_end) of one entry (dense mode: entry 0).
+struct GemvPass {
+  int tile_begin, tile_end;
+  int entry, entry_begin;  // entry index and its first tile
+  int k;                   // reduction length of this entry
+};
+
+template <GemvEpilogue kEpilogue>
+struct GemvWork {
+  static constexpr bool kGrouped =
+      kEpilogue == GemvEpilogue::kMoeGateUp || kEpilogue == GemvEpilogue::kMoeDown;
+  const GemvParams& p;
+  int count = 0;        // grouped: selected experts
+  int tiles_per = 0;    // tiles per expert entry
+  int total = 0;        // tiles in all
+
+  __device__ explicit GemvWork(const GemvParams& params) : p(params) {
+    constexpr int cols = out_cols_per_tile<kEpilogue>();
+    tiles_per = p.n / cols;
+    if constexpr (kGrouped) {
+      count = *p.group.expert_count;
+      const int shared_tiles =
+          p.group.shared_w == nullptr
+              ? 0
+              : (kEpilogue == GemvEpilogue::kMoeGateUp ? p.group.shared_n / cols : tiles_per);
+      total = count * tiles_per + shared_tiles;
+    } else {
+      total = tiles_per;
+    }
+  }
+  __device__ GemvPass pass(int tile, int end) const {
+    GemvPass ps;
+    ps.tile_begin = tile;
+    if constexpr (kGrouped) {
+      ps.entry = min(tile / tiles_per, count);
+      ps.entry_begin = ps.entry * tiles_per;
+      const int entry_end = ps.entry < count ? ps.entry_begin + tiles_per : total;
+      ps.tile_end = min(min(end, tile + kGemvConsumerWarps), entry_end);
+      ps.k = (kEpilogue == GemvEpilogue::kMoeDown && ps.entry == count) ? p.group.shared_k : p.k;
+    } else {
+      ps.entry = 0;
+      ps.entry_begin = 0;
+      ps.tile_end = min(end, tile + kGemvConsumerWarps);
+      ps.k = p.k;
+    }
+    return ps;
+  }
+  __device__ bool is_shared(const GemvPass& ps) const { return kGrouped && ps.entry == count; }
+  __device__ int expert(const GemvPass& ps) const {
+    return is_shared(ps) ? -1 : p.group.expert_list[ps.entry];
+  }
+  // Weight row r (0..15) of tile `tile`.
+  __device__ const bf16* weight_row(const GemvPass& ps, int tile, int r) const {
+    if constexpr (kEpilogue == GemvEpilogue::kSwiglu) {
+      const int row = r < 8 ? tile * 8 + r : p.n + tile * 8 + r - 8;
+      return p.w + static_cast<size_t>(row) * p.k;
+    } else if constexpr (kEpilogue == GemvEpilogue::kMoeGateUp) {
+      const int lt = tile - ps.entry_begin;
+      const bool sh = is_shared(ps);
+      const bf16* base = sh ? p.group.shared_w : p.w + p.group.expert_stride * expert(ps);
+      const int n = sh ? p.group.shared_n : p.n;
+      const int row = r < 8 ? lt * 8 + r : n + lt * 8 + r - 8;
+      return base + static_cast<size_t>(row) * ps.k;
+    } else if constexpr (kEpilogue == GemvEpilogue::kMoeDown) {
+      const bf16* base =
+          is_shared(ps) ? p.group.shared_w : p.w + p.group.expert_stride * expert(ps);
+      return base + static_cast<size_t>((tile - ps.entry_begin) * 16 + r) * ps.k;
+    } else {
+      return p.w + static_cast<size_t>(tile * 16 + r) * p.k;
+    }
+  }
+  // Activation row of token t (rows of tokens that did not pick this expert are computed and
+  // dropped by the epilogue).
+  __device__ const bf16* x_row(const GemvPass& ps, int t) const {
+    if constexpr (kEpilogue == GemvEpilogue::kMoeDown) {
+      if (is_shared(ps)) return p.group.act_shared + static_cast<size_t>(t) * ps.k;
+      const int slot = max(0, static_cast<int>(p.group.slot_of[t * p.group.num_experts +
+                                                               expert(ps)]));
+      return p.group.act + (static_cast<size_t>(t) * p.group.top_k + slot) * ps.k;
+    } else {
+      return p.x + static_cast<size_t>(t) * ps.k;
+    }
+  }
+};
+
+template <bool kM16, GemvEpilogue kEpilogue>
+__global__ void __launch_bounds__(kGemvThreads, 2) gemv_kernel(const GemvParams p) {
+  extern __shared__ __align__(128) unsigned char gemv_smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(gemv_smem);
+  uint64_t* empty = full + kGemvMaxStages;
+  unsigned char* ring = gemv_smem + 128;
+  const int stride = p.kc * 2 + 16;  // 16-byte pad per row: ldmatrix rows hit distinct banks
+  const int stage_bytes = p.stage_rows * stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr bool kGrouped = GemvWork<kEpilogue>::kGrouped;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) {
+      mbar_init(&full[s], p.fill == 0 ? 1 : 32);
+      mbar_init(&empty[s], kGemvConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if constexpr (kGrouped) pdl_wait_and_trigger();  // the expert list comes from the router
+
+  const GemvWork<kEpilogue> work(p);
+  const int begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * work.total / gridDim.x);
+  const int end = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * work.total / gridDim.x);
+
+  if (warp == kGemvConsumerWarps) {
+    // ---- producer warp ----
+    bool waited = kGrouped;
+    int pending_k0[kGemvMaxStages];
+    int pending_bytes[kGemvMaxStages];
+    GemvPass pending_pass[kGemvMaxStages];
+    // fill 0: bulk copies completing transaction bytes; fill 1: each lane copies 16 bytes of
+    // every row (a row of kc <= 256 elements is one instruction per lane) and arrives on the
+    // stage barrier once its copies have landed.
+    auto copy_row = [&](unsigned char* dst, const bf16* src, int bytes, int s) {
+      if (p.fill == 0) {
+        bulk_copy_g2s(dst, src, bytes, &full[s]);
+      } else {
+        for (int u = 0; u < bytes / 16; u += 32)
+          if (u + lane < bytes / 16) cp_async_16(dst + (u + lane) * 16, src + (u + lane) * 8, 16);
+      }
+    };
+    auto issue_x = [&](const GemvPass& ps, int s, int k0, int bytes) {
+      unsigned char* dst = ring + s * stage_bytes;
+      if (p.fill == 0) {
+        for (int t = lane; t < p.m; t += 32)
+          bulk_copy_g2s(dst + t * stride, work.x_row(ps, t) + k0, bytes, &full[s]);
+      } else {
+        for (int t = 0; t < p.m; ++t) copy_row(dst + t * stride, work.x_row(ps, t) + k0, bytes, s);
+        cp_async_mbar_arrive(&full[s]);
+      }
+    };
+    int it = 0;
+    for (int tile = begin; tile < end;) {
+      const GemvPass ps = work.pass(tile, end);
+      const int rows = (ps.tile_end - ps.tile_begin) * 16;
+      for (int k0 = 0; k0 < ps.k; k0 += p.kc, ++it) {
+        const int s = it % p.stages;
+        if (!waited && it >= p.stages) {  // ring full of weights: now the activations
+          pdl_wait_and_trigger();
+          for (int j = 0; j < p.stages; ++j)
+            issue_x(pending_pass[j], j, pending_k0[j], pending_bytes[j]);
+          waited = true;
+        }
+        if (it >= p.stages) mbar_wait(&empty[s], ((it / p.stages) - 1) & 1);
+        const int bytes = min(p.kc, ps.k - k0) * 2;
+        if (p.fill == 0) {
+          if (lane == 0) mbar_arrive_expect_tx(&full[s], (rows + p.m) * bytes);
+          __syncwarp();
+        }
+        unsigned char* dst = ring + s * stage_bytes + p.x_rows * stride;
+        if (p.fill == 0) {
+          for (int r = lane; r < rows; r += 32)
+            copy_row(dst + r * stride, work.weight_row(ps, ps.tile_begin + r / 16, r % 16) + k0,
+                     bytes, s);
+        } else {
+          for (int r = 0; r < rows; ++r)
+            copy_row(dst + r * stride, work.weight_row(ps, ps.tile_begin + r / 16, r % 16) + k0,
+                     bytes, s);
+        }
+        if (waited) {
+          issue_x(ps, s, k0, bytes);
+        } else {
+          pending_pass[s] = ps;
+          pending_k0[s] = k0;
+          pending_bytes[s] = bytes;
+        }
+      }
+      tile = ps.tile_end;
+    }
+    if (!waited) {
+      pdl_wait_and_trigger();
+      for (int j = 0; j < min(it, p.stages); ++j)
+        issue_x(pending_pass[j], j, pending_k0[j], pending_bytes[j]);
+    }
+    if (p.fill != 0) cp_async_wait<0>();  // keep the warp until its copies have landed
+    return;
+  }
+
+  // ---- consumer warps ----
+  if constexpr (!kGrouped) pdl_wait_and_trigger();
+  const int gid = lane / 4, tq = lane % 4;
+  const uint32_t ring_addr = smem_addr(ring);
+  const uint32_t lane_off = (lane % 8) * stride + (lane / 8) * 16;
+  int it = 0;
+  for (int tile = begin; tile < end;) {
+    const GemvPass ps = work.pass(tile, end);
+    const int my_tile = ps.tile_begin + warp;
+    const bool active = my_tile < ps.tile_end;
+    float acc[2][4] = {};
+    for (int k0 = 0; k0 < ps.k; k0 += p.kc, ++it) {
+      const int s = it % p.stages;
+      mbar_wait(&full[s], (it / p.stages) & 1);
+      if (active) {
+        const int chunks = min(p.kc, ps.k - k0) / 32;
+        const uint32_t st = ring_addr + s * stage_bytes + lane_off;
+        const uint32_t wt = st + (p.x_rows + warp * 16) * stride;
+#pragma unroll
+        for (int c = 0; c < kGemvMaxKc / 32; ++c) {
+          if (c < chunks) {
+            uint32_t xl[4], xh[4] = {0, 0, 0, 0}, w0[4], w1[4];
+            ldmatrix_x4(xl, st + c * 64);
+            if constexpr (kM16) ldmatrix_x4(xh, st + 8 * stride + c * 64);
+            ldmatrix_x4(w0, wt + c * 64);
+            ldmatrix_x4(w1, wt + 8 * stride + c * 64);
+            mma_16816(acc[0], xl[0], xh[0], xl[1], xh[1], w0[0], w0[1]);
+            mma_16816(acc[1], xl[0], xh[0], xl[1], xh[1], w1[0], w1[1]);
+            mma_16816(acc[0], xl[2], xh[2], xl[3], xh[3], w0[2], w0[3]);
+            mma_16816(acc[1], xl[2], xh[2], xl[3], xh[3], w1[2], w1[3]);
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
+    tile = ps.tile_end;
+    if (!active) continue;
+
+    // Epilogue. acc[u][2h + j] = output row (token) gid + 8h, weight row u * 8 + tq * 2 + j.
+    if constexpr (kEpilogue == GemvEpilogue::kLogits) {
+      const int tiles = p.n / 16;
+#pragma unroll
+      for (int h = 0; h < (kM16 ? 2 : 1); ++h) {
+        const int mm = gid + 8 * h;
+        float best = -INFINITY, score = -INFINITY;
+        int best_index = 0x7fffffff, score_index = 0x7fffffff;
+        const uint64_t step = (p.step != nullptr && p.inv_temperature > 0.0f) ? *p.step : 0;
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float v = acc[u][2 * h + j];
+            const int col = my_tile * 16 + u * 8 + tq * 2 + j;
+            if (v > best) {  // columns ascend within a lane: ties keep the lower index
+              best = v;
+              best_index = col;
+            }
+            if (p.inv_temperature > 0.0f) {
+              const float sc = v * p.inv_temperature + gumbel_noise(p.seed, step, mm, col);
+              if (sc > score) {
+                score = sc;
+                score_index = col;
+              }
+            }
+          }
+        if (p.logits != nullptr && mm < p.m) {
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+            *reinterpret_cast<float2*>(p.logits + static_cast<size_t>(mm) * p.n + my_tile * 16 +
+                                       u * 8 + tq * 2) =
+                make_float2(acc[u][2 * h], acc[u][2 * h + 1]);
+        }
+#pragma unroll
+        for (int offset = 1; offset <= 2; offset *= 2) {
+          const float ob = __shfl_xor_sync(0xffffffffu, best, offset);
+          const int oi = __shfl_xor_sync(0xffffffffu, best_index, offset);
+          if (ob > best || (ob == best && oi < best_index)) {
+            best = ob;
+            best_index = oi;
+          }
+          const float os = __shfl_xor_sync(0xffffffffu, score, offset);
+          const int osi = __shfl_xor_sync(0xffffffffu, score_index, offset);
+          if (os > score || (os == score && osi < score_index)) {
+            score = os;
+            score_index = osi;
+          }
+        }
+        float e = (__expf(acc[0][2 * h] - best) + __expf(acc[0][2 * h + 1] - best)) +
+                  (__expf(acc[1][2 * h] - best) + __expf(acc[1][2 * h + 1] - best));
+        e += __shfl_xor_sync(0xffffffffu, e, 1);
+        e += __shfl_xor_sync(0xffffffffu, e, 2);
+        if (tq == 0 && mm < p.m)
+          p.partials[static_cast<size_t>(mm) * tiles + my_tile] =
+              LogitPartial{best, best_index, e, score, score_index};
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < (kM16 ? 2 : 1); ++h) {
+        const int mm = gid + 8 * h;
+        if (mm >= p.m) continue;
+        if constexpr (kEpilogue == GemvEpilogue::kStore) {
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+            *reinterpret_cast<uint32_t*>(p.out + static_cast<size_t>(mm) * p.n + my_tile * 16 +
+                                         u * 8 + tq * 2) =
+                pack_bf16x2(acc[u][2 * h], acc[u][2 * h + 1]);
+        } else if constexpr (kEpilogue == GemvEpilogue::kStoreF32) {
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+            *reinterpret_cast<float2*>(p.out_f32 + static_cast<size_t>(mm) * p.n + my_tile * 16 +
+                                       u * 8 + tq * 2) =
+                make_float2(acc[u][2 * h], acc[u][2 * h + 1]);
+        } else if constexpr (kEpilogue == GemvEpilogue::kSwiglu ||
+                             kEpilogue == GemvEpilogue::kMoeGateUp) {
+          float v[2];
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float g = acc[0][2 * h + j], u = acc[1][2 * h + j];
+            v[j] = g / (1.0f + __expf(-g)) * u;
+          }
+          bf16* dst;
+          if constexpr (kEpilogue == GemvEpilogue::kSwiglu) {
+            dst = p.out + static_cast<size_t>(mm) * p.n;
+          } else if (work.is_shared(ps)) {
+            dst = p.group.act_shared + static_cast<size_t>(mm) * p.group.shared_n;
+          } else {
+            const int slot = p.group.slot_of[mm * p.group.num_experts + work.expert(ps)];
+            if (slot < 0) continue;
+            dst = p.group.act + (static_cast<size_t>(mm) * p.group.top_k + slot) * p.n;
+          }
+          *reinterpret_cast<uint32_t*>(dst + (my_tile - ps.entry_begin) * 8 + tq * 2) =
+              pack_bf16x2(v[0], v[1]);
+        } else {  // kMoeDown
+          int slot = p.group.top_k;
+          if (!work.is_shared(ps)) {
+            slot = p.group.slot_of[mm * p.group.num_experts + work.expert(ps)];
+            if (slot < 0) continue;
+          }
+          float* dst = p.group.y + (static_cast<size_t>(mm) * (p.group.top_k + 1) + slot) * p.n +
+                       (my_tile - ps.entry_begin) * 16 + tq * 2;
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+            *reinterpret_cast<float2*>(dst + u * 8) = make_float2(acc[u][2 * h], acc[u][2 * h + 1]);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The register-pipelined kernel of commit 70e44e1 (GemvTuning::fill == 2), kept as the baseline
+// the benchmark compares the stage ring against: 8 warps split K, weights in registers.
+constexpr int kRegWarps = 8;
+constexpr int kRegThreads = kRegWarps * 32;
 
 // Persistent grid: block b handles row tiles b, b + gridDim.x, ... Each warp streams its K range
 // of every tile through a two-deep register pipeline (the next batch of weight loads is in
@@ -49,18 +422,18 @@ struct GemvParams {
 // A tile is 16 weight rows; for SwiGLU it is 8 gate rows (fragment rows 0-7) and the matching 8
 // up rows (fragment rows 8-15), so gate and up of one output meet in one thread.
 template <int kNTiles, GemvEpilogue kEpilogue>
-__global__ void __launch_bounds__(kGemvThreads, 2) gemv_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(kRegThreads, 2) gemv_regpipe_kernel(const GemvParams p) {
   constexpr int kBatch = 4;  // 32-element chunks per pipeline stage
   constexpr bool kSwiglu = kEpilogue == GemvEpilogue::kSwiglu;
   constexpr int kOutCols = kSwiglu ? 8 : 16;  // output columns per tile
-  __shared__ float partial[kGemvWarps][kNTiles][4][32];
+  __shared__ float partial[kRegWarps][kNTiles][4][32];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
   const int tiles = p.n / kOutCols;
   const int chunks = p.k / 32;
-  const int chunk_begin = warp * chunks / kGemvWarps;
-  const int chunk_end = (warp + 1) * chunks / kGemvWarps;
+  const int chunk_begin = warp * chunks / kRegWarps;
+  const int chunk_end = (warp + 1) * chunks / kRegWarps;
 
   // Fragment row h (0: rows 0-7, 1: rows 8-15) of a tile -> weight row.
   auto weight_row = [&](int tile, int h) -> const bf16* {
@@ -147,7 +520,7 @@ __global__ void __launch_bounds__(kGemvThreads, 2) gemv_kernel(const GemvParams 
       const int src_lane = (r % 8) * 4 + (m % 8) / 2, src_reg = (r / 8) * 2 + (m % 2);
       float sum = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kGemvWarps; ++w) sum += partial[w][(m / 8) % kNTiles][src_reg][src_lane];
+      for (int w = 0; w < kRegWarps; ++w) sum += partial[w][(m / 8) % kNTiles][src_reg][src_lane];
       return sum;
     };
     // One thread per (activation row m, output column i); a half-warp (or 8 lanes) shares m.
@@ -200,11 +573,11 @@ __global__ void __launch_bounds__(kGemvThreads, 2) gemv_kernel(const GemvParams 
 }
 
 template <int kNTiles, GemvEpilogue kEpilogue>
-int gemv_resident_blocks() {
+int regpipe_resident_blocks() {
   static const int blocks = [] {
     int per_sm = 0, device = 0, sms = 0;
     TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, gemv_kernel<kNTiles, kEpilogue>, kGemvThreads, 0));
+        &per_sm, gemv_regpipe_kernel<kNTiles, kEpilogue>, kRegThreads, 0));
     TS_CUDA_CHECK(cudaGetDevice(&device));
     TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     return per_sm * sms;
@@ -214,14 +587,53 @@ int gemv_resident_blocks() {
 
 // Launches gemv_kernel with the activation-tile count that m needs, one resident wave at most.
 template <GemvEpilogue kEpilogue>
-void launch_gemv(const GemvParams& p, cudaStream_t stream, bool pdl) {
+void launch_gemv_regpipe(const GemvParams& p, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
   if (p.m <= 8)
-    launch(gemv_kernel<1, kEpilogue>, dim3(std::min(tiles, gemv_resident_blocks<1, kEpilogue>())),
-           dim3(kGemvThreads), 0, stream, pdl, p);
+    launch(gemv_regpipe_kernel<1, kEpilogue>, dim3(std::min(tiles, regpipe_resident_blocks<1, kEpilogue>())),
+           dim3(kRegThreads), 0, stream, pdl, p);
   else
-    launch(gemv_kernel<2, kEpilogue>, dim3(std::min(tiles, gemv_resident_blocks<2, kEpilogue>())),
-           dim3(kGemvThreads), 0, stream, pdl, p);
+    launch(gemv_regpipe_kernel<2, kEpilogue>, dim3(std::min(tiles, regpipe_resident_blocks<2, kEpilogue>())),
+           dim3(kRegThreads), 0, stream, pdl, p);
+}
+
+
+int num_sms();
+
+// Launches gemv_kernel: one block per SM (at most one per tile; grouped mode: one per SM, the
+// tile count is on the device), a stage ring sized from gemv_tuning().
+template <GemvEpilogue kEpilogue>
+void launch_gemv(GemvParams p, cudaStream_t stream, bool pdl) {
+  const GemvTuning& tuning = gemv_tuning();
+  constexpr bool kGrouped = GemvWork<kEpilogue>::kGrouped;
+  if constexpr (kEpilogue == GemvEpilogue::kStore || kEpilogue == GemvEpilogue::kSwiglu ||
+                kEpilogue == GemvEpilogue::kLogits) {
+    if (tuning.fill == 2) return launch_gemv_regpipe<kEpilogue>(p, stream, pdl);
+  }
+  const int cols = (kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kMoeGateUp)
+                       ? 8
+                       : 16;
+  const int sms = num_sms();
+  const int tiles = p.n / cols;
+  const int grid = kGrouped ? sms : std::min(tiles, sms);
+  const int per_block =
+      kGrouped ? kGemvConsumerWarps : std::min(kGemvConsumerWarps, (tiles + grid - 1) / grid);
+  p.kc = tuning.kc;
+  p.fill = tuning.fill == 0 ? 0 : 1;
+  p.x_rows = p.m > 8 ? 16 : 8;
+  p.stage_rows = p.x_rows + per_block * 16;
+  const int stage_bytes = p.stage_rows * (p.kc * 2 + 16);
+  p.stages = std::clamp(tuning.smem_budget_bytes / stage_bytes, 2, kGemvMaxStages);
+  const int smem = 128 + p.stages * stage_bytes;
+  static const bool configured = [] {  // > 48 KB of dynamic shared memory needs an opt-in
+    for (auto kernel : {gemv_kernel<false, kEpilogue>, gemv_kernel<true, kEpilogue>})
+      TS_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    return true;
+  }();
+  (void)configured;
+  launch(p.m > 8 ? gemv_kernel<true, kEpilogue> : gemv_kernel<false, kEpilogue>, dim3(grid),
+         dim3(kGemvThreads), smem, stream, pdl, p);
 }
 
 }  // namespace twinstep::kernels::detail

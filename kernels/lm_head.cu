@@ -10,6 +10,15 @@ namespace twinstep::kernels {
 namespace {
 
 constexpr int kFinalizeThreads = 256;
+constexpr int kTopkThreads = 1024;
+constexpr int kMaxTopk = 16;
+
+size_t partials_bytes(int m, int vocab) {
+  return (static_cast<size_t>(m) * (vocab / detail::kGemvRowsPerBlock) *
+              sizeof(detail::LogitPartial) +
+          255) /
+         256 * 256;
+}
 
 struct Running {
   float max_logit;
@@ -40,7 +49,8 @@ __device__ Running merge(const Running& a, const Running& b) {
 // fixed tree), so the result is deterministic.
 __global__ void __launch_bounds__(kFinalizeThreads)
     lm_head_finalize_kernel(const detail::LogitPartial* partials, int num_blocks, bool sampling,
-                            int* argmax_token, float* top1_prob, int* sampled_token) {
+                            int* argmax_token, float* top1_prob, int* sampled_token,
+                            float2* row_stats) {
   __shared__ Running shared[kFinalizeThreads];
   detail::pdl_wait_and_trigger();
   const int m = blockIdx.x;
@@ -61,6 +71,98 @@ __global__ void __launch_bounds__(kFinalizeThreads)
     argmax_token[m] = total.argmax;
     top1_prob[m] = 1.0f / total.sum_exp;
     sampled_token[m] = sampling ? total.score_index : total.argmax;
+    if (row_stats != nullptr) row_stats[m] = make_float2(total.max_logit, total.sum_exp);
+  }
+}
+
+// A (value, token) candidate; better = larger value, then lower token.
+__device__ __forceinline__ bool better(float a, int ai, float b, int bi) {
+  return a > b || (a == b && ai < bi);
+}
+
+// Block = one row: each thread keeps a sorted top-16 of its strided logits in registers (its
+// tokens ascend, so ties keep the lower id), then topk rounds of a block argmax over the list
+// heads pop the winners in order. Probabilities use the row's (max, sum of exp) from finalize.
+__global__ void __launch_bounds__(kTopkThreads)
+    lm_head_topk_kernel(const float* logits, int vocab, int topk, const float2* row_stats,
+                        int* topk_tokens, float* topk_probs) {
+  __shared__ float warp_val[kTopkThreads / 32];
+  __shared__ int warp_idx[kTopkThreads / 32];
+  __shared__ int winner;
+  detail::pdl_wait_and_trigger();
+  const int m = blockIdx.x;
+  const float* row = logits + static_cast<size_t>(m) * vocab;
+  float val[kMaxTopk];
+  int idx[kMaxTopk];
+#pragma unroll
+  for (int j = 0; j < kMaxTopk; ++j) {
+    val[j] = -INFINITY;
+    idx[j] = 0x7fffffff;
+  }
+  for (int v = threadIdx.x; v < vocab; v += kTopkThreads) {
+    const float x = row[v];
+    if (better(x, v, val[kMaxTopk - 1], idx[kMaxTopk - 1])) {
+      val[kMaxTopk - 1] = x;
+      idx[kMaxTopk - 1] = v;
+#pragma unroll
+      for (int j = kMaxTopk - 1; j > 0; --j)
+        if (better(val[j], idx[j], val[j - 1], idx[j - 1])) {
+          const float tv = val[j];
+          val[j] = val[j - 1];
+          val[j - 1] = tv;
+          const int ti = idx[j];
+          idx[j] = idx[j - 1];
+          idx[j - 1] = ti;
+        }
+    }
+  }
+  const float2 stats = row_stats[m];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int round = 0; round < topk; ++round) {
+    float bv = val[0];
+    int bi = idx[0];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
+      if (better(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      warp_val[warp] = bv;
+      warp_idx[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      bv = warp_val[lane];
+      bi = warp_idx[lane];
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
+        if (better(ov, oi, bv, bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) {
+        winner = bi;
+        topk_tokens[m * topk + round] = bi;
+        topk_probs[m * topk + round] = __expf(bv - stats.x) / stats.y;
+      }
+    }
+    __syncthreads();
+    if (idx[0] == winner) {  // token ids are unique: exactly one thread pops its head
+#pragma unroll
+      for (int j = 0; j < kMaxTopk - 1; ++j) {
+        val[j] = val[j + 1];
+        idx[j] = idx[j + 1];
+      }
+      val[kMaxTopk - 1] = -INFINITY;
+      idx[kMaxTopk - 1] = 0x7fffffff;
+    }
   }
 }
 
@@ -69,9 +171,10 @@ __global__ void __launch_bounds__(kFinalizeThreads)
 // ---------------------------------------------------------------------------------------------
 // launchers
 
-size_t lm_head_workspace_bytes(int m, int vocab) {
-  return static_cast<size_t>(m) * (vocab / detail::kGemvRowsPerBlock) *
-         sizeof(detail::LogitPartial);
+size_t lm_head_workspace_bytes(int m, int vocab, int topk) {
+  size_t bytes = partials_bytes(m, vocab);
+  if (topk > 0) bytes += 256 + static_cast<size_t>(m) * vocab * sizeof(float);  // stats, logits
+  return bytes;
 }
 
 void lm_head(const bf16* w, const bf16* x, int m, int vocab, int k, const SamplingParams& sampling,
@@ -86,13 +189,24 @@ void lm_head(const bf16* w, const bf16* x, int m, int vocab, int k, const Sampli
   TS_REQUIRE(k > 0 && k % 64 == 0,
              "k = " + std::to_string(k) + " is not a positive multiple of 64");
   TS_REQUIRE(std::isfinite(sampling.temperature), "temperature is not finite");
+  TS_REQUIRE(out.topk >= 0 && out.topk <= kMaxTopk && out.topk <= vocab,
+             "topk = " + std::to_string(out.topk) + " outside [0, 16]");
+  TS_REQUIRE(out.topk == 0 || (out.topk_tokens != nullptr && out.topk_probs != nullptr),
+             "topk > 0 needs topk_tokens and topk_probs");
+  // Workspace: partials, then (top-k only) the row stats and the fp32 logits.
+  float2* row_stats = nullptr;
+  float* logits = out.logits;
+  if (out.topk > 0) {
+    row_stats = reinterpret_cast<float2*>(static_cast<char*>(workspace) + partials_bytes(m, vocab));
+    if (logits == nullptr) logits = reinterpret_cast<float*>(reinterpret_cast<char*>(row_stats) + 256);
+  }
   detail::GemvParams p = {};
   p.w = w;
   p.x = x;
   p.m = m;
   p.n = vocab;
   p.k = k;
-  p.logits = out.logits;
+  p.logits = logits;
   p.partials = static_cast<detail::LogitPartial*>(workspace);
   p.inv_temperature = sampling.temperature > 0.0f ? 1.0f / sampling.temperature : 0.0f;
   p.seed = sampling.seed;
@@ -101,7 +215,11 @@ void lm_head(const bf16* w, const bf16* x, int m, int vocab, int k, const Sampli
   detail::launch(lm_head_finalize_kernel, dim3(m), dim3(kFinalizeThreads), 0, stream, pdl,
                  static_cast<const detail::LogitPartial*>(p.partials),
                  vocab / detail::kGemvRowsPerBlock, sampling.temperature > 0.0f, out.argmax_token,
-                 out.top1_prob, out.sampled_token);
+                 out.top1_prob, out.sampled_token, row_stats);
+  if (out.topk > 0)
+    detail::launch(lm_head_topk_kernel, dim3(m), dim3(kTopkThreads), 0, stream, pdl,
+                   static_cast<const float*>(logits), vocab, out.topk,
+                   static_cast<const float2*>(row_stats), out.topk_tokens, out.topk_probs);
 }
 
 }  // namespace twinstep::kernels

@@ -27,10 +27,16 @@ struct LmHeadOutputs {
   float* top1_prob = nullptr;    // [m] device, softmax probability of the argmax (temperature 1)
   int* sampled_token = nullptr;  // [m] device, Gumbel-max sample (== argmax when greedy)
   float* logits = nullptr;       // [m][vocab] fp32 device, optional (nullptr: not written)
+  // Optional top-k (the draft's confidence): the topk largest logits of each row, descending (ties:
+  // lower token id first), and their softmax probabilities at temperature 1. topk in [0, 16].
+  int topk = 0;
+  int* topk_tokens = nullptr;  // [m][topk] device
+  float* topk_probs = nullptr;  // [m][topk] device
 };
 
-// Device scratch the caller owns, reused across calls on one stream.
-size_t lm_head_workspace_bytes(int m, int vocab);
+// Device scratch the caller owns, reused across calls on one stream. With topk > 0 it includes
+// room for the fp32 logits (used when LmHeadOutputs::logits is null).
+size_t lm_head_workspace_bytes(int m, int vocab, int topk = 0);
 
 void lm_head(const bf16* w, const bf16* x, int m, int vocab, int k, const SamplingParams& sampling,
              void* workspace, const LmHeadOutputs& out, cudaStream_t stream, bool pdl = false);

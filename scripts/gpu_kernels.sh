@@ -3,7 +3,8 @@
 #   scripts/gpu_kernels.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,tests,bench}.log and OUT_DIR/kernels.json (results/h200 format).
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags (e.g. SQLite paths), TWINSTEP_COMMIT the commit
-# to record when the tree has no .git, TWINSTEP_SANITIZE=1 also runs compute-sanitizer memcheck.
+# to record when the tree has no .git, TWINSTEP_SANITIZE=1 also runs compute-sanitizer memcheck
+# (TWINSTEP_SANITIZE_FILTER: its gtest filter), TWINSTEP_BENCH_ARGS extra bench flags.
 # If the whole project fails to configure (other folders mid-edit), kernels/ and tests/kernels/
 # are built alone through a generated wrapper project; the log says which.
 set -uo pipefail
@@ -12,6 +13,13 @@ mkdir -p "$out"
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
+# The device image lacks the SQLite headers the whole project needs: use an unpacked
+# libsqlite3-dev under .device-deps/root when one is there (for f in .device-deps/*.deb; do
+# dpkg -x $f .device-deps/root; done).
+deps="$root/.device-deps/root"
+if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
+  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.so | head -1)"
+fi
 
 if cmake -S "$root" -B "$build" "${cmake_args[@]}" ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1; then
   echo "configured the whole project"
@@ -46,19 +54,20 @@ cmake --build "$build" -j"$(nproc)" --target twinstep_kernels kernels_test twins
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
 
 tests=$(find "$build" -name kernels_test -type f -perm -u+x | head -1)
-"$tests" 2>&1 | tee "$out/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|Failure|error" | head -60
+timeout "${TWINSTEP_TEST_TIMEOUT:-180}" "$tests" 2>&1 | tee "$out/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[==========\]|Failure|error" | head -60
 test_status=${PIPESTATUS[0]}
 echo "kernels_test exit status: $test_status"
 
 if [ "${TWINSTEP_SANITIZE:-0}" = 1 ]; then
   timeout 240 compute-sanitizer --tool memcheck "$tests" \
-    --gtest_filter='*Attention*:*Rope*:*LmHead*:Shapes/GemvShapes.*/2' >"$out/sanitizer.log" 2>&1
+    --gtest_filter="${TWINSTEP_SANITIZE_FILTER:-*Attention*:*Rope*:*LmHead*:*Moe*:Shapes/GemvShapes.*/2}" \
+    >"$out/sanitizer.log" 2>&1
   echo "compute-sanitizer memcheck status: $?"
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/sanitizer.log" | tail -3
 fi
 
 bench=$(find "$build" -name twinstep_kernels_bench -type f -perm -u+x | head -1)
-(cd "$root" && "$bench" --out "$out/kernels.json" ${TWINSTEP_COMMIT:+--commit "$TWINSTEP_COMMIT"}) 2>&1 | tee "$out/bench.log"
+(cd "$root" && timeout "${TWINSTEP_BENCH_TIMEOUT:-360}" "$bench" --out "$out/kernels.json" ${TWINSTEP_COMMIT:+--commit "$TWINSTEP_COMMIT"} ${TWINSTEP_BENCH_ARGS:-}) 2>&1 | tee "$out/bench.log"
 bench_status=${PIPESTATUS[0]}
 echo "bench exit status: $bench_status, tests exit status: $test_status"
 [ "$test_status" = 0 ] && [ "$bench_status" = 0 ]

@@ -24,9 +24,11 @@
 #include "kernels/device.cuh"
 #include "kernels/gemv.h"
 #include "kernels/lm_head.h"
+#include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "kernels/tuning.h"
 
 using namespace twinstep::kernels;
 
@@ -121,6 +123,29 @@ double time_graph_us(const std::function<void(cudaStream_t)>& body, int replays 
   return times[times.size() / 2];
 }
 
+// Eager launches (no graph), each timed alone with events: what one isolated call costs.
+double time_single_us(const std::function<void(cudaStream_t, int)>& body, int count) {
+  cudaEvent_t start, stop;
+  TS_CUDA_CHECK(cudaEventCreate(&start));
+  TS_CUDA_CHECK(cudaEventCreate(&stop));
+  body(g_stream, 0);
+  TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+  std::vector<double> times;
+  for (int i = 0; i < count; ++i) {
+    TS_CUDA_CHECK(cudaEventRecord(start, g_stream));
+    body(g_stream, i);
+    TS_CUDA_CHECK(cudaEventRecord(stop, g_stream));
+    TS_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1e3);
+  }
+  TS_CUDA_CHECK(cudaEventDestroy(start));
+  TS_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 // One JSON row: keys carry units.
 struct Row {
   std::vector<std::pair<std::string, std::string>> fields;
@@ -198,7 +223,18 @@ struct Shape {
   bool swiglu;  // n = rows of the stacked gate/up weight
 };
 
-void bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<int>& ms) {
+// Variant label of the current gemv tuning, e.g. "kc256_smem100k".
+std::string gemv_variant() {
+  const auto& t = detail::gemv_tuning();
+  if (t.fill == 2) return "regpipe_70e44e1";
+  return std::string(t.fill == 0 ? "bulk" : "cpasync") + "_kc" + std::to_string(t.kc) + "_smem" +
+         std::to_string(t.smem_budget_bytes / 1024) + "k";
+}
+
+// Returns the sum over ms of the in-graph (PDL) cold time per launch.
+double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<int>& ms,
+                  bool full) {
+  double total_us = 0;
   const size_t w_elems = static_cast<size_t>(shape.n) * shape.k;
   const int copies =
       static_cast<int>(std::max<size_t>(2, (kColdBytes + w_elems * 2 - 1) / (w_elems * 2)));
@@ -220,70 +256,70 @@ void bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<int
     };
     double t[2][2];  // [cold][pdl]
     for (int cold = 0; cold < 2; ++cold)
-      for (int pdl = 0; pdl < 2; ++pdl)
+      for (int pdl = 0; pdl < 2; ++pdl) {
+        if (!full && cold == 0) {
+          t[cold][pdl] = 0;
+          continue;
+        }
         t[cold][pdl] = time_graph_us([&](cudaStream_t s) {
                          for (int i = 0; i < launches; ++i) ours(s, w[cold ? i % copies : 0], pdl);
                        }) /
                        launches;
+      }
+    const double t_single =
+        full ? time_single_us([&](cudaStream_t s, int i) { ours(s, w[i % copies], false); },
+                              std::max(copies, 8))
+             : 0;
     // cuBLAS: out^T[n][m] = W[n][k] . x^T, column-major view: C(n x m) = A^T(k x n)^T B(k x m).
     const float alpha = 1.0f, beta = 0.0f;
     const double t_cublas =
-        time_graph_us([&](cudaStream_t s) {
-          CUBLAS_CHECK(cublasSetStream(cublas, s));
-          for (int i = 0; i < launches; ++i)
-            CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, shape.n, m, shape.k, &alpha,
-                                      w[i % copies], CUDA_R_16BF, shape.k, x, CUDA_R_16BF, shape.k,
-                                      &beta, tmp, CUDA_R_16BF, shape.n, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
-        }) /
-        launches;
+        !full ? 0
+              : time_graph_us([&](cudaStream_t s) {
+                  CUBLAS_CHECK(cublasSetStream(cublas, s));
+                  for (int i = 0; i < launches; ++i)
+                    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, shape.n, m,
+                                              shape.k, &alpha, w[i % copies], CUDA_R_16BF, shape.k,
+                                              x, CUDA_R_16BF, shape.k, &beta, tmp, CUDA_R_16BF,
+                                              shape.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                }) / launches;
     Row row;
-    row.s("section", "gemv")
+    row.s("section", full ? "gemv" : "gemv_variant")
+        .s("variant", gemv_variant())
         .s("shape", shape.name)
         .n("m", m)
         .n("n", shape.n)
         .n("k", shape.k)
         .b("fused_swiglu", shape.swiglu)
         .b("cold", true)
-        .b("pdl", false)
+        .b("pdl", true)
+        .s("timing", "captured graph of back-to-back launches, cold weights rotated")
         .n("copies", copies);
-    row.n("time_pdl_us", t[1][1])
-        .n("tbps_pdl", bytes / (t[1][1] * 1e-6) / 1e12)
-        .n("warm_time_us", t[0][0])
-        .n("warm_tbps", bytes / (t[0][0] * 1e-6) / 1e12)
-        .n("cublas_time_us", t_cublas)
-        .n("cublas_tbps", bytes / (t_cublas * 1e-6) / 1e12);
-    add_row(row, bytes, t[1][0]);
+    row.n("time_no_pdl_us", t[1][0])
+        .n("tbps_no_pdl", bytes / (t[1][0] * 1e-6) / 1e12)
+        .n("pct_of_floor_no_pdl", 100.0 * bytes / (t[1][0] * 1e-6) / 1e12 / g_floor_tbps);
+    if (full)
+      row.n("single_launch_us", t_single)
+          .n("pct_of_floor_single", 100.0 * bytes / (t_single * 1e-6) / 1e12 / g_floor_tbps)
+          .n("warm_time_us", t[0][1])
+          .n("warm_tbps", bytes / (t[0][1] * 1e-6) / 1e12)
+          .n("cublas_time_us", t_cublas)
+          .n("cublas_tbps", bytes / (t_cublas * 1e-6) / 1e12)
+          .b("faster_than_cublas", t[1][1] < t_cublas);
+    add_row(row, bytes, t[1][1]);
+    total_us += t[1][1];
     std::printf(
-        "gemv %-8s m=%2d  cold %7.2f us %5.2f TB/s (%5.1f%% of floor)  pdl %7.2f us  warm %7.2f us "
-        " cuBLAS %7.2f us %5.2f TB/s\n",
-        shape.name, m, t[1][0], bytes / (t[1][0] * 1e-6) / 1e12,
-        100.0 * bytes / (t[1][0] * 1e-6) / 1e12 / g_floor_tbps, t[1][1], t[0][0], t_cublas,
-        bytes / (t_cublas * 1e-6) / 1e12);
-    if (shape.swiglu) {  // unfused baseline: plain gemv over 2n rows, then the swiglu kernel
-      const double t_unfused = time_graph_us([&](cudaStream_t s) {
-                                 for (int i = 0; i < launches; ++i) {
-                                   gemv(w[i % copies], x, tmp, m, shape.n, shape.k, s, false);
-                                   swiglu(tmp, out, m, shape.n / 2, s, false);
-                                 }
-                               }) /
-                               launches;
-      Row r2;
-      r2.s("section", "swiglu_unfused")
-          .s("shape", shape.name)
-          .n("m", m)
-          .n("n", shape.n)
-          .n("k", shape.k)
-          .b("cold", true)
-          .n("fused_time_us", t[1][0]);
-      add_row(r2, bytes, t_unfused);
-      std::printf("  unfused gemv + swiglu: %7.2f us (fused %7.2f us)\n", t_unfused, t[1][0]);
-    }
+        "gemv %-14s %-15s m=%2d  graph+pdl %7.2f us (%5.1f%%)  graph %7.2f us (%5.1f%%)  single "
+        "%7.2f us  warm %7.2f  cuBLAS %7.2f us (%5.1f%%)\n",
+        gemv_variant().c_str(), shape.name, m, t[1][1],
+        100.0 * bytes / (t[1][1] * 1e-6) / 1e12 / g_floor_tbps, t[1][0],
+        100.0 * bytes / (t[1][0] * 1e-6) / 1e12 / g_floor_tbps, t_single, t[0][1], t_cublas,
+        t_cublas > 0 ? 100.0 * bytes / (t_cublas * 1e-6) / 1e12 / g_floor_tbps : 0.0);
   }
   for (bf16* p : w) TS_CUDA_CHECK(cudaFree(p));
   TS_CUDA_CHECK(cudaFree(x));
   TS_CUDA_CHECK(cudaFree(out));
   TS_CUDA_CHECK(cudaFree(tmp));
+  return total_us;
 }
 
 void bench_lm_head() {
@@ -301,13 +337,25 @@ void bench_lm_head() {
   TS_CUDA_CHECK(cudaMalloc(&top1, 16 * sizeof(float)));
   TS_CUDA_CHECK(cudaMalloc(&step, sizeof(uint64_t)));
   TS_CUDA_CHECK(cudaMemset(step, 0, sizeof(uint64_t)));
+  int* topk_tokens = nullptr;
+  float* topk_probs = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&topk_tokens, 16 * 16 * sizeof(int)));
+  TS_CUDA_CHECK(cudaMalloc(&topk_probs, 16 * 16 * sizeof(float)));
+  TS_CUDA_CHECK(cudaFree(ws));
+  TS_CUDA_CHECK(cudaMalloc(&ws, lm_head_workspace_bytes(16, vocab, 16)));
   for (int m : {1, 6, 16}) {
-    for (float temperature : {0.0f, 1.0f}) {
+    for (float temperature : {0.0f, 1.0f, -1.0f}) {  // -1: greedy plus top-16 with probabilities
+      LmHeadOutputs outs{argmax, top1, sampled, nullptr};
+      if (temperature < 0) {
+        outs.topk = 16;
+        outs.topk_tokens = topk_tokens;
+        outs.topk_probs = topk_probs;
+      }
       const double us =
           time_graph_us([&](cudaStream_t s) {
             for (int i = 0; i < 8; ++i)
-              lm_head(w[i % 2], x, m, vocab, k, SamplingParams{temperature, 1234, step}, ws,
-                      LmHeadOutputs{argmax, top1, sampled, nullptr}, s, true);
+              lm_head(w[i % 2], x, m, vocab, k,
+                      SamplingParams{std::max(temperature, 0.0f), 1234, step}, ws, outs, s, true);
           }) /
           8;
       const double bytes = static_cast<double>(w_elems) * 2 + 2.0 * m * k;
@@ -318,11 +366,13 @@ void bench_lm_head() {
           .n("k", k)
           .b("cold", true)
           .b("pdl", true)
-          .n("temperature", temperature);
+          .n("temperature", std::max(temperature, 0.0f))
+          .n("topk", outs.topk);
       add_row(row, bytes, us);
-      std::printf("lm_head fused argmax/top1/sample m=%2d T=%.0f: %7.2f us %5.2f TB/s (%5.1f%%)\n",
-                  m, temperature, us, bytes / (us * 1e-6) / 1e12,
-                  100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
+      std::printf(
+          "lm_head fused argmax/top1/sample m=%2d T=%.0f topk=%2d: %7.2f us %5.2f TB/s (%5.1f%%)\n",
+          m, std::max(temperature, 0.0f), outs.topk, us, bytes / (us * 1e-6) / 1e12,
+          100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
     }
   }
   for (bf16* p : w) TS_CUDA_CHECK(cudaFree(p));
@@ -332,6 +382,8 @@ void bench_lm_head() {
   TS_CUDA_CHECK(cudaFree(sampled));
   TS_CUDA_CHECK(cudaFree(top1));
   TS_CUDA_CHECK(cudaFree(step));
+  TS_CUDA_CHECK(cudaFree(topk_tokens));
+  TS_CUDA_CHECK(cudaFree(topk_probs));
 }
 
 // Llama-3-8B attention shape: 32 q heads, 8 kv heads, 128 dims, context 8192.
@@ -363,54 +415,78 @@ void free_kv(KvSetup& kv) {
   TS_CUDA_CHECK(cudaFree(kv.ctx));
 }
 
-void bench_attention() {
+// Attention over 32 layers of KV (cold), q_len 1..16; per variant of the split count: the pair
+// of kernels with and without PDL, and each kernel alone (split only / combine only).
+void bench_attention(const std::vector<int>& ctas_per_sm_variants) {
   const int layers = 32, ctx = 8192, capacity = ctx + 16;
   KvSetup kv = make_kv(layers, ctx, capacity);
   bf16* q = alloc_bf16(16 * 32 * kHeadDim, 9, 1.0f);
   bf16* out = nullptr;
   TS_CUDA_CHECK(cudaMalloc(&out, 16 * 32 * kHeadDim * sizeof(bf16)));
-  for (int q_len : {1, 2, 6, 8, 16}) {
-    AttentionShape shape;
-    shape.q_len = q_len;
-    shape.num_q_heads = 32;
-    if ((32 / 8) * q_len > 64) continue;
-    void* ws = nullptr;
-    TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
-    const double bytes = 2.0 * (ctx + q_len) * 8 * kHeadDim * 2;
-    double t[2];
-    for (int pdl = 0; pdl < 2; ++pdl)
-      t[pdl] = time_graph_us([&](cudaStream_t s) {
-                 for (int l = 0; l < layers; ++l)
-                   decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, pdl);
-               }) /
-               layers;
-    Row row;
-    row.s("section", "attention")
-        .n("q_len", q_len)
-        .n("ctx_tokens", ctx)
-        .n("num_q_heads", 32)
-        .n("num_kv_heads", 8)
-        .n("head_dim", kHeadDim)
-        .b("cold", true)
-        .b("pdl", false)
-        .n("time_pdl_us", t[1])
-        .n("tbps_pdl", bytes / (t[1] * 1e-6) / 1e12);
-    add_row(row, bytes, t[0]);
-    std::printf(
-        "attention q_len=%2d ctx=%d: %7.2f us %5.2f TB/s (%5.1f%% of floor), pdl %7.2f us "
-        "(%5.1f%%)\n",
-        q_len, ctx, t[0], bytes / (t[0] * 1e-6) / 1e12,
-        100.0 * bytes / (t[0] * 1e-6) / 1e12 / g_floor_tbps, t[1],
-        100.0 * bytes / (t[1] * 1e-6) / 1e12 / g_floor_tbps);
-    TS_CUDA_CHECK(cudaFree(ws));
+  auto& tuning = detail::attention_tuning();
+  const int default_ctas = tuning.ctas_per_sm;
+  for (int ctas : ctas_per_sm_variants) {
+    tuning.ctas_per_sm = ctas;
+    const bool main_variant = ctas == default_ctas;
+    for (int q_len : {1, 6, 16}) {
+      if (!main_variant && q_len == 16) continue;
+      AttentionShape shape;
+      shape.q_len = q_len;
+      shape.num_q_heads = 32;
+      void* ws = nullptr;
+      TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
+      const double bytes = 2.0 * (ctx + q_len) * 8 * kHeadDim * 2;
+      auto timed = [&](bool pdl, bool split, bool combine) {
+        tuning.launch_split = split;
+        tuning.launch_combine = combine;
+        const double us = time_graph_us([&](cudaStream_t s) {
+                            for (int l = 0; l < layers; ++l)
+                              decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, pdl);
+                          }) /
+                          layers;
+        tuning.launch_split = tuning.launch_combine = true;
+        return us;
+      };
+      const double t_pdl = timed(true, true, true), t_plain = timed(false, true, true);
+      const double t_split = timed(false, true, false), t_combine = timed(false, false, true);
+      const double t_single = time_single_us(
+          [&](cudaStream_t s, int i) {
+            decode_attention(q, kv.cache, i % layers, kv.ctx, out, shape, ws, s, false);
+          },
+          16);
+      Row row;
+      row.s("section", main_variant ? "attention" : "attention_variant")
+          .n("ctas_per_sm", ctas)
+          .n("q_len", q_len)
+          .n("ctx_tokens", ctx)
+          .n("num_q_heads", 32)
+          .n("num_kv_heads", 8)
+          .n("head_dim", kHeadDim)
+          .b("cold", true)
+          .b("pdl", true)
+          .s("timing", "captured graph, 32 layers of KV back to back")
+          .n("time_no_pdl_us", t_plain)
+          .n("pct_of_floor_no_pdl", 100.0 * bytes / (t_plain * 1e-6) / 1e12 / g_floor_tbps)
+          .n("split_only_us", t_split)
+          .n("combine_only_us", t_combine)
+          .n("single_launch_us", t_single);
+      add_row(row, bytes, t_pdl);
+      std::printf(
+          "attention ctas/SM=%d q_len=%2d: graph+pdl %6.2f us (%5.1f%%)  graph %6.2f us (%5.1f%%)  "
+          "split alone %6.2f  combine alone %6.2f  single %6.2f us\n",
+          ctas, q_len, t_pdl, 100.0 * bytes / (t_pdl * 1e-6) / 1e12 / g_floor_tbps, t_plain,
+          100.0 * bytes / (t_plain * 1e-6) / 1e12 / g_floor_tbps, t_split, t_combine, t_single);
+      TS_CUDA_CHECK(cudaFree(ws));
+    }
   }
+  tuning.ctas_per_sm = default_ctas;
   TS_CUDA_CHECK(cudaFree(q));
   TS_CUDA_CHECK(cudaFree(out));
   free_kv(kv);
 }
 
 // One Llama-3-8B decode layer, 32 layers of distinct weights in one graph (cold, like a forward).
-void bench_layer_chain(int m) {
+void bench_layer_chain(int m, bool diagnose) {
   const int layers = 32, hidden = 4096, inter = 14336, ctx = 8192, capacity = ctx + 16;
   const int qkv_n = (32 + 2 * 8) * kHeadDim;  // 6144
   struct Layer {
@@ -439,16 +515,19 @@ void bench_layer_chain(int m) {
   void* ws = nullptr;
   TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
   const RopeTable rope = llama3_rope_table();
-  auto forward = [&](cudaStream_t s, bool pdl) {
+  // mask bit i: PDL on for the i-th launcher of the layer (norm1, qkv, rope, attention, o,
+  // norm2, gate_up, down).
+  auto forward = [&](cudaStream_t s, unsigned mask) {
+    auto on = [&](int i) { return ((mask >> i) & 1u) != 0; };
     for (int l = 0; l < layers; ++l) {
-      rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, pdl);
-      gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, pdl);
-      rope_kv_append(qkv, kv.ctx, kv.cache, l, q, 1, m, 32, rope, s, pdl);
-      decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, pdl);
-      gemv(w[l].o, attn, delta, m, hidden, hidden, s, pdl);
-      rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, pdl);
-      gemv_swiglu(w[l].gate_up, normed, act, m, inter, hidden, s, pdl);
-      gemv(w[l].down, act, delta, m, hidden, inter, s, pdl);
+      rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
+      gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
+      rope_kv_append(qkv, kv.ctx, kv.cache, l, q, 1, m, 32, rope, s, on(2));
+      decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, on(3));
+      gemv(w[l].o, attn, delta, m, hidden, hidden, s, on(4));
+      rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, on(5));
+      gemv_swiglu(w[l].gate_up, normed, act, m, inter, hidden, s, on(6));
+      gemv(w[l].down, act, delta, m, hidden, inter, s, on(7));
     }
   };
   const double weight_bytes = 2.0 * (2.0 * hidden + static_cast<double>(qkv_n) * hidden +
@@ -456,9 +535,28 @@ void bench_layer_chain(int m) {
                                      static_cast<double>(hidden) * inter);
   const double kv_bytes = 2.0 * (ctx + m) * 8 * kHeadDim * 2;
   const double bytes = weight_bytes + kv_bytes;
+  const double floor_us = bytes / (g_floor_tbps * 1e12) * 1e6;
   double t[2];
   for (int pdl = 0; pdl < 2; ++pdl)
-    t[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl); }, 7) / layers;
+    t[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u); }, 7) / layers;
+  if (diagnose) {  // PDL off for one launcher at a time, and early triggers off
+    const char* names[8] = {"norm1", "qkv", "rope", "attention", "o", "norm2", "gate_up", "down"};
+    for (int i = 0; i < 8; ++i) {
+      const double us =
+          time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu & ~(1u << i)); }, 5) / layers;
+      std::printf("  layer chain m=%d pdl on except %-9s: %7.2f us\n", m, names[i], us);
+      Row row;
+      row.s("section", "layer_chain_pdl_diagnostic").n("m", m).s("pdl_off_for", names[i]);
+      add_row(row, bytes, us);
+    }
+    detail::kernel_tuning().early_trigger = false;
+    const double us = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu); }, 5) / layers;
+    detail::kernel_tuning().early_trigger = true;
+    std::printf("  layer chain m=%d pdl on, early triggers off: %7.2f us\n", m, us);
+    Row row;
+    row.s("section", "layer_chain_pdl_diagnostic").n("m", m).s("pdl_off_for", "none, early_trigger off");
+    add_row(row, bytes, us);
+  }
   for (int pdl = 0; pdl < 2; ++pdl) {
     Row row;
     row.s("section", "layer_chain")
@@ -469,7 +567,7 @@ void bench_layer_chain(int m) {
         .b("cold", true)
         .b("pdl", pdl == 1)
         .n("kernels_per_layer", 9)
-        .n("time_over_floor", t[pdl] / (bytes / (g_floor_tbps * 1e12) * 1e6));
+        .n("time_over_floor", t[pdl] / floor_us);
     add_row(row, bytes, t[pdl]);
   }
   std::printf(
@@ -482,6 +580,68 @@ void bench_layer_chain(int m) {
   for (bf16* p : {residual, delta, normed, qkv, q, attn, act}) TS_CUDA_CHECK(cudaFree(p));
   TS_CUDA_CHECK(cudaFree(ws));
   free_kv(kv);
+}
+
+// Qwen3-30B-A3B MoE layer (hidden 2048, 128 experts, top-8, expert width 768), two full copies of
+// the expert weights alternating (cold). Bytes = the selected experts' gate+up+down (+ router).
+void bench_moe() {
+  MoeShape shape;  // defaults are the Qwen3-30B-A3B shape
+  const size_t gu = static_cast<size_t>(shape.num_experts) * 2 * shape.expert_inter * shape.hidden;
+  const size_t dn = static_cast<size_t>(shape.num_experts) * shape.hidden * shape.expert_inter;
+  const size_t rt = static_cast<size_t>(shape.num_experts) * shape.hidden;
+  MoeWeights w[2];
+  for (int c = 0; c < 2; ++c)
+    w[c] = MoeWeights{alloc_bf16(rt, 1000 + c, 0.02f), alloc_bf16(gu, 1010 + c, 0.02f),
+                      alloc_bf16(dn, 1020 + c, 0.02f), nullptr, nullptr};
+  bf16* x = alloc_bf16(16 * shape.hidden, 13, 1.0f);
+  bf16* out = nullptr;
+  void* ws = nullptr;
+  int* ids = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&out, 16 * shape.hidden * sizeof(bf16)));
+  TS_CUDA_CHECK(cudaMalloc(&ws, moe_workspace_bytes(16, shape)));
+  TS_CUDA_CHECK(cudaMalloc(&ids, 16 * shape.top_k * sizeof(int)));
+  for (int m : {1, 6}) {
+    moe_forward(x, w[0], m, shape, ws, out, g_stream, false, MoeRouting{ids, nullptr});
+    std::vector<int> host(m * shape.top_k);
+    TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    TS_CUDA_CHECK(cudaMemcpy(host.data(), ids, host.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    std::sort(host.begin(), host.end());
+    const int distinct = static_cast<int>(std::unique(host.begin(), host.end()) - host.begin());
+    const double expert_bytes = 2.0 * 3 * shape.expert_inter * shape.hidden * distinct;
+    const double bytes = expert_bytes + 2.0 * rt;
+    double t[2];
+    for (int pdl = 0; pdl < 2; ++pdl)
+      t[pdl] = time_graph_us([&](cudaStream_t s) {
+                 for (int i = 0; i < 16; ++i) moe_forward(x, w[i % 2], m, shape, ws, out, s, pdl);
+               }) /
+               16;
+    Row row;
+    row.s("section", "moe")
+        .s("model", "qwen3-30b-a3b")
+        .n("m", m)
+        .n("hidden", shape.hidden)
+        .n("num_experts", shape.num_experts)
+        .n("top_k", shape.top_k)
+        .n("expert_inter", shape.expert_inter)
+        .n("distinct_experts", distinct)
+        .n("expert_bytes", expert_bytes)
+        .b("cold", true)
+        .b("pdl", true)
+        .n("launches", 5)
+        .n("time_no_pdl_us", t[0]);
+    add_row(row, bytes, t[1]);
+    std::printf(
+        "moe qwen3-30b-a3b m=%d (%d experts, %.1f MB + router): graph+pdl %7.2f us (%5.1f%%), graph "
+        "%7.2f us\n",
+        m, distinct, expert_bytes / 1e6, t[1], 100.0 * bytes / (t[1] * 1e-6) / 1e12 / g_floor_tbps,
+        t[0]);
+  }
+  for (auto& c : w)
+    for (const bf16* p : {c.router, c.gate_up, c.down}) TS_CUDA_CHECK(cudaFree(const_cast<bf16*>(p)));
+  TS_CUDA_CHECK(cudaFree(x));
+  TS_CUDA_CHECK(cudaFree(out));
+  TS_CUDA_CHECK(cudaFree(ws));
+  TS_CUDA_CHECK(cudaFree(ids));
 }
 
 std::string commit_id(const char* arg) {
@@ -537,10 +697,32 @@ int main(int argc, char** argv) {
       {"qkv", 6144, 4096, false},      {"o", 4096, 4096, false},
       {"gate_up", 28672, 4096, false}, {"gate_up_swiglu", 28672, 4096, true},
       {"down", 4096, 14336, false},    {"lm_head", 128256, 4096, false}};
-  for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16});
-  bench_attention();
-  bench_layer_chain(1);
-  bench_layer_chain(6);
+  // Variants of the gemv at m = 1 (graph, PDL on and off); the one with the least total time over
+  // the five Llama shapes is used for everything after (its name is in each row's "variant").
+  auto& tuning = detail::gemv_tuning();
+  detail::GemvTuning best = tuning;
+  double best_us = 1e30;
+  for (const detail::GemvTuning v :
+       {detail::GemvTuning{256, 100 * 1024, 1}, detail::GemvTuning{256, 200 * 1024, 1},
+        detail::GemvTuning{128, 100 * 1024, 1}, detail::GemvTuning{256, 200 * 1024, 0},
+        detail::GemvTuning{256, 100 * 1024, 2}}) {
+    tuning = v;
+    double sum = 0;
+    for (const Shape& s : shapes)
+      if (!(s.n == 28672 && !s.swiglu)) sum += bench_gemv(cublas, s, {1}, false);
+    std::printf("gemv variant %s: sum of m=1 times %.2f us\n", gemv_variant().c_str(), sum);
+    if (sum < best_us) {
+      best_us = sum;
+      best = v;
+    }
+  }
+  tuning = best;
+  std::printf("gemv variant used below: %s\n", gemv_variant().c_str());
+  for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16}, true);
+  bench_attention({2, 3, 4});
+  bench_layer_chain(1, false);
+  bench_layer_chain(6, true);
+  bench_moe();
   bench_lm_head();
 
   if (!out_path.empty()) {

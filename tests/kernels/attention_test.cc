@@ -112,6 +112,62 @@ INSTANTIATE_TEST_SUITE_P(Cases, AttentionCases,
                                            Case{8, 2, 16, {300, 2}}, Case{32, 8, 2, {1200}},
                                            Case{4, 4, 16, {129}}));
 
+// Speculative verify must match plain decode bit for bit: row j of a 6-query pass at context ctx
+// equals a 1-query pass at context ctx + j over the same cache (Llama-3-8B heads, several splits).
+TEST(Attention, VerifyRowsMatchPlainDecodeBitForBit) {
+  TS_SKIP_WITHOUT_GPU();
+  const int num_q_heads = 32, num_kv_heads = 8, q_len = 6;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const int ctx : {1, 700, 5000}) {
+    KvCache cache;
+    cache.num_layers = 1;
+    cache.num_kv_heads = num_kv_heads;
+    cache.capacity_tokens = 8192;
+    const size_t elems = kv_cache_bytes_per_request(cache) / sizeof(bf16);
+    Bf16Host h = test::random_bf16(elems, rng);
+    for (int kv = 0; kv < 2; ++kv)  // tokens past the verify window are NaN: never read
+      for (int hd = 0; hd < num_kv_heads; ++hd)
+        for (int t = ctx + q_len; t < cache.capacity_tokens; ++t)
+          for (int d = 0; d < kHeadDim; ++d)
+            h.bits[kv_offset(cache, 0, kv, hd) + static_cast<size_t>(t) * kHeadDim + d] = 0x7fc0;
+    auto dcache = test::to_device(h);
+    DeviceBuffer<bf16*> dbases(1);
+    dbases.upload(std::vector<bf16*>{dcache.get()});
+    cache.request_base = dbases.get();
+    const size_t row_elems = static_cast<size_t>(num_q_heads) * kHeadDim;
+    const Bf16Host q = test::random_bf16(q_len * row_elems, rng);
+    auto dq = test::to_device(q);
+
+    AttentionShape verify;
+    verify.q_len = q_len;
+    verify.num_q_heads = num_q_heads;
+    DeviceBuffer<int> dctx(1);
+    dctx.upload(std::vector<int>{ctx});
+    DeviceBuffer<bf16> out6(q_len * row_elems);
+    out6.poison();
+    DeviceBuffer<unsigned char> ws6(attention_workspace_bytes(verify, cache));
+    decode_attention(dq.get(), cache, 0, dctx.get(), out6.get(), verify, ws6.get(), nullptr);
+    const auto bits6 = out6.download<uint16_t>();
+
+    AttentionShape plain;
+    plain.num_q_heads = num_q_heads;
+    DeviceBuffer<unsigned char> ws1(attention_workspace_bytes(plain, cache));
+    DeviceBuffer<bf16> out1(row_elems);
+    for (int j = 0; j < q_len; ++j) {
+      dctx.upload(std::vector<int>{ctx + j});
+      out1.poison();
+      decode_attention(dq.get() + j * row_elems, cache, 0, dctx.get(), out1.get(), plain,
+                       ws1.get(), nullptr);
+      const auto bits1 = out1.download<uint16_t>();
+      for (size_t i = 0; i < row_elems; ++i)
+        ASSERT_EQ(bits1[i], bits6[j * row_elems + i])
+            << "ctx " << ctx << " row " << j << " element " << i;
+    }
+  }
+}
+
 TEST(Attention, RejectsInvalidShapes) {
   KvCache cache;
   cache.request_base = reinterpret_cast<bf16* const*>(0x100);

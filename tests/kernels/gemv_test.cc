@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "kernels/gemv.h"
+#include "kernels/tuning.h"
 #include "tests/kernels/test_util.h"
 
 namespace twinstep::kernels {
@@ -40,11 +41,18 @@ TEST_P(GemvShapes, MatchesCpuReference) {
   auto dw = test::to_device(w);
   auto dx = test::to_device(x);
   DeviceBuffer<bf16> out(static_cast<size_t>(m) * n);
-  out.poison();
-  gemv(dw.get(), dx.get(), out.get(), m, n, k, nullptr);
-  const auto got = test::bf16_to_float(out.download<uint16_t>());
-  const double err = test::rel_error(got, reference_gemv(w, x, m, n, k));
-  EXPECT_LT(err, test::kBf16RelTol) << "m=" << m << " n=" << n << " k=" << k;
+  const auto ref = reference_gemv(w, x, m, n, k);
+  // Every stage-fill mode of the kernel (bulk copies, cp.async, the register-pipelined baseline).
+  const detail::GemvTuning saved = detail::gemv_tuning();
+  for (const int fill : {0, 1, 2}) {
+    detail::gemv_tuning().fill = fill;
+    out.poison();
+    gemv(dw.get(), dx.get(), out.get(), m, n, k, nullptr);
+    const auto got = test::bf16_to_float(out.download<uint16_t>());
+    EXPECT_LT(test::rel_error(got, ref), test::kBf16RelTol)
+        << "fill=" << fill << " m=" << m << " n=" << n << " k=" << k;
+  }
+  detail::gemv_tuning() = saved;
 }
 
 TEST_P(GemvShapes, SwigluMatchesCpuReference) {

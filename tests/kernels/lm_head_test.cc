@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -106,6 +107,52 @@ TEST(LmHead, GreedyWhenTemperatureZero) {
   EXPECT_EQ(sampled.download(), argmax.download());
 }
 
+// Top-k tokens and probabilities against a CPU reference computed from the GPU's own fp32 logits
+// (the ranking of near-ties is then exact); the logits themselves are checked above.
+TEST(LmHead, TopkTokensAndProbabilities) {
+  TS_SKIP_WITHOUT_GPU();
+  const int m = 6, vocab = 128 * 64, k = 256;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const Bf16Host w = test::random_bf16(static_cast<size_t>(vocab) * k, rng);
+  const Bf16Host x = test::random_bf16(static_cast<size_t>(m) * k, rng);
+  auto dw = test::to_device(w);
+  auto dx = test::to_device(x);
+  for (const int topk : {1, 5, 16}) {
+    DeviceBuffer<int> argmax(m), sampled(m), tokens(static_cast<size_t>(m) * topk);
+    DeviceBuffer<float> top1(m), probs(static_cast<size_t>(m) * topk),
+        logits(static_cast<size_t>(m) * vocab);
+    DeviceBuffer<unsigned char> ws(lm_head_workspace_bytes(m, vocab, topk));
+    tokens.poison();
+    probs.poison();
+    LmHeadOutputs out{argmax.get(), top1.get(), sampled.get(), logits.get()};
+    out.topk = topk;
+    out.topk_tokens = tokens.get();
+    out.topk_probs = probs.get();
+    lm_head(dw.get(), dx.get(), m, vocab, k, SamplingParams{}, ws.get(), out, nullptr);
+    const auto l = logits.download();
+    const auto got_tokens = tokens.download();
+    const auto got_probs = probs.download();
+    const auto got_argmax = argmax.download();
+    for (int r = 0; r < m; ++r) {
+      std::vector<int> order(vocab);
+      for (int v = 0; v < vocab; ++v) order[v] = v;
+      const float* lr = &l[static_cast<size_t>(r) * vocab];
+      std::partial_sort(order.begin(), order.begin() + topk, order.end(),
+                        [&](int a, int b) { return lr[a] > lr[b] || (lr[a] == lr[b] && a < b); });
+      double sum = 0;
+      for (int v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(lr[v]) - lr[order[0]]);
+      EXPECT_EQ(got_tokens[r * topk], got_argmax[r]) << "row " << r;
+      for (int j = 0; j < topk; ++j) {
+        EXPECT_EQ(got_tokens[r * topk + j], order[j]) << "row " << r << " rank " << j;
+        const double ref = std::exp(static_cast<double>(lr[order[j]]) - lr[order[0]]) / sum;
+        EXPECT_NEAR(got_probs[r * topk + j], ref, 1e-3 * ref + 1e-7) << "row " << r << " rank " << j;
+      }
+    }
+  }
+}
+
 TEST(LmHead, RejectsInvalidShapes) {
   const bf16* p = reinterpret_cast<const bf16*>(0x100);
   LmHeadOutputs out{reinterpret_cast<int*>(0x100), reinterpret_cast<float*>(0x100),
@@ -116,6 +163,16 @@ TEST(LmHead, RejectsInvalidShapes) {
   EXPECT_THROW(lm_head(p, p, 17, 1024, 4096, SamplingParams{}, ws, out, nullptr),
                std::invalid_argument);
   EXPECT_THROW(lm_head(p, p, 1, 1024, 4096, SamplingParams{NAN, 0, nullptr}, ws, out, nullptr),
+               std::invalid_argument);
+  LmHeadOutputs too_many = out;
+  too_many.topk = 17;
+  too_many.topk_tokens = reinterpret_cast<int*>(0x100);
+  too_many.topk_probs = reinterpret_cast<float*>(0x100);
+  EXPECT_THROW(lm_head(p, p, 1, 1024, 4096, SamplingParams{}, ws, too_many, nullptr),
+               std::invalid_argument);
+  too_many.topk = 4;
+  too_many.topk_probs = nullptr;
+  EXPECT_THROW(lm_head(p, p, 1, 1024, 4096, SamplingParams{}, ws, too_many, nullptr),
                std::invalid_argument);
 }
 

@@ -1,0 +1,247 @@
+#include <algorithm>
+#include <string>
+
+#include "kernels/gemv.h"
+
+#include "kernels/gemv_kernel.cuh"
+#include "kernels/moe.h"
+
+namespace twinstep::kernels {
+
+namespace {
+
+constexpr int kMaxExperts = 256;
+constexpr int kMaxTopK = 16;
+constexpr int kCombineThreads = 256;
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Workspace carve-up, in order.
+struct MoeWorkspace {
+  float* logits;     // [m][E]
+  int* ids;          // [m][top_k]
+  float* weights;    // [m][top_k]
+  int* list;         // [E] ascending ids of the experts any token selected
+  int* count;        // [1]
+  int8_t* slot_of;   // [m][E]
+  bf16* act;         // [m][top_k][inter]
+  bf16* act_shared;  // [m][shared_inter]
+  float* y;          // [m][top_k + 1][hidden]
+  size_t bytes;
+};
+
+MoeWorkspace carve(void* base, int m, const MoeShape& s) {
+  MoeWorkspace w = {};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    void* p = static_cast<char*>(base) + off;
+    off += align256(bytes);
+    return p;
+  };
+  w.logits = static_cast<float*>(take(sizeof(float) * m * s.num_experts));
+  w.ids = static_cast<int*>(take(sizeof(int) * m * s.top_k));
+  w.weights = static_cast<float*>(take(sizeof(float) * m * s.top_k));
+  w.list = static_cast<int*>(take(sizeof(int) * s.num_experts));
+  w.count = static_cast<int*>(take(sizeof(int)));
+  w.slot_of = static_cast<int8_t*>(take(static_cast<size_t>(m) * s.num_experts));
+  w.act = static_cast<bf16*>(take(sizeof(bf16) * m * s.top_k * s.expert_inter));
+  w.act_shared = static_cast<bf16*>(take(sizeof(bf16) * m * std::max(s.shared_inter, 1)));
+  w.y = static_cast<float*>(take(sizeof(float) * m * (s.top_k + 1) * s.hidden));
+  w.bytes = off;
+  return w;
+}
+
+// ---------------------------------------------------------------------------------------------
+// kernels
+
+// One block, warp t = token t: top_k rounds of a warp argmax over the fp32 logits (ties: lower
+// id), softmax weights, then the union of the selected experts (ascending) and slot_of.
+__global__ void __launch_bounds__(512)
+    moe_route_kernel(const float* logits, int m, int num_experts, int top_k, bool renormalize,
+                     int* ids, float* weights, int* list, int* count, int8_t* slot_of,
+                     int* ids_out, float* weights_out) {
+  __shared__ int selected[kMaxExperts];
+  detail::pdl_wait_and_trigger();
+  for (int i = threadIdx.x; i < m * num_experts; i += blockDim.x) slot_of[i] = -1;
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) selected[e] = 0;
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp < m) {
+    constexpr int kPerLane = kMaxExperts / 32;
+    float v[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + 32 * i;
+      v[i] = e < num_experts ? logits[warp * num_experts + e] : -INFINITY;
+    }
+    float top_logit[kMaxTopK];
+    int top_id[kMaxTopK];
+#pragma unroll
+    for (int j = 0; j < kMaxTopK; ++j) {
+      if (j >= top_k) break;
+      float best = -INFINITY;
+      int best_id = 0x7fffffff;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int e = lane + 32 * i;
+        if (e < num_experts && (v[i] > best || (v[i] == best && e < best_id))) {
+          best = v[i];
+          best_id = e;
+        }
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, offset);
+        const int oi = __shfl_xor_sync(0xffffffffu, best_id, offset);
+        if (ob > best || (ob == best && oi < best_id)) {
+          best = ob;
+          best_id = oi;
+        }
+      }
+      top_logit[j] = best;
+      top_id[j] = best_id;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i)
+        if (lane + 32 * i == best_id) v[i] = -INFINITY;  // taken (the id stays out of later rounds)
+    }
+    // Softmax denominators: over the selected logits, or over all experts.
+    const float mx = top_logit[0];
+    float denom = 0.0f;
+    if (renormalize) {
+      for (int j = 0; j < top_k; ++j) denom += __expf(top_logit[j] - mx);
+    } else {
+      float part = 0.0f;
+      for (int e = lane; e < num_experts; e += 32) part += __expf(logits[warp * num_experts + e] - mx);
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2)
+        part += __shfl_xor_sync(0xffffffffu, part, offset);
+      denom = part;
+    }
+    if (lane == 0) {
+      for (int j = 0; j < top_k; ++j) {
+        const float w = __expf(top_logit[j] - mx) / denom;
+        ids[warp * top_k + j] = top_id[j];
+        weights[warp * top_k + j] = w;
+        if (ids_out != nullptr) ids_out[warp * top_k + j] = top_id[j];
+        if (weights_out != nullptr) weights_out[warp * top_k + j] = w;
+        slot_of[warp * num_experts + top_id[j]] = static_cast<int8_t>(j);
+        selected[top_id[j]] = 1;
+      }
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+    int base = 0;
+    for (int e0 = 0; e0 < num_experts; e0 += 32) {
+      const int e = e0 + lane;
+      const bool on = e < num_experts && selected[e] != 0;
+      const unsigned mask = __ballot_sync(0xffffffffu, on);
+      if (on) list[base + __popc(mask & ((1u << lane) - 1))] = e;
+      base += __popc(mask);
+    }
+    if (lane == 0) *count = base;
+  }
+}
+
+// out[t][h] = sum over slots j (in order) of w[t][j] * y[t][j][h], plus y[t][top_k][h] (shared).
+__global__ void __launch_bounds__(kCombineThreads)
+    moe_combine_kernel(const float* y, const float* weights, int top_k, bool shared, int hidden,
+                       bf16* out) {
+  detail::pdl_wait_and_trigger();
+  const int t = blockIdx.x;
+  const float* yt = y + static_cast<size_t>(t) * (top_k + 1) * hidden;
+  for (int h = threadIdx.x; h < hidden; h += kCombineThreads) {
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; ++j) acc += weights[t * top_k + j] * yt[j * hidden + h];
+    if (shared) acc += yt[top_k * hidden + h];
+    out[static_cast<size_t>(t) * hidden + h] = __float2bfloat16(acc);
+  }
+}
+
+void check_shape(int m, const MoeShape& s, const MoeWeights& w) {
+  TS_REQUIRE(m >= 1 && m <= kGemvMaxRows, "m = " + std::to_string(m) + " outside [1, 16]");
+  TS_REQUIRE(s.num_experts >= 1 && s.num_experts <= kMaxExperts && s.num_experts % 16 == 0,
+             "num_experts = " + std::to_string(s.num_experts) +
+                 " must be a multiple of 16 in [16, 256]");
+  TS_REQUIRE(s.top_k >= 1 && s.top_k <= kMaxTopK && s.top_k <= s.num_experts,
+             "top_k = " + std::to_string(s.top_k) + " outside [1, min(16, num_experts)]");
+  TS_REQUIRE(s.hidden > 0 && s.hidden % 64 == 0,
+             "hidden = " + std::to_string(s.hidden) + " is not a positive multiple of 64");
+  TS_REQUIRE(s.expert_inter > 0 && s.expert_inter % 64 == 0,
+             "expert_inter = " + std::to_string(s.expert_inter) +
+                 " is not a positive multiple of 64");
+  TS_REQUIRE(s.shared_inter >= 0 && s.shared_inter % 64 == 0,
+             "shared_inter = " + std::to_string(s.shared_inter) + " is not a multiple of 64");
+  TS_REQUIRE(w.router != nullptr && w.gate_up != nullptr && w.down != nullptr,
+             "null router, gate_up or down weights");
+  TS_REQUIRE(s.shared_inter == 0 || (w.shared_gate_up != nullptr && w.shared_down != nullptr),
+             "shared_inter > 0 needs shared_gate_up and shared_down");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// launchers
+
+size_t moe_workspace_bytes(int m, const MoeShape& shape) { return carve(nullptr, m, shape).bytes; }
+
+void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape& shape,
+                 void* workspace, bf16* out, cudaStream_t stream, bool pdl,
+                 const MoeRouting& routing) {
+  TS_REQUIRE(x != nullptr && workspace != nullptr && out != nullptr, "null x, workspace or out");
+  check_shape(m, shape, weights);
+  const MoeWorkspace ws = carve(workspace, m, shape);
+  const bool shared = shape.shared_inter > 0;
+
+  detail::GemvParams router = {};
+  router.w = weights.router;
+  router.x = x;
+  router.m = m;
+  router.n = shape.num_experts;
+  router.k = shape.hidden;
+  router.out_f32 = ws.logits;
+  detail::launch_gemv<detail::GemvEpilogue::kStoreF32>(router, stream, pdl);
+
+  detail::launch(moe_route_kernel, dim3(1), dim3(512), 0, stream, pdl,
+                 static_cast<const float*>(ws.logits), m, shape.num_experts, shape.top_k,
+                 shape.renormalize, ws.ids, ws.weights, ws.list, ws.count, ws.slot_of,
+                 routing.topk_ids, routing.topk_weights);
+
+  detail::GemvParams g = {};
+  g.group.expert_list = ws.list;
+  g.group.expert_count = ws.count;
+  g.group.slot_of = ws.slot_of;
+  g.group.num_experts = shape.num_experts;
+  g.group.top_k = shape.top_k;
+  g.group.act = ws.act;
+  g.group.act_shared = ws.act_shared;
+  g.group.y = ws.y;
+  g.m = m;
+
+  detail::GemvParams up = g;
+  up.w = weights.gate_up;
+  up.x = x;
+  up.n = shape.expert_inter;
+  up.k = shape.hidden;
+  up.group.expert_stride = static_cast<size_t>(2) * shape.expert_inter * shape.hidden;
+  up.group.shared_w = shared ? weights.shared_gate_up : nullptr;
+  up.group.shared_n = shape.shared_inter;
+  up.group.shared_k = shape.hidden;
+  detail::launch_gemv<detail::GemvEpilogue::kMoeGateUp>(up, stream, pdl);
+
+  detail::GemvParams down = g;
+  down.w = weights.down;
+  down.n = shape.hidden;
+  down.k = shape.expert_inter;
+  down.group.expert_stride = static_cast<size_t>(shape.hidden) * shape.expert_inter;
+  down.group.shared_w = shared ? weights.shared_down : nullptr;
+  down.group.shared_n = shape.hidden;
+  down.group.shared_k = shape.shared_inter;
+  detail::launch_gemv<detail::GemvEpilogue::kMoeDown>(down, stream, pdl);
+
+  detail::launch(moe_combine_kernel, dim3(m), dim3(kCombineThreads), 0, stream, pdl,
+                 static_cast<const float*>(ws.y), static_cast<const float*>(ws.weights),
+                 shape.top_k, shared, shape.hidden, out);
+}
+
+}  // namespace twinstep::kernels

@@ -1,0 +1,51 @@
+// Mixture-of-experts FFN for decode and verify (1..16 tokens): router logits, top-k selection with
+// renormalised weights, SwiGLU experts run grouped over the selected experts only, an optional
+// shared expert, and the weighted sum. Five launches: router gemv (fp32 logits), top-k/routing,
+// grouped gate+up (one launch over every selected expert, each expert's weights read once for all
+// tokens that picked it), grouped down, weighted combine (fixed slot order: deterministic).
+//
+// Layouts (bf16, row-major): x [m][hidden]; router [num_experts][hidden]; gate_up
+// [num_experts][2 * expert_inter][hidden] (each expert's gate rows, then its up rows); down
+// [num_experts][hidden][expert_inter]; shared_gate_up [2 * shared_inter][hidden]; shared_down
+// [hidden][shared_inter]; out [m][hidden] = sum_j w_j * expert_j(x) + shared(x), one bf16 rounding.
+// Routing: p = softmax(router logits) in fp32; the top_k experts by logit (ties: lower id);
+// renormalize: w_j = p_j / sum of the selected p (= softmax over the selected logits), else p_j.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/common.h"
+
+namespace twinstep::kernels {
+
+struct MoeShape {
+  int num_experts = 128;   // <= 256
+  int top_k = 8;           // 1 .. min(16, num_experts)
+  int hidden = 2048;       // % 64 == 0
+  int expert_inter = 768;  // % 64 == 0
+  int shared_inter = 0;    // 0: no shared expert; else % 64 == 0
+  bool renormalize = true;
+};
+
+struct MoeWeights {
+  const bf16* router = nullptr;
+  const bf16* gate_up = nullptr;
+  const bf16* down = nullptr;
+  const bf16* shared_gate_up = nullptr;  // required iff shared_inter > 0
+  const bf16* shared_down = nullptr;
+};
+
+// Optional copies of the routing decision: [m][top_k] expert ids (descending weight) and weights.
+struct MoeRouting {
+  int* topk_ids = nullptr;
+  float* topk_weights = nullptr;
+};
+
+// Device scratch the caller owns (router logits, routing tables, expert activations, partial sums).
+size_t moe_workspace_bytes(int m, const MoeShape& shape);
+
+void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape& shape,
+                 void* workspace, bf16* out, cudaStream_t stream, bool pdl = false,
+                 const MoeRouting& routing = {});
+
+}  // namespace twinstep::kernels

@@ -1,0 +1,31 @@
+// Internal tunables of the kernels (not part of the runtime's API): defaults are the measured
+// best on the H200; the benchmark switches them to compare variants in one process. Host-side
+// globals, read by the launchers at launch time (so a captured graph keeps the values it saw).
+#pragma once
+
+namespace twinstep::kernels::detail {
+
+struct KernelTuning {
+  // Small kernels between two streaming kernels (rmsnorm, rope, attention combine) trigger their
+  // dependent launch before their own dependency wait (see device.cuh, pdl_trigger_then_wait).
+  bool early_trigger = true;
+};
+KernelTuning& kernel_tuning();
+
+struct GemvTuning {
+  int kc = 256;                        // k elements per pipeline stage (multiple of 64, <= 256)
+  int smem_budget_bytes = 100 * 1024;  // stage ring per block; <= ~110 KB keeps 2 blocks per SM
+  // Stage fill: 0 = one cp.async.bulk per row (measured copy-rate bound: ~1 per 80 cycles per
+  // SM), 1 = 16-byte cp.async by the producer warp's lanes, 2 = the register-pipelined kernel of
+  // commit 70e44e1 (dense gemv, SwiGLU and LM head only; grouped MoE always uses the ring).
+  int fill = 1;
+};
+GemvTuning& gemv_tuning();
+
+struct AttentionTuning {
+  int ctas_per_sm = 2;  // context splits are sized so a full cache gives this many blocks per SM
+  bool launch_split = true, launch_combine = true;  // benchmark only: time the halves alone
+};
+AttentionTuning& attention_tuning();
+
+}  // namespace twinstep::kernels::detail
