@@ -1,0 +1,451 @@
+// Decode benchmark of the real runtime (Llama-3-8B shape, synthetic bf16 weights):
+//   1. streaming-read and device-to-device copy bandwidth of this GPU (the floor's denominator);
+//   2. batch-1 decode, 256 tokens, prompts 128 and 8192: run-ahead with graphs (+PDL), lockstep,
+//      eager — TPOT beside the floor (bytes per step / streaming-read bandwidth, same run) and
+//      GPU busy / host-bound idle / launch-bound idle from the step samples, side by side;
+//   3. concurrency sweep 1..64: output throughput, TPOT, achieved bandwidth;
+//   4. profiled (a GPU timestamp node between kernels) vs unprofiled step time, and a per-kernel
+//      breakdown and a real timeline of a few steps.
+// Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
+// (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
+//   twinstep_decode_bench --out DIR [--commit SHA] [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "policies/decode_loop.h"
+#include "runtime/checkpoint.h"
+#include "runtime/engine.h"
+#include "runtime/real_backend.h"
+
+using namespace twinstep;
+using runtime::Engine;
+using runtime::EngineOptions;
+
+namespace {
+
+struct Bandwidth {
+  double read_tbps = 0;
+  double copy_tbps = 0;
+};
+
+Bandwidth measure_bandwidth() {
+  const size_t bytes = size_t{4} << 30;
+  void *a = nullptr, *b = nullptr;
+  unsigned long long* sink = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&a, bytes));
+  TS_CUDA_CHECK(cudaMalloc(&b, bytes));
+  TS_CUDA_CHECK(cudaMalloc(&sink, 8));
+  TS_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  TS_CUDA_CHECK(cudaEventCreate(&e0));
+  TS_CUDA_CHECK(cudaEventCreate(&e1));
+  int sms = 0;
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  Bandwidth bw;
+  for (int blocks_per_sm : {4, 8, 16}) {
+    for (int rep = 0; rep < 5; ++rep) {
+      TS_CUDA_CHECK(cudaEventRecord(e0));
+      runtime::launch_stream_read(a, bytes / 16, sink, sms * blocks_per_sm, nullptr);
+      TS_CUDA_CHECK(cudaEventRecord(e1));
+      TS_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      TS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      bw.read_tbps = std::max(bw.read_tbps, double(bytes) / (ms * 1e-3) / 1e12);
+    }
+  }
+  for (int rep = 0; rep < 5; ++rep) {
+    TS_CUDA_CHECK(cudaEventRecord(e0));
+    TS_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    TS_CUDA_CHECK(cudaEventRecord(e1));
+    TS_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    bw.copy_tbps = std::max(bw.copy_tbps, 2.0 * double(bytes) / (ms * 1e-3) / 1e12);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(sink);
+  return bw;
+}
+
+struct Summary {
+  double tpot_ms = 0;  // mean over requests of (E2E - TTFT) / (out - 1)
+  double ttft_ms = 0;
+  double step_ms = 0;  // mean GPU interval of steady decode steps
+  double busy_pct = 0;
+  double idle_host_us = 0;  // per steady step
+  double idle_launch_us = 0;
+  double host_wait_us = 0;
+  double host_loop_us = 0;  // host work + launch per step
+  double bytes_per_step = 0;
+  double throughput_tok_s = 0;
+  int steady_steps = 0;
+};
+
+Summary summarize(const RunRecord& r) {
+  Summary s;
+  double tpot = 0, ttft = 0;
+  int n = 0;
+  int64_t first_start = INT64_MAX, last_end = 0, tokens = 0;
+  for (const RequestSample& q : r.requests) {
+    first_start = std::min(first_start, q.start_ns);
+    last_end = std::max(last_end, q.end_ns);
+    tokens += q.output_len;
+    if (q.output_len < 2 || q.end_ns < 0) continue;
+    tpot += double(q.end_ns - q.first_token_ns) / (q.output_len - 1) / 1e6;
+    ttft += double(q.first_token_ns - q.start_ns) / 1e6;
+    ++n;
+  }
+  s.tpot_ms = n ? tpot / n : 0;
+  s.ttft_ms = n ? ttft / n : 0;
+  s.throughput_tok_s = double(tokens) / (double(last_end - first_start) / 1e9);
+  // Steady decode: decode-only steps, skipping the first 8 and the last 2 of the run.
+  std::vector<const StepSample*> steady;
+  for (const StepSample& st : r.steps)
+    if (st.batch > 0 && st.prefills == 0) steady.push_back(&st);
+  const size_t lo = std::min<size_t>(8, steady.size()),
+               hi = steady.size() > 10 ? steady.size() - 2 : steady.size();
+  double dur = 0, busy = 0, ih = 0, il = 0, wait = 0, loop = 0, bytes = 0;
+  for (size_t i = lo; i < hi; ++i) {
+    const StepSample& st = *steady[i];
+    dur += double(st.dur_ns);
+    busy += double(st.gpu_busy_ns);
+    ih += double(st.idle_host_ns);
+    il += double(st.idle_launch_ns);
+    wait += double(st.host_wait_ns);
+    double h = double(st.host_launch_ns);
+    for (int64_t x : st.host_ns) h += double(x);
+    loop += h;
+    bytes += double(st.bytes_read);
+  }
+  s.steady_steps = int(hi - lo);
+  if (s.steady_steps > 0) {
+    const double k = s.steady_steps;
+    s.step_ms = dur / k / 1e6;
+    s.busy_pct = 100.0 * busy / dur;
+    s.idle_host_us = ih / k / 1e3;
+    s.idle_launch_us = il / k / 1e3;
+    s.host_wait_us = wait / k / 1e3;
+    s.host_loop_us = loop / k / 1e3;
+    s.bytes_per_step = bytes / k;
+  }
+  return s;
+}
+
+RunRecord run_once(Engine& engine, const ModelSpec& model, const WorkloadSpec& w,
+                   const PolicySpec& p, const HostCostSpec& hc, RealOptions ro,
+                   std::vector<int32_t>* tokens0 = nullptr) {
+  const std::vector<RequestSpec> requests = generate_requests(w);
+  RunRecord record;
+  DecodeLoop loop(p, w, requests, &record);
+  const HostCostModel host(hc, 1);
+  ro.prepare_mode = p.graph_mode;
+  ro.prepare_max_batch = w.max_concurrency;
+  RealBackend backend(engine, model, host, requests, ro);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, record);
+  if (tokens0) *tokens0 = backend.output_tokens(0);
+  return record;
+}
+
+std::string fmt(double v, int prec = 4) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+  return buf;
+}
+
+struct Json {
+  std::vector<std::string> rows;
+  void row(const std::vector<std::pair<std::string, std::string>>& kv) {
+    std::string r = "    {";
+    for (size_t i = 0; i < kv.size(); ++i)
+      r += (i ? ", " : "") + ("\"" + kv[i].first + "\": " + kv[i].second);
+    rows.push_back(r + "}");
+  }
+  void write(const std::string& path, const std::string& header) const {
+    std::ofstream out(path);
+    out << "{\n" << header << "  \"rows\": [\n";
+    for (size_t i = 0; i < rows.size(); ++i) out << rows[i] << (i + 1 < rows.size() ? ",\n" : "\n");
+    out << "  ]\n}\n";
+  }
+};
+
+std::string q(const std::string& s) { return "\"" + s + "\""; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_dir = ".", commit = "unknown";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc)
+      out_dir = argv[++i];
+    else if (a == "--commit" && i + 1 < argc)
+      commit = argv[++i];
+    else if (a == "--quick")
+      quick = true;
+  }
+  std::string why;
+  if (!real_backend_available(&why)) {
+    std::fprintf(stderr, "twinstep_decode_bench: %s\n", why.c_str());
+    return 1;
+  }
+  try {
+    cudaDeviceProp prop{};
+    TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    const std::string cmd = "scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)";
+    const std::string header = "  \"command\": " + q(cmd) + ",\n  \"commit\": " + q(commit) +
+                               ",\n  \"gpu\": " + q(prop.name) + ",\n  \"date\": " + q(date) +
+                               ",\n";
+
+    const Bandwidth bw = measure_bandwidth();
+    std::printf("bandwidth: streaming read %.3f TB/s, d2d copy %.3f TB/s (read+write)\n",
+                bw.read_tbps, bw.copy_tbps);
+
+    const ModelSpec& model = model_preset("llama-3-8b");
+    const LlamaConfig config = llama_config_from_spec(model);
+    const int out_tokens = 257;  // first token from prefill + 256 decode steps
+    EngineOptions eo;
+    eo.max_slots = quick ? 8 : 64;
+    eo.capacity_tokens = 8192 + 16 + out_tokens + 55;  // 8520: multiple of 8? round below
+    eo.capacity_tokens = (eo.capacity_tokens + 63) / 64 * 64;
+    const auto t_init = std::chrono::steady_clock::now();
+    auto engine = Engine::create_synthetic(config, 1, eo);
+    std::printf("engine: %.2f GB weights, %d slots x %d tokens, init %.1f s\n",
+                engine->weight_bytes() / 1e9, eo.max_slots, eo.capacity_tokens,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count());
+
+    // Host loop costs of the batch-1 runs (fixed, so lockstep's idle is easy to read).
+    HostCostSpec hc;
+    hc.ops[size_t(HostOp::kSchedule)] = {DistKind::kFixed, 50'000, 0, 0, 0};
+    hc.ops[size_t(HostOp::kPrepareDecode)] = {DistKind::kFixed, 150'000, 0, 0, 0};
+    hc.ops[size_t(HostOp::kProcessOutputs)] = {DistKind::kFixed, 100'000, 0, 0, 0};
+    const double host_cost_us = 300;
+
+    Json main_json;
+    struct Config {
+      const char* label;
+      HostSchedule schedule;
+      GraphMode mode;
+    };
+    const std::vector<Config> configs = {
+        {"runahead_graph_pdl", HostSchedule::kRunahead, GraphMode::kCudaGraphPdl},
+        {"runahead_graph", HostSchedule::kRunahead, GraphMode::kCudaGraph},
+        {"lockstep_graph", HostSchedule::kLockstep, GraphMode::kCudaGraph},
+        {"runahead_eager", HostSchedule::kRunahead, GraphMode::kEager},
+    };
+    std::map<std::string, double> unprofiled_tpot;
+    std::printf("\nbatch 1, %d decode tokens, host loop %.0f us/step (fixed)\n", out_tokens - 1,
+                host_cost_us);
+    std::printf("%-20s %7s %9s %9s %8s %9s %8s %10s %10s %9s\n", "config", "prompt", "tpot_ms",
+                "floor_ms", "%floor", "step_ms", "busy%", "idle_host", "idle_launch", "TB/s");
+    for (int prompt : {128, 8192}) {
+      for (const Config& c : configs) {
+        WorkloadSpec w;
+        w.input_len = {prompt, prompt};
+        w.output_len = {out_tokens, out_tokens};
+        PolicySpec p;
+        p.host_schedule = c.schedule;
+        p.graph_mode = c.mode;
+        RealOptions ro;
+        ro.prompt_seed = 1;
+        try {
+          std::vector<int32_t> toks;
+          const RunRecord r = run_once(*engine, model, w, p, hc, ro, &toks);
+          const Summary s = summarize(r);
+          const double floor_ms = s.bytes_per_step / (bw.read_tbps * 1e12) * 1e3;
+          const double pct = 100.0 * floor_ms / s.tpot_ms;
+          const double tbps = s.bytes_per_step / (s.step_ms * 1e-3) / 1e12;
+          std::printf("%-20s %7d %9.3f %9.3f %7.1f%% %9.3f %7.2f%% %8.1fus %8.1fus %9.3f\n",
+                      c.label, prompt, s.tpot_ms, floor_ms, pct, s.step_ms, s.busy_pct,
+                      s.idle_host_us, s.idle_launch_us, tbps);
+          unprofiled_tpot[std::string(c.label) + "/" + std::to_string(prompt)] = s.tpot_ms;
+          main_json.row({{"config", q(c.label)},
+                         {"host_schedule", q(host_schedule_name(c.schedule))},
+                         {"graph_mode", q(graph_mode_name(c.mode))},
+                         {"batch", "1"},
+                         {"prompt_tokens", std::to_string(prompt)},
+                         {"decode_tokens", std::to_string(out_tokens - 1)},
+                         {"tpot_ms", fmt(s.tpot_ms)},
+                         {"floor_ms", fmt(floor_ms)},
+                         {"pct_of_floor", fmt(pct, 3)},
+                         {"gpt_fast_tpot_ms", prompt == 128 ? "4.96" : "7.24"},
+                         {"step_ms", fmt(s.step_ms)},
+                         {"ttft_ms", fmt(s.ttft_ms)},
+                         {"gpu_busy_pct", fmt(s.busy_pct, 4)},
+                         {"idle_host_us_per_step", fmt(s.idle_host_us)},
+                         {"idle_launch_us_per_step", fmt(s.idle_launch_us)},
+                         {"host_loop_us_per_step", fmt(s.host_loop_us)},
+                         {"host_wait_us_per_step", fmt(s.host_wait_us)},
+                         {"host_cost_model_us_per_step", fmt(host_cost_us)},
+                         {"bytes_per_step", fmt(s.bytes_per_step, 6)},
+                         {"achieved_tbps", fmt(tbps)},
+                         {"stream_read_tbps", fmt(bw.read_tbps)},
+                         {"d2d_copy_tbps", fmt(bw.copy_tbps)},
+                         {"steady_steps", std::to_string(s.steady_steps)},
+                         {"first_tokens", q(std::to_string(toks.size() > 0 ? toks[0] : -1) + "," +
+                                            std::to_string(toks.size() > 1 ? toks[1] : -1) + "," +
+                                            std::to_string(toks.size() > 2 ? toks[2] : -1))}});
+        } catch (const std::exception& e) {
+          std::printf("%s prompt %d failed: %s\n", c.label, prompt, e.what());
+        }
+      }
+    }
+    main_json.write(out_dir + "/decode.json", header);
+    std::fflush(stdout);
+
+    // Concurrency sweep: prompt 512, 128 decode tokens, one request per slot.
+    Json sweep_json;
+    try {
+      std::printf("\nconcurrency sweep (run-ahead, graphs + PDL, prompt 512, 128 decode tokens)\n");
+      std::printf("%6s %10s %9s %9s %9s %9s %8s\n", "conc", "tok/s", "tpot_ms", "step_ms",
+                  "floor_ms", "TB/s", "busy%");
+      for (int conc = 1; conc <= eo.max_slots; conc *= 2) {
+        WorkloadSpec w;
+        w.input_len = {512, 512};
+        w.output_len = {129, 129};
+        w.num_requests = conc;
+        w.max_concurrency = conc;
+        PolicySpec p;
+        p.host_schedule = HostSchedule::kRunahead;
+        p.graph_mode = GraphMode::kCudaGraphPdl;
+        RealOptions ro;
+        ro.prompt_seed = 2;
+        const RunRecord r = run_once(*engine, model, w, p, HostCostSpec{}, ro);
+        const Summary s = summarize(r);
+        const double floor_ms = s.bytes_per_step / (bw.read_tbps * 1e12) * 1e3;
+        const double tbps = s.bytes_per_step / (s.step_ms * 1e-3) / 1e12;
+        const double decode_tok_s = conc / (s.step_ms * 1e-3);
+        std::printf("%6d %10.1f %9.3f %9.3f %9.3f %9.3f %7.2f%%\n", conc, s.throughput_tok_s,
+                    s.tpot_ms, s.step_ms, floor_ms, tbps, s.busy_pct);
+        sweep_json.row({{"concurrency", std::to_string(conc)},
+                        {"prompt_tokens", "512"},
+                        {"output_tokens", "129"},
+                        {"output_throughput_tok_s", fmt(s.throughput_tok_s)},
+                        {"steady_decode_tok_s", fmt(decode_tok_s)},
+                        {"tpot_ms", fmt(s.tpot_ms)},
+                        {"ttft_ms", fmt(s.ttft_ms)},
+                        {"step_ms", fmt(s.step_ms)},
+                        {"floor_ms", fmt(floor_ms)},
+                        {"pct_of_floor", fmt(100.0 * floor_ms / s.step_ms, 3)},
+                        {"bytes_per_step", fmt(s.bytes_per_step, 6)},
+                        {"achieved_tbps", fmt(tbps)},
+                        {"stream_read_tbps", fmt(bw.read_tbps)},
+                        {"gpu_busy_pct", fmt(s.busy_pct, 4)}});
+      }
+    } catch (const std::exception& e) {
+      std::printf("sweep failed: %s\n", e.what());
+    }
+    sweep_json.write(out_dir + "/decode_sweep.json", header);
+    std::fflush(stdout);
+
+    // Timeline of a few unprofiled steps, lockstep and run-ahead (graph), prompt 128.
+    std::ofstream trace(out_dir + "/decode_trace.json");
+    trace << "{\n" << header << "  \"rows\": [\n";
+    bool first_row = true;
+    auto dump = [&](const char* label, const RunRecord& r) {
+      for (const TimelineSpan& t : r.timeline) {
+        trace << (first_row ? "" : ",\n") << "    {\"run\": " << q(label) << ", \"lane\": "
+              << q(t.lane == Lane::kHost      ? "host"
+                   : t.lane == Lane::kCompute ? "compute"
+                                              : "copy")
+              << ", \"name\": " << q(t.name) << ", \"step\": " << t.step
+              << ", \"start_us\": " << fmt(t.start_ns / 1e3, 10)
+              << ", \"dur_us\": " << fmt(t.dur_ns / 1e3, 6) << ", \"flow\": " << t.flow << "}";
+        first_row = false;
+      }
+    };
+    for (HostSchedule sched : {HostSchedule::kLockstep, HostSchedule::kRunahead}) {
+      WorkloadSpec w;
+      w.input_len = {128, 128};
+      w.output_len = {64, 64};
+      PolicySpec p;
+      p.host_schedule = sched;
+      p.graph_mode = GraphMode::kCudaGraph;
+      RealOptions ro;
+      ro.trace_first_step = 40;
+      ro.trace_steps = 3;
+      dump(host_schedule_name(sched), run_once(*engine, model, w, p, hc, ro));
+    }
+    engine.reset();
+
+    // Profiled: a globaltimer node before every kernel (PDL overlap lost, launches doubled).
+    Json prof_json;
+    EngineOptions po;
+    po.max_slots = 1;
+    po.capacity_tokens = 512;
+    po.profile_nodes = true;
+    auto profiled = Engine::create_synthetic(config, 1, po);
+    std::map<std::string, double> node_us;
+    int traced_steps = 0;
+    for (GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      WorkloadSpec w;
+      w.input_len = {128, 128};
+      w.output_len = {out_tokens, out_tokens};
+      PolicySpec p;
+      p.host_schedule = HostSchedule::kRunahead;
+      p.graph_mode = mode;
+      RealOptions ro;
+      ro.prompt_seed = 1;
+      ro.trace_first_step = 100;
+      ro.trace_steps = 20;
+      const RunRecord r = run_once(*profiled, model, w, p, hc, ro);
+      const Summary s = summarize(r);
+      const std::string key =
+          std::string(mode == GraphMode::kCudaGraph ? "runahead_graph" : "runahead_graph_pdl") +
+          "/128";
+      std::printf("\nprofiled %-22s tpot %.3f ms (unprofiled %.3f ms, +%.1f%%)\n", key.c_str(),
+                  s.tpot_ms, unprofiled_tpot[key], 100.0 * (s.tpot_ms / unprofiled_tpot[key] - 1));
+      prof_json.row(
+          {{"config", q(key)},
+           {"tpot_ms_unprofiled", fmt(unprofiled_tpot[key])},
+           {"tpot_ms_profiled", fmt(s.tpot_ms)},
+           {"profiling_overhead_pct", fmt(100.0 * (s.tpot_ms / unprofiled_tpot[key] - 1), 3)},
+           {"step_ms_profiled", fmt(s.step_ms)}});
+      if (mode == GraphMode::kCudaGraph) {
+        for (const TimelineSpan& t : r.timeline)
+          if (t.lane == Lane::kCompute && t.flow == 0) node_us[t.name] += t.dur_ns / 1e3;
+        traced_steps = 20;
+        dump("profiled_runahead_graph", [&] {
+          RunRecord small;
+          for (const TimelineSpan& t : r.timeline)
+            if (t.step < 102) small.timeline.push_back(t);
+          return small;
+        }());
+      }
+    }
+    trace << "\n  ]\n}\n";
+    std::printf("\nper-kernel time per step (profiled graph, %d steps; sums over layers)\n",
+                traced_steps);
+    double total = 0;
+    for (const auto& [name, us] : node_us) total += us / traced_steps;
+    for (const auto& [name, us] : node_us) {
+      std::printf("  %-16s %9.1f us %5.1f%%\n", name.c_str(), us / traced_steps,
+                  100.0 * us / traced_steps / total);
+      prof_json.row({{"kernel", q(name)},
+                     {"us_per_step", fmt(us / traced_steps)},
+                     {"pct_of_step", fmt(100.0 * us / traced_steps / total, 3)}});
+    }
+    prof_json.write(out_dir + "/decode_profile.json", header);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "twinstep_decode_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,380 @@
+#include "runtime/checkpoint.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/json_lite.h"
+#include "runtime/synthetic.h"
+
+namespace twinstep {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(path + ": cannot open");
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (s.str().size() > kMaxSafetensorsHeaderBytes) throw CheckpointError(path + ": too large");
+  return s.str();
+}
+
+std::string shape_text(std::span<const int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string number_text(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  std::string t = s.str();
+  if (t.find_first_of(".eE") == std::string::npos) t += ".0";
+  return t;
+}
+
+}  // namespace
+
+LlamaConfig llama_config_from_spec(const ModelSpec& spec) {
+  if (spec.layers.empty()) throw ConfigError("", "model '" + spec.name + "' has no layers");
+  const LayerSpec& l0 = spec.layers[0];
+  for (const LayerSpec& l : spec.layers) {
+    if (l.attn.kind != AttentionKind::kGqa || l.mlp.kind != MlpKind::kDense)
+      throw ConfigError("", "model '" + spec.name +
+                                "': the real runtime runs dense GQA (Llama-family) models only");
+    if (l.attn.num_q_heads != l0.attn.num_q_heads || l.attn.num_kv_heads != l0.attn.num_kv_heads ||
+        l.attn.head_dim != l0.attn.head_dim || l.mlp.intermediate != l0.mlp.intermediate)
+      throw ConfigError("", "model '" + spec.name + "': layers differ in shape");
+  }
+  if (spec.weight_bytes != 2 || spec.kv_bytes != 2)
+    throw ConfigError("", "model '" + spec.name + "': the real runtime runs bf16 weights and KV");
+  LlamaConfig c;
+  c.hidden = spec.hidden;
+  c.intermediate = l0.mlp.intermediate;
+  c.vocab = spec.vocab;
+  c.layers = static_cast<int32_t>(spec.layers.size());
+  c.q_heads = l0.attn.num_q_heads;
+  c.kv_heads = l0.attn.num_kv_heads;
+  c.head_dim = l0.attn.head_dim;
+  c.rope_theta = spec.rope_theta;
+  c.tie_embeddings = spec.tie_embeddings;
+  return c;
+}
+
+ModelSpec model_spec_from_config(const LlamaConfig& c, const std::string& name) {
+  ModelSpec m;
+  m.name = name;
+  m.hidden = c.hidden;
+  m.vocab = c.vocab;
+  m.tie_embeddings = c.tie_embeddings;
+  m.rope_theta = c.rope_theta;
+  LayerSpec l;
+  l.attn.kind = AttentionKind::kGqa;
+  l.attn.num_q_heads = c.q_heads;
+  l.attn.num_kv_heads = c.kv_heads;
+  l.attn.head_dim = c.head_dim;
+  l.mlp.kind = MlpKind::kDense;
+  l.mlp.intermediate = c.intermediate;
+  m.layers.assign(size_t(c.layers), l);
+  return m;
+}
+
+ModelSpec tiny_runtime_spec() {
+  LlamaConfig c;
+  c.hidden = 512;
+  c.intermediate = 1024;
+  c.vocab = 1024;
+  c.layers = 2;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 128;
+  c.rope_theta = 10000.0;
+  return model_spec_from_config(c, "tiny-runtime");
+}
+
+std::string llama_config_json(const LlamaConfig& c) {
+  std::ostringstream s;
+  s << "{\n"
+    << "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+    << "  \"model_type\": \"llama\",\n"
+    << "  \"torch_dtype\": \"bfloat16\",\n"
+    << "  \"hidden_size\": " << c.hidden << ",\n"
+    << "  \"intermediate_size\": " << c.intermediate << ",\n"
+    << "  \"num_hidden_layers\": " << c.layers << ",\n"
+    << "  \"num_attention_heads\": " << c.q_heads << ",\n"
+    << "  \"num_key_value_heads\": " << c.kv_heads << ",\n"
+    << "  \"head_dim\": " << c.head_dim << ",\n"
+    << "  \"vocab_size\": " << c.vocab << ",\n"
+    << "  \"rms_norm_eps\": " << number_text(c.rms_eps) << ",\n"
+    << "  \"rope_theta\": " << number_text(c.rope_theta) << ",\n";
+  if (c.rope_factor != 1.0) {
+    s << "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": "
+      << number_text(c.rope_factor)
+      << ", \"low_freq_factor\": " << number_text(c.rope_low_freq_factor)
+      << ", \"high_freq_factor\": " << number_text(c.rope_high_freq_factor)
+      << ", \"original_max_position_embeddings\": " << static_cast<int64_t>(c.rope_original_context)
+      << "},\n";
+  }
+  s << "  \"tie_word_embeddings\": " << (c.tie_embeddings ? "true" : "false") << "\n}\n";
+  return s.str();
+}
+
+LlamaConfig parse_llama_config(const std::string& text, const std::string& file) {
+  JsonValue root;
+  try {
+    root = parse_json(text, 16);
+  } catch (const JsonError& e) {
+    throw CheckpointError(file + ": " + e.what());
+  }
+  if (root.kind != JsonValue::Kind::kObject)
+    throw CheckpointError(file + ": config is not a JSON object");
+  auto need = [&](const char* key) -> const JsonValue& {
+    const JsonValue* v = root.find(key);
+    if (v == nullptr) throw CheckpointError(file + ": missing \"" + key + "\"");
+    return *v;
+  };
+  auto positive = [&](const char* key, int64_t max) {
+    int64_t v = 0;
+    try {
+      v = need(key).as_i64(key);
+    } catch (const JsonError& e) {
+      throw CheckpointError(file + ": " + e.what());
+    }
+    if (v <= 0 || v > max)
+      throw CheckpointError(file + ": \"" + key + "\" = " + std::to_string(v) + " outside [1, " +
+                            std::to_string(max) + "]");
+    return v;
+  };
+  LlamaConfig c;
+  try {
+    if (const JsonValue* mt = root.find("model_type")) {
+      const std::string& t = mt->as_string("model_type");
+      if (t != "llama" && t != "mistral" && t != "qwen2")
+        throw CheckpointError(file + ": model_type \"" + t +
+                              "\" is not a Llama-family dense model");
+    }
+    if (const JsonValue* dt = root.find("torch_dtype")) {
+      if (dt->as_string("torch_dtype") != "bfloat16")
+        throw CheckpointError(file + ": torch_dtype \"" + dt->text +
+                              "\" is not supported (bfloat16 only)");
+    }
+    c.hidden = positive("hidden_size", 1 << 20);
+    c.intermediate = positive("intermediate_size", 1 << 22);
+    c.vocab = positive("vocab_size", 1 << 24);
+    c.layers = static_cast<int32_t>(positive("num_hidden_layers", 1024));
+    c.q_heads = static_cast<int32_t>(positive("num_attention_heads", 1024));
+    c.kv_heads = root.find("num_key_value_heads")
+                     ? static_cast<int32_t>(positive("num_key_value_heads", 1024))
+                     : c.q_heads;
+    c.head_dim = root.find("head_dim") && root.find("head_dim")->kind != JsonValue::Kind::kNull
+                     ? static_cast<int32_t>(positive("head_dim", 4096))
+                     : static_cast<int32_t>(c.hidden / c.q_heads);
+    if (c.q_heads % c.kv_heads != 0)
+      throw CheckpointError(file +
+                            ": num_attention_heads is not a multiple of num_key_value_heads");
+    if (const JsonValue* v = root.find("rms_norm_eps")) c.rms_eps = v->as_double("rms_norm_eps");
+    if (const JsonValue* v = root.find("rope_theta")) c.rope_theta = v->as_double("rope_theta");
+    if (const JsonValue* v = root.find("tie_word_embeddings")) {
+      if (v->kind != JsonValue::Kind::kBool)
+        throw CheckpointError(file + ": tie_word_embeddings is not a boolean");
+      c.tie_embeddings = v->boolean;
+    }
+    if (const JsonValue* rs = root.find("rope_scaling");
+        rs != nullptr && rs->kind != JsonValue::Kind::kNull) {
+      const JsonValue* type = rs->find("rope_type");
+      if (type == nullptr) type = rs->find("type");
+      if (type == nullptr || type->as_string("rope_scaling.rope_type") != "llama3")
+        throw CheckpointError(file + ": only rope_scaling of rope_type \"llama3\" is supported");
+      auto num = [&](const char* k, double& out) {
+        if (const JsonValue* v = rs->find(k)) out = v->as_double(std::string("rope_scaling.") + k);
+      };
+      num("factor", c.rope_factor);
+      num("low_freq_factor", c.rope_low_freq_factor);
+      num("high_freq_factor", c.rope_high_freq_factor);
+      num("original_max_position_embeddings", c.rope_original_context);
+    }
+  } catch (const JsonError& e) {
+    throw CheckpointError(file + ": " + e.what());
+  }
+  if (!(c.rms_eps > 0) || !(c.rope_theta > 0) || !(c.rope_factor >= 1.0))
+    throw CheckpointError(file + ": rms_norm_eps, rope_theta must be > 0 and rope factor >= 1");
+  return c;
+}
+
+std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c) {
+  std::vector<WeightDesc> w;
+  const double in_h = 1.0 / std::sqrt(double(c.hidden));
+  w.push_back({"model.embed_tokens.weight", {c.vocab, c.hidden}, 1.0});
+  for (int32_t i = 0; i < c.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    w.push_back({p + "input_layernorm.weight", {c.hidden}, 0});
+    w.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), c.hidden}, in_h});
+    w.push_back({p + "self_attn.k_proj.weight", {c.kv_dim(), c.hidden}, in_h});
+    w.push_back({p + "self_attn.v_proj.weight", {c.kv_dim(), c.hidden}, in_h});
+    w.push_back(
+        {p + "self_attn.o_proj.weight", {c.hidden, c.q_dim()}, 1.0 / std::sqrt(double(c.q_dim()))});
+    w.push_back({p + "post_attention_layernorm.weight", {c.hidden}, 0});
+    w.push_back({p + "mlp.gate_proj.weight", {c.intermediate, c.hidden}, in_h});
+    w.push_back({p + "mlp.up_proj.weight", {c.intermediate, c.hidden}, in_h});
+    w.push_back({p + "mlp.down_proj.weight",
+                 {c.hidden, c.intermediate},
+                 1.0 / std::sqrt(double(c.intermediate))});
+  }
+  w.push_back({"model.norm.weight", {c.hidden}, 0});
+  if (!c.tie_embeddings) w.push_back({"lm_head.weight", {c.vocab, c.hidden}, in_h});
+  return w;
+}
+
+void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, uint64_t count,
+                           uint16_t* out) {
+  if (w.init_std == 0) {
+    for (uint64_t i = 0; i < count; ++i) out[i] = 0x3f80;  // 1.0
+    return;
+  }
+  const uint64_t stream = synthetic::tensor_stream(w.name);
+  const float scale = synthetic::scale_for_std(w.init_std);
+  for (uint64_t i = 0; i < count; ++i)
+    out[i] = synthetic::element_bits(seed, stream, offset + i, scale);
+}
+
+void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, uint64_t seed,
+                                uint64_t shard_bytes) {
+  const LlamaConfig c = llama_config_from_spec(spec);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CheckpointError(dir + ": cannot create directory: " + ec.message());
+  {
+    std::ofstream cfg(fs::path(dir) / "config.json");
+    cfg << llama_config_json(c);
+    if (!cfg) throw CheckpointError(dir + "/config.json: write failed");
+  }
+  const std::vector<WeightDesc> weights = llama_weight_list(c);
+  std::vector<std::vector<TensorSource>> shards(1);
+  uint64_t in_shard = 0;
+  for (const WeightDesc& w : weights) {
+    uint64_t bytes = 2;
+    for (const int64_t d : w.shape) bytes *= uint64_t(d);
+    if (in_shard > 0 && in_shard + bytes > shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    in_shard += bytes;
+    shards.back().push_back(
+        {w.name, DType::kBF16, w.shape, [w, seed](std::byte* dst, uint64_t offset, uint64_t count) {
+           synthetic_tensor_bits(w, seed, offset, count, reinterpret_cast<uint16_t*>(dst));
+         }});
+  }
+  const std::vector<std::pair<std::string, std::string>> meta = {
+      {"format", "pt"}, {"twinstep_synthetic_seed", std::to_string(seed)}};
+  if (shards.size() == 1) {
+    write_safetensors((fs::path(dir) / "model.safetensors").string(), shards[0], meta);
+    return;
+  }
+  std::ostringstream index;
+  uint64_t total = 0;
+  std::vector<std::string> lines;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    write_safetensors((fs::path(dir) / name).string(), shards[s], meta);
+    for (const TensorSource& t : shards[s]) {
+      uint64_t bytes = 2;
+      for (const int64_t d : t.shape) bytes *= uint64_t(d);
+      total += bytes;
+      lines.push_back("    \"" + t.name + "\": \"" + name + "\"");
+    }
+  }
+  index << "{\n  \"metadata\": {\"total_size\": " << total << "},\n  \"weight_map\": {\n";
+  for (size_t i = 0; i < lines.size(); ++i)
+    index << lines[i] << (i + 1 < lines.size() ? ",\n" : "\n");
+  index << "  }\n}\n";
+  std::ofstream out(fs::path(dir) / "model.safetensors.index.json");
+  out << index.str();
+  if (!out) throw CheckpointError(dir + "/model.safetensors.index.json: write failed");
+}
+
+std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
+  std::unique_ptr<Checkpoint> ck(new Checkpoint());
+  const fs::path root(dir);
+  const std::string cfg_path = (root / "config.json").string();
+  ck->config_ = parse_llama_config(read_text(cfg_path), cfg_path);
+
+  // Which file holds each tensor.
+  std::map<std::string, std::string> weight_map;
+  std::vector<std::string> file_names;
+  const fs::path index_path = root / "model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    const std::string ip = index_path.string();
+    JsonValue idx;
+    try {
+      idx = parse_json(read_text(ip), 8);
+    } catch (const JsonError& e) {
+      throw CheckpointError(ip + ": " + e.what());
+    }
+    const JsonValue* wm = idx.find("weight_map");
+    if (wm == nullptr || wm->kind != JsonValue::Kind::kObject)
+      throw CheckpointError(ip + ": missing \"weight_map\" object");
+    for (const auto& [name, v] : wm->fields) {
+      if (v.kind != JsonValue::Kind::kString)
+        throw CheckpointError(ip + ": weight_map entry of \"" + name + "\" is not a file name");
+      const std::string& f = v.text;
+      if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos ||
+          f == "." || f == "..")
+        throw CheckpointError(ip + ": weight_map file name \"" + f +
+                              "\" must be a plain file name in the checkpoint directory");
+      weight_map[name] = f;
+      if (std::find(file_names.begin(), file_names.end(), f) == file_names.end())
+        file_names.push_back(f);
+    }
+  } else if (fs::exists(root / "model.safetensors")) {
+    file_names.push_back("model.safetensors");
+  } else {
+    throw CheckpointError(dir + ": neither model.safetensors nor model.safetensors.index.json");
+  }
+  std::map<std::string, const SafetensorsFile*> by_name;
+  for (const std::string& f : file_names) {
+    ck->files_.push_back(SafetensorsFile::open((root / f).string()));
+    by_name[f] = ck->files_.back().get();
+  }
+
+  for (const WeightDesc& w : llama_weight_list(ck->config_)) {
+    const SafetensorsFile* file = nullptr;
+    if (!weight_map.empty()) {
+      auto it = weight_map.find(w.name);
+      if (it == weight_map.end())
+        throw CheckpointError(index_path.string() + ": tensor " + w.name + " is not in weight_map");
+      file = by_name.at(it->second);
+    } else {
+      file = ck->files_[0].get();
+    }
+    const TensorInfo* t = file->find(w.name);
+    if (t == nullptr) throw CheckpointError(file->path() + ": tensor " + w.name + " is missing");
+    if (t->dtype != DType::kBF16)
+      throw CheckpointError(file->path() + ": tensor " + w.name + " is " + dtype_name(t->dtype) +
+                            ", expected BF16");
+    if (t->shape != w.shape)
+      throw CheckpointError(file->path() + ": tensor " + w.name + " has shape " +
+                            shape_text(t->shape) + " but config.json implies " +
+                            shape_text(w.shape));
+    ck->tensors_[w.name] = {file, t};
+  }
+  return ck;
+}
+
+std::span<const std::byte> Checkpoint::tensor(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw CheckpointError("checkpoint has no tensor " + name);
+  return it->second.first->bytes(*it->second.second);
+}
+
+const std::string& Checkpoint::file_of(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw CheckpointError("checkpoint has no tensor " + name);
+  return it->second.first->path();
+}
+
+}  // namespace twinstep

@@ -1,0 +1,88 @@
+// Llama-family checkpoints in the Hugging Face layout: config.json plus model.safetensors, or
+// shards model-0000i-of-0000N.safetensors listed in model.safetensors.index.json. bf16 only.
+// Plain C++ (no CUDA): the loader, the synthetic writer and their tests run on any machine.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "policies/model_spec.h"
+#include "runtime/safetensors.h"
+
+namespace twinstep {
+
+// The dense GQA decoder the runtime executes (Llama 2/3, and any model of that shape).
+struct LlamaConfig {
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  int64_t vocab = 0;
+  int32_t layers = 0;
+  int32_t q_heads = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+  double rms_eps = 1e-5;
+  double rope_theta = 10000.0;
+  // rope_scaling {"rope_type": "llama3"}; factor 1 means none.
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  double rope_original_context = 8192.0;
+  bool tie_embeddings = false;
+
+  int64_t q_dim() const { return int64_t{q_heads} * head_dim; }
+  int64_t kv_dim() const { return int64_t{kv_heads} * head_dim; }
+  int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+};
+
+// Throws ConfigError when `spec` is not a uniform dense GQA model (the runtime's scope).
+LlamaConfig llama_config_from_spec(const ModelSpec& spec);
+ModelSpec model_spec_from_config(const LlamaConfig& c, const std::string& name);
+
+std::string llama_config_json(const LlamaConfig& c);
+// Parses config.json text; `file` names it in errors (CheckpointError).
+LlamaConfig parse_llama_config(const std::string& json_text, const std::string& file);
+
+// The model's tensors in Hugging Face names, shapes and init scale (the synthetic std).
+struct WeightDesc {
+  std::string name;
+  std::vector<int64_t> shape;
+  double init_std = 0;  // 0: a norm weight, all ones
+};
+std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c);
+
+// Synthetic bf16 values of tensor `w`, elements [offset, offset + count), as raw bits.
+void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, uint64_t count,
+                           uint16_t* out);
+
+// Writes config.json and the weights of `spec` (bf16) into `dir` (created if missing): linear
+// weights ~ normal(0, 1/sqrt(fan_in)) (Irwin-Hall approximation, synthetic.h), embeddings
+// normal(0, 1), norm weights 1. Files above shard_bytes are split into shards with an index.
+// The values are those the runtime's in-memory synthetic init produces for the same seed.
+void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, uint64_t seed,
+                                uint64_t shard_bytes = uint64_t{4} << 30);
+
+// An opened checkpoint: config and memory-mapped shards, every tensor the config needs present,
+// BF16 and of the right shape (checked at open; errors name the tensor and the file).
+class Checkpoint {
+ public:
+  static std::unique_ptr<Checkpoint> open(const std::string& dir);
+  const LlamaConfig& config() const { return config_; }
+  // Raw bf16 bytes of a tensor of llama_weight_list(config()).
+  std::span<const std::byte> tensor(const std::string& name) const;
+  const std::string& file_of(const std::string& name) const;
+
+ private:
+  LlamaConfig config_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> tensors_;
+};
+
+// The runtime's small test model (head_dim 128, as decode_attention requires): hidden 512,
+// 4 q heads, 2 KV heads, 2 layers, vocab 1024, intermediate 1024.
+ModelSpec tiny_runtime_spec();
+
+}  // namespace twinstep

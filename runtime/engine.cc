@@ -1,0 +1,649 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <stdexcept>
+
+#include "kernels/attention.h"
+#include "kernels/embedding.h"
+#include "kernels/gemv.h"
+#include "kernels/kv_cache.h"
+#include "kernels/lm_head.h"
+#include "kernels/norm.h"
+#include "kernels/swiglu.h"
+#include "policies/error.h"
+#include "runtime/synthetic.h"
+
+namespace twinstep::runtime {
+
+using kernels::bf16;
+
+void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
+  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + expr +
+                           ": cuBLAS status " + std::to_string(static_cast<int>(st)));
+}
+
+namespace {
+
+constexpr int kStagingRing = 64;  // pinned host staging entries for host-to-device inputs
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// buffers
+
+struct Engine::Buffers {
+  std::vector<void*> device_allocs;
+  std::vector<void*> host_allocs;
+  // Weights (one allocation). Fused per layer: qkv rows [q; k; v], gate_up rows [gate; up].
+  bf16* embed = nullptr;
+  bf16* final_norm = nullptr;
+  bf16* lm_head = nullptr;
+  std::vector<bf16*> in_norm, w_qkv, w_o, post_norm, w_gu, w_down;
+  std::map<std::string, std::pair<bf16*, int64_t>> by_name;
+  // Relay and KV cache (slot max_slots is the padding slot).
+  int* tokens = nullptr;
+  int* ctx = nullptr;
+  bf16** slot_base = nullptr;
+  std::vector<bf16*> slot_base_host;
+  // Decode batch.
+  int* batch_slots = nullptr;
+  int* tok_in = nullptr;
+  int* ctx_b = nullptr;
+  bf16** base_b = nullptr;
+  // Activations, rows_max rows.
+  bf16 *residual = nullptr, *xn = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr,
+       *o = nullptr, *gu = nullptr, *act = nullptr, *mlp = nullptr;
+  bf16 *last_res = nullptr, *last_mlp = nullptr;
+  // Sampling.
+  int *argmax = nullptr, *sampled = nullptr;
+  float* top1 = nullptr;
+  char* lm_ws = nullptr;
+  size_t lm_ws_chunk = 0;
+  void* attn_ws = nullptr;
+  // Outputs and counters.
+  OutputRow* out_ring = nullptr;
+  OutputRow* host_ring = nullptr;
+  int ring_rows = 0;
+  uint64_t* seq = nullptr;
+  uint64_t* sample_step = nullptr;
+  uint64_t* ts = nullptr;
+  int ts_nodes = 0;
+  // Prefill metadata: device mirror of one staging entry.
+  char* meta = nullptr;
+  char* staging = nullptr;  // pinned, kStagingRing entries
+  size_t meta_bytes = 0;
+  size_t off_chunk_ctx = 0, off_last = 0, off_slots = 0, off_lens = 0, off_base = 0;
+  std::vector<cudaEvent_t> staging_done;
+  int64_t staging_next = 0;
+  cublasHandle_t cublas = nullptr;
+  void* cublas_ws = nullptr;
+  cudaStream_t aux = nullptr;
+  int rows_max = 0;
+  int chunk = 16;  // prefill query chunk (pseudo-request length)
+  int chunks_max = 0;
+
+  template <typename T>
+  T* dev(size_t count) {
+    void* p = nullptr;
+    TS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16)));
+    device_allocs.push_back(p);
+    return static_cast<T*>(p);
+  }
+};
+
+Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
+    : config_(config), options_(options), b_(std::make_unique<Buffers>()) {
+  const LlamaConfig& c = config_;
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) throw ConfigError("", "real runtime: " + what);
+  };
+  need(c.head_dim == kernels::kHeadDim,
+       "head_dim must be 128 (decode_attention), got " + std::to_string(c.head_dim));
+  need(c.hidden % 64 == 0 && c.intermediate % 64 == 0 && c.vocab % 64 == 0,
+       "hidden, intermediate and vocab must be multiples of 64");
+  need(c.q_heads % c.kv_heads == 0 && c.q_heads / c.kv_heads <= 64,
+       "q heads must be a multiple of KV heads, group <= 64");
+  need(options.max_slots >= 1 && options.max_slots <= 1024, "max_slots outside [1, 1024]");
+  need(options.capacity_tokens >= 16 && options.capacity_tokens % 16 == 0,
+       "capacity_tokens must be a positive multiple of 16");
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) throw Error("real runtime: no CUDA device");
+  // Spin rather than yield in event waits: the host loop is latency-critical.
+  if (cudaSetDeviceFlags(cudaDeviceScheduleSpin) != cudaSuccess) (void)cudaGetLastError();
+  rope_ = kernels::llama3_rope_table(c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
+                                     c.rope_high_freq_factor, c.rope_original_context);
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&b_->aux, cudaStreamNonBlocking));
+  TS_CUBLAS_CHECK(cublasCreate(&cublas_));
+  b_->cublas = cublas_;
+  TS_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+  TS_CUBLAS_CHECK(cublasSetMathMode(
+      cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  max_bucket_ = bucket_for(options.max_slots);
+  allocate();
+}
+
+Engine::~Engine() {
+  for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+  if (compute_) cudaStreamSynchronize(compute_);
+  if (copy_) cudaStreamSynchronize(copy_);
+  for (cudaEvent_t e : b_->staging_done) cudaEventDestroy(e);
+  if (cublas_) cublasDestroy(cublas_);
+  for (void* p : b_->device_allocs) cudaFree(p);
+  for (void* p : b_->host_allocs) cudaFreeHost(p);
+  if (b_->aux) cudaStreamDestroy(b_->aux);
+  if (compute_) cudaStreamDestroy(compute_);
+  if (copy_) cudaStreamDestroy(copy_);
+}
+
+int Engine::bucket_for(int batch) {
+  int b = 1;
+  while (b < batch) b *= 2;
+  return b;
+}
+
+void Engine::allocate() {
+  const LlamaConfig& c = config_;
+  Buffers& b = *b_;
+  const int64_t H = c.hidden, I = c.intermediate, V = c.vocab;
+  // Weights: one allocation, 256-byte aligned tensors.
+  int64_t elems = 0;
+  auto reserve = [&](int64_t n) {
+    const int64_t at = elems;
+    elems += (n + 127) / 128 * 128;
+    return at;
+  };
+  std::vector<int64_t> at_in, at_qkv, at_o, at_post, at_gu, at_down;
+  const int64_t at_embed = reserve(V * H);
+  for (int l = 0; l < c.layers; ++l) {
+    at_in.push_back(reserve(H));
+    at_qkv.push_back(reserve(c.qkv_dim() * H));
+    at_o.push_back(reserve(H * c.q_dim()));
+    at_post.push_back(reserve(H));
+    at_gu.push_back(reserve(2 * I * H));
+    at_down.push_back(reserve(H * I));
+  }
+  const int64_t at_norm = reserve(H);
+  const int64_t at_lm = c.tie_embeddings ? at_embed : reserve(V * H);
+  bf16* w = b.dev<bf16>(size_t(elems));
+  weight_bytes_ = elems * 2;
+  b.embed = w + at_embed;
+  b.final_norm = w + at_norm;
+  b.lm_head = w + at_lm;
+  for (int l = 0; l < c.layers; ++l) {
+    b.in_norm.push_back(w + at_in[l]);
+    b.w_qkv.push_back(w + at_qkv[l]);
+    b.w_o.push_back(w + at_o[l]);
+    b.post_norm.push_back(w + at_post[l]);
+    b.w_gu.push_back(w + at_gu[l]);
+    b.w_down.push_back(w + at_down[l]);
+  }
+  for (const WeightDesc& d : llama_weight_list(c)) {
+    int64_t n = 1;
+    for (int64_t s : d.shape) n *= s;
+    bf16* p = nullptr;
+    const std::string& nm = d.name;
+    if (nm == "model.embed_tokens.weight")
+      p = b.embed;
+    else if (nm == "model.norm.weight")
+      p = b.final_norm;
+    else if (nm == "lm_head.weight")
+      p = b.lm_head;
+    else {
+      const size_t dot = nm.find('.', 13);
+      const int l = std::stoi(nm.substr(13, dot - 13));
+      const std::string rest = nm.substr(dot + 1);
+      if (rest == "input_layernorm.weight")
+        p = b.in_norm[l];
+      else if (rest == "post_attention_layernorm.weight")
+        p = b.post_norm[l];
+      else if (rest == "self_attn.q_proj.weight")
+        p = b.w_qkv[l];
+      else if (rest == "self_attn.k_proj.weight")
+        p = b.w_qkv[l] + c.q_dim() * H;
+      else if (rest == "self_attn.v_proj.weight")
+        p = b.w_qkv[l] + (c.q_dim() + c.kv_dim()) * H;
+      else if (rest == "self_attn.o_proj.weight")
+        p = b.w_o[l];
+      else if (rest == "mlp.gate_proj.weight")
+        p = b.w_gu[l];
+      else if (rest == "mlp.up_proj.weight")
+        p = b.w_gu[l] + I * H;
+      else if (rest == "mlp.down_proj.weight")
+        p = b.w_down[l];
+    }
+    assert(p != nullptr);
+    b.by_name[nm] = {p, n};
+  }
+
+  // KV cache and relay.
+  const int slots = options_.max_slots + 1;
+  kernels::KvCache shape{nullptr, c.layers, c.kv_heads, options_.capacity_tokens};
+  const size_t per_slot = kernels::kv_cache_bytes_per_request(shape) / sizeof(bf16);
+  bf16* pool = b.dev<bf16>(per_slot * slots);
+  for (int s = 0; s < slots; ++s) b.slot_base_host.push_back(pool + per_slot * s);
+  b.slot_base = b.dev<bf16*>(slots);
+  TS_CUDA_CHECK(cudaMemcpy(b.slot_base, b.slot_base_host.data(), sizeof(bf16*) * slots,
+                           cudaMemcpyHostToDevice));
+  b.tokens = b.dev<int>(slots);
+  b.ctx = b.dev<int>(slots);
+  TS_CUDA_CHECK(cudaMemset(b.tokens, 0, sizeof(int) * slots));
+  TS_CUDA_CHECK(cudaMemset(b.ctx, 0, sizeof(int) * slots));
+
+  // Prefill chunking: pseudo-requests of `chunk` queries, group * chunk <= 64 rows.
+  const int group = c.q_heads / c.kv_heads;
+  b.chunk = std::min(16, std::max(1, 64 / group));
+  options_.max_prefill_tokens = int32_t(align_up(
+      size_t(std::max(options_.max_prefill_tokens, options_.capacity_tokens)), size_t(b.chunk)));
+  b.chunks_max = options_.max_prefill_tokens / b.chunk;
+  b.rows_max = std::max(options_.max_prefill_tokens, max_bucket_);
+  const size_t R = size_t(b.rows_max);
+  b.batch_slots = b.dev<int>(max_bucket_);
+  b.tok_in = b.dev<int>(max_bucket_);
+  b.ctx_b = b.dev<int>(max_bucket_);
+  b.base_b = b.dev<bf16*>(max_bucket_);
+  b.residual = b.dev<bf16>(R * H);
+  b.xn = b.dev<bf16>(R * H);
+  b.qkv = b.dev<bf16>(R * c.qkv_dim());
+  b.q = b.dev<bf16>(R * c.q_dim());
+  b.attn = b.dev<bf16>(R * c.q_dim());
+  b.o = b.dev<bf16>(R * H);
+  b.gu = b.dev<bf16>(R * 2 * I);
+  b.act = b.dev<bf16>(R * I);
+  b.mlp = b.dev<bf16>(R * H);
+  const int out_rows = std::max(max_bucket_, options_.max_slots);
+  b.last_res = b.dev<bf16>(size_t(out_rows) * H);
+  b.last_mlp = b.dev<bf16>(size_t(out_rows) * H);
+  const int lm_chunks = (out_rows + kernels::kGemvMaxRows - 1) / kernels::kGemvMaxRows;
+  b.lm_ws_chunk = align_up(kernels::lm_head_workspace_bytes(kernels::kGemvMaxRows, int(V)), 256);
+  b.lm_ws = b.dev<char>(b.lm_ws_chunk * lm_chunks);
+  b.argmax = b.dev<int>(out_rows);
+  b.sampled = b.dev<int>(out_rows);
+  b.top1 = b.dev<float>(out_rows);
+
+  // Attention workspace: the largest of every decode bucket and every prefill chunk count.
+  size_t ws = 0;
+  kernels::KvCache cache{nullptr, c.layers, c.kv_heads, options_.capacity_tokens};
+  for (int bucket = 1; bucket <= max_bucket_; bucket *= 2)
+    ws = std::max(ws, kernels::attention_workspace_bytes(
+                          {bucket, 1, c.q_heads, 0.08838834764831845f}, cache));
+  for (int n = 1; n <= b.chunks_max; ++n)
+    ws = std::max(ws, kernels::attention_workspace_bytes(
+                          {n, b.chunk, c.q_heads, 0.08838834764831845f}, cache));
+  b.attn_ws = b.dev<char>(ws);
+
+  b.ring_rows = out_rows;
+  b.out_ring = b.dev<OutputRow>(size_t(kOutputRing) * out_rows);
+  TS_CUDA_CHECK(cudaMallocHost(&b.host_ring, sizeof(OutputRow) * kOutputRing * out_rows));
+  b.host_allocs.push_back(b.host_ring);
+  std::memset(b.host_ring, 0, sizeof(OutputRow) * kOutputRing * out_rows);
+  b.seq = b.dev<uint64_t>(1);
+  b.sample_step = b.dev<uint64_t>(1);
+  TS_CUDA_CHECK(cudaMemset(b.seq, 0, 8));
+  TS_CUDA_CHECK(cudaMemset(b.sample_step, 0, 8));
+  b.ts_nodes = 16 * c.layers + 16 + lm_chunks;
+  if (options_.profile_nodes) b.ts = b.dev<uint64_t>(size_t(kTsRing) * b.ts_nodes);
+
+  // Host-to-device staging: [tokens T][chunk ctx C][last rows S][slots S][lens S][chunk base C].
+  const size_t T = size_t(options_.max_prefill_tokens), C = size_t(b.chunks_max);
+  const size_t S = size_t(std::max(out_rows, options_.max_slots));
+  b.off_chunk_ctx = 4 * T;
+  b.off_last = b.off_chunk_ctx + 4 * C;
+  b.off_slots = b.off_last + 4 * S;
+  b.off_lens = b.off_slots + 4 * S;
+  b.off_base = align_up(b.off_lens + 4 * S, 16);
+  b.meta_bytes = align_up(b.off_base + 8 * C, 256);
+  b.meta = b.dev<char>(b.meta_bytes);
+  TS_CUDA_CHECK(cudaMallocHost(&b.staging, b.meta_bytes * kStagingRing));
+  b.host_allocs.push_back(b.staging);
+  b.staging_done.resize(kStagingRing);
+  for (cudaEvent_t& e : b.staging_done) {
+    TS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    TS_CUDA_CHECK(cudaEventRecord(e, compute_));
+  }
+  TS_CUDA_CHECK(cudaMalloc(&b.cublas_ws, kCublasWorkspaceBytes));
+  b.device_allocs.push_back(b.cublas_ws);
+  TS_CUBLAS_CHECK(cublasSetWorkspace(cublas_, b.cublas_ws, kCublasWorkspaceBytes));
+  TS_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void Engine::init_synthetic(uint64_t seed) {
+  for (const WeightDesc& d : llama_weight_list(config_)) {
+    const auto& [p, n] = b_->by_name.at(d.name);
+    const float scale = d.init_std == 0 ? 0.0f : synthetic::scale_for_std(d.init_std);
+    launch_init_synthetic(reinterpret_cast<uint16_t*>(p), uint64_t(n), seed,
+                          synthetic::tensor_stream(d.name), scale, compute_);
+  }
+  TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+void Engine::upload(const Checkpoint& ck) {
+  for (const WeightDesc& d : llama_weight_list(config_)) {
+    const auto& [p, n] = b_->by_name.at(d.name);
+    const std::span<const std::byte> src = ck.tensor(d.name);
+    if (int64_t(src.size()) != n * 2)
+      throw CheckpointError(ck.file_of(d.name) + ": tensor " + d.name + " has the wrong size");
+    TS_CUDA_CHECK(cudaMemcpy(p, src.data(), src.size(), cudaMemcpyHostToDevice));
+  }
+}
+
+std::unique_ptr<Engine> Engine::create_synthetic(const LlamaConfig& config, uint64_t seed,
+                                                 const EngineOptions& options) {
+  std::unique_ptr<Engine> e(new Engine(config, options));
+  e->init_synthetic(seed);
+  return e;
+}
+
+std::unique_ptr<Engine> Engine::create_from_checkpoint(const Checkpoint& ck,
+                                                       const EngineOptions& options) {
+  std::unique_ptr<Engine> e(new Engine(ck.config(), options));
+  e->upload(ck);
+  return e;
+}
+
+std::vector<uint16_t> Engine::download_weight(const std::string& name) const {
+  auto it = b_->by_name.find(name);
+  if (it == b_->by_name.end()) throw Error("engine has no weight " + name);
+  std::vector<uint16_t> out(size_t(it->second.second));
+  TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  TS_CUDA_CHECK(cudaMemcpy(out.data(), it->second.first, out.size() * 2, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// forward passes
+
+void Engine::proj(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, bool pdl) {
+  if (m <= kernels::kGemvMaxRows) {
+    kernels::gemv(w, x, out, m, n, k, compute_, pdl);
+    return;
+  }
+  // out[m][n] = x[m][k] · w[n][k]^T: column-major C(n×m) = W^T(n×k) · X(k×m).
+  const float alpha = 1.0f, beta = 0.0f;
+  TS_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF,
+                               k, x, CUDA_R_16BF, k, &beta, out, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
+}
+
+void Engine::node(const char* name) {
+  if (names_ != nullptr) names_->push_back(name);
+  if (timestamps_) {
+    launch_timestamp(b_->ts, b_->seq, node_index_, b_->ts_nodes, compute_);
+  }
+  ++node_index_;
+}
+
+void Engine::decode_forward(int B, bool pdl, bool commit) {
+  const LlamaConfig& c = config_;
+  Buffers& b = *b_;
+  const int H = int(c.hidden), I = int(c.intermediate), V = int(c.vocab);
+  const float eps = float(c.rms_eps);
+  cudaStream_t s = compute_;
+  std::vector<const char*> names;
+  names_ = &names;
+  timestamps_ = options_.profile_nodes && commit;
+  node_index_ = 0;
+
+  node("gather");
+  launch_gather_batch(B, b.batch_slots, b.tokens, b.ctx, b.slot_base, b.tok_in, b.ctx_b, b.base_b,
+                      s);
+  node("embedding");
+  kernels::embedding_gather(b.embed, b.tok_in, b.residual, B, V, H, s, pdl);
+  const kernels::KvCache cache{b.base_b, c.layers, c.kv_heads, options_.capacity_tokens};
+  const kernels::AttentionShape shape{B, 1, c.q_heads, 0.08838834764831845f};
+  for (int l = 0; l < c.layers; ++l) {
+    node("attn_norm");
+    kernels::rmsnorm_residual(l == 0 ? nullptr : b.mlp, b.residual, b.in_norm[l], b.xn, B, H, eps,
+                              s, pdl);
+    node("qkv_proj");
+    proj(b.w_qkv[l], b.xn, b.qkv, B, int(c.qkv_dim()), H, pdl);
+    node("rope_kv_append");
+    kernels::rope_kv_append(b.qkv, b.ctx_b, cache, l, b.q, B, 1, c.q_heads, rope_, s, pdl);
+    node("attention");
+    kernels::decode_attention(b.q, cache, l, b.ctx_b, b.attn, shape, b.attn_ws, s, pdl);
+    node("o_proj");
+    proj(b.w_o[l], b.attn, b.o, B, H, int(c.q_dim()), pdl);
+    node("mlp_norm");
+    kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, B, H, eps, s, pdl);
+    if (B <= kernels::kGemvMaxRows) {
+      node("gate_up_swiglu");
+      kernels::gemv_swiglu(b.w_gu[l], b.xn, b.act, B, I, H, s, pdl);
+    } else {
+      node("gate_up_proj");
+      proj(b.w_gu[l], b.xn, b.gu, B, 2 * I, H, pdl);
+      node("swiglu");
+      kernels::swiglu(b.gu, b.act, B, I, s, pdl);
+    }
+    node("down_proj");
+    proj(b.w_down[l], b.act, b.mlp, B, H, I, pdl);
+  }
+  node("final_norm");
+  kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s, pdl);
+  for (int r0 = 0, chunk = 0; r0 < B; r0 += kernels::kGemvMaxRows, ++chunk) {
+    const int m = std::min(kernels::kGemvMaxRows, B - r0);
+    node("lm_head");
+    kernels::lm_head(b.lm_head, b.xn + size_t(r0) * H, m, V, H,
+                     {sampling_.temperature, sampling_.seed, b.sample_step},
+                     b.lm_ws + b.lm_ws_chunk * chunk,
+                     {b.argmax + r0, b.top1 + r0, b.sampled + r0, nullptr}, s, pdl);
+  }
+  if (commit) {
+    node("commit");
+    launch_decode_commit(B, b.batch_slots, options_.max_slots, b.sampled, b.ctx_b, b.tokens, b.ctx,
+                         b.out_ring, b.ring_rows, b.seq, b.sample_step, s);
+  }
+  names_ = nullptr;
+  timestamps_ = false;
+  node_names_[B] = names;
+}
+
+const std::vector<const char*>& Engine::decode_node_names(int batch) const {
+  static const std::vector<const char*> empty;
+  auto it = node_names_.find(bucket_for(batch));
+  return it == node_names_.end() ? empty : it->second;
+}
+
+void* Engine::staging(int64_t) {
+  const int e = int(b_->staging_next++ % kStagingRing);
+  // The entry's previous copy must have executed before the host overwrites it.
+  TS_CUDA_CHECK(cudaEventSynchronize(b_->staging_done[size_t(e)]));
+  return b_->staging + size_t(e) * b_->meta_bytes;
+}
+
+void Engine::upload_batch(std::span<const int32_t> slots, int bucket) {
+  std::vector<int32_t> list(slots.begin(), slots.end());
+  list.resize(size_t(bucket), options_.max_slots);
+  if (list == uploaded_slots_) return;
+  const int e = int(b_->staging_next % kStagingRing);
+  void* host = staging(0);
+  std::memcpy(host, list.data(), list.size() * 4);
+  TS_CUDA_CHECK(
+      cudaMemcpyAsync(b_->batch_slots, host, list.size() * 4, cudaMemcpyHostToDevice, compute_));
+  TS_CUDA_CHECK(cudaEventRecord(b_->staging_done[size_t(e)], compute_));
+  uploaded_slots_ = std::move(list);
+}
+
+void Engine::prepare(GraphMode mode, int max_batch) {
+  if (mode == GraphMode::kEager) return;
+  const int top = bucket_for(std::min(max_batch, options_.max_slots));
+  for (int B = 1; B <= top; B *= 2) {
+    const GraphKey key{B, mode, sampling_};
+    if (graphs_.count(key)) continue;
+    const bool pdl = mode == GraphMode::kCudaGraphPdl;
+    // Warm-up outside capture (cuBLAS heuristics, kernel attributes), relay untouched.
+    std::vector<int32_t> pad;
+    upload_batch(pad, B);
+    decode_forward(B, pdl, /*commit=*/false);
+    TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    cudaGraph_t graph = nullptr;
+    TS_CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
+    decode_forward(B, pdl, /*commit=*/true);
+    TS_CUDA_CHECK(cudaStreamEndCapture(compute_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    TS_CUDA_CHECK(cudaGraphDestroy(graph));
+    TS_CUDA_CHECK(cudaGraphUpload(exec, compute_));
+    graphs_[key] = exec;
+  }
+  TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+int64_t Engine::enqueue_decode(std::span<const int32_t> slots, GraphMode mode) {
+  const int n = int(slots.size());
+  if (n < 1 || n > options_.max_slots)
+    throw Error("decode batch of " + std::to_string(n) + " outside [1, " +
+                std::to_string(options_.max_slots) + "]");
+  const int B = bucket_for(n);
+  if (mode == GraphMode::kEager) {
+    upload_batch(slots, B);
+    decode_forward(B, /*pdl=*/false, /*commit=*/true);
+  } else {
+    auto it = graphs_.find({B, mode, sampling_});
+    if (it == graphs_.end()) {
+      prepare(mode, n);
+      it = graphs_.find({B, mode, sampling_});
+    }
+    upload_batch(slots, B);
+    TS_CUDA_CHECK(cudaGraphLaunch(it->second, compute_));
+  }
+  return next_seq_++;
+}
+
+void Engine::prefill_pass(std::span<const int32_t> slots,
+                          std::span<const std::vector<int32_t>> prompts, int row_offset,
+                          bool last_pass) {
+  const LlamaConfig& c = config_;
+  Buffers& b = *b_;
+  const int H = int(c.hidden), I = int(c.intermediate), V = int(c.vocab);
+  const float eps = float(c.rms_eps);
+  cudaStream_t s = compute_;
+  const int n = int(slots.size());
+  const int e = int(b.staging_next % kStagingRing);
+  char* host = static_cast<char*>(staging(0));
+  int* tok = reinterpret_cast<int*>(host);
+  int* chunk_ctx = reinterpret_cast<int*>(host + b.off_chunk_ctx);
+  int* last = reinterpret_cast<int*>(host + b.off_last);
+  int* slot_ids = reinterpret_cast<int*>(host + b.off_slots);
+  int* lens = reinterpret_cast<int*>(host + b.off_lens);
+  bf16** bases = reinterpret_cast<bf16**>(host + b.off_base);
+  int T = 0, C = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto& p = prompts[size_t(i)];
+    const int L = int(p.size());
+    const int padded = int(align_up(size_t(L), size_t(b.chunk)));
+    for (int t = 0; t < padded; ++t) tok[T + t] = t < L ? p[size_t(t)] : 0;
+    for (int k = 0; k < padded / b.chunk; ++k) {
+      chunk_ctx[C] = k * b.chunk;
+      bases[C] = b.slot_base_host[size_t(slots[size_t(i)])];
+      ++C;
+    }
+    last[i] = T + L - 1;
+    slot_ids[i] = slots[size_t(i)];
+    lens[i] = L;
+    T += padded;
+  }
+  TS_CUDA_CHECK(cudaMemcpyAsync(b.meta, host, b.meta_bytes, cudaMemcpyHostToDevice, s));
+  TS_CUDA_CHECK(cudaEventRecord(b.staging_done[size_t(e)], s));
+  const int* d_tok = reinterpret_cast<const int*>(b.meta);
+  const int* d_chunk_ctx = reinterpret_cast<const int*>(b.meta + b.off_chunk_ctx);
+  const int* d_last = reinterpret_cast<const int*>(b.meta + b.off_last);
+  const int* d_slots = reinterpret_cast<const int*>(b.meta + b.off_slots);
+  const int* d_lens = reinterpret_cast<const int*>(b.meta + b.off_lens);
+  bf16* const* d_bases = reinterpret_cast<bf16* const*>(b.meta + b.off_base);
+
+  // Causal attention over the prompt: each `chunk`-token piece is a pseudo-request of
+  // decode_attention (ctx = its start, q_len = chunk) over its own request's cache. No PDL here:
+  // rope_kv_append writes every position of the prompt, which the attention prologue may read.
+  const kernels::KvCache cache{d_bases, c.layers, c.kv_heads, options_.capacity_tokens};
+  const kernels::AttentionShape shape{C, b.chunk, c.q_heads, 0.08838834764831845f};
+  kernels::embedding_gather(b.embed, d_tok, b.residual, T, V, H, s);
+  for (int l = 0; l < c.layers; ++l) {
+    kernels::rmsnorm_residual(l == 0 ? nullptr : b.mlp, b.residual, b.in_norm[l], b.xn, T, H, eps,
+                              s);
+    proj(b.w_qkv[l], b.xn, b.qkv, T, int(c.qkv_dim()), H, false);
+    kernels::rope_kv_append(b.qkv, d_chunk_ctx, cache, l, b.q, C, b.chunk, c.q_heads, rope_, s);
+    kernels::decode_attention(b.q, cache, l, d_chunk_ctx, b.attn, shape, b.attn_ws, s);
+    proj(b.w_o[l], b.attn, b.o, T, H, int(c.q_dim()), false);
+    kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, T, H, eps, s);
+    proj(b.w_gu[l], b.xn, b.gu, T, 2 * I, H, false);
+    kernels::swiglu(b.gu, b.act, T, I, s);
+    proj(b.w_down[l], b.act, b.mlp, T, H, I, false);
+  }
+  launch_gather_rows(b.residual, d_last, b.last_res, n, H, s);
+  launch_gather_rows(b.mlp, d_last, b.last_mlp, n, H, s);
+  kernels::rmsnorm_residual(b.last_mlp, b.last_res, b.final_norm, b.xn, n, H, eps, s);
+  for (int r0 = 0, chunk = 0; r0 < n; r0 += kernels::kGemvMaxRows, ++chunk) {
+    const int m = std::min(kernels::kGemvMaxRows, n - r0);
+    kernels::lm_head(b.lm_head, b.xn + size_t(r0) * H, m, V, H,
+                     {sampling_.temperature, sampling_.seed, b.sample_step},
+                     b.lm_ws + b.lm_ws_chunk * chunk,
+                     {b.argmax + r0, b.top1 + r0, b.sampled + r0, nullptr}, s);
+  }
+  launch_prefill_commit(n, d_slots, d_lens, b.sampled, row_offset, b.tokens, b.ctx, b.out_ring,
+                        b.ring_rows, b.seq, b.sample_step, last_pass, s);
+}
+
+int64_t Engine::enqueue_prefill(std::span<const int32_t> slots,
+                                std::span<const std::vector<int32_t>> prompts) {
+  const int n = int(slots.size());
+  if (n < 1 || n > options_.max_slots || prompts.size() != slots.size())
+    throw Error("prefill of " + std::to_string(n) + " requests outside [1, max_slots]");
+  const int chunk = b_->chunk;
+  int begin = 0;
+  while (begin < n) {
+    int end = begin, T = 0;
+    while (end < n) {
+      const auto& p = prompts[size_t(end)];
+      if (p.empty()) throw Error("prefill of an empty prompt");
+      const int padded = int(align_up(p.size(), size_t(chunk)));
+      if (padded > options_.capacity_tokens)
+        throw Error("prompt of " + std::to_string(p.size()) + " tokens exceeds the KV capacity " +
+                    std::to_string(options_.capacity_tokens));
+      for (int32_t t : p)
+        if (t < 0 || t >= config_.vocab) throw Error("prompt token outside the vocabulary");
+      if (T + padded > options_.max_prefill_tokens) break;
+      T += padded;
+      ++end;
+    }
+    prefill_pass(slots.subspan(size_t(begin), size_t(end - begin)),
+                 prompts.subspan(size_t(begin), size_t(end - begin)), begin, end == n);
+    begin = end;
+  }
+  uploaded_slots_.clear();  // conservative: nothing of prefill touches batch_slots, but cheap
+  return next_seq_++;
+}
+
+void Engine::enqueue_output_copy(int64_t seq, int32_t rows, cudaStream_t stream) {
+  assert(rows >= 0 && rows <= b_->ring_rows);
+  const size_t at = size_t(seq % kOutputRing) * b_->ring_rows;
+  TS_CUDA_CHECK(cudaMemcpyAsync(b_->host_ring + at, b_->out_ring + at, sizeof(OutputRow) * rows,
+                                cudaMemcpyDeviceToHost, stream));
+}
+
+const OutputRow* Engine::host_outputs(int64_t seq) const {
+  return b_->host_ring + size_t(seq % kOutputRing) * b_->ring_rows;
+}
+
+std::map<int64_t, std::vector<uint64_t>> Engine::node_timestamps(int64_t first_seq,
+                                                                 int64_t last_seq) {
+  std::map<int64_t, std::vector<uint64_t>> out;
+  if (!options_.profile_nodes) return out;
+  first_seq = std::max(first_seq, next_seq_ - kTsRing);
+  for (int64_t q = first_seq; q <= last_seq && q < next_seq_; ++q) {
+    std::vector<uint64_t> ts(size_t(b_->ts_nodes));
+    TS_CUDA_CHECK(cudaMemcpyAsync(ts.data(), b_->ts + size_t(q % kTsRing) * b_->ts_nodes,
+                                  ts.size() * 8, cudaMemcpyDeviceToHost, b_->aux));
+    TS_CUDA_CHECK(cudaStreamSynchronize(b_->aux));
+    out[q] = std::move(ts);
+  }
+  return out;
+}
+
+}  // namespace twinstep::runtime
