@@ -405,10 +405,18 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   };
   if (tuning.launch_split) {
     switch (row_tiles) {
-      case 1: run(attention_split_kernel<1>, 1); break;
-      case 2: run(attention_split_kernel<2>, 2); break;
-      case 3: run(attention_split_kernel<3>, 3); break;
-      default: run(attention_split_kernel<4>, 4); break;
+      case 1:
+        run(attention_split_kernel<1>, 1);
+        break;
+      case 2:
+        run(attention_split_kernel<2>, 2);
+        break;
+      case 3:
+        run(attention_split_kernel<3>, 3);
+        break;
+      default:
+        run(attention_split_kernel<4>, 4);
+        break;
     }
   }
   if (tuning.launch_combine)

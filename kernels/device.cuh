@@ -90,7 +90,8 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint
       : "memory");
 }
 
-// Arrives on `bar` once every cp.async this thread issued so far has landed (count pre-set at init).
+// Arrives on `bar` once every cp.async this thread issued so far has landed (count pre-set at
+// init).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
                : "memory");

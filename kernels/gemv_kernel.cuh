@@ -68,7 +68,7 @@ struct GemvParams {
   int stages;      // ring depth, <= kGemvMaxStages
   int x_rows;      // 8 or 16 activation rows reserved per stage
   int stage_rows;  // x_rows + weight rows per pass (<= 64)
-  int fill;        // GemvTuning::fill (0 or 1)
+  int fill;        // 0: cp.async.bulk per row, 1: 16-byte cp.async (GemvTuning::fill)
 };
 
 template <GemvEpilogue kEpilogue>
@@ -88,9 +88,9 @@ struct GemvWork {
   static constexpr bool kGrouped =
       kEpilogue == GemvEpilogue::kMoeGateUp || kEpilogue == GemvEpilogue::kMoeDown;
   const GemvParams& p;
-  int count = 0;        // grouped: selected experts
-  int tiles_per = 0;    // tiles per expert entry
-  int total = 0;        // tiles in all
+  int count = 0;      // grouped: selected experts
+  int tiles_per = 0;  // tiles per expert entry
+  int total = 0;      // tiles in all
 
   __device__ explicit GemvWork(const GemvParams& params) : p(params) {
     constexpr int cols = out_cols_per_tile<kEpilogue>();
@@ -152,8 +152,8 @@ struct GemvWork {
   __device__ const bf16* x_row(const GemvPass& ps, int t) const {
     if constexpr (kEpilogue == GemvEpilogue::kMoeDown) {
       if (is_shared(ps)) return p.group.act_shared + static_cast<size_t>(t) * ps.k;
-      const int slot = max(0, static_cast<int>(p.group.slot_of[t * p.group.num_experts +
-                                                               expert(ps)]));
+      const int slot =
+          max(0, static_cast<int>(p.group.slot_of[t * p.group.num_experts + expert(ps)]));
       return p.group.act + (static_cast<size_t>(t) * p.group.top_k + slot) * ps.k;
     } else {
       return p.x + static_cast<size_t>(t) * ps.k;
@@ -590,13 +590,14 @@ template <GemvEpilogue kEpilogue>
 void launch_gemv_regpipe(const GemvParams& p, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
   if (p.m <= 8)
-    launch(gemv_regpipe_kernel<1, kEpilogue>, dim3(std::min(tiles, regpipe_resident_blocks<1, kEpilogue>())),
-           dim3(kRegThreads), 0, stream, pdl, p);
+    launch(gemv_regpipe_kernel<1, kEpilogue>,
+           dim3(std::min(tiles, regpipe_resident_blocks<1, kEpilogue>())), dim3(kRegThreads), 0,
+           stream, pdl, p);
   else
-    launch(gemv_regpipe_kernel<2, kEpilogue>, dim3(std::min(tiles, regpipe_resident_blocks<2, kEpilogue>())),
-           dim3(kRegThreads), 0, stream, pdl, p);
+    launch(gemv_regpipe_kernel<2, kEpilogue>,
+           dim3(std::min(tiles, regpipe_resident_blocks<2, kEpilogue>())), dim3(kRegThreads), 0,
+           stream, pdl, p);
 }
-
 
 int num_sms();
 
@@ -610,16 +611,15 @@ void launch_gemv(GemvParams p, cudaStream_t stream, bool pdl) {
                 kEpilogue == GemvEpilogue::kLogits) {
     if (tuning.fill == 2) return launch_gemv_regpipe<kEpilogue>(p, stream, pdl);
   }
-  const int cols = (kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kMoeGateUp)
-                       ? 8
-                       : 16;
+  const int cols =
+      (kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kMoeGateUp) ? 8 : 16;
   const int sms = num_sms();
   const int tiles = p.n / cols;
   const int grid = kGrouped ? sms : std::min(tiles, sms);
   const int per_block =
       kGrouped ? kGemvConsumerWarps : std::min(kGemvConsumerWarps, (tiles + grid - 1) / grid);
   p.kc = tuning.kc;
-  p.fill = tuning.fill == 0 ? 0 : 1;
+  p.fill = tuning.fill == 1 ? 1 : 0;  // fill 2 (register kernel) has no grouped mode: bulk ring
   p.x_rows = p.m > 8 ? 16 : 8;
   p.stage_rows = p.x_rows + per_block * 16;
   const int stage_bytes = p.stage_rows * (p.kc * 2 + 16);

@@ -99,21 +99,34 @@ __global__ void __launch_bounds__(kTopkThreads)
     val[j] = -INFINITY;
     idx[j] = 0x7fffffff;
   }
-  for (int v = threadIdx.x; v < vocab; v += kTopkThreads) {
-    const float x = row[v];
-    if (better(x, v, val[kMaxTopk - 1], idx[kMaxTopk - 1])) {
-      val[kMaxTopk - 1] = x;
-      idx[kMaxTopk - 1] = v;
+  // Loads in batches of 8 independent reads (one L2 round trip per batch, not per logit: the
+  // unbatched loop measured 138 us for 128256 logits on one block).
+  constexpr int kBatch = 8;
+  for (int v0 = threadIdx.x; v0 < vocab; v0 += kBatch * kTopkThreads) {
+    float xs[kBatch];
 #pragma unroll
-      for (int j = kMaxTopk - 1; j > 0; --j)
-        if (better(val[j], idx[j], val[j - 1], idx[j - 1])) {
-          const float tv = val[j];
-          val[j] = val[j - 1];
-          val[j - 1] = tv;
-          const int ti = idx[j];
-          idx[j] = idx[j - 1];
-          idx[j - 1] = ti;
-        }
+    for (int b = 0; b < kBatch; ++b) {
+      const int v = v0 + b * kTopkThreads;
+      xs[b] = v < vocab ? row[v] : -INFINITY;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int v = v0 + b * kTopkThreads;
+      const float x = xs[b];
+      if (v < vocab && better(x, v, val[kMaxTopk - 1], idx[kMaxTopk - 1])) {
+        val[kMaxTopk - 1] = x;
+        idx[kMaxTopk - 1] = v;
+#pragma unroll
+        for (int j = kMaxTopk - 1; j > 0; --j)
+          if (better(val[j], idx[j], val[j - 1], idx[j - 1])) {
+            const float tv = val[j];
+            val[j] = val[j - 1];
+            val[j - 1] = tv;
+            const int ti = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = ti;
+          }
+      }
     }
   }
   const float2 stats = row_stats[m];
@@ -198,7 +211,8 @@ void lm_head(const bf16* w, const bf16* x, int m, int vocab, int k, const Sampli
   float* logits = out.logits;
   if (out.topk > 0) {
     row_stats = reinterpret_cast<float2*>(static_cast<char*>(workspace) + partials_bytes(m, vocab));
-    if (logits == nullptr) logits = reinterpret_cast<float*>(reinterpret_cast<char*>(row_stats) + 256);
+    if (logits == nullptr)
+      logits = reinterpret_cast<float*>(reinterpret_cast<char*>(row_stats) + 256);
   }
   detail::GemvParams p = {};
   p.w = w;

@@ -30,7 +30,7 @@ struct LmHeadOutputs {
   // Optional top-k (the draft's confidence): the topk largest logits of each row, descending (ties:
   // lower token id first), and their softmax probabilities at temperature 1. topk in [0, 16].
   int topk = 0;
-  int* topk_tokens = nullptr;  // [m][topk] device
+  int* topk_tokens = nullptr;   // [m][topk] device
   float* topk_probs = nullptr;  // [m][topk] device
 };
 

@@ -58,8 +58,8 @@ MoeWorkspace carve(void* base, int m, const MoeShape& s) {
 // id), softmax weights, then the union of the selected experts (ascending) and slot_of.
 __global__ void __launch_bounds__(512)
     moe_route_kernel(const float* logits, int m, int num_experts, int top_k, bool renormalize,
-                     int* ids, float* weights, int* list, int* count, int8_t* slot_of,
-                     int* ids_out, float* weights_out) {
+                     int* ids, float* weights, int* list, int* count, int8_t* slot_of, int* ids_out,
+                     float* weights_out) {
   __shared__ int selected[kMaxExperts];
   detail::pdl_wait_and_trigger();
   for (int i = threadIdx.x; i < m * num_experts; i += blockDim.x) slot_of[i] = -1;
@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(512)
       for (int j = 0; j < top_k; ++j) denom += __expf(top_logit[j] - mx);
     } else {
       float part = 0.0f;
-      for (int e = lane; e < num_experts; e += 32) part += __expf(logits[warp * num_experts + e] - mx);
+      for (int e = lane; e < num_experts; e += 32)
+        part += __expf(logits[warp * num_experts + e] - mx);
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2)
         part += __shfl_xor_sync(0xffffffffu, part, offset);
@@ -160,16 +161,16 @@ __global__ void __launch_bounds__(kCombineThreads)
 
 void check_shape(int m, const MoeShape& s, const MoeWeights& w) {
   TS_REQUIRE(m >= 1 && m <= kGemvMaxRows, "m = " + std::to_string(m) + " outside [1, 16]");
-  TS_REQUIRE(s.num_experts >= 1 && s.num_experts <= kMaxExperts && s.num_experts % 16 == 0,
-             "num_experts = " + std::to_string(s.num_experts) +
-                 " must be a multiple of 16 in [16, 256]");
+  TS_REQUIRE(
+      s.num_experts >= 1 && s.num_experts <= kMaxExperts && s.num_experts % 16 == 0,
+      "num_experts = " + std::to_string(s.num_experts) + " must be a multiple of 16 in [16, 256]");
   TS_REQUIRE(s.top_k >= 1 && s.top_k <= kMaxTopK && s.top_k <= s.num_experts,
              "top_k = " + std::to_string(s.top_k) + " outside [1, min(16, num_experts)]");
   TS_REQUIRE(s.hidden > 0 && s.hidden % 64 == 0,
              "hidden = " + std::to_string(s.hidden) + " is not a positive multiple of 64");
-  TS_REQUIRE(s.expert_inter > 0 && s.expert_inter % 64 == 0,
-             "expert_inter = " + std::to_string(s.expert_inter) +
-                 " is not a positive multiple of 64");
+  TS_REQUIRE(
+      s.expert_inter > 0 && s.expert_inter % 64 == 0,
+      "expert_inter = " + std::to_string(s.expert_inter) + " is not a positive multiple of 64");
   TS_REQUIRE(s.shared_inter >= 0 && s.shared_inter % 64 == 0,
              "shared_inter = " + std::to_string(s.shared_inter) + " is not a multiple of 64");
   TS_REQUIRE(w.router != nullptr && w.gate_up != nullptr && w.down != nullptr,

@@ -1,8 +1,8 @@
 #include <string>
 
 #include "kernels/device.cuh"
-#include "kernels/tuning.h"
 #include "kernels/norm.h"
+#include "kernels/tuning.h"
 
 namespace twinstep::kernels {
 

@@ -2,8 +2,8 @@
 #include <string>
 
 #include "kernels/device.cuh"
-#include "kernels/tuning.h"
 #include "kernels/rope.h"
+#include "kernels/tuning.h"
 
 namespace twinstep::kernels {
 

@@ -15,10 +15,11 @@ KernelTuning& kernel_tuning();
 struct GemvTuning {
   int kc = 256;                        // k elements per pipeline stage (multiple of 64, <= 256)
   int smem_budget_bytes = 100 * 1024;  // stage ring per block; <= ~110 KB keeps 2 blocks per SM
-  // Stage fill: 0 = one cp.async.bulk per row (measured copy-rate bound: ~1 per 80 cycles per
-  // SM), 1 = 16-byte cp.async by the producer warp's lanes, 2 = the register-pipelined kernel of
-  // commit 70e44e1 (dense gemv, SwiGLU and LM head only; grouped MoE always uses the ring).
-  int fill = 1;
+  // 0 = stage ring filled by one cp.async.bulk per row (copy-issue bound, ~31% of floor on the
+  // H200), 1 = ring filled by 16-byte cp.async from one producer warp (~10%), 2 = the
+  // register-pipelined kernel of 70e44e1 for dense gemv / SwiGLU / LM head (72-93%: the default;
+  // grouped MoE then uses the ring with fill 0). See docs/kernels.md.
+  int fill = 2;
 };
 GemvTuning& gemv_tuning();
 

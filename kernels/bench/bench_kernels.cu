@@ -273,15 +273,14 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
     // cuBLAS: out^T[n][m] = W[n][k] . x^T, column-major view: C(n x m) = A^T(k x n)^T B(k x m).
     const float alpha = 1.0f, beta = 0.0f;
     const double t_cublas =
-        !full ? 0
-              : time_graph_us([&](cudaStream_t s) {
-                  CUBLAS_CHECK(cublasSetStream(cublas, s));
-                  for (int i = 0; i < launches; ++i)
-                    CUBLAS_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, shape.n, m,
-                                              shape.k, &alpha, w[i % copies], CUDA_R_16BF, shape.k,
-                                              x, CUDA_R_16BF, shape.k, &beta, tmp, CUDA_R_16BF,
-                                              shape.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-                }) / launches;
+        !full ? 0 : time_graph_us([&](cudaStream_t s) {
+                      CUBLAS_CHECK(cublasSetStream(cublas, s));
+                      for (int i = 0; i < launches; ++i)
+                        CUBLAS_CHECK(cublasGemmEx(
+                            cublas, CUBLAS_OP_T, CUBLAS_OP_N, shape.n, m, shape.k, &alpha,
+                            w[i % copies], CUDA_R_16BF, shape.k, x, CUDA_R_16BF, shape.k, &beta,
+                            tmp, CUDA_R_16BF, shape.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                    }) / launches;
     Row row;
     row.s("section", full ? "gemv" : "gemv_variant")
         .s("variant", gemv_variant())
@@ -554,7 +553,9 @@ void bench_layer_chain(int m, bool diagnose) {
     detail::kernel_tuning().early_trigger = true;
     std::printf("  layer chain m=%d pdl on, early triggers off: %7.2f us\n", m, us);
     Row row;
-    row.s("section", "layer_chain_pdl_diagnostic").n("m", m).s("pdl_off_for", "none, early_trigger off");
+    row.s("section", "layer_chain_pdl_diagnostic")
+        .n("m", m)
+        .s("pdl_off_for", "none, early_trigger off");
     add_row(row, bytes, us);
   }
   for (int pdl = 0; pdl < 2; ++pdl) {
@@ -631,13 +632,15 @@ void bench_moe() {
         .n("time_no_pdl_us", t[0]);
     add_row(row, bytes, t[1]);
     std::printf(
-        "moe qwen3-30b-a3b m=%d (%d experts, %.1f MB + router): graph+pdl %7.2f us (%5.1f%%), graph "
+        "moe qwen3-30b-a3b m=%d (%d experts, %.1f MB + router): graph+pdl %7.2f us (%5.1f%%), "
+        "graph "
         "%7.2f us\n",
         m, distinct, expert_bytes / 1e6, t[1], 100.0 * bytes / (t[1] * 1e-6) / 1e12 / g_floor_tbps,
         t[0]);
   }
   for (auto& c : w)
-    for (const bf16* p : {c.router, c.gate_up, c.down}) TS_CUDA_CHECK(cudaFree(const_cast<bf16*>(p)));
+    for (const bf16* p : {c.router, c.gate_up, c.down})
+      TS_CUDA_CHECK(cudaFree(const_cast<bf16*>(p)));
   TS_CUDA_CHECK(cudaFree(x));
   TS_CUDA_CHECK(cudaFree(out));
   TS_CUDA_CHECK(cudaFree(ws));

@@ -158,8 +158,8 @@ TEST(Attention, VerifyRowsMatchPlainDecodeBitForBit) {
     for (int j = 0; j < q_len; ++j) {
       dctx.upload(std::vector<int>{ctx + j});
       out1.poison();
-      decode_attention(dq.get() + j * row_elems, cache, 0, dctx.get(), out1.get(), plain,
-                       ws1.get(), nullptr);
+      decode_attention(dq.get() + j * row_elems, cache, 0, dctx.get(), out1.get(), plain, ws1.get(),
+                       nullptr);
       const auto bits1 = out1.download<uint16_t>();
       for (size_t i = 0; i < row_elems; ++i)
         ASSERT_EQ(bits1[i], bits6[j * row_elems + i])

@@ -147,7 +147,8 @@ TEST(LmHead, TopkTokensAndProbabilities) {
       for (int j = 0; j < topk; ++j) {
         EXPECT_EQ(got_tokens[r * topk + j], order[j]) << "row " << r << " rank " << j;
         const double ref = std::exp(static_cast<double>(lr[order[j]]) - lr[order[0]]) / sum;
-        EXPECT_NEAR(got_probs[r * topk + j], ref, 1e-3 * ref + 1e-7) << "row " << r << " rank " << j;
+        EXPECT_NEAR(got_probs[r * topk + j], ref, 1e-3 * ref + 1e-7)
+            << "row " << r << " rank " << j;
       }
     }
   }

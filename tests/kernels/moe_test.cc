@@ -32,7 +32,8 @@ std::vector<double> ffn(const float* x, const float* gate_up, const float* down,
     act[i] = test::round_bf16(static_cast<float>(g / (1.0 + std::exp(-g)) * u));
   }
   std::vector<double> y(hidden);
-  for (int h = 0; h < hidden; ++h) y[h] = dot(down + static_cast<size_t>(h) * inter, act.data(), inter);
+  for (int h = 0; h < hidden; ++h)
+    y[h] = dot(down + static_cast<size_t>(h) * inter, act.data(), inter);
   return y;
 }
 
@@ -63,8 +64,10 @@ TEST_P(MoeCases, MatchesCpuReference) {
       test::random_bf16(static_cast<size_t>(c.num_experts) * 2 * c.inter * c.hidden, rng, ws);
   const Bf16Host down =
       test::random_bf16(static_cast<size_t>(c.num_experts) * c.hidden * c.inter, rng, ws);
-  const Bf16Host sgu = test::random_bf16(static_cast<size_t>(2 * c.shared_inter + 1) * c.hidden, rng, ws);
-  const Bf16Host sdown = test::random_bf16(static_cast<size_t>(c.hidden) * c.shared_inter + 1, rng, ws);
+  const Bf16Host sgu =
+      test::random_bf16(static_cast<size_t>(2 * c.shared_inter + 1) * c.hidden, rng, ws);
+  const Bf16Host sdown =
+      test::random_bf16(static_cast<size_t>(c.hidden) * c.shared_inter + 1, rng, ws);
   auto dx = test::to_device(x);
   auto drouter = test::to_device(router);
   auto dgu = test::to_device(gate_up);
@@ -114,9 +117,9 @@ TEST_P(MoeCases, MatchesCpuReference) {
       const int e = got_ids[t * c.top_k + j];
       const double w = std::exp(logit[e] - mx) / denom;
       EXPECT_NEAR(got_w[t * c.top_k + j], w, 1e-3 * w + 1e-6) << "token " << t << " rank " << j;
-      const auto y = ffn(xt, &gate_up.values[static_cast<size_t>(e) * 2 * c.inter * c.hidden],
-                         &down.values[static_cast<size_t>(e) * c.hidden * c.inter], c.hidden,
-                         c.inter);
+      const auto y =
+          ffn(xt, &gate_up.values[static_cast<size_t>(e) * 2 * c.inter * c.hidden],
+              &down.values[static_cast<size_t>(e) * c.hidden * c.inter], c.hidden, c.inter);
       for (int h = 0; h < c.hidden; ++h) ref[static_cast<size_t>(t) * c.hidden + h] += w * y[h];
     }
     if (c.shared_inter > 0) {
