@@ -4,7 +4,7 @@
 # Writes OUT_DIR/{configure,build,cpu_tests,gpu_tests,bench}.log and the records
 # OUT_DIR/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 # (results/h200 format). Env: TWINSTEP_CMAKE_ARGS extra configure flags (e.g. SQLite paths),
-# TWINSTEP_COMMIT the commit to record, TWINSTEP_BUILD_DIR (default build), TWINSTEP_SKIP_TESTS=1.
+# TWINSTEP_COMMIT the commit to record, TWINSTEP_NOTE a note for the records, TWINSTEP_BUILD_DIR (default build), TWINSTEP_SKIP_TESTS=1.
 # If the whole project fails to configure (other folders mid-edit), policies/, kernels/,
 # runtime/ and tests/runtime/ are built alone through a generated wrapper project.
 set -uo pipefail
@@ -63,7 +63,7 @@ if [ "${TWINSTEP_SKIP_TESTS:-0}" != 1 ]; then
 fi
 
 bench=$(find_exe twinstep_decode_bench)
-timeout 420 "$bench" --out "$out" ${TWINSTEP_COMMIT:+--commit "$TWINSTEP_COMMIT"} 2>&1 | tee "$out/bench.log"
+timeout 420 "$bench" --out "$out" ${TWINSTEP_COMMIT:+--commit "$TWINSTEP_COMMIT"} ${TWINSTEP_NOTE:+--note "$TWINSTEP_NOTE"} 2>&1 | tee "$out/bench.log"
 bench_status=${PIPESTATUS[0]}
 echo "bench exit status: $bench_status, tests exit status: $test_status ($(( $(date +%s) - start )) s)"
 [ "$test_status" = 0 ] && [ "$bench_status" = 0 ]

@@ -197,6 +197,8 @@ int main(int argc, char** argv) {
       commit = argv[++i];
     else if (a == "--quick")
       quick = true;
+    else if (a == "--note" && i + 1 < argc)
+      note = argv[++i];
   }
   std::string why;
   if (!real_backend_available(&why)) {
