@@ -34,6 +34,12 @@ struct HardwareSpec {
   int64_t d2h_latency_ns = 5000;    // a small device-to-host copy, issue to completion
   double d2h_gbps = 25;             // pinned device-to-host bandwidth, GB/s
   int64_t host_wake_ns = 2000;      // event synchronise: completion to host resuming
+
+  // Collectives: time = alpha + algorithm bytes / interconnect bandwidth (ring all-reduce moves
+  // 2(g-1)/g of the message per rank; all-gather and all-to-all (g-1)/g of what a rank receives).
+  int64_t allreduce_alpha_ns = 8000;  // assumption: NCCL small all-reduce in a graph, one node
+  int64_t alltoall_alpha_ns = 15000;  // assumption
+  int64_t p2p_alpha_ns = 6000;        // assumption: NCCL send/recv between two GPUs of a node
 };
 
 // Presets by name: h100, h200, h20, b200, b300. Throws ConfigError for an unknown name.

@@ -54,12 +54,18 @@ const char* host_op_name(HostOp op) {
   return "?";
 }
 
+HostCostModel HostCostModel::for_rank(int32_t rank) const {
+  HostCostModel m(spec_, rank == 0 ? seed_ : splitmix64(seed_ + uint64_t(rank)));
+  m.rank_ = rank;
+  return m;
+}
+
 int64_t HostCostModel::sample_ns(HostOp op, int64_t step) const {
   const auto i = static_cast<size_t>(op);
   int64_t ns = draw(spec_.ops[i], seed_, i, static_cast<uint64_t>(step));
   for (size_t k = 0; k < spec_.spikes.size(); ++k) {
     const HostSpike& s = spec_.spikes[k];
-    if (s.op != op) continue;
+    if (s.op != op || (s.rank >= 0 && s.rank != rank_)) continue;
     const bool hit =
         s.every_steps > 0
             ? (step - s.phase_step) >= 0 && (step - s.phase_step) % s.every_steps == 0

@@ -34,9 +34,11 @@ struct DurationDist {
 };
 
 // Adds extra_ns to `op` on steps where (step - phase_step) % every_steps == 0 (every_steps > 0),
-// or with probability `probability` per step (every_steps == 0).
+// or with probability `probability` per step (every_steps == 0); on one rank's host only when
+// rank >= 0.
 struct HostSpike {
   HostOp op = HostOp::kProcessOutputs;
+  int32_t rank = -1;
   int64_t every_steps = 0;
   int64_t phase_step = 0;
   double probability = 0;
@@ -53,10 +55,13 @@ class HostCostModel {
   HostCostModel(const HostCostSpec& spec, uint64_t seed) : spec_(spec), seed_(seed) {}
   // Duration of `op` at `step` (>= 0), in nanoseconds. Pure function of (spec, seed, op, step).
   int64_t sample_ns(HostOp op, int64_t step) const;
+  // The same costs for another rank's host: independent draws (rank 0 is this model).
+  HostCostModel for_rank(int32_t rank) const;
 
  private:
   HostCostSpec spec_;
   uint64_t seed_;
+  int32_t rank_ = 0;
 };
 
 }  // namespace twinstep

@@ -1,61 +1,117 @@
 #include "policies/step_kernels.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <optional>
+#include <string>
+
+#include "policies/error.h"
 
 namespace twinstep {
 namespace {
 
-constexpr int64_t kActBytes = 2;    // bf16 activations
-constexpr int64_t kStateBytes = 4;  // fp32 recurrent state
+constexpr int64_t kActBytes = 2;     // bf16 activations
+constexpr int64_t kStateBytes = 4;   // fp32 recurrent state
+constexpr int64_t kIdBytes = 4;      // token id
+constexpr int64_t kArgmaxBytes = 8;  // (token id, probability) per logits row
 
+// ⌊a·b/c⌋ without overflow.
+int64_t mul_div(int64_t a, int64_t b, int64_t c) {
+  return static_cast<int64_t>(static_cast<__int128>(a) * b / c);
+}
+
+// One rank's view of the step. `own` is the shape its attention, norms and dense projections
+// see (DP: its requests; otherwise the whole stage), `stage` the whole step.
 struct Emitter {
   StepKernels& out;
-  const StepShape& s;
-  int64_t wb;  // weight bytes per parameter
+  const ModelSpec& m;
+  const LayoutSpec& l;
+  const StepShape& stage;
+  const StepShape& own;
+  int32_t w;      // stage width
+  int32_t index;  // index within the stage
+  AttnSharding attn;
+  MoeSharding moe;
 
+  int64_t wgt(int64_t values) const {
+    return weight_bytes_in(l.weight_dtype, m.weight_bytes, values);
+  }
   void add(const char* name, KernelClass cls, int64_t read, int64_t written, int64_t flops) {
     out.kernels.push_back({name, cls, read, written, flops});
   }
-  // y[T, n] = x[T, k] · W[k, n]
+  // y[T, n] = x[T, k] · W[k, n] over the rank's own tokens.
   void gemm(const char* name, int64_t k, int64_t n) {
-    add(name, KernelClass::kGemm, k * n * wb + s.tokens * k * kActBytes, s.tokens * n * kActBytes,
-        2 * s.tokens * k * n);
+    add(name, KernelClass::kGemm, wgt(k * n) + own.tokens * k * kActBytes,
+        own.tokens * n * kActBytes, 2 * own.tokens * k * n);
   }
   void norm(const char* name, int64_t width, bool residual) {
     const int64_t rw = residual ? 2 : 1;
-    add(name, KernelClass::kNorm, rw * s.tokens * width * kActBytes + width * wb,
-        rw * s.tokens * width * kActBytes, 4 * s.tokens * width);
+    add(name, KernelClass::kNorm, rw * own.tokens * width * kActBytes + width * m.weight_bytes,
+        rw * own.tokens * width * kActBytes, 4 * own.tokens * width);
   }
   void swiglu(const char* name, int64_t inter) {
-    add(name, KernelClass::kActivation, 2 * s.tokens * inter * kActBytes,
-        s.tokens * inter * kActBytes, 5 * s.tokens * inter);
+    add(name, KernelClass::kActivation, 2 * own.tokens * inter * kActBytes,
+        own.tokens * inter * kActBytes, 5 * own.tokens * inter);
+  }
+  // A collective over the stage's `w` ranks; nothing on a stage of one.
+  void coll(const char* name, CollectiveKind kind, int64_t sent, int64_t received) {
+    if (w > 1) out.kernels.push_back({name, KernelClass::kCollective, sent, received, 0, kind, w});
+  }
+  void all_reduce(const char* name, int64_t bytes) {
+    coll(name, CollectiveKind::kAllReduce, bytes, bytes);
+  }
+  // CP: partial outputs (`values` per token, bf16) and one fp32 log-sum-exp per head and token
+  // are all-gathered, then merged.
+  void cp_exchange(int64_t values, int64_t heads) {
+    if (attn != AttnSharding::kCp) return;
+    const int64_t part = own.tokens * (values * kActBytes + heads * 4);
+    coll("cp_exchange", CollectiveKind::kAllGather, part, w * part);
+    add("cp_merge", KernelClass::kActivation, w * part, own.tokens * values * kActBytes,
+        3 * w * own.tokens * values);
   }
 };
 
-void emit_attention(Emitter& e, const ModelSpec& m, const LayerSpec& layer) {
+// Keys this rank's attention reads and appends: CP splits the context and the new tokens' KV
+// over the stage; TP and DP keep the own shape's.
+struct KvShare {
+  int64_t ctx, append, pairs;
+};
+
+KvShare kv_share(const Emitter& e) {
+  if (e.attn != AttnSharding::kCp) return {e.own.ctx_tokens, e.own.tokens, e.own.attn_pairs};
+  return {balanced_share(e.own.ctx_tokens, e.w, e.index),
+          balanced_share(e.own.tokens, e.w, e.index),
+          balanced_share(e.own.attn_pairs, e.w, e.index)};
+}
+
+void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
+  const ModelSpec& m = e.m;
   const AttentionSpec& a = layer.attn;
-  const StepShape& s = e.s;
+  const StepShape& s = e.own;
   const int64_t h = m.hidden;
+  const int64_t kvb = kv_value_bytes(m, e.l);
+  const KvShare kv_at = kv_share(e);
+  const bool tp_reduce = e.attn == AttnSharding::kTp;
   e.norm("attn_norm", h, /*residual=*/true);
   switch (a.kind) {
     case AttentionKind::kGqa: {
-      const int64_t q = int64_t{a.num_q_heads} * a.head_dim;
-      const int64_t kv = int64_t{a.num_kv_heads} * a.head_dim;
+      const int64_t q = int64_t{sh.heads} * a.head_dim;
+      const int64_t kv = int64_t{sh.kv_heads} * a.head_dim;
       e.gemm("qkv_proj", h, q + 2 * kv);
       e.add("rope", KernelClass::kRope, s.tokens * (q + kv) * kActBytes,
             s.tokens * (q + kv) * kActBytes, 6 * s.tokens * (q + kv));
-      e.add("kv_append", KernelClass::kKvAppend, s.tokens * 2 * kv * kActBytes,
-            s.tokens * 2 * kv * m.kv_bytes, 0);
-      const int64_t kv_read =
-          (s.ctx_tokens + s.tokens) * layer_kv_bytes_per_token(layer, m.kv_bytes);
+      e.add("kv_append", KernelClass::kKvAppend, kv_at.append * 2 * kv * kActBytes,
+            compressed_kv_bytes(e.l, kv_at.append * 2 * kv * kvb), 0);
+      const int64_t kv_read = compressed_kv_bytes(e.l, (kv_at.ctx + kv_at.append) * 2 * kv * kvb);
       e.add("attention", KernelClass::kAttention, kv_read + s.tokens * q * kActBytes,
-            s.tokens * q * kActBytes, 4 * s.attn_pairs * q);
+            s.tokens * q * kActBytes, 4 * kv_at.pairs * q);
+      e.cp_exchange(q, sh.heads);
       e.gemm("o_proj", q, h);
-      return;
+      break;
     }
     case AttentionKind::kMla: {
-      const int64_t heads = a.num_q_heads;
+      const int64_t heads = sh.heads;
       const int64_t qk_head = int64_t{a.qk_nope_head_dim} + a.qk_rope_head_dim;
       const int64_t latent = int64_t{a.kv_lora_rank} + a.qk_rope_head_dim;
       if (a.q_lora_rank > 0) {
@@ -70,29 +126,33 @@ void emit_attention(Emitter& e, const ModelSpec& m, const LayerSpec& layer) {
       // Absorbed decode: q_nope is mapped into the latent space (W_UK), attention runs as MQA
       // over the cached latent, and the output is mapped back per head (W_UV).
       e.add("q_absorb", KernelClass::kGemm,
-            heads * a.qk_nope_head_dim * a.kv_lora_rank * e.wb +
+            e.wgt(heads * a.qk_nope_head_dim * a.kv_lora_rank) +
                 s.tokens * heads * a.qk_nope_head_dim * kActBytes,
             s.tokens * heads * a.kv_lora_rank * kActBytes,
             2 * s.tokens * heads * a.qk_nope_head_dim * a.kv_lora_rank);
       e.add("rope", KernelClass::kRope, s.tokens * (heads + 1) * a.qk_rope_head_dim * kActBytes,
             s.tokens * (heads + 1) * a.qk_rope_head_dim * kActBytes,
             6 * s.tokens * (heads + 1) * a.qk_rope_head_dim);
-      e.add("kv_append", KernelClass::kKvAppend, s.tokens * latent * kActBytes,
-            s.tokens * latent * m.kv_bytes, 0);
+      e.add("kv_append", KernelClass::kKvAppend, kv_at.append * latent * kActBytes,
+            compressed_kv_bytes(e.l, kv_at.append * latent * kvb), 0);
       e.add("attention", KernelClass::kAttention,
-            (s.ctx_tokens + s.tokens) * latent * m.kv_bytes + s.tokens * heads * latent * kActBytes,
+            compressed_kv_bytes(e.l, (kv_at.ctx + kv_at.append) * latent * kvb) +
+                s.tokens * heads * latent * kActBytes,
             s.tokens * heads * a.kv_lora_rank * kActBytes,
-            2 * s.attn_pairs * heads * (latent + a.kv_lora_rank));
+            2 * kv_at.pairs * heads * (latent + a.kv_lora_rank));
+      e.cp_exchange(heads * a.kv_lora_rank, heads);
       e.add("v_up", KernelClass::kGemm,
-            heads * a.kv_lora_rank * a.v_head_dim * e.wb +
+            e.wgt(heads * a.kv_lora_rank * a.v_head_dim) +
                 s.tokens * heads * a.kv_lora_rank * kActBytes,
             s.tokens * heads * a.v_head_dim * kActBytes,
             2 * s.tokens * heads * a.kv_lora_rank * a.v_head_dim);
       e.gemm("o_proj", heads * a.v_head_dim, h);
-      return;
+      break;
     }
     case AttentionKind::kLinear: {
-      const int64_t heads = a.num_q_heads;
+      // Under CP the recurrent state cannot be split by context: every rank runs the layer
+      // whole (replicated), with no exchange.
+      const int64_t heads = sh.heads;
       const int64_t d = heads * a.head_dim;
       // q, k, v, output gate, decay (low rank) and beta projections as one GEMM.
       e.gemm("qkvg_proj", h, 4 * d + a.head_dim + heads);
@@ -110,42 +170,68 @@ void emit_attention(Emitter& e, const ModelSpec& m, const LayerSpec& layer) {
             8 * s.tokens * heads * a.head_dim * a.head_dim);
       e.norm("o_gate_norm", d, /*residual=*/false);
       e.gemm("o_proj", d, h);
-      return;
+      break;
     }
   }
+  if (tp_reduce) e.all_reduce("attn_all_reduce", s.tokens * h * kActBytes);
 }
 
-void emit_mlp(Emitter& e, const ModelSpec& m, const LayerSpec& layer) {
+void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
+  const ModelSpec& m = e.m;
+  const LayoutSpec& l = e.l;
   const MlpSpec& p = layer.mlp;
-  const StepShape& s = e.s;
+  const StepShape& s = e.own;
   const int64_t h = m.hidden;
+  const bool split = mlp_split(l);
   e.norm("mlp_norm", h, /*residual=*/true);
   if (p.kind == MlpKind::kDense) {
-    e.gemm("gate_up_proj", h, 2 * p.intermediate);
-    e.swiglu("swiglu", p.intermediate);
-    e.gemm("down_proj", p.intermediate, h);
+    e.gemm("gate_up_proj", h, 2 * sh.intermediate);
+    e.swiglu("swiglu", sh.intermediate);
+    e.gemm("down_proj", sh.intermediate, h);
+    if (split) e.all_reduce("mlp_all_reduce", s.tokens * h * kActBytes);
     return;
   }
   const int64_t experts = p.num_experts;
-  e.add("moe_router", KernelClass::kMoeRouter, h * experts * e.wb + s.tokens * h * kActBytes,
-        s.tokens * p.top_k * 8, 2 * s.tokens * h * experts);
-  // Expected number of distinct experts hit by T tokens under uniform routing.
-  const double miss = std::pow(1.0 - double(p.top_k) / double(experts), double(s.tokens));
-  const auto distinct = static_cast<int64_t>(std::llround(double(experts) * (1.0 - miss)));
-  const int64_t routed = s.tokens * p.top_k;
-  const int64_t ie = p.expert_intermediate;
-  e.add("moe_gate_up", KernelClass::kMoeExperts,
-        distinct * h * 2 * ie * e.wb + routed * h * kActBytes, routed * ie * kActBytes,
-        2 * routed * h * 2 * ie);
-  e.add("moe_down", KernelClass::kMoeExperts, distinct * ie * h * e.wb + routed * ie * kActBytes,
+  e.add("moe_router", KernelClass::kMoeRouter,
+        h * experts * m.weight_bytes + s.tokens * h * kActBytes, s.tokens * p.top_k * 8,
+        2 * s.tokens * h * experts);
+  // Tokens whose routed copies this rank's experts may serve: the whole stage's (EP, split),
+  // or its own under replicated experts (DP without EP).
+  const bool ep = e.moe == MoeSharding::kEp;
+  const bool a2a = ep && e.attn == AttnSharding::kDp;  // tokens live on one rank: all-to-all
+  const int64_t route_tokens = e.moe == MoeSharding::kReplicated ? s.tokens : e.stage.tokens;
+  const ExpertShare es =
+      expert_share(l.expert_load, p, route_tokens, ep ? l.ep : 1, ep ? e.index : 0);
+  const int64_t routed = es.routed_tokens;
+  const int64_t distinct = es.distinct_experts;
+  const int64_t ie = sh.expert_intermediate;
+  const std::optional<Dtype> efmt = l.expert_dtype ? l.expert_dtype : l.weight_dtype;
+  auto ewgt = [&](int64_t values) { return weight_bytes_in(efmt, m.weight_bytes, values); };
+  auto act = [&](int64_t values) {
+    return l.expert_act_dtype ? activation_storage_bytes(*l.expert_act_dtype, values)
+                              : values * kActBytes;
+  };
+  const int64_t own_copies = s.tokens * p.top_k;
+  if (a2a) e.coll("moe_dispatch", CollectiveKind::kAllToAll, own_copies * act(h), routed * act(h));
+  e.add("moe_gate_up", KernelClass::kMoeExperts, ewgt(distinct * h * 2 * ie) + routed * act(h),
+        routed * ie * kActBytes, 2 * routed * h * 2 * ie);
+  e.add("moe_down", KernelClass::kMoeExperts, ewgt(distinct * ie * h) + routed * act(ie),
         routed * h * kActBytes, 2 * routed * ie * h);
+  if (a2a)
+    e.coll("moe_combine_a2a", CollectiveKind::kAllToAll, routed * h * kActBytes,
+           own_copies * h * kActBytes);
   if (p.num_shared_experts > 0) {
-    const int64_t is = p.shared_intermediate * p.num_shared_experts;
+    const int64_t is = sh.shared_intermediate * p.num_shared_experts;
     e.gemm("shared_gate_up", h, 2 * is);
     e.gemm("shared_down", is, h);
   }
-  e.add("moe_combine", KernelClass::kActivation, routed * h * kActBytes + s.tokens * h * kActBytes,
-        s.tokens * h * kActBytes, 2 * routed * h);
+  // Weighted sum of each token's expert outputs (with the shared expert's).
+  const int64_t copies = a2a ? own_copies : routed;
+  e.add("moe_combine", KernelClass::kActivation, copies * h * kActBytes + s.tokens * h * kActBytes,
+        s.tokens * h * kActBytes, 2 * copies * h);
+  // Split experts, or EP over replicated tokens (TP/CP attention): partial sums all-reduced.
+  if (e.moe == MoeSharding::kSplit || (ep && !a2a))
+    e.all_reduce("moe_all_reduce", s.tokens * h * kActBytes);
 }
 
 bool same_layer(const LayerSpec& a, const LayerSpec& b) {
@@ -190,8 +276,26 @@ const char* kernel_class_name(KernelClass c) {
       return "lm_head";
     case KernelClass::kSample:
       return "sample";
+    case KernelClass::kCollective:
+      return "collective";
     case KernelClass::kCount:
       break;
+  }
+  return "?";
+}
+
+const char* collective_kind_name(CollectiveKind c) {
+  switch (c) {
+    case CollectiveKind::kNone:
+      return "none";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+    case CollectiveKind::kSendRecv:
+      return "send_recv";
   }
   return "?";
 }
@@ -223,40 +327,99 @@ int64_t StepKernels::node_count() const {
   return n;
 }
 
+StepShape dp_rank_shape(const StepShape& shape, int32_t width, int32_t index) {
+  const int64_t r = shape.requests;
+  // Requests index, index + width, ...: c(i) of them go to indices below i.
+  auto below = [&](int64_t i) { return i * (r / width) + std::min<int64_t>(i, r % width); };
+  const int64_t lo = below(index), hi = below(index + 1);
+  auto part = [&](int64_t x) { return r == 0 ? 0 : mul_div(x, hi, r) - mul_div(x, lo, r); };
+  StepShape s;
+  s.requests = static_cast<int32_t>(hi - lo);
+  s.tokens = part(shape.tokens);
+  s.ctx_tokens = part(shape.ctx_tokens);
+  s.attn_pairs = part(shape.attn_pairs);
+  s.lm_head_all_tokens = shape.lm_head_all_tokens;
+  return s;
+}
+
 void step_kernels(const ModelSpec& m, const StepShape& s, StepKernels& out) {
+  step_kernels(m, s, LayoutSpec{}, 0, out);
+}
+
+void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& l, int32_t rank,
+                  StepKernels& out) {
+  validate_layout(m, l);
+  if (rank < 0 || rank >= l.world())
+    throw ConfigError("", "rank " + std::to_string(rank) + " outside layout " + layout_name(l));
   out.kernels.clear();
   out.runs.clear();
-  Emitter e{out, s, m.weight_bytes};
+  const int32_t w = l.width();
+  const int32_t stage = rank / w;
+  const int32_t index = rank % w;
+  const AttnSharding attn = attention_sharding(l);
+  const StepShape own = attn == AttnSharding::kDp ? dp_rank_shape(shape, w, index) : shape;
+  Emitter e{out, m, l, shape, own, w, index, attn, moe_sharding(l)};
   const int64_t h = m.hidden;
+  const int64_t vocab_rows = balanced_share(m.vocab, w, index);
+  const bool dp = attn == AttnSharding::kDp;
 
-  e.add("embedding", KernelClass::kEmbedding, s.tokens * (h * m.weight_bytes + 4),
-        s.tokens * h * kActBytes, 0);
-  if (m.mtp_input_proj) {
-    e.norm("enorm", h, /*residual=*/false);
-    e.norm("hnorm", h, /*residual=*/false);
-    e.gemm("eh_proj", 2 * h, h);
+  if (stage == 0) {
+    // Vocab-parallel embedding: every rank looks up the stage's tokens in its rows, the partial
+    // rows are summed. Under DP the token ids are gathered first.
+    if (dp)
+      e.coll("embedding_ids_gather", CollectiveKind::kAllGather, own.tokens * kIdBytes,
+             shape.tokens * kIdBytes);
+    e.add("embedding", KernelClass::kEmbedding,
+          mul_div(shape.tokens * h * m.weight_bytes, vocab_rows, m.vocab) + shape.tokens * kIdBytes,
+          shape.tokens * h * kActBytes, 0);
+    e.all_reduce("embedding_all_reduce", shape.tokens * h * kActBytes);
+    if (m.mtp_input_proj) {
+      e.norm("enorm", h, /*residual=*/false);
+      e.norm("hnorm", h, /*residual=*/false);
+      e.gemm("eh_proj", 2 * h, h);
+    }
+  } else {
+    // Hidden state and residual from the previous stage.
+    out.kernels.push_back({"pp_recv", KernelClass::kCollective, 0, 2 * own.tokens * h * kActBytes,
+                           0, CollectiveKind::kSendRecv, stage - 1});
   }
   out.runs.push_back({1, 0, static_cast<int32_t>(out.kernels.size())});
 
-  size_t i = 0;
-  while (i < m.layers.size()) {
+  const StageLayers sl = stage_layers(static_cast<int32_t>(m.layers.size()), l.pp, stage);
+  size_t i = static_cast<size_t>(sl.first);
+  const size_t end = static_cast<size_t>(sl.first + sl.count);
+  while (i < end) {
     size_t j = i + 1;
-    while (j < m.layers.size() && same_layer(m.layers[i], m.layers[j])) ++j;
+    while (j < end && same_layer(m.layers[i], m.layers[j])) ++j;
     const auto first = static_cast<int32_t>(out.kernels.size());
-    emit_attention(e, m, m.layers[i]);
-    emit_mlp(e, m, m.layers[i]);
+    const LayerShard sh = layer_shard(m.layers[i], l, index);
+    emit_attention(e, m.layers[i], sh);
+    emit_mlp(e, m.layers[i], sh);
     out.runs.push_back(
         {static_cast<int32_t>(j - i), first, static_cast<int32_t>(out.kernels.size()) - first});
     i = j;
   }
 
   const auto first = static_cast<int32_t>(out.kernels.size());
-  const int64_t logits_rows = s.lm_head_all_tokens ? s.tokens : s.requests;
-  e.norm("final_norm", h, /*residual=*/true);
-  // LM head with the greedy argmax fused: logits never reach memory; one token id plus its
-  // probability per row are written.
-  e.add("lm_head", KernelClass::kLmHead, m.vocab * h * m.weight_bytes + logits_rows * h * kActBytes,
-        logits_rows * 8, 2 * logits_rows * h * m.vocab);
+  if (stage < l.pp - 1) {
+    out.kernels.push_back({"pp_send", KernelClass::kCollective, 2 * own.tokens * h * kActBytes, 0,
+                           0, CollectiveKind::kSendRecv, stage + 1});
+  } else {
+    const int64_t own_rows = own.lm_head_all_tokens ? own.tokens : own.requests;
+    const int64_t stage_rows = shape.lm_head_all_tokens ? shape.tokens : shape.requests;
+    e.norm("final_norm", h, /*residual=*/true);
+    if (dp)
+      e.coll("lm_head_hidden_gather", CollectiveKind::kAllGather, own_rows * h * kActBytes,
+             stage_rows * h * kActBytes);
+    const int64_t rows = dp ? stage_rows : own_rows;
+    // LM head with the greedy argmax fused: logits never reach memory; one token id plus its
+    // probability per row are written. Vocab-parallel ranks then all-gather their local
+    // (argmax, value) pairs: rows · 8 B each, instead of rows · vocab/width logits.
+    e.add("lm_head", KernelClass::kLmHead, vocab_rows * h * m.weight_bytes + rows * h * kActBytes,
+          rows * kArgmaxBytes, 2 * rows * h * vocab_rows);
+    e.coll("argmax_gather", CollectiveKind::kAllGather, rows * kArgmaxBytes,
+           w * rows * kArgmaxBytes);
+  }
   out.runs.push_back({1, first, static_cast<int32_t>(out.kernels.size()) - first});
 }
 

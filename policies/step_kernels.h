@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "policies/layout.h"
 #include "policies/model_spec.h"
 
 namespace twinstep {
@@ -24,16 +25,26 @@ enum class KernelClass : uint8_t {
   kMoeExperts,  // grouped expert GEMVs over the selected experts
   kLmHead,      // vocabulary projection
   kSample,      // argmax / top-k / sampling
+  kCollective,  // communication between ranks (KernelDesc::coll says which)
   kCount
 };
 const char* kernel_class_name(KernelClass c);
 
+enum class CollectiveKind : uint8_t { kNone, kAllReduce, kAllGather, kAllToAll, kSendRecv };
+const char* collective_kind_name(CollectiveKind c);
+
+// A collective's bytes_read is the message this rank contributes (a receive: 0) and
+// bytes_written what it ends up receiving (all-reduce: the message; all-gather: group × message;
+// all-to-all: its share of everyone's messages). `group` is the number of ranks taking part; for
+// kSendRecv the peer stage (send: stage + 1, receive: stage − 1).
 struct KernelDesc {
   const char* name;  // static storage: "qkv_proj", "attention", ...
   KernelClass cls;
   int64_t bytes_read;
   int64_t bytes_written;
   int64_t flops;
+  CollectiveKind coll = CollectiveKind::kNone;
+  int32_t group = 0;
 };
 
 // What a step computes. attn_pairs is the number of (query, key) pairs summed over every
@@ -65,7 +76,21 @@ struct StepKernels {
 };
 
 // Fills `out` (cleared first). Expected distinct MoE experts for T tokens assume uniform
-// routing: E·(1 − (1 − k/E)^T).
+// routing: E·(1 − (1 − k/E)^T). The same as the layout overload with LayoutSpec{} and rank 0.
 void step_kernels(const ModelSpec& model, const StepShape& shape, StepKernels& out);
+
+// The kernels rank `rank` of `layout` runs for one forward pass, collectives included (placement
+// in docs/layouts.md). `shape` is the whole step as the pipeline sees it (every request of the
+// micro-batch); under DP attention the rank's attention, dense MLP and norms see
+// dp_rank_shape(shape, width, rank % width). Throws ConfigError for an invalid layout or a rank
+// outside [0, world).
+void step_kernels(const ModelSpec& model, const StepShape& shape, const LayoutSpec& layout,
+                  int32_t rank, StepKernels& out);
+
+// The share of `shape` that index `index` of a DP group of `width` serves: requests index,
+// index + width, ...; tokens, ctx_tokens and attn_pairs split in proportion to the request count
+// (⌊X·c(i+1)/R⌋ − ⌊X·c(i)/R⌋, c(i) = requests of indices < i), exact when every request has the
+// same shape, and summing to the totals always. lm_head_all_tokens is kept.
+StepShape dp_rank_shape(const StepShape& shape, int32_t width, int32_t index);
 
 }  // namespace twinstep

@@ -1,10 +1,13 @@
 #include "results/db.h"
 
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <memory>
@@ -358,6 +361,20 @@ ResultsDb ResultsDb::open(const std::string& path) {
                                      SQLITE_OPEN_NOMUTEX,  // one thread per ResultsDb
                                  nullptr);
   ResultsDb db(raw, path);  // owns raw from here, even on failure
+  if (rc == SQLITE_CANTOPEN && raw != nullptr) {
+    // SQLite's "unable to open database file" does not say why; find out.
+    std::string parent = std::filesystem::path(path).parent_path().string();
+    if (parent.empty()) parent = ".";
+    std::string why;
+    if (::access(parent.c_str(), W_OK) != 0) {
+      why = "directory " + parent + " is not writable (" + std::strerror(errno) + ")";
+    } else {
+      const int os_error = sqlite3_system_errno(raw);
+      why = std::string("unable to open database file") +
+            (os_error != 0 ? std::string(" (") + std::strerror(os_error) + ")" : "");
+    }
+    throw Error("cannot open results database " + path + ": " + why);
+  }
   if (rc != SQLITE_OK) throw_sqlite(raw, "cannot open results database " + path);
   sqlite3_busy_timeout(raw, 10000);
   try {
@@ -373,7 +390,16 @@ ResultsDb ResultsDb::open(const std::string& path) {
     exec(raw, "PRAGMA cache_size = -32768");   // 32 MiB: large runs insert without thrashing
     migrate(raw, path);
   } catch (const Error& e) {
+    if (sqlite3_errcode(raw) == SQLITE_NOTADB ||
+        std::string(e.what()).find("file is not a database") != std::string::npos) {
+      throw Error("results database " + path +
+                  " is not an SQLite database (SQLite: file is not a database); give --db a "
+                  "new file name or an existing twinstep database");
+    }
     std::string what = e.what();
+    // Errors from exec() carry a generic "results database: " prefix; name the file instead.
+    const std::string generic = "results database: ";
+    if (what.rfind(generic, 0) == 0) what = what.substr(generic.size());
     if (what.find(path) == std::string::npos) what = "results database " + path + ": " + what;
     throw Error(what);
   }

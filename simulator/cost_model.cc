@@ -10,7 +10,11 @@ CostModel::CostModel(const HardwareSpec& hw)
       ns_per_flop_(1e9 / (hw.bf16_tflops * 1e12 * hw.flop_efficiency)),
       floor_ns_(hw.kernel_floor_ns),
       d2h_latency_ns_(hw.d2h_latency_ns),
-      d2h_ns_per_byte_(1e9 / (hw.d2h_gbps * 1e9)) {}
+      d2h_ns_per_byte_(1e9 / (hw.d2h_gbps * 1e9)),
+      link_ns_per_byte_(hw.interconnect_gbps > 0 ? 1.0 / hw.interconnect_gbps : 0),
+      allreduce_alpha_ns_(hw.allreduce_alpha_ns),
+      alltoall_alpha_ns_(hw.alltoall_alpha_ns),
+      p2p_alpha_ns_(hw.p2p_alpha_ns) {}
 
 int64_t CostModel::kernel_ns(const KernelDesc& k) const {
   const double mem_ns = double(k.bytes_read + k.bytes_written) * ns_per_byte_;
@@ -34,6 +38,33 @@ GraphCost CostModel::graph_cost(const StepKernels& step) const {
     c.nodes += int64_t{run.count} * run.repeat;
   }
   return c;
+}
+
+int64_t CostModel::collective_ns(const KernelDesc& k) const {
+  const double g = std::max(1, k.group);
+  double alg_bytes = 0;
+  int64_t alpha = 0;
+  switch (k.coll) {
+    case CollectiveKind::kNone:
+      return 0;
+    case CollectiveKind::kAllReduce:
+      alpha = allreduce_alpha_ns_;
+      alg_bytes = 2.0 * (g - 1) / g * double(k.bytes_read);
+      break;
+    case CollectiveKind::kAllGather:
+      alpha = allreduce_alpha_ns_;
+      alg_bytes = (g - 1) / g * double(k.bytes_written);
+      break;
+    case CollectiveKind::kAllToAll:
+      alpha = alltoall_alpha_ns_;
+      alg_bytes = (g - 1) / g * double(std::max(k.bytes_read, k.bytes_written));
+      break;
+    case CollectiveKind::kSendRecv:
+      alpha = p2p_alpha_ns_;
+      alg_bytes = double(std::max(k.bytes_read, k.bytes_written));
+      break;
+  }
+  return alpha + static_cast<int64_t>(alg_bytes * link_ns_per_byte_ + 0.5);
 }
 
 int64_t CostModel::copy_d2h_ns(int64_t bytes) const {

@@ -23,6 +23,8 @@ class CostModel {
   GraphCost graph_cost(const StepKernels& step) const;
   // Device-to-host copy of `bytes`, issue to completion.
   int64_t copy_d2h_ns(int64_t bytes) const;
+  // A collective kernel (KernelClass::kCollective) once every rank has arrived.
+  int64_t collective_ns(const KernelDesc& k) const;
 
  private:
   double ns_per_byte_;
@@ -30,6 +32,10 @@ class CostModel {
   int64_t floor_ns_;
   int64_t d2h_latency_ns_;
   double d2h_ns_per_byte_;
+  double link_ns_per_byte_;
+  int64_t allreduce_alpha_ns_;
+  int64_t alltoall_alpha_ns_;
+  int64_t p2p_alpha_ns_;
 };
 
 }  // namespace twinstep

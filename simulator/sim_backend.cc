@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <cassert>
+#include <map>
 #include <queue>
 #include <unordered_map>
 
 #include "policies/error.h"
+#include "policies/layout.h"
 #include "policies/spec_rules.h"
 #include "policies/step_kernels.h"
 #include "simulator/acceptance_model.h"
@@ -96,27 +98,30 @@ class Engine {
         requests_(requests),
         options_(options),
         cost_(cost),
-        record_(record) {}
+        record_(record),
+        width_(options.layout.width()) {}
 
   void run(std::span<HostProgram* const> programs) {
+    const int32_t world = options_.layout.world();
+    if (world > 1 && int32_t(programs.size()) != world) {
+      throw Error("simulator: layout " + layout_name(options_.layout) + " has " +
+                  std::to_string(world) + " ranks but " + std::to_string(programs.size()) +
+                  " host programs were given");
+    }
     ranks_.resize(programs.size());
     for (size_t r = 0; r < programs.size(); ++r) {
-      ranks_[r].program = programs[r];
-      ranks_[r].device_ctx.assign(requests_.size(), 0);
-      ranks_[r].draft_len.assign(requests_.size(), 0);
-      ranks_[r].conf_len.assign(requests_.size(), 0);
-      ranks_[r].rounds.assign(requests_.size(), 0);
-      queue_.push({0, seq_++, static_cast<int32_t>(r)});
+      Rank& rank = ranks_[r];
+      rank.program = programs[r];
+      rank.host_costs = host_costs_.for_rank(int32_t(r));
+      rank.device_ctx.assign(requests_.size(), 0);
+      rank.draft_len.assign(requests_.size(), 0);
+      rank.conf_len.assign(requests_.size(), 0);
+      rank.rounds.assign(requests_.size(), 0);
     }
-    while (!queue_.empty()) {
-      const Resume next = queue_.top();
-      queue_.pop();
-      Rank& rank = ranks_[static_cast<size_t>(next.rank)];
-      assert(rank.host_ns == next.t_ns);
-      rank.plan.clear();
-      if (!rank.program->next_plan(rank.host_ns, rank.plan)) continue;
-      execute_plan(next.rank, rank);
-      queue_.push({rank.host_ns, seq_++, next.rank});
+    if (world > 1) {
+      run_coupled();
+    } else {
+      run_independent();
     }
     for (const Rank& r : ranks_) {
       record_.end_ns =
@@ -127,6 +132,7 @@ class Engine {
  private:
   struct Rank {
     HostProgram* program = nullptr;
+    HostCostModel host_costs{HostCostSpec{}, 0};
     Plan plan;
     int64_t host_ns = 0;
     std::array<StreamState, kStreamCount> streams{};
@@ -139,7 +145,119 @@ class Engine {
     int64_t prev_step_end_ns = 0;
     StepSample carry;  // a draft-only plan's sample, merged into the next step's
     bool has_carry = false;
+    // The plan being executed.
+    OutputSlot* out = nullptr;
+    StepSample sample;
+    bool trace = false;
+    bool launched = false;
+    bool active = false;
   };
+
+  // A launch issued by one rank, before its GPU timing is known (coupled ranks).
+  struct Issued {
+    const GraphLaunch* g = nullptr;
+    StepKernels kernels;
+    int32_t repeat = 1;
+    int64_t host_begin = 0;
+    std::vector<int64_t> arrival;  // per node, eager; empty for a graph
+    int64_t gap_ns = 0;
+    int64_t flow = 0;
+    // Walk state.
+    size_t node = 0;
+    int64_t t = 0;
+    int64_t coll_arrival = 0;
+    std::map<int64_t, int32_t> seq;  // per collective group: instances reached
+  };
+
+  // The ranks that take part in collective `k` issued by `rank`, as a key; members share it.
+  int64_t collective_group(const KernelDesc& k, int32_t rank) const {
+    const int32_t stage = rank / width_;
+    const int32_t index = rank % width_;
+    if (k.coll == CollectiveKind::kSendRecv) {
+      const int32_t low = std::min(stage, k.group);  // k.group: the peer stage
+      return (int64_t(1) << 40) | (int64_t(low) << 20) | index;
+    }
+    return stage;
+  }
+  int32_t group_size(const KernelDesc& k) const {
+    return k.coll == CollectiveKind::kSendRecv ? 2 : k.group;
+  }
+
+  // Everyone independent (one rank, or ranks without collectives): an event queue of host
+  // resumptions keyed by (time, sequence).
+  void run_independent() {
+    for (size_t r = 0; r < ranks_.size(); ++r) queue_.push({0, seq_++, int32_t(r)});
+    while (!queue_.empty()) {
+      const Resume next = queue_.top();
+      queue_.pop();
+      Rank& rank = ranks_[size_t(next.rank)];
+      assert(rank.host_ns == next.t_ns);
+      rank.plan.clear();
+      if (!rank.program->next_plan(rank.host_ns, rank.plan)) continue;
+      begin_plan(next.rank, rank);
+      for (const Op& op : rank.plan.ops) {
+        if (op.kind == OpKind::kLaunch) {
+          launch_single(next.rank, rank, op);
+        } else {
+          execute_local(next.rank, rank, op);
+        }
+      }
+      end_plan(next.rank, rank);
+      queue_.push({rank.host_ns, seq_++, next.rank});
+    }
+  }
+
+  // Ranks coupled by collectives run the same program (SPMD): each rank's host decides its own
+  // plan, the plans must agree, and each operation is executed on every rank before the next,
+  // a launch's collectives completing at their latest member's arrival plus their cost.
+  void run_coupled() {
+    for (;;) {
+      int32_t more = 0;
+      for (Rank& r : ranks_) {
+        r.plan.clear();
+        more += r.program->next_plan(r.host_ns, r.plan);
+      }
+      if (more == 0) return;
+      check_same_plans(more);
+      for (size_t r = 0; r < ranks_.size(); ++r) begin_plan(int32_t(r), ranks_[r]);
+      const Plan& plan0 = ranks_[0].plan;
+      for (size_t i = 0; i < plan0.ops.size(); ++i) {
+        if (plan0.ops[i].kind == OpKind::kLaunch) {
+          launch_coupled(i);
+        } else {
+          for (size_t r = 0; r < ranks_.size(); ++r) {
+            execute_local(int32_t(r), ranks_[r], ranks_[r].plan.ops[i]);
+          }
+        }
+      }
+      for (size_t r = 0; r < ranks_.size(); ++r) end_plan(int32_t(r), ranks_[r]);
+    }
+  }
+
+  void check_same_plans(int32_t more) const {
+    const Plan& a = ranks_[0].plan;
+    bool same = more == int32_t(ranks_.size());
+    for (size_t r = 1; same && r < ranks_.size(); ++r) {
+      const Plan& b = ranks_[r].plan;
+      same = a.ops.size() == b.ops.size() && a.requests == b.requests &&
+             a.launches.size() == b.launches.size();
+      for (size_t i = 0; same && i < a.ops.size(); ++i) {
+        same = a.ops[i].kind == b.ops[i].kind && a.ops[i].event == b.ops[i].event &&
+               a.ops[i].graph == b.ops[i].graph && a.ops[i].stream == b.ops[i].stream;
+      }
+      for (size_t i = 0; same && i < a.launches.size(); ++i) {
+        same = a.launches[i].phase == b.launches[i].phase &&
+               a.launches[i].q_tokens == b.launches[i].q_tokens &&
+               a.launches[i].request_count == b.launches[i].request_count;
+      }
+    }
+    if (!same) {
+      throw Error("simulator: the ranks' host programs decided different plans at step " +
+                  std::to_string(a.step) +
+                  "; coupled ranks must make the same decisions (a closed-loop workload, no "
+                  "time-dependent admission)");
+    }
+  }
 
   bool tracing(int64_t step) const {
     return step >= options_.trace_first_step &&
@@ -153,9 +271,10 @@ class Engine {
 
   int64_t event_time(Rank& r, EventId id) const {
     const EventSlot& e = r.events[static_cast<size_t>(id) % kEventRing];
-    if (e.id != id)
+    if (e.id != id) {
       throw Error("simulator: plan waits on event " + std::to_string(id) +
                   " that was never recorded (or is too old)");
+    }
     return e.t_ns;
   }
 
@@ -261,8 +380,9 @@ class Engine {
           const auto id = static_cast<size_t>(ids[i]);
           const int32_t d = std::min(r.draft_len[id], g.q_tokens - 1);
           bool agrees[kMaxDraft];
-          for (int32_t p = 0; p < d; ++p)
+          for (int32_t p = 0; p < d; ++p) {
             agrees[p] = acceptance_.draw(ids[i], r.rounds[id], p + 1).agrees;
+          }
           const int32_t committed =
               accepted_prefix(std::span<const bool>(agrees, size_t(d)), d) + 1;
           r.device_ctx[id] += committed;
@@ -283,12 +403,17 @@ class Engine {
     return {&model_, StepShape{}, 0, 0};
   }
 
-  void launch(int32_t rank_id, Rank& r, const Plan& plan, const Op& op, OutputSlot& out,
-              StepSample& sample, bool trace) {
+  int64_t node_gap_ns(const GraphLaunch& g) const {
+    return g.mode == GraphMode::kCudaGraphPdl ? hw_.pdl_node_gap_ns : hw_.graph_node_gap_ns;
+  }
+
+  // One rank alone: the graph is priced as a whole where nothing observes its nodes.
+  void launch_single(int32_t rank_id, Rank& r, const Op& op) {
+    const Plan& plan = r.plan;
     const GraphLaunch& g = plan.launches[static_cast<size_t>(op.graph)];
-    const DeviceWork work = device_execute(r, plan, g, out, sample);
-    // The node list is needed for eager launches, prefill and traced steps; otherwise the
-    // graph is priced as a whole.
+    StepSample& sample = r.sample;
+    const bool trace = r.trace;
+    const DeviceWork work = device_execute(r, plan, g, *r.out, sample);
     const bool aggregate = g.mode != GraphMode::kEager && g.phase != Phase::kPrefill && !trace;
     GraphCost cost;
     if (aggregate) {
@@ -306,8 +431,7 @@ class Engine {
     StreamState& s = r.streams[static_cast<size_t>(op.stream)];
     const int64_t host_begin = r.host_ns;
     const int64_t flow = trace ? ++flow_ : 0;
-    const int64_t gap_ns =
-        g.mode == GraphMode::kCudaGraphPdl ? hw_.pdl_node_gap_ns : hw_.graph_node_gap_ns;
+    const int64_t gap_ns = node_gap_ns(g);
 
     if (g.mode != GraphMode::kEager) {
       r.host_ns += hw_.graph_launch_ns;
@@ -332,7 +456,7 @@ class Engine {
     // Eager: every kernel is a host launch call; the GPU cannot start a kernel before its
     // launch reaches it.
     int64_t first_flow = flow;
-    for (int32_t pass = 0; pass < repeat_; ++pass)
+    for (int32_t pass = 0; pass < repeat_; ++pass) {
       for (const LayerRun& run : kernels_.runs) {
         for (int32_t rep = 0; rep < run.repeat; ++rep) {
           for (int32_t i = run.first; i < run.first + run.count; ++i) {
@@ -358,12 +482,13 @@ class Engine {
           }
         }
       }
+    }
     sample.host_launch_ns += r.host_ns - host_begin;
   }
 
   void trace_nodes(int32_t rank_id, int64_t step, int64_t start, int64_t gap_ns, int64_t flow) {
     int64_t t = start;
-    for (int32_t pass = 0; pass < repeat_; ++pass)
+    for (int32_t pass = 0; pass < repeat_; ++pass) {
       for (const LayerRun& run : kernels_.runs) {
         for (int32_t rep = 0; rep < run.repeat; ++rep) {
           for (int32_t i = run.first; i < run.first + run.count; ++i) {
@@ -376,104 +501,266 @@ class Engine {
           }
         }
       }
+    }
   }
 
-  void execute_plan(int32_t rank_id, Rank& r) {
+  // The flattened node sequence of an issued launch: node i of the walk.
+  static const KernelDesc* node_at(const Issued& is, size_t i, size_t per_pass) {
+    i %= per_pass;
+    for (const LayerRun& run : is.kernels.runs) {
+      const size_t n = size_t(run.repeat) * size_t(run.count);
+      if (i < n) return &is.kernels.kernels[size_t(run.first) + i % size_t(run.count)];
+      i -= n;
+    }
+    return nullptr;
+  }
+
+  // Coupled ranks: every rank issues the launch (host side, device effects, its own kernel
+  // list), then the nodes are walked rank by rank; a rank reaching a collective waits until
+  // every member of its group has arrived.
+  void launch_coupled(size_t op_index) {
+    const size_t n = ranks_.size();
+    issued_.resize(n);
+    std::vector<size_t> per_pass(n), total(n);
+    for (size_t ri = 0; ri < n; ++ri) {
+      Rank& r = ranks_[ri];
+      const Op& op = r.plan.ops[op_index];
+      Issued& is = issued_[ri];
+      is.g = &r.plan.launches[size_t(op.graph)];
+      const DeviceWork work = device_execute(r, r.plan, *is.g, *r.out, r.sample);
+      step_kernels(*work.model, work.shape, options_.layout, int32_t(ri), is.kernels);
+      is.repeat = work.repeat;
+      per_pass[ri] = size_t(is.kernels.node_count());
+      total[ri] = per_pass[ri] * size_t(work.repeat);
+      if (is.g->phase != Phase::kPrefill) {
+        int64_t bytes = 0;
+        for (const LayerRun& run : is.kernels.runs)
+          for (int32_t i = run.first; i < run.first + run.count; ++i)
+            if (is.kernels.kernels[size_t(i)].cls != KernelClass::kCollective)
+              bytes += int64_t(run.repeat) * is.kernels.kernels[size_t(i)].bytes_read;
+        r.sample.bytes_read += bytes * work.repeat;
+      }
+      is.host_begin = r.host_ns;
+      is.gap_ns = node_gap_ns(*is.g);
+      is.flow = r.trace ? ++flow_ : 0;
+      is.arrival.clear();
+      if (is.g->mode == GraphMode::kEager) {
+        for (size_t i = 0; i < total[ri]; ++i) {
+          r.host_ns += hw_.eager_launch_ns;
+          is.arrival.push_back(r.host_ns);
+        }
+      } else {
+        r.host_ns += hw_.graph_launch_ns;
+      }
+      r.sample.host_launch_ns += r.host_ns - is.host_begin;
+      if (r.trace) {
+        span(int32_t(ri), Lane::kHost,
+             is.g->mode == GraphMode::kEager ? "launch_kernels" : "launch_graph", r.plan.step,
+             is.host_begin, r.host_ns - is.host_begin, is.flow);
+      }
+      StreamState& s = r.streams[size_t(op.stream)];
+      const int64_t first_arrival = is.arrival.empty() ? r.host_ns : is.arrival[0];
+      const int64_t start = std::max({s.free_ns, first_arrival, s.dep_ns});
+      const IdleSplit idle = split_idle(s.free_ns, start, is.host_begin, first_arrival);
+      r.sample.idle_host_ns += idle.host;
+      r.sample.idle_launch_ns += idle.launch;
+      r.sample.idle_dep_ns += idle.dep;
+      s.dep_ns = 0;
+      is.node = 0;
+      is.t = start;
+      is.seq.clear();
+    }
+
+    // Walk until every rank has run all its nodes. Collective instances are keyed by (group,
+    // instance number); `arrived` counts members, `done_ns` is set once all have arrived.
+    struct Instance {
+      int32_t arrived = 0;
+      int32_t size = 0;
+      int64_t latest = 0;
+      int64_t cost = 0;
+      int64_t done_ns = -1;
+    };
+    std::map<std::pair<int64_t, int32_t>, Instance> instances;
+    size_t finished = 0;
+    std::vector<bool> waiting(n, false);
+    while (finished < n) {
+      bool progress = false;
+      for (size_t ri = 0; ri < n; ++ri) {
+        Issued& is = issued_[ri];
+        Rank& r = ranks_[ri];
+        while (is.node < total[ri]) {
+          const KernelDesc& k = *node_at(is, is.node, per_pass[ri]);
+          const int64_t ready = is.arrival.empty() ? 0 : is.arrival[is.node];
+          if (k.cls != KernelClass::kCollective) {
+            const int64_t start = std::max(is.t + (is.node ? is.gap_ns : 0), ready);
+            if (is.node == 0 && is.g->mode != GraphMode::kEager) {
+              r.sample.idle_launch_ns += is.gap_ns;
+              is.t += is.gap_ns;
+            } else {
+              r.sample.idle_launch_ns += start - is.t;
+            }
+            const int64_t begin = std::max(start, is.t);
+            const int64_t dur = cost_.kernel_ns(k);
+            r.sample.gpu_busy_ns += dur;
+            if (r.trace)
+              span(int32_t(ri), Lane::kCompute, k.name, r.plan.step, begin, dur,
+                   is.node ? 0 : is.flow);
+            is.t = begin + dur;
+            ++is.node;
+            progress = true;
+            continue;
+          }
+          const auto key = std::make_pair(collective_group(k, int32_t(ri)), 0);
+          if (!waiting[ri]) {
+            const int32_t number = is.seq[key.first]++;
+            Instance& inst = instances[{key.first, number}];
+            is.coll_arrival = std::max(is.t, ready);
+            inst.arrived += 1;
+            inst.size = group_size(k);
+            inst.latest = std::max(inst.latest, is.coll_arrival);
+            inst.cost = std::max(inst.cost, cost_.collective_ns(k));
+            if (inst.arrived == inst.size) inst.done_ns = inst.latest + inst.cost;
+            waiting[ri] = true;
+            progress = true;
+          }
+          const Instance& inst = instances[{key.first, is.seq[key.first] - 1}];
+          if (inst.done_ns < 0) break;  // blocked until the group's last member arrives
+          const int64_t wait = inst.latest - is.coll_arrival;
+          r.sample.idle_dep_ns += wait + (is.coll_arrival - is.t);
+          r.sample.gpu_busy_ns += inst.cost;
+          r.sample.collective_ns += inst.done_ns - is.coll_arrival;
+          if (r.trace) {
+            span(int32_t(ri), Lane::kCompute, collective_kind_name(k.coll), r.plan.step,
+                 is.coll_arrival, inst.done_ns - is.coll_arrival);
+          }
+          is.t = inst.done_ns;
+          waiting[ri] = false;
+          ++is.node;
+          progress = true;
+        }
+        if (is.node == total[ri] && !waiting[ri]) {
+          // Counted once: mark by moving past the end.
+          is.node = total[ri] + 1;
+          ++finished;
+          progress = true;
+          StreamState& s = r.streams[size_t(r.plan.ops[op_index].stream)];
+          s.free_ns = is.t;
+        }
+      }
+      if (!progress) {
+        throw Error("simulator: collectives deadlocked in layout " + layout_name(options_.layout) +
+                    " at step " + std::to_string(ranks_[0].plan.step) +
+                    " (ranks wait on groups that never complete)");
+      }
+    }
+  }
+
+  void begin_plan(int32_t rank_id, Rank& r) {
     const Plan& plan = r.plan;
-    const bool trace = tracing(plan.step);
+    r.trace = tracing(plan.step);
     OutputSlot& out = r.outputs[static_cast<size_t>(plan.step) % kOutputRing];
     out.step = plan.step;
     out.outputs.clear();
     bool commits = false;  // the plan launches work that commits tokens
-    for (const GraphLaunch& g : plan.launches)
+    for (const GraphLaunch& g : plan.launches) {
       commits |= g.phase != Phase::kDraft && g.phase != Phase::kExtend;
+    }
     out.draft_only = !plan.launches.empty() && !commits;
-    StepSample sample;
-    if (r.has_carry) sample = r.carry;
+    r.out = &out;
+    r.sample = r.has_carry ? r.carry : StepSample{};
     r.has_carry = false;
-    sample.rank = rank_id;
-    sample.step = plan.step;
-    bool launched = false;
-    bool active = false;
-
+    r.sample.rank = rank_id;
+    r.sample.step = plan.step;
+    r.launched = false;
+    r.active = false;
     for (const Op& op : plan.ops) {
-      switch (op.kind) {
-        case OpKind::kHostWork: {
-          active = true;
-          const int64_t d = host_costs_.sample_ns(op.host_op, plan.step);
-          if (trace) span(rank_id, Lane::kHost, host_op_name(op.host_op), plan.step, r.host_ns, d);
-          r.host_ns += d;
-          sample.host_ns[static_cast<size_t>(op.host_op)] += d;
-          r.program->host_work_done(op.host_op, plan.step, r.host_ns);
-          break;
+      r.launched |= op.kind == OpKind::kLaunch;
+      r.active |= op.kind == OpKind::kLaunch || op.kind == OpKind::kHostWork ||
+                  op.kind == OpKind::kHostWait;
+    }
+  }
+
+  void execute_local(int32_t rank_id, Rank& r, const Op& op) {
+    const Plan& plan = r.plan;
+    StepSample& sample = r.sample;
+    const bool trace = r.trace;
+    switch (op.kind) {
+      case OpKind::kHostWork: {
+        const int64_t d = r.host_costs.sample_ns(op.host_op, plan.step);
+        if (trace) span(rank_id, Lane::kHost, host_op_name(op.host_op), plan.step, r.host_ns, d);
+        r.host_ns += d;
+        sample.host_ns[static_cast<size_t>(op.host_op)] += d;
+        r.program->host_work_done(op.host_op, plan.step, r.host_ns);
+        break;
+      }
+      case OpKind::kHostSleep:
+        r.host_ns = std::max(r.host_ns, op.until_ns);
+        break;
+      case OpKind::kLaunch:
+        assert(false && "launches are executed by launch_single / launch_coupled");
+        break;
+      case OpKind::kRecordEvent: {
+        const StreamState& s = r.streams[static_cast<size_t>(op.stream)];
+        r.events[static_cast<size_t>(op.event) % kEventRing] = {op.event,
+                                                                std::max(s.free_ns, s.dep_ns)};
+        break;
+      }
+      case OpKind::kStreamWait: {
+        StreamState& s = r.streams[static_cast<size_t>(op.stream)];
+        s.dep_ns = std::max(s.dep_ns, event_time(r, op.event));
+        break;
+      }
+      case OpKind::kCopyD2H: {
+        StreamState& s = r.streams[static_cast<size_t>(op.stream)];
+        const int64_t host_begin = r.host_ns;
+        r.host_ns += hw_.eager_launch_ns;  // the cudaMemcpyAsync call
+        sample.host_launch_ns += hw_.eager_launch_ns;
+        const int64_t start = std::max({s.free_ns, s.dep_ns, r.host_ns});
+        const int64_t dur = cost_.copy_d2h_ns(op.bytes);
+        if (trace) {
+          const int64_t flow = ++flow_;
+          span(rank_id, Lane::kHost, "copy_issue", plan.step, host_begin, r.host_ns - host_begin,
+               flow);
+          span(rank_id, Lane::kCopy, "d2h_outputs", plan.step, start, dur, flow);
         }
-        case OpKind::kHostSleep:
-          r.host_ns = std::max(r.host_ns, op.until_ns);
-          break;
-        case OpKind::kLaunch:
-          active = launched = true;
-          launch(rank_id, r, plan, op, out, sample, trace);
-          break;
-        case OpKind::kRecordEvent: {
-          const StreamState& s = r.streams[static_cast<size_t>(op.stream)];
-          r.events[static_cast<size_t>(op.event) % kEventRing] = {op.event,
-                                                                  std::max(s.free_ns, s.dep_ns)};
-          break;
+        s.free_ns = start + dur;
+        s.dep_ns = 0;
+        break;
+      }
+      case OpKind::kHostWait: {
+        const int64_t t_ev = event_time(r, op.event);
+        const int64_t begin = r.host_ns;
+        if (t_ev > r.host_ns) r.host_ns = t_ev + hw_.host_wake_ns;
+        sample.host_wait_ns += r.host_ns - begin;
+        if (trace && r.host_ns > begin) {
+          span(rank_id, Lane::kHost, "wait", plan.step, begin, r.host_ns - begin);
         }
-        case OpKind::kStreamWait: {
-          StreamState& s = r.streams[static_cast<size_t>(op.stream)];
-          s.dep_ns = std::max(s.dep_ns, event_time(r, op.event));
-          break;
-        }
-        case OpKind::kCopyD2H: {
-          StreamState& s = r.streams[static_cast<size_t>(op.stream)];
-          const int64_t host_begin = r.host_ns;
-          r.host_ns += hw_.eager_launch_ns;  // the cudaMemcpyAsync call
-          sample.host_launch_ns += hw_.eager_launch_ns;
-          const int64_t start = std::max({s.free_ns, s.dep_ns, r.host_ns});
-          const int64_t dur = cost_.copy_d2h_ns(op.bytes);
-          if (trace) {
-            const int64_t flow = ++flow_;
-            span(rank_id, Lane::kHost, "copy_issue", plan.step, host_begin, r.host_ns - host_begin,
-                 flow);
-            span(rank_id, Lane::kCopy, "d2h_outputs", plan.step, start, dur, flow);
+        if (op.payload_step >= 0) {
+          const OutputSlot& o = r.outputs[static_cast<size_t>(op.payload_step) % kOutputRing];
+          if (o.step != op.payload_step) {
+            throw Error("simulator: outputs of step " + std::to_string(op.payload_step) +
+                        " are no longer held (run-ahead deeper than the output ring)");
           }
-          s.free_ns = start + dur;
-          s.dep_ns = 0;
-          break;
+          r.program->observe({op.payload_step, o.outputs, o.draft_only}, r.host_ns);
         }
-        case OpKind::kHostWait: {
-          active = true;
-          const int64_t t_ev = event_time(r, op.event);
-          const int64_t begin = r.host_ns;
-          if (t_ev > r.host_ns) r.host_ns = t_ev + hw_.host_wake_ns;
-          sample.host_wait_ns += r.host_ns - begin;
-          if (trace && r.host_ns > begin)
-            span(rank_id, Lane::kHost, "wait", plan.step, begin, r.host_ns - begin);
-          if (op.payload_step >= 0) {
-            const OutputSlot& o = r.outputs[static_cast<size_t>(op.payload_step) % kOutputRing];
-            if (o.step != op.payload_step) {
-              throw Error("simulator: outputs of step " + std::to_string(op.payload_step) +
-                          " are no longer held (run-ahead deeper than the output ring)");
-            }
-            r.program->observe({op.payload_step, o.outputs, o.draft_only}, r.host_ns);
-          }
-          break;
-        }
+        break;
       }
     }
-    if (!active) return;
-    if (out.draft_only) {  // half a step (host_blocking): counted with the step it belongs to
-      r.carry = sample;
+  }
+
+  void end_plan(int32_t /*rank_id*/, Rank& r) {
+    if (!r.active) return;
+    if (r.out->draft_only) {  // half a step (host_blocking): counted with the step it belongs to
+      r.carry = r.sample;
       r.has_carry = true;
       return;
     }
-    const int64_t end =
-        launched ? r.streams[static_cast<size_t>(StreamId::kCompute)].free_ns : r.prev_step_end_ns;
-    sample.end_ns = end;
-    sample.dur_ns = end - r.prev_step_end_ns;
+    const int64_t end = r.launched ? r.streams[static_cast<size_t>(StreamId::kCompute)].free_ns
+                                   : r.prev_step_end_ns;
+    r.sample.end_ns = end;
+    r.sample.dur_ns = end - r.prev_step_end_ns;
     r.prev_step_end_ns = end;
-    record_.steps.push_back(sample);
+    record_.steps.push_back(r.sample);
   }
 
   const ModelSpec& model_;
@@ -485,7 +772,9 @@ class Engine {
   const SimOptions& options_;
   const CostModel& cost_;
   RunRecord& record_;
+  int32_t width_;
   std::vector<Rank> ranks_;
+  std::vector<Issued> issued_;
   std::priority_queue<Resume, std::vector<Resume>, std::greater<Resume>> queue_;
   uint64_t seq_ = 0;
   int64_t flow_ = 0;

@@ -14,6 +14,7 @@
 #include "policies/backend.h"
 #include "policies/hardware_spec.h"
 #include "policies/host_costs.h"
+#include "policies/layout.h"
 #include "policies/model_spec.h"
 #include "policies/policy_spec.h"
 #include "policies/workload.h"
@@ -31,6 +32,10 @@ struct SimOptions {
   SpecSpec spec;
   AcceptanceSpec acceptance;
   uint64_t acceptance_seed = 0;
+  // Ranks and how the model is sharded over them. With more than one rank, run() takes one
+  // host program per rank (SPMD: they must decide the same plans) and couples the ranks
+  // through the collectives of their kernel lists.
+  LayoutSpec layout;
 };
 
 class SimBackend final : public Backend {

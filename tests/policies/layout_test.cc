@@ -1,0 +1,406 @@
+#include "policies/layout.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "policies/error.h"
+#include "policies/step_kernels.h"
+
+namespace twinstep {
+namespace {
+
+constexpr int64_t kGiB = 1LL << 30;
+
+int count(const StepKernels& s, size_t run, CollectiveKind kind) {
+  int n = 0;
+  const LayerRun& r = s.runs.at(run);
+  for (int32_t i = r.first; i < r.first + r.count; ++i)
+    if (s.kernels[size_t(i)].coll == kind) ++n;
+  return n;
+}
+
+const KernelDesc* find(const StepKernels& s, const char* name) {
+  for (const KernelDesc& k : s.kernels)
+    if (std::strcmp(k.name, name) == 0) return &k;
+  return nullptr;
+}
+
+int64_t compute_bytes_read(const StepKernels& s) {  // collectives excluded
+  int64_t n = 0;
+  for (const LayerRun& r : s.runs)
+    for (int32_t i = r.first; i < r.first + r.count; ++i)
+      if (s.kernels[size_t(i)].cls != KernelClass::kCollective)
+        n += r.repeat * s.kernels[size_t(i)].bytes_read;
+  return n;
+}
+
+RankMemory memory(const char* model, const char* layout, int32_t rank) {
+  return rank_memory(model_preset(model), hardware_preset("h200"), parse_layout(layout), rank);
+}
+
+TEST(Layout, ParseAndName) {
+  const LayoutSpec a = parse_layout("PP2-CP8-TP8");
+  EXPECT_EQ(a.pp, 2);
+  EXPECT_EQ(a.cp, 8);
+  EXPECT_EQ(a.tp, 8);
+  EXPECT_EQ(a.width(), 8);
+  EXPECT_EQ(a.world(), 16);
+  EXPECT_EQ(layout_name(a), "PP2-CP8-TP8");
+  const LayoutSpec b = parse_layout("dp32-ep32");
+  EXPECT_EQ(b.world(), 32);
+  EXPECT_EQ(layout_name(b), "DP32-EP32");
+  EXPECT_EQ(layout_name(LayoutSpec{}), "TP1");
+  for (const char* bad : {"", "TP", "TP0", "XP2", "TP8-TP8", "TP8--PP2", "TP8x"})
+    EXPECT_THROW(parse_layout(bad), ConfigError) << bad;
+}
+
+TEST(Layout, RejectsLayoutsOutsideTheRules) {
+  const ModelSpec& q = model_preset("qwen3-30b-a3b");
+  for (const char* bad : {"TP8-EP4", "EP4", "DP8-TP8", "DP4-CP4", "TP64"})
+    EXPECT_THROW(validate_layout(q, parse_layout(bad)), ConfigError) << bad;
+  EXPECT_THROW(validate_layout(model_preset("llama-3-8b"), parse_layout("DP2-EP2")), ConfigError);
+  EXPECT_THROW(validate_layout(q, parse_layout("PP49")), ConfigError);  // 48 layers
+  EXPECT_NO_THROW(validate_layout(q, parse_layout("TP4-EP4")));
+  StepKernels k;
+  EXPECT_THROW(step_kernels(q, decode_shape(1, 1, 0), parse_layout("TP2"), 2, k), ConfigError);
+}
+
+TEST(Layout, Dtypes) {
+  // fp8: 1 B + one fp32 per 128×128 block; mxfp4: 32 values in 16 B + one 8-bit scale.
+  EXPECT_EQ(weight_storage_bytes(Dtype::kFp8, 128 * 128 * 3), 3 * 16384 + 12);
+  EXPECT_EQ(weight_storage_bytes(Dtype::kMxfp4, 64), 32 + 2);
+  EXPECT_EQ(activation_storage_bytes(Dtype::kFp8, 7168), 7168 + 56 * 4);
+  EXPECT_EQ(weight_storage_bytes(Dtype::kBf16, 10), 20);
+}
+
+TEST(Layout, SingleGpuKernelListUnchanged) {
+  for (const std::string& name : model_preset_names()) {
+    const ModelSpec& m = model_preset(name);
+    for (const StepShape& s : {decode_shape(3, 6, 5000), prefill_shape(2, 300, 50000)}) {
+      StepKernels a, b;
+      step_kernels(m, s, a);
+      step_kernels(m, s, LayoutSpec{}, 0, b);
+      ASSERT_EQ(a.kernels.size(), b.kernels.size()) << name;
+      for (size_t i = 0; i < a.kernels.size(); ++i) {
+        EXPECT_STREQ(a.kernels[i].name, b.kernels[i].name);
+        EXPECT_EQ(a.kernels[i].bytes_read, b.kernels[i].bytes_read);
+        EXPECT_EQ(a.kernels[i].bytes_written, b.kernels[i].bytes_written);
+        EXPECT_EQ(a.kernels[i].flops, b.kernels[i].flops);
+        EXPECT_NE(b.kernels[i].cls, KernelClass::kCollective) << name;
+      }
+    }
+  }
+  // Llama-3-8B keeps its 1 + 32·10 + 2 nodes (step_kernels_test.cc).
+  StepKernels s;
+  step_kernels(model_preset("llama-3-8b"), decode_shape(1, 1, 0), LayoutSpec{}, 0, s);
+  EXPECT_EQ(s.node_count(), 1 + 32 * 10 + 2);
+}
+
+TEST(LayoutMemory, Llama8bTp2) {
+  // bf16. Vocab 128256 / 2 = 64128 rows · 4096 · 2 B = 525,336,576 for the embedding and again
+  // for lm_head. Per layer: q 16 heads·128 = 2048, k,v 4 heads·128 = 512 each: qkv 4096·3072 +
+  // o 2048·4096 = 20,971,520 params; MLP 3·4096·7168 = 88,080,384; norms 2·4096 (replicated).
+  // ×2 B ×32 layers: attention 1,342,177,280, MLP 5,637,144,576, norms 524,288 + final 8192.
+  const RankMemory r = memory("llama-3-8b", "TP2", 1);
+  EXPECT_EQ(r.embedding_bytes, 525'336'576);
+  EXPECT_EQ(r.lm_head_bytes, 525'336'576);
+  EXPECT_EQ(r.attention_bytes, 1'342'177'280);
+  EXPECT_EQ(r.mlp_bytes, 5'637'144'576);
+  EXPECT_EQ(r.norm_bytes, 532'480);
+  EXPECT_EQ(r.replicated_bytes, 532'480);
+  EXPECT_EQ(r.weight_bytes, 8'030'527'488);
+  // KV: 4 KV heads · 128 · K and V · 2 B · 32 layers.
+  EXPECT_EQ(r.kv_bytes_per_token, 65'536);
+}
+
+TEST(LayoutMemory, Llama8bTp8) {
+  // Per layer: q 4 heads → 512, k,v 1 head → 128 each: 4096·768 + 512·4096 = 5,242,880; MLP
+  // 3·4096·1792 = 22,020,096; ×2 B ×32 = 335,544,320 + 1,409,286,144. Vocab rows 16032:
+  // 16032·4096·2 = 131,334,144, twice. Norms 532,480. Sum 2,008,031,232.
+  const RankMemory r = memory("llama-3-8b", "TP8", 5);
+  EXPECT_EQ(r.attention_bytes, 335'544'320);
+  EXPECT_EQ(r.mlp_bytes, 1'409'286'144);
+  EXPECT_EQ(r.embedding_bytes + r.lm_head_bytes, 262'668'288);
+  EXPECT_EQ(r.weight_bytes, 2'008'031'232);
+  EXPECT_EQ(r.kv_bytes_per_token, 2 * 128 * 2 * 32);  // one KV head per rank
+}
+
+TEST(LayoutMemory, Qwen3Dp2Ep2) {
+  // Attention replicated (DP): (2048·(4096 + 2·512) + 4096·2048)·2 B = 37,748,736 per layer,
+  // ×48 = 1,811,939,328. Experts: 64 of 128 per rank, 64·3·2048·768·2 B = 603,979,776 per layer,
+  // ×48 = 28,991,029,248. Router 2048·128·2 ×48 = 25,165,824. Vocab rows 75968·2048·2 =
+  // 311,164,928 twice. Norms (2·48 + 1)·2048·2 = 397,312. Sum 31,450,861,568.
+  const RankMemory r = memory("qwen3-30b-a3b", "DP2-EP2", 0);
+  EXPECT_EQ(r.attention_bytes, 1'811'939'328);
+  EXPECT_EQ(r.expert_bytes, 28'991'029'248);
+  EXPECT_EQ(r.router_bytes, 25'165'824);
+  EXPECT_EQ(r.embedding_bytes, 311'164'928);
+  EXPECT_EQ(r.weight_bytes, 31'450'861'568);
+  // Every KV head on every rank (a DP rank stores its requests' tokens whole): 2·4·128·2·48.
+  EXPECT_EQ(r.kv_bytes_per_token, 98'304);
+}
+
+TEST(LayoutMemory, KvHeadsReplicatedWhenFewerThanTp) {
+  // Llama-3-8B has 8 KV heads: TP16 still stores one head per rank (2× replication), so the
+  // per-rank KV per token stops shrinking at TP8.
+  EXPECT_EQ(memory("llama-3-8b", "TP16", 3).kv_bytes_per_token, 16'384);
+  EXPECT_EQ(memory("llama-3-8b", "TP4", 3).kv_bytes_per_token, 2 * 2 * 128 * 2 * 32);
+  // Qwen3 (4 KV heads) at TP8: 1 head · 128 · 2 · 2 B · 48 layers.
+  EXPECT_EQ(memory("qwen3-30b-a3b", "TP8", 7).kv_bytes_per_token, 24'576);
+}
+
+TEST(LayoutMemory, MlaLatentReplicatedOnEveryTpRank) {
+  // DeepSeek-like: 512 + 64 latent values · 2 B = 1152 B per layer on every TP rank.
+  EXPECT_EQ(memory("deepseek-like", "TP8", 6).kv_bytes_per_token, 61 * 1152);
+  // PP2: stage 0 holds 31 layers, stage 1 30.
+  EXPECT_EQ(memory("deepseek-like", "PP2-TP8", 0).kv_bytes_per_token, 31 * 1152);
+  EXPECT_EQ(memory("deepseek-like", "PP2-TP8", 8).kv_bytes_per_token, 30 * 1152);
+  // Compact KV state (seed 004): 70272 / 2.268 = 30984.1 → 30984.
+  LayoutSpec l = parse_layout("TP8");
+  l.kv_compression = 2.268;
+  EXPECT_EQ(
+      rank_memory(model_preset("deepseek-like"), hardware_preset("h20"), l, 0).kv_bytes_per_token,
+      30'984);
+}
+
+TEST(LayoutMemory, CapacityByHand) {
+  // H200 141e9 B · 0.95 = 133,950,000,000 usable; minus weights 8,030,527,488 (Llama8bTp2) and
+  // 8 GiB = 8,589,934,592 of buffers: 117,329,537,920 free; / 65,536 B per token =
+  // 1,790,306.67 → 1,790,306 tokens.
+  const RankMemory r = memory("llama-3-8b", "TP2", 0);
+  EXPECT_EQ(r.usable_hbm_bytes, 133'950'000'000);
+  EXPECT_EQ(r.runtime_buffer_bytes, 8 * kGiB);
+  EXPECT_EQ(r.free_bytes, 117'329'537'920);
+  EXPECT_EQ(r.kv_capacity_tokens, 1'790'306);
+}
+
+TEST(LayoutMemory, ShardedWeightsSumToTheModel) {
+  // Over every rank, each weight is held once except what every rank of a stage replicates:
+  // the norms ((2L + 1)·hidden·2 B) and routers (hidden·experts·2 B per MoE layer), held width
+  // times. KV heads are never replicated here (width <= KV heads).
+  std::mt19937 rng(7);
+  for (const char* name : {"llama-3-8b", "qwen3-30b-a3b"}) {
+    const ModelSpec& m = model_preset(name);
+    const int32_t max_w = m.layers[0].attn.num_kv_heads;
+    int64_t replicated = (2 * int64_t(m.layers.size()) + 1) * m.hidden * 2;
+    for (const LayerSpec& l : m.layers)
+      if (l.mlp.kind == MlpKind::kMoe) replicated += m.hidden * l.mlp.num_experts * 2;
+    for (int trial = 0; trial < 20; ++trial) {
+      LayoutSpec l;
+      l.tp = 1 << std::uniform_int_distribution<int>(0, 3)(rng);
+      if (l.tp > max_w) l.tp = max_w;
+      l.pp = std::uniform_int_distribution<int>(1, 5)(rng);
+      if (m.layers[0].mlp.kind == MlpKind::kMoe && l.tp > 1 && trial % 2) l.ep = l.tp;
+      int64_t sum = 0;
+      for (int32_t r = 0; r < l.world(); ++r)
+        sum += rank_memory(m, hardware_preset("h200"), l, r).weight_bytes;
+      EXPECT_EQ(sum, m.weight_bytes_total() + (l.width() - 1) * replicated)
+          << name << " " << layout_name(l);
+    }
+  }
+}
+
+TEST(LayoutMemory, KernelWeightReadsMatchMemory) {
+  // One decode token on TP8 rank 3 reads every weight it holds once, except the embedding, of
+  // which it reads one row's share (16032/128256 of 8192 B = 1024 B); activations add < 8 MB.
+  const ModelSpec& m = model_preset("llama-3-8b");
+  const LayoutSpec l = parse_layout("TP8");
+  const RankMemory r = rank_memory(m, hardware_preset("h200"), l, 3);
+  StepKernels s;
+  step_kernels(m, decode_shape(1, 1, 0), l, 3, s);
+  const int64_t weights = r.weight_bytes - r.embedding_bytes;
+  EXPECT_GE(compute_bytes_read(s), weights);
+  EXPECT_LT(compute_bytes_read(s), weights + 8'000'000);
+}
+
+TEST(LayoutKernels, TpPlacesTwoAllReducesPerLayer) {
+  const ModelSpec& m = model_preset("llama-3-8b");
+  StepKernels s;
+  step_kernels(m, decode_shape(4, 1, 4000), parse_layout("TP8"), 2, s);
+  ASSERT_EQ(s.runs.size(), 3u);
+  EXPECT_EQ(count(s, 1, CollectiveKind::kAllReduce), 2);
+  EXPECT_EQ(count(s, 0, CollectiveKind::kAllReduce), 1);  // vocab-parallel embedding
+  EXPECT_EQ(count(s, 2, CollectiveKind::kAllGather), 1);  // argmax pairs
+  // All-reduce message: 4 tokens · 4096 · 2 B; the argmax gather 4 rows · 8 B from each rank.
+  EXPECT_EQ(find(s, "attn_all_reduce")->bytes_read, 4 * 4096 * 2);
+  EXPECT_EQ(find(s, "attn_all_reduce")->group, 8);
+  EXPECT_EQ(find(s, "argmax_gather")->bytes_read, 32);
+  EXPECT_EQ(find(s, "argmax_gather")->bytes_written, 8 * 32);
+  // Attention over the rank's single KV head: (4000 + 4) · 2·128·2 B + q 4·512·2 B.
+  EXPECT_EQ(find(s, "attention")->bytes_read, 4004LL * 512 + 4 * 512 * 2);
+}
+
+TEST(LayoutKernels, EpWithDpAttentionUsesAllToAll) {
+  const ModelSpec& m = model_preset("qwen3-30b-a3b");
+  StepKernels s;
+  step_kernels(m, decode_shape(8, 1, 8000), parse_layout("DP4-EP4"), 1, s);
+  EXPECT_EQ(count(s, 1, CollectiveKind::kAllToAll), 2);
+  EXPECT_EQ(count(s, 1, CollectiveKind::kAllReduce), 0);
+  // Rank 1 serves requests 1 and 5: 2 tokens · top-8 copies · 2048 · 2 B dispatched.
+  EXPECT_EQ(find(s, "moe_dispatch")->bytes_read, 2 * 8 * 2048 * 2);
+  // Uniform routing: 8 tokens · 8 copies over 4 ranks, 16 copies land here.
+  EXPECT_EQ(find(s, "moe_dispatch")->bytes_written, 16 * 2048 * 2);
+  // Its attention reads only its requests' context: 8000 · 2/8 = 2000 cached tokens.
+  EXPECT_EQ(find(s, "attention")->bytes_read, (2000LL + 2) * 2 * 4 * 128 * 2 + 2 * 4096 * 2);
+  // TP attention with EP: tokens are on every rank, the combine is an all-reduce.
+  step_kernels(m, decode_shape(8, 1, 8000), parse_layout("TP4-EP4"), 1, s);
+  EXPECT_EQ(count(s, 1, CollectiveKind::kAllToAll), 0);
+  EXPECT_EQ(count(s, 1, CollectiveKind::kAllReduce), 2);
+}
+
+TEST(LayoutKernels, CpExchangesPartialOutputs) {
+  const ModelSpec& m = model_preset("llama-3-8b");
+  StepKernels s;
+  step_kernels(m, decode_shape(1, 1, 8000), parse_layout("CP8-TP8"), 0, s);
+  EXPECT_EQ(count(s, 1, CollectiveKind::kAllGather), 1);  // cp_exchange
+  EXPECT_EQ(count(s, 1, CollectiveKind::kAllReduce), 1);  // MLP split over the width
+  // Context 8000 / 8 = 1000 keys here, all 8 KV heads; the one new token's KV goes to rank 7.
+  EXPECT_EQ(find(s, "attention")->bytes_read, 1000LL * 4096 + 4096 * 2);
+  // Partial output (4096 values, bf16) and 32 fp32 log-sum-exps.
+  EXPECT_EQ(find(s, "cp_exchange")->bytes_read, 4096 * 2 + 32 * 4);
+}
+
+TEST(LayoutKernels, PipelineStagesSendAndReceive) {
+  const ModelSpec& m = model_preset("llama-3-8b");
+  StepKernels s0, s1;
+  const LayoutSpec l = parse_layout("PP2-TP2");
+  step_kernels(m, decode_shape(3, 1, 0), l, 1, s0);  // stage 0
+  step_kernels(m, decode_shape(3, 1, 0), l, 2, s1);  // stage 1
+  const KernelDesc* send = find(s0, "pp_send");
+  const KernelDesc* recv = find(s1, "pp_recv");
+  ASSERT_NE(send, nullptr);
+  ASSERT_NE(recv, nullptr);
+  EXPECT_EQ(send->group, 1);
+  EXPECT_EQ(recv->group, 0);
+  // Hidden state and residual, 3 tokens · 4096 · 2 B each.
+  EXPECT_EQ(send->bytes_read, 2 * 3 * 4096 * 2);
+  EXPECT_EQ(recv->bytes_written, send->bytes_read);
+  EXPECT_EQ(find(s0, "lm_head"), nullptr);
+  EXPECT_EQ(find(s1, "embedding"), nullptr);
+}
+
+TEST(LayoutKernels, PipelineSplitCoversEveryLayerOnce) {
+  for (int32_t layers = 1; layers <= 70; ++layers) {
+    for (int32_t pp = 1; pp <= std::min(layers, 9); ++pp) {
+      int32_t next = 0, lo = layers, hi = 0;
+      for (int32_t s = 0; s < pp; ++s) {
+        const StageLayers sl = stage_layers(layers, pp, s);
+        EXPECT_EQ(sl.first, next);
+        next += sl.count;
+        lo = std::min(lo, sl.count);
+        hi = std::max(hi, sl.count);
+      }
+      EXPECT_EQ(next, layers);
+      EXPECT_LE(hi - lo, 1);
+    }
+  }
+  // And in the kernel lists: DeepSeek-like PP4-TP8 stages repeat 61 layers in all.
+  const ModelSpec& m = model_preset("deepseek-like");
+  int32_t layers = 0;
+  for (int32_t stage = 0; stage < 4; ++stage) {
+    StepKernels s;
+    step_kernels(m, decode_shape(1, 1, 0), parse_layout("PP4-TP8"), stage * 8, s);
+    for (size_t r = 1; r + 1 < s.runs.size(); ++r) layers += s.runs[r].repeat;
+  }
+  EXPECT_EQ(layers, 61);
+}
+
+TEST(LayoutKernels, DpShapeSplitIsExactForUniformRequests) {
+  // 10 requests of 2 tokens after 100 cached each over 4 ranks: requests 3, 3, 2, 2.
+  const StepShape all = decode_shape(10, 2, 1000);  // pairs 2·1000 + 10·3 = 2030
+  const int32_t want_requests[4] = {3, 3, 2, 2};
+  int64_t pairs = 0;
+  for (int32_t i = 0; i < 4; ++i) {
+    const StepShape s = dp_rank_shape(all, 4, i);
+    EXPECT_EQ(s.requests, want_requests[i]);
+    EXPECT_EQ(s.tokens, 2 * want_requests[i]);
+    EXPECT_EQ(s.ctx_tokens, 100 * want_requests[i]);
+    EXPECT_EQ(s.attn_pairs, decode_shape(want_requests[i], 2, 100 * want_requests[i]).attn_pairs);
+    pairs += s.attn_pairs;
+  }
+  EXPECT_EQ(pairs, 2030);
+  // One request on DP8: rank 0 serves it, the others are idle.
+  EXPECT_EQ(dp_rank_shape(decode_shape(1, 1, 77), 8, 0).ctx_tokens, 77);
+  EXPECT_EQ(dp_rank_shape(decode_shape(1, 1, 77), 8, 1).tokens, 0);
+}
+
+TEST(LayoutKernels, ExpertSkewMakesHotRanksStragglers) {
+  // 8 hot experts (all on EP rank 0 of 4, which holds experts 0-31) take half the routed tokens:
+  // rank 0's share is 0.5 + 0.5·24/120 = 0.6 of 1000·8 copies = 4800; the others 0.5·32/120.
+  const ModelSpec& m = model_preset("qwen3-30b-a3b");
+  ExpertLoad hot;
+  hot.kind = ExpertLoad::Kind::kHot;
+  hot.hot_experts = 8;
+  hot.hot_fraction = 0.5;
+  int64_t total = 0;
+  for (int32_t r = 0; r < 4; ++r)
+    total += expert_share(hot, m.layers[0].mlp, 1000, 4, r).routed_tokens;
+  EXPECT_EQ(total, 8000);
+  EXPECT_EQ(expert_share(hot, m.layers[0].mlp, 1000, 4, 0).routed_tokens, 4800);
+  EXPECT_NEAR(expert_share(hot, m.layers[0].mlp, 1000, 4, 2).routed_tokens, 8000 * 0.5 * 32 / 120,
+              1);
+  // In the kernel lists: rank 0 does more expert FLOPs than rank 3, and the 4 ranks together do
+  // the single-GPU layer's (64 tokens · 8 = 512 copies, however they are spread).
+  LayoutSpec l = parse_layout("DP4-EP4");
+  l.expert_load = hot;
+  const StepShape shape = decode_shape(64, 1, 64 * 100);
+  int64_t flops = 0;
+  int64_t rank_flops[4];
+  for (int32_t r = 0; r < 4; ++r) {
+    StepKernels s;
+    step_kernels(m, shape, l, r, s);
+    rank_flops[r] = find(s, "moe_gate_up")->flops;
+    flops += rank_flops[r];
+  }
+  EXPECT_GT(rank_flops[0], 3 * rank_flops[3]);
+  StepKernels one;
+  step_kernels(m, shape, one);
+  EXPECT_EQ(flops, find(one, "moe_gate_up")->flops);  // 2 · 512 copies · 2048 · 1536
+}
+
+TEST(LayoutKernels, ZipfIsCappedAtOneCopyPerToken) {
+  ExpertLoad z;
+  z.kind = ExpertLoad::Kind::kZipf;
+  z.zipf_s = 1.2;
+  const std::vector<double> p = expert_probabilities(z, 256, 8);
+  double sum = 0;
+  for (double x : p) {
+    sum += x;
+    EXPECT_LE(x, 1.0 / 8 + 1e-12);
+  }
+  EXPECT_NEAR(sum, 1.0, 1e-12);
+  EXPECT_NEAR(p[0], 1.0 / 8, 1e-12);  // 1/H(256, 1.2) ≈ 0.23 before capping
+  EXPECT_GT(p[1], p[2]);
+}
+
+TEST(LayoutCapacity, Seed004StudyRatios) {
+  const CapacityTable t = capacity_table(model_preset("deepseek-like"), hardware_preset("h20"),
+                                         seed004_capacity_layouts({"PP2-TP8", "DP32-EP32"}));
+  ASSERT_EQ(t.rows.size(), 8u);
+  ASSERT_EQ(t.cells(0).size(), t.columns.size());
+  for (size_t layout = 0; layout < 2; ++layout) {
+    const CapacityRow& base = t.rows[4 * layout];
+    const CapacityRow& small = t.rows[4 * layout + 1];
+    const CapacityRow& compact = t.rows[4 * layout + 2];
+    const CapacityRow& both = t.rows[4 * layout + 3];
+    EXPECT_EQ(base.ratio, 1.0);
+    // mxfp4 experts: 17/32 B per parameter instead of 1 + 4/16384.
+    EXPECT_NEAR(double(small.binding.expert_bytes) / double(base.binding.expert_bytes),
+                (17.0 / 32) / (1 + 4.0 / 16384), 1e-4);
+    EXPECT_GT(small.ratio, 1.0);
+    // Compact KV only divides the KV bytes per token; combined is the product, as the seed's
+    // 3.88 = 1.71 · 2.268 and 10.14 = 4.47 · 2.268.
+    EXPECT_NEAR(compact.ratio, 2.268, 1e-4);
+    EXPECT_NEAR(both.ratio, small.ratio * 2.268, 1e-3);
+  }
+  // As in the seed, PP2-TP8 gains more from smaller experts than DP32-EP32 (its ranks hold
+  // twice the expert bytes: 1/16 of them rather than 1/32).
+  EXPECT_GT(t.rows[1].ratio, t.rows[5].ratio);
+  // DP32-EP32 capacity is per DP rank; one replica holds 32 times it.
+  EXPECT_EQ(t.rows[4].replica_kv_tokens, 32 * t.rows[4].binding.kv_capacity_tokens);
+}
+
+}  // namespace
+}  // namespace twinstep
