@@ -70,6 +70,13 @@
 //                   (default 8, at most 64), mode: device | host_late | host_blocking
 //                   (default device), lag (1..64, only with host_late)
 //
+//   layout: PP2-TP8                optional; the seeds' notation (TP8, DP16-EP16, PP2-CP8-TP8),
+//                                  or {tp, pp, dp, ep, cp (1..4096), weight_dtype, expert_dtype,
+//                                  expert_act_dtype, kv_dtype (bf16 | fp8 | mxfp4),
+//                                  kv_compression (>= 1), runtime_buffer_gb, hbm_usable_fraction,
+//                                  expert_load: {kind: uniform | zipf | hot, zipf_s, hot_experts,
+//                                  hot_fraction}}; rules in docs/layouts.md
+//
 //   acceptance:                    optional; simulator draft/target agreement (AcceptanceSpec)
 //     accept_rate: 0.7             per-position acceptance, 0..1; or instead
 //     chain_accept_len: 3.25       the mean tokens per verify of a chain of chain_draft tokens
@@ -83,7 +90,8 @@
 //         fixed: mean; normal: mean, std; lognormal: mean (> 0), std; uniform: lo, hi
 //         (lo <= hi; mean becomes (lo + hi) / 2). All required, all durations.
 //     spikes: a list of {op (required), extra (required duration > 0), and exactly one of
-//       every_steps (1..1e9, with optional phase_step 0..1e9) or probability (0, 1]}
+//       every_steps (1..1e9, with optional phase_step 0..1e9) or probability (0, 1]; rank:
+//       only that rank's host (default: every rank)}
 //
 //   trace: {first_step: 100, steps: 8}   optional; first_step 0..1e9 (default 0),
 //                                        steps 0..100000 (required; 0: no timeline)
@@ -167,8 +175,8 @@ constexpr double kMaxSimulatedNs = 0x1p62;  // ~146 years of simulated time
 constexpr int64_t kMaxSweepLayers = 100'000'000;
 
 std::vector<std::string> top_level_keys() {
-  return {"name",     "description", "seed", "backends",   "model", "hardware",
-          "workload", "policies",    "host", "acceptance", "trace", "sweep"};
+  return {"name",     "description", "seed",       "backends", "model", "hardware", "workload",
+          "policies", "host",        "acceptance", "layout",   "trace", "sweep"};
 }
 
 // ---- model ------------------------------------------------------------------------------------
@@ -583,6 +591,66 @@ SpecSpec parse_spec(const Context& ctx, const Node& node) {
   return s;
 }
 
+// layout: "PP2-TP8" (the seeds' notation), or a mapping of degrees, dtypes and memory terms.
+LayoutSpec parse_layout_node(const Context& ctx, const Node& node, const ModelSpec& model) {
+  LayoutSpec l;
+  try {
+    if (node.is_scalar()) {
+      l = parse_layout(read_string(ctx, node, "layout"));
+    } else {
+      MapReader m(ctx, node, "layout",
+                  {"tp", "pp", "dp", "ep", "cp", "weight_dtype", "expert_dtype", "expert_act_dtype",
+                   "kv_dtype", "kv_compression", "runtime_buffer_gb", "hbm_usable_fraction",
+                   "expert_load"});
+      l.tp = read_i32_or(ctx, m, "tp", 1, 4096, 1);
+      l.pp = read_i32_or(ctx, m, "pp", 1, 4096, 1);
+      l.dp = read_i32_or(ctx, m, "dp", 1, 4096, 1);
+      l.ep = read_i32_or(ctx, m, "ep", 1, 4096, 1);
+      l.cp = read_i32_or(ctx, m, "cp", 1, 4096, 1);
+      const auto dtype = [&](const char* key, std::optional<Dtype>& out) {
+        if (const Node* n = m.get(key)) out = parse_dtype(read_string(ctx, *n, m.field(key)));
+      };
+      dtype("weight_dtype", l.weight_dtype);
+      dtype("expert_dtype", l.expert_dtype);
+      dtype("expert_act_dtype", l.expert_act_dtype);
+      dtype("kv_dtype", l.kv_dtype);
+      if (const Node* n = m.get("kv_compression")) {
+        l.kv_compression = read_double(ctx, *n, "layout.kv_compression", 1, 1000, false);
+      }
+      if (const Node* n = m.get("runtime_buffer_gb")) {
+        l.runtime_buffer_bytes =
+            int64_t(read_double(ctx, *n, "layout.runtime_buffer_gb", 0, 1e6, false) * 1e9);
+      }
+      if (const Node* n = m.get("hbm_usable_fraction")) {
+        l.hbm_usable_fraction = read_double(ctx, *n, "layout.hbm_usable_fraction", 0, 1, true);
+      }
+      if (const Node* n = m.get("expert_load")) {
+        MapReader e(ctx, *n, "layout.expert_load",
+                    {"kind", "zipf_s", "hot_experts", "hot_fraction"});
+        const std::vector<std::pair<std::string, ExpertLoad::Kind>> kinds = {
+            {"uniform", ExpertLoad::Kind::kUniform},
+            {"zipf", ExpertLoad::Kind::kZipf},
+            {"hot", ExpertLoad::Kind::kHot}};
+        l.expert_load.kind =
+            yaml::read_enum(ctx, e.require("kind"), "layout.expert_load.kind", kinds);
+        if (const Node* x = e.get("zipf_s")) {
+          l.expert_load.zipf_s = read_double(ctx, *x, "layout.expert_load.zipf_s", 0, 100, false);
+        }
+        l.expert_load.hot_experts = read_i32_or(ctx, e, "hot_experts", 0, 1 << 20, 0);
+        if (const Node* x = e.get("hot_fraction")) {
+          l.expert_load.hot_fraction =
+              read_double(ctx, *x, "layout.expert_load.hot_fraction", 0, 1, false);
+        }
+      }
+    }
+    validate_layout(model, l);
+  } catch (const ConfigError& e) {
+    if (!e.where().empty()) throw;
+    ctx.fail(node.mark, e.what());
+  }
+  return l;
+}
+
 // acceptance: {accept_rate | chain_accept_len + chain_draft, decay, confidence_signal}.
 AcceptanceSpec parse_acceptance(const Context& ctx, const Node& node) {
   MapReader m(ctx, node, "acceptance",
@@ -711,8 +779,10 @@ DurationDist parse_duration_dist(const Context& ctx, const Node& node, const std
 }
 
 HostSpike parse_spike(const Context& ctx, const Node& node, const std::string& field) {
-  MapReader m(ctx, node, field, {"op", "every_steps", "phase_step", "probability", "extra"});
+  MapReader m(ctx, node, field,
+              {"op", "every_steps", "phase_step", "probability", "extra", "rank"});
   HostSpike s;
+  s.rank = read_i32_or(ctx, m, "rank", 0, 1 << 20, -1);
   s.op = yaml::read_enum(ctx, m.require("op"), m.field("op"), host_op_choices());
   s.extra_ns =
       read_duration_ns(ctx, m.require("extra", "the added duration, e.g. 2ms"), m.field("extra"));
@@ -874,7 +944,8 @@ void check_run_size(const Context& ctx, const Node& workload, const Variant& v) 
   const double total_ns = steps * (host_step_ns + launch_step_ns) + work_ns + arrival_span_s * 40e9;
   if (!(total_ns <= kMaxSimulatedNs)) {
     ctx.fail(workload.mark,
-             "this variant could simulate up to about " + sci(total_ns / 1e9 / 86400 / 365) +
+             "this variant could simulate up to about " +
+                 (std::isfinite(total_ns) ? sci(total_ns / 1e9 / 86400 / 365) : "infinitely many") +
                  " years (" + std::to_string(w.num_requests) + " requests of up to " +
                  std::to_string(w.output_len.hi) + " output tokens, host loop up to " +
                  sci(host_step_ns / 1e6) + " ms per step on " + hw.name + "), over the limit of " +
@@ -898,6 +969,7 @@ Variant parse_variant(const Context& ctx, const Node& doc) {
   if (const Node* n = top.get("policies")) v.policy = parse_policies(ctx, *n);
   if (const Node* n = top.get("host")) v.host_costs = parse_host(ctx, *n);
   if (const Node* n = top.get("acceptance")) v.acceptance = parse_acceptance(ctx, *n);
+  if (const Node* n = top.get("layout")) v.layout = parse_layout_node(ctx, *n, v.model);
   if (const Node* n = top.get("trace")) v.trace = parse_trace(ctx, *n);
   check_run_size(ctx, *top.get("workload"), v);
   return v;

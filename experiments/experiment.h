@@ -10,6 +10,7 @@
 #include "policies/acceptance_spec.h"
 #include "policies/hardware_spec.h"
 #include "policies/host_costs.h"
+#include "policies/layout.h"
 #include "policies/model_spec.h"
 #include "policies/policy_spec.h"
 #include "policies/workload.h"
@@ -35,6 +36,7 @@ struct Variant {
   PolicySpec policy;
   HostCostSpec host_costs;
   AcceptanceSpec acceptance;  // simulator only: how the draft agrees with the target
+  LayoutSpec layout;          // ranks and sharding (default: one GPU)
   TraceSpec trace;
   uint64_t seed = 0;
 };

@@ -1,9 +1,12 @@
 #include "experiments/runner.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <memory>
 
 #include "policies/decode_loop.h"
 #include "policies/error.h"
+#include "policies/rng.h"
 #include "simulator/sim_backend.h"
 
 namespace twinstep {
@@ -20,13 +23,26 @@ bool real_backend_available(std::string* why) {
 RunRecord simulate_variant(const Variant& v) {
   const std::vector<RequestSpec> requests = generate_requests(v.workload);
   RunRecord record;
-  DecodeLoop loop(v.policy, v.workload, requests, &record);
+  // One host program per rank (SPMD). Rank 0's requests are the ones the client sees; the
+  // other ranks' request samples are discarded.
+  const int32_t world = v.layout.world();
+  std::vector<RunRecord> shadow(size_t(world - 1));
+  std::vector<std::unique_ptr<DecodeLoop>> loops;
+  std::vector<HostProgram*> ranks;
+  for (int32_t r = 0; r < world; ++r) {
+    loops.push_back(std::make_unique<DecodeLoop>(v.policy, v.workload, requests,
+                                                 r == 0 ? &record : &shadow[size_t(r - 1)]));
+    ranks.push_back(loops.back().get());
+  }
   const HostCostModel host(v.host_costs, v.seed);
   SimOptions options;
   options.trace_first_step = v.trace.first_step;
   options.trace_steps = v.trace.step_count;
+  options.spec = v.policy.spec;
+  options.acceptance = v.acceptance;
+  options.acceptance_seed = splitmix64(v.seed ^ 0x61636365707421ULL);  // "accept!"
+  options.layout = v.layout;
   SimBackend backend(v.model, v.hardware, host, requests, options);
-  HostProgram* ranks[] = {&loop};
   backend.run(ranks, record);
   return record;
 }
@@ -36,6 +52,11 @@ FinishedRun execute_run(const Variant& v, BackendKind backend) {
   run.variant_index = v.index;
   run.backend = backend;
   try {
+    // Test hook: the failure path of sweeps (tests/report/distributed_test.sh).
+    if (const char* fail = std::getenv("TWINSTEP_FAIL_VARIANT");
+        fail && std::to_string(v.index) == fail) {
+      throw Error("failure injected by TWINSTEP_FAIL_VARIANT=" + std::string(fail));
+    }
     const auto t0 = std::chrono::steady_clock::now();
     run.record = simulate_variant(v);
     run.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -104,8 +125,8 @@ std::vector<RunOutcome> run_experiment(const Experiment& e, ResultsDb& db, Progr
   for (const Variant& v : e.variants) {
     for (BackendKind b : backends) {
       if (stop.load()) {
-        progress.message("interrupted: " + std::to_string(done) + " of " +
-                         std::to_string(total) + " runs stored, the rest not started");
+        progress.message("interrupted: " + std::to_string(done) + " of " + std::to_string(total) +
+                         " runs stored, the rest not started");
         return out;
       }
       progress.update(done, total, v.label + " [" + backend_kind_name(b) + "]");
@@ -114,8 +135,8 @@ std::vector<RunOutcome> run_experiment(const Experiment& e, ResultsDb& db, Progr
       const FinishedRun run = execute_run(v, b);
       if (!run.error.empty()) {
         db.fail_run(run_id, "failed", run.error);
-        throw Error("variant " + std::to_string(v.index) + " '" + v.label + "' failed: " +
-                    run.error);
+        throw Error("variant " + std::to_string(v.index) + " '" + v.label +
+                    "' failed: " + run.error);
       }
       db.finish_run(run_id, run.record, run.metrics, run.wall_s);
       out.push_back({run_id, v.index, b});

@@ -234,9 +234,14 @@ CREATE TABLE step_sample (
 )sql");
 }
 
-// Migration i takes the schema from version i to i + 1. Append, never edit, to add version 2.
+// Version 2: time each step spent in collectives (multi-rank runs; 0 on one rank).
+void migrate_v1_to_v2(sqlite3* db) {
+  exec(db, "ALTER TABLE step_sample ADD COLUMN collective_ns INTEGER NOT NULL DEFAULT 0");
+}
+
+// Migration i takes the schema from version i to i + 1. Append, never edit.
 using MigrationFn = void (*)(sqlite3*);
-constexpr MigrationFn kMigrations[] = {&create_schema_v1};
+constexpr MigrationFn kMigrations[] = {&create_schema_v1, &migrate_v1_to_v2};
 static_assert(std::size(kMigrations) == ResultsDb::kSchemaVersion);
 
 void migrate(sqlite3* db, const std::string& path) {
@@ -579,8 +584,8 @@ void ResultsDb::finish_run(int64_t run_id, const RunRecord& record,
   std::string step_sql =
       "INSERT INTO step_sample (run_id, rank, step, end_ns, dur_ns, gpu_busy_ns, idle_host_ns, "
       "idle_launch_ns, idle_dep_ns, batch, prefills, tokens, draft_len, bytes_read" +
-      step_sample_host_columns("") + ", host_launch_ns, host_wait_ns) VALUES (?1";
-  constexpr int kStepColumns = 16 + kHostOpCount;
+      step_sample_host_columns("") + ", host_launch_ns, host_wait_ns, collective_ns) VALUES (?1";
+  constexpr int kStepColumns = 17 + kHostOpCount;
   for (int i = 2; i <= kStepColumns; ++i) step_sql += ", ?" + std::to_string(i);
   step_sql += ")";
   Stmt step(db_, step_sql.c_str());
@@ -592,6 +597,7 @@ void ResultsDb::finish_run(int64_t run_id, const RunRecord& record,
     step.bind(13, s.draft_len).bind(14, s.bytes_read);
     for (int op = 0; op < kHostOpCount; ++op) step.bind(15 + op, s.host_ns[op]);
     step.bind(15 + kHostOpCount, s.host_launch_ns).bind(16 + kHostOpCount, s.host_wait_ns);
+    step.bind(17 + kHostOpCount, s.collective_ns);
     step.run();
   }
 

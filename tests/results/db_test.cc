@@ -185,7 +185,7 @@ TEST(ResultsDb, SchemaVersionAndPragmas) {
   {
     auto db = ResultsDb::open(path);
     EXPECT_EQ(db.schema_version(), ResultsDb::kSchemaVersion);
-    EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 1);
+    EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 2);
     EXPECT_EQ(std::get<std::string>(db.query("PRAGMA journal_mode", true).rows.at(0).at(0)), "wal");
     EXPECT_EQ(scalar_int(db, "PRAGMA foreign_keys"), 1);
     EXPECT_EQ(scalar_text(db,
@@ -217,6 +217,26 @@ std::string open_error(const std::string& path) {
     return e.what();
   }
   return "";
+}
+
+// A version-1 database (no step_sample.collective_ns) is migrated in place on open, keeping
+// its runs; new steps store the column.
+TEST(ResultsDb, MigratesVersion1) {
+  TempDir dir;
+  const std::string path = dir.file("v1.db");
+  ResultsDb::open(path).begin_run(sample_info());
+  raw_exec(path, "ALTER TABLE step_sample DROP COLUMN collective_ns; PRAGMA user_version = 1;");
+  auto db = ResultsDb::open(path);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 2);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 1);
+  RunRecord record = hand_record();
+  record.steps[0].collective_ns = 1234;
+  const int64_t id = db.begin_run(sample_info());
+  db.finish_run(id, record, {}, 0.1);
+  EXPECT_EQ(
+      scalar_int(db, "SELECT collective_ns FROM step_sample WHERE run_id = " + std::to_string(id) +
+                         " AND step = " + std::to_string(record.steps[0].step)),
+      1234);
 }
 
 TEST(ResultsDb, RejectsNewerSchema) {
