@@ -1,11 +1,13 @@
 #include "experiments/distributed.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
@@ -108,6 +110,10 @@ const char* intern_span_name(std::string_view name) {
   return pool->emplace(name).first->c_str();  // node-based: element addresses are stable
 }
 
+// Every member of RunRecord must travel: a new one must be added to both functions below.
+static_assert(sizeof(RunRecord) == 4 * sizeof(std::vector<int>) + sizeof(int64_t),
+              "RunRecord changed: update encode_finished_run / decode_finished_run");
+
 std::string encode_finished_run(const FinishedRun& run) {
   Writer w;
   w.pod(kWireMagic);
@@ -181,8 +187,8 @@ int launcher_world_size() {
 }
 
 int launcher_rank() {
-  return std::max(
-      {0, env_int("OMPI_COMM_WORLD_RANK", 0), env_int("PMI_RANK", 0), env_int("MV2_COMM_WORLD_RANK", 0)});
+  return std::max({0, env_int("OMPI_COMM_WORLD_RANK", 0), env_int("PMI_RANK", 0),
+                   env_int("MV2_COMM_WORLD_RANK", 0)});
 }
 
 #ifdef TWINSTEP_HAVE_MPI
@@ -239,11 +245,13 @@ DistributedOutcome run_experiment_distributed(DistributedSession& session, const
   auto simulate = [&](int64_t u) {
     return execute_run(e.variants[static_cast<size_t>(u / nb)], backends[size_t(u % nb)]);
   };
+  if (size < 2) throw Error("distributed run: needs at least 2 ranks");
 
   if (rank != 0) {
     std::deque<PendingSend> pending;
     int64_t sent = 0;
-    for (int64_t u = rank; u < total; u += size) {
+    for (int64_t u = 0; u < total; ++u) {
+      if (rank_of_run(u, size) != rank) continue;
       if (stop.load()) {
         outcome.interrupted = true;
         break;
@@ -267,8 +275,18 @@ DistributedOutcome run_experiment_distributed(DistributedSession& session, const
     }
     // Message order between two ranks is preserved: rank 0 sees "done" after every result.
     int64_t done_msg[2] = {sent, outcome.interrupted ? 1 : 0};
-    MPI_Send(done_msg, 2, MPI_INT64_T, 0, kTagDone, MPI_COMM_WORLD);
-    for (PendingSend& p : pending) MPI_Wait(&p.request, MPI_STATUS_IGNORE);
+    pending.push_back({});
+    MPI_Isend(done_msg, 2, MPI_INT64_T, 0, kTagDone, MPI_COMM_WORLD, &pending.back().request);
+    // Poll politely: a blocking MPI wait spins a core that rank 0 may need for storing.
+    while (!pending.empty()) {
+      int done = 0;
+      MPI_Test(&pending.front().request, &done, MPI_STATUS_IGNORE);
+      if (done) {
+        pending.pop_front();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
     return outcome;
   }
 
@@ -278,8 +296,7 @@ DistributedOutcome run_experiment_distributed(DistributedSession& session, const
     const int64_t id = store_run(e, run, *db);
     const std::string name = run_name(e, run.variant_index, run.backend);
     if (!run.error.empty()) {
-      outcome.failures.push_back(name + " on rank " + std::to_string(from_rank) + ": " +
-                                 run.error);
+      outcome.failures.push_back(name + " on rank " + std::to_string(from_rank) + ": " + run.error);
       progress.message("FAILED: " + outcome.failures.back() + " (stored as run " +
                        std::to_string(id) + ", status 'failed')");
     } else {
@@ -290,15 +307,11 @@ DistributedOutcome run_experiment_distributed(DistributedSession& session, const
   };
   int workers_done = 0;
   std::string buffer;
-  // Receives one message (blocking when `wait`); false when none was pending.
-  auto receive = [&](bool wait) {
+  // Receives and handles one message if one is pending; false when none was.
+  auto receive = [&]() {
     MPI_Status status;
-    int ready = 1;
-    if (wait) {
-      MPI_Probe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &status);
-    } else {
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &ready, &status);
-    }
+    int ready = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &ready, &status);
     if (!ready) return false;
     if (status.MPI_TAG == kTagDone) {
       int64_t done_msg[2];
@@ -317,22 +330,15 @@ DistributedOutcome run_experiment_distributed(DistributedSession& session, const
     return true;
   };
 
-  progress.update(0, total, "starting " + std::to_string(size) + " ranks");
-  for (int64_t u = 0; u < total; u += size) {
-    if (stop.load()) {
-      outcome.interrupted = true;
-      break;
-    }
-    store(simulate(u), 0);
-    while (receive(false)) {
-    }
+  progress.update(0, total, "starting " + std::to_string(size - 1) + " simulating rank(s)");
+  while (workers_done < size - 1) {
+    if (stop.load()) outcome.interrupted = true;
+    if (!receive()) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  while (workers_done < size - 1) receive(true);
   if (outcome.interrupted) {
     progress.message("interrupted: " + std::to_string(stored) + " of " + std::to_string(total) +
                      " runs stored, the rest not started");
   } else {
-    progress.update(stored, total, "done");
     progress.finish();
   }
   std::sort(outcome.stored.begin(), outcome.stored.end(),

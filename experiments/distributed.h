@@ -1,4 +1,4 @@
-// Distributed sweeps: under `mpirun -n N`, the ranks split an experiment's runs (variant ×
+// Distributed sweeps: under `mpirun -n N`, ranks 1..N-1 split an experiment's runs (variant ×
 // backend) and rank 0 stores every one, so the database matches a single process's, run for
 // run (run ids and row order may differ). MPI is optional; without it the build runs one
 // process and refuses to run under a multi-rank launcher.
@@ -25,10 +25,13 @@ bool mpi_built();
 int launcher_world_size();
 int launcher_rank();
 
-// Run `index` (variant-major: variant * backends + backend) is assigned to rank index % world_size: deterministic, and
-// neighbouring variants (which differ in the fastest-varying sweep key) spread over the ranks.
+// Run `index` (variant-major: variant * backends + backend) is simulated by rank
+// 1 + index % (world_size - 1): deterministic, and neighbouring variants (which differ in the
+// fastest-varying sweep key) spread over the ranks. Rank 0 simulates nothing: it stores every
+// run, and storing (~1 ms per small run in SQLite) costs about as much as simulating, so a
+// rank 0 that also simulated would delay every other rank's writes.
 inline int rank_of_run(int64_t index, int world_size) {
-  return static_cast<int>(index % world_size);
+  return 1 + static_cast<int>(index % (world_size - 1));
 }
 
 // An MPI job, initialised when the launcher started more than one rank. Without MPI in the
@@ -59,11 +62,11 @@ struct DistributedOutcome {
   bool interrupted = false;           // some rank stopped early (SIGINT/SIGTERM)
 };
 
-// Runs `experiment` over the session's ranks. Every rank calls it; `db` is used on rank 0 only
-// (nullptr elsewhere). Each rank simulates its runs (rank_of_run over variant-major run
-// indices) and sends each finished one to rank 0, which stores it as it arrives (one
-// transaction per run) between simulating its own share. A failed run is stored as 'failed'
-// and listed in `failures`; the others continue. Progress on rank 0 counts every rank's runs.
+// Runs `experiment` over the session's ranks (at least 2). Every rank calls it; `db` is used
+// on rank 0 only (nullptr elsewhere). Ranks 1.. simulate their runs (rank_of_run) and send each
+// finished one to rank 0, which stores it as it arrives (one transaction per run). A failed
+// run is stored as 'failed' and listed in `failures`; the others continue. Progress on rank 0
+// counts every rank's runs.
 // Throws Error on infrastructure failures (database, malformed message): the caller must then
 // abort the job. Ranks must run the same binary (samples travel as raw structs).
 DistributedOutcome run_experiment_distributed(DistributedSession& session,

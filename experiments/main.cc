@@ -43,7 +43,8 @@ ResultsDb open_db(const std::string& path) {
   const std::vector<int64_t> bad = db.incomplete_runs();
   if (!bad.empty()) {
     std::string ids;
-    for (size_t i = 0; i < bad.size() && i < 10; ++i) ids += (i ? ", " : "") + std::to_string(bad[i]);
+    for (size_t i = 0; i < bad.size() && i < 10; ++i)
+      ids += (i ? ", " : "") + std::to_string(bad[i]);
     if (bad.size() > 10) ids += ", ...";
     std::fprintf(stderr,
                  "twinstep: note: %zu run(s) in %s never completed (interrupted or failed): %s; "
@@ -59,8 +60,8 @@ void print_table(const QueryResult& r, OutputFormat f) { write_result(r, f, std:
 QueryResult table(std::vector<std::string> columns) { return QueryResult{std::move(columns), {}}; }
 
 int cmd_models(OutputFormat f) {
-  QueryResult t = table({"model", "layers", "hidden", "params_b", "active_params_b",
-                         "weights_gb", "kv_bytes_per_token", "state_bytes_per_request"});
+  QueryResult t = table({"model", "layers", "hidden", "params_b", "active_params_b", "weights_gb",
+                         "kv_bytes_per_token", "state_bytes_per_request"});
   for (const std::string& name : model_preset_names()) {
     const ModelSpec& m = model_preset(name);
     t.rows.push_back({name, int64_t(m.layers.size()), m.hidden, double(m.param_count()) / 1e9,
@@ -72,15 +73,19 @@ int cmd_models(OutputFormat f) {
 }
 
 int cmd_hardware(OutputFormat f, bool sources) {
-  QueryResult t = table({"hardware", "hbm_gb", "hbm_tbps", "stream_read_tbps", "bf16_tflops",
-                         "sms", "eager_launch_us", "graph_node_gap_us"});
+  QueryResult t = table({"hardware", "hbm_gb", "hbm_tbps", "stream_read_tbps", "bf16_tflops", "sms",
+                         "eager_launch_us", "graph_node_gap_us"});
   if (sources) t.columns.push_back("source");
   for (const std::string& name : hardware_preset_names()) {
     const HardwareSpec& h = hardware_preset(name);
-    std::vector<Cell> row = {name,          double(h.hbm_bytes) / 1e9,
-                             h.hbm_tbps,    h.stream_read_tbps,
-                             h.bf16_tflops, int64_t(h.sm_count),
-                             double(h.eager_launch_ns) / 1e3, double(h.graph_node_gap_ns) / 1e3};
+    std::vector<Cell> row = {name,
+                             double(h.hbm_bytes) / 1e9,
+                             h.hbm_tbps,
+                             h.stream_read_tbps,
+                             h.bf16_tflops,
+                             int64_t(h.sm_count),
+                             double(h.eager_launch_ns) / 1e3,
+                             double(h.graph_node_gap_ns) / 1e3};
     if (sources) row.push_back(h.source);
     t.rows.push_back(std::move(row));
   }
@@ -110,9 +115,10 @@ void print_run_summary(const Experiment& e, ResultsDb& db, const std::string& db
   if (ids.size() <= kMaxCompared) {
     print_table(compare_runs(db, ids), f);
   } else {
-    std::printf("compare runs side by side with: twinstep --db %s compare <run ids>, or see them "
-                "all with: twinstep --db %s report --experiment %s\n",
-                db_path.c_str(), db_path.c_str(), e.name.c_str());
+    std::printf(
+        "compare runs side by side with: twinstep --db %s compare <run ids>, or see them "
+        "all with: twinstep --db %s report --experiment %s\n",
+        db_path.c_str(), db_path.c_str(), e.name.c_str());
   }
 }
 
@@ -190,7 +196,8 @@ std::vector<int64_t> resolve_runs(ResultsDb& db, const std::vector<int64_t>& run
     const QueryResult r = db.query(
         "SELECT e.name FROM run r JOIN experiment e ON e.id = r.experiment_id "
         "WHERE r.status = 'complete' ORDER BY r.id DESC LIMIT 1");
-    if (r.rows.empty()) throw Error("no complete runs in " + db.path() + "; run an experiment first");
+    if (r.rows.empty())
+      throw Error("no complete runs in " + db.path() + "; run an experiment first");
     *experiment = std::get<std::string>(r.rows[0][0]);
   }
   return latest_runs_of_experiment(db, *experiment);
@@ -234,7 +241,8 @@ int cmd_report(const std::vector<int64_t>& run_ids, std::string experiment, std:
     std::filesystem::create_directories("results");
     out_path = "results/" + experiment + ".html";
   }
-  std::string scratch = (std::filesystem::temp_directory_path() / "twinstep-report-XXXXXX").string();
+  std::string scratch =
+      (std::filesystem::temp_directory_path() / "twinstep-report-XXXXXX").string();
   if (!mkdtemp(scratch.data())) throw Error("cannot create a temporary directory");
   struct Cleanup {
     std::string dir;
@@ -303,16 +311,18 @@ int cmd_bench_sim(int32_t requests) {
   SimBackend backend(model_preset("llama-3-8b"), hardware_preset("h200"), host, reqs);
   HostProgram* ranks[] = {&loop};
   backend.run(ranks, record);
-  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   int64_t tokens = 0;
   for (const ChunkSample& c : record.chunks) tokens += c.tokens;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const double peak_mb = double(usage.ru_maxrss) / 1024.0;
-  std::printf("bench sim: llama-3-8b, h200, run-ahead + CUDA graphs, %d requests x 8192 in / "
-              "1024 out, concurrency 1, no trace\n",
-              requests);
+  std::printf(
+      "bench sim: llama-3-8b, h200, run-ahead + CUDA graphs, %d requests x 8192 in / "
+      "1024 out, concurrency 1, no trace\n",
+      requests);
   std::printf("  decode steps simulated     %zu\n", record.steps.size());
   std::printf("  simulated time             %.1f s\n", double(record.end_ns) / 1e9);
   std::printf("  wall time                  %.3f s   (target < 1.000 s for 1000 requests)\n",
@@ -320,8 +330,9 @@ int cmd_bench_sim(int32_t requests) {
   std::printf("  simulated tokens / wall s  %.0f\n", double(tokens) / wall_s);
   std::printf("  wall time per step         %.0f ns\n", wall_s * 1e9 / double(record.steps.size()));
   std::printf("  peak memory (max RSS)      %.1f MB  (target < 200 MB)\n", peak_mb);
-  std::printf("  reference: Vidur, 1000 requests of 512/256 on a 2-core machine: 49.6 s, "
-              "~5,200 simulated tokens / s, 1.1 GB (ANCHORS.md)\n");
+  std::printf(
+      "  reference: Vidur, 1000 requests of 512/256 on a 2-core machine: 49.6 s, "
+      "~5,200 simulated tokens / s, 1.1 GB (ANCHORS.md)\n");
   return 0;
 }
 
@@ -343,7 +354,8 @@ int main(int argc, char** argv) {
 
   std::string file;
   bool quiet = false;
-  CLI::App* run = app.add_subcommand("run", "run an experiment, store its runs, print a comparison");
+  CLI::App* run =
+      app.add_subcommand("run", "run an experiment, store its runs, print a comparison");
   run->add_option("file", file, "experiment YAML")->required();
   run->add_flag("-q,--quiet", quiet, "no progress on stderr");
   add_format(run);
@@ -358,7 +370,8 @@ int main(int argc, char** argv) {
 
   std::vector<int64_t> run_ids;
   std::string experiment;
-  CLI::App* compare = app.add_subcommand("compare", "runs side by side (default: the latest experiment)");
+  CLI::App* compare =
+      app.add_subcommand("compare", "runs side by side (default: the latest experiment)");
   compare->add_option("run_ids", run_ids, "run ids");
   compare->add_option("--experiment", experiment, "the latest runs of this experiment");
   add_format(compare);
@@ -390,11 +403,14 @@ int main(int argc, char** argv) {
   add_format(hardware);
 
   int32_t bench_requests = 1000;
-  CLI::App* bench = app.add_subcommand("bench-sim", "simulator speed benchmark (wall time, memory)");
+  CLI::App* bench =
+      app.add_subcommand("bench-sim", "simulator speed benchmark (wall time, memory)");
   bench->add_option("--requests", bench_requests, "requests of 8192/1024")->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
-  const OutputFormat f = json ? OutputFormat::kJson : csv ? OutputFormat::kCsv : OutputFormat::kTable;
+  const OutputFormat f = json  ? OutputFormat::kJson
+                         : csv ? OutputFormat::kCsv
+                               : OutputFormat::kTable;
   try {
     if (*run) return cmd_run(file, db_path, quiet, f);
     if (*validate) return cmd_validate(file);

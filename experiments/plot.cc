@@ -136,8 +136,7 @@ class Plotter {
              "Empirical CDFs. Left: time per output token of each request, (E2E - TTFT) / "
              "(output_len - 1). Right: inter-token latency, the gaps between successive "
              "output chunks of a request.",
-             "",
-             ""};
+             "", ""};
     std::string note;
     const auto runs = series_runs(&note);
     f.caption += note;
@@ -161,7 +160,8 @@ class Plotter {
       return f;
     }
     const std::string common =
-        "set grid\nset key below left Left reverse height 1\nset ylabel 'fraction of samples <= x'\n"
+        "set grid\nset key below left Left reverse height 1\nset ylabel 'fraction of samples <= "
+        "x'\n"
         "set yrange [0:1.02]\n";
     std::string script = "set multiplot layout 1,2 title 'TPOT and ITL per variant'\n" + common;
     script += "set title 'TPOT per request'\nset xlabel 'TPOT (ms)'\n";
@@ -178,8 +178,7 @@ class Plotter {
              "Each point is a run: mean TPOT against output throughput (output tokens / "
              "benchmark duration). Runs that differ only in workload.concurrency form one line, "
              "points labelled with the concurrency.",
-             "",
-             ""};
+             "", ""};
     struct Point {
       double tpot, tput, concurrency;
     };
@@ -201,8 +200,8 @@ class Plotter {
           continue;
         }
         const size_t dot = k.rfind('.');
-        key += (key.empty() ? "" : ", ") + k.substr(dot == std::string::npos ? 0 : dot + 1) +
-               "=" + v;
+        key +=
+            (key.empty() ? "" : ", ") + k.substr(dot == std::string::npos ? 0 : dot + 1) + "=" + v;
       }
       if (key.empty()) key = swept ? "all" : r.short_label;
       if (backends_mixed()) key += " [" + r.backend + "]";
@@ -243,7 +242,8 @@ class Plotter {
       }
     }
     std::string script =
-        "set grid\nset key below left Left reverse height 1\nset title 'Output throughput against TPOT'\n"
+        "set grid\nset key below left Left reverse height 1\nset title 'Output throughput against "
+        "TPOT'\n"
         "set xlabel 'mean TPOT (ms)'\nset ylabel 'output throughput (tokens/s)'\n"
         "set offsets graph 0.08, graph 0.12, graph 0.08, graph 0.08\n" +
         plot + "\n";
@@ -255,8 +255,7 @@ class Plotter {
     Figure f{"sim_vs_measured", "Simulated against measured, per metric",
              "One point per variant run on both backends: simulated (x) against measured (y). "
              "The line is y = x; the shaded band is ±10 % of it.",
-             "",
-             ""};
+             "", ""};
     std::map<int32_t, int64_t> sim, real;
     for (const RunMeta& r : runs_) (r.backend == "sim" ? sim : real)[r.variant_index] = r.id;
     std::vector<std::pair<int64_t, int64_t>> pairs;
@@ -270,9 +269,9 @@ class Plotter {
       return f;
     }
     const std::pair<const char*, const char*> metrics[] = {
-        {"tpot_ms_mean", "mean TPOT (ms)"},       {"tpot_ms_p99", "p99 TPOT (ms)"},
-        {"itl_ms_p99", "p99 ITL (ms)"},           {"ttft_ms_mean", "mean TTFT (ms)"},
-        {"step_ms_mean", "mean step time (ms)"},  {"output_throughput_tok_s", "throughput (tok/s)"}};
+        {"tpot_ms_mean", "mean TPOT (ms)"},      {"tpot_ms_p99", "p99 TPOT (ms)"},
+        {"itl_ms_p99", "p99 ITL (ms)"},          {"ttft_ms_mean", "mean TTFT (ms)"},
+        {"step_ms_mean", "mean step time (ms)"}, {"output_throughput_tok_s", "throughput (tok/s)"}};
     std::string panels;
     int drawn = 0;
     for (const auto& [key, axis] : metrics) {
@@ -291,7 +290,8 @@ class Plotter {
       panels += "set title " + gp_quote(key) + "\nset xlabel " +
                 gp_quote(std::string("simulated ") + axis) + "\nset ylabel " +
                 gp_quote(std::string("measured ") + axis) + "\nset xrange " + range +
-                "\nset yrange " + range + "\nplot '+' using 1:(0.9*$1):(1.1*$1) with "
+                "\nset yrange " + range +
+                "\nplot '+' using 1:(0.9*$1):(1.1*$1) with "
                 "filledcurves fc rgb '#dddddd' title '±10%', x with lines lc rgb '#555555' "
                 "dt 2 title 'y = x', " +
                 gp_quote(file) + " using 1:2 with points pt 7 ps 1.5 lc rgb '" + color(0) +
@@ -317,8 +317,7 @@ class Plotter {
              "Histogram over decode steps of the tokens committed per request in the step "
              "(step tokens / batch), in bins [x, x + 0.25). Plain decoding commits 1 token per "
              "step, so every step falls in the bin at 1.",
-             "",
-             ""};
+             "", ""};
     std::string note;
     const auto runs = series_runs(&note);
     f.caption += note;
@@ -342,13 +341,15 @@ class Plotter {
       f.skipped = "no decode steps recorded";
       return f;
     }
-    std::string script = "set grid ytics\nset key below left Left reverse height 1\n"
-                         "set style fill solid 0.85 border -1\nset boxwidth " + num(slot * 0.95) +
-                         " absolute\nset title 'Accept length per decode step'\n"
-                         "set xlabel 'accept length (tokens committed per request per step)'\n"
-                         "set ylabel 'fraction of decode steps'\nset yrange [0:1.05]\n"
-                         "set xrange [" + num(std::max(0.0, lo - 0.5)) + ":" + num(hi + 0.5) +
-                         "]\n" + plot + "\n";
+    std::string script =
+        "set grid ytics\nset key below left Left reverse height 1\n"
+        "set style fill solid 0.85 border -1\nset boxwidth " +
+        num(slot * 0.95) +
+        " absolute\nset title 'Accept length per decode step'\n"
+        "set xlabel 'accept length (tokens committed per request per step)'\n"
+        "set ylabel 'fraction of decode steps'\nset yrange [0:1.05]\n"
+        "set xrange [" +
+        num(std::max(0.0, lo - 0.5)) + ":" + num(hi + 0.5) + "]\n" + plot + "\n";
     f.path = render(f.name, 1200, 700 + 28 * static_cast<int>(runs.size()), script);
     return f;
   }
@@ -357,23 +358,22 @@ class Plotter {
     if (s.lane == "compute") return even_step ? "#1f5fa8" : "#6fa8dc";
     if (s.lane == "copy") return "#b8860b";
     static const std::map<std::string, const char*> host = {
-        {"schedule", "#009E73"},     {"prepare_decode", "#CC79A7"},
+        {"schedule", "#009E73"},        {"prepare_decode", "#CC79A7"},
         {"prepare_prefill", "#8c564b"}, {"process_outputs", "#E69F00"},
-        {"launch_graph", "#D55E00"}, {"launch_kernel", "#D55E00"},
-        {"copy_issue", "#F0E442"},   {"wait", "#d9d9d9"}};
+        {"launch_graph", "#D55E00"},    {"launch_kernel", "#D55E00"},
+        {"copy_issue", "#F0E442"},      {"wait", "#d9d9d9"}};
     auto it = host.find(s.name);
     return it != host.end() ? it->second : "#7f7f7f";
   }
 
   Figure timeline() {
     Figure f{"timeline", "Step timeline: host lane and GPU stream lanes",
-             "Each panel shows three GPU steps of one run: the host lane (what the host "
+             "Each panel shows a few GPU steps of one run: the host lane (what the host "
              "thread does: schedule, prepare, launch, blocked waiting in light grey, process "
              "outputs), the compute stream (kernels; shades alternate per step) and the copy "
              "stream (device-to-host copies of step outputs). White space on the compute lane is "
              "a GPU bubble. Panels share the time axis.",
-             "",
-             ""};
+             "", ""};
     struct Panel {
       const RunMeta* run;
       std::vector<SpanRow> spans;
@@ -407,16 +407,20 @@ class Plotter {
       panels.push_back(std::move(p));
     }
     if (panels.empty()) {
-      f.skipped = "no run has a timeline; add `trace: {first_step: 100, steps: 4}` to the "
-                  "experiment and run it again";
+      f.skipped =
+          "no run has a timeline; add `trace: {first_step: 100, steps: 4}` to the "
+          "experiment and run it again";
       return f;
     }
     const double x_max_ms = double(span_ns) / 1e6;
-    std::string script = "set multiplot layout " + std::to_string(panels.size()) +
-                         ",1 title 'Step timeline (time from the first traced step)'\n"
+    std::string script = "set multiplot layout " + std::to_string(panels.size()) + ",1 title " +
+                         gp_quote("Step timeline: " + std::to_string(options_.timeline_steps) +
+                                  " GPU steps per run, time from the first one's first kernel") +
+                         "\n"
                          "set lmargin at screen 0.11\nset rmargin at screen 0.80\n"
                          "set style fill solid 1.0 border\nset grid xtics\n"
-                         "set xrange [0:" + num(x_max_ms) + "]\nset xlabel 'time (ms)'\n";
+                         "set xrange [0:" +
+                         num(x_max_ms) + "]\nset xlabel 'time (ms)'\n";
     for (size_t p = 0; p < panels.size(); ++p) {
       const Panel& panel = panels[p];
       const int lanes = 3 * panel.ranks;
@@ -454,12 +458,16 @@ class Plotter {
       script += "plot " + gp_quote(file) +
                 " using 1:2:3:4:5 with boxxyerror fc rgb variable lc rgb variable notitle";
       if (p == 0) {
-        const std::pair<const char*, const char*> keys[] = {
-            {"schedule", "#009E73"},       {"prepare_decode", "#CC79A7"},
-            {"prepare_prefill", "#8c564b"}, {"launch", "#D55E00"},
-            {"copy_issue", "#F0E442"},     {"host blocked (wait)", "#d9d9d9"},
-            {"process_outputs", "#E69F00"}, {"GPU kernels (even step)", "#1f5fa8"},
-            {"GPU kernels (odd step)", "#6fa8dc"}, {"D2H copy", "#b8860b"}};
+        const std::pair<const char*, const char*> keys[] = {{"schedule", "#009E73"},
+                                                            {"prepare_decode", "#CC79A7"},
+                                                            {"prepare_prefill", "#8c564b"},
+                                                            {"launch", "#D55E00"},
+                                                            {"copy_issue", "#F0E442"},
+                                                            {"host blocked (wait)", "#d9d9d9"},
+                                                            {"process_outputs", "#E69F00"},
+                                                            {"GPU kernels (even step)", "#1f5fa8"},
+                                                            {"GPU kernels (odd step)", "#6fa8dc"},
+                                                            {"D2H copy", "#b8860b"}};
         for (const auto& [name, c] : keys) {
           script += std::string(", NaN with boxes fc rgb '") + c + "' title " + gp_quote(name);
         }
@@ -475,8 +483,7 @@ class Plotter {
     Figure f{"collective_waits", "Collective waits per rank",
              "Mean time per decode step each rank's compute stream waited on another stream's "
              "event or a collective's arrival (idle_dep_ns), per rank of each multi-rank run.",
-             "",
-             ""};
+             "", ""};
     std::vector<std::pair<const RunMeta*, std::vector<std::pair<int32_t, double>>>> runs;
     int32_t max_rank = 0;
     for (const RunMeta& r : runs_) {
@@ -502,12 +509,17 @@ class Plotter {
               " using 1:2 with boxes lc rgb '" + color(i) + "' title " +
               gp_quote(legend(*runs[i].first));
     }
-    std::string script = "set grid ytics\nset key below left Left reverse height 1\n"
-                         "set style fill solid 0.85 border -1\nset boxwidth " + num(slot * 0.9) +
-                         " absolute\nset title 'Collective waits per rank'\nset xlabel 'rank'\n"
-                         "set ylabel 'mean collective wait per decode step (ms)'\n"
-                         "set xrange [-0.6:" + num(max_rank + 0.6) + "]\nset xtics 1\n"
-                         "set yrange [0:*]\n" + plot + "\n";
+    std::string script =
+        "set grid ytics\nset key below left Left reverse height 1\n"
+        "set style fill solid 0.85 border -1\nset boxwidth " +
+        num(slot * 0.9) +
+        " absolute\nset title 'Collective waits per rank'\nset xlabel 'rank'\n"
+        "set ylabel 'mean collective wait per decode step (ms)'\n"
+        "set xrange [-0.6:" +
+        num(max_rank + 0.6) +
+        "]\nset xtics 1\n"
+        "set yrange [0:*]\nset offsets 0, 0, graph 0.1, 0\n" +
+        plot + "\n";
     f.path = render(f.name, 1200, 700 + 28 * static_cast<int>(runs.size()), script);
     return f;
   }

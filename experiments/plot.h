@@ -18,9 +18,9 @@ struct Figure {
 };
 
 struct PlotOptions {
-  std::string out_dir;           // created if absent; PNGs are written as <name>.png
-  int64_t timeline_steps = 3;    // traced steps per timeline panel
-  int32_t max_series = 8;        // runs drawn in per-run figures (the first ones, in order)
+  std::string out_dir;         // created if absent; PNGs are written as <name>.png
+  int64_t timeline_steps = 3;  // traced steps per timeline panel
+  int32_t max_series = 8;      // runs drawn in per-run figures (the first ones, in order)
 };
 
 // Draws every figure for `run_ids` (runs of one experiment, e.g. latest_runs_of_experiment):

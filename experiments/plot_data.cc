@@ -164,8 +164,7 @@ bool run_metric(ResultsDb& db, int64_t run_id, const std::string& key, double* v
   return true;
 }
 
-std::vector<std::pair<int32_t, double>> collective_wait_ms_by_rank(ResultsDb& db,
-                                                                   int64_t run_id) {
+std::vector<std::pair<int32_t, double>> collective_wait_ms_by_rank(ResultsDb& db, int64_t run_id) {
   const QueryResult r = db.query_params(
       "SELECT rank, avg(idle_dep_ns) / 1e6 FROM step_sample WHERE run_id = ?1 AND batch > 0 "
       "GROUP BY rank ORDER BY rank",
@@ -201,8 +200,8 @@ bool clip_to_gpu_steps(std::vector<SpanRow>& spans, int64_t step_count, int64_t*
   if (first_step == INT64_MAX) return false;
   int64_t begin = INT64_MAX, end = INT64_MIN;
   for (const SpanRow& s : spans) {
-    if (s.lane != "compute" || s.step < first_step || s.step >= first_step + step_count) continue;
-    begin = std::min(begin, s.start_ns);
+    if (s.lane == "host" || s.step < first_step || s.step >= first_step + step_count) continue;
+    if (s.lane == "compute") begin = std::min(begin, s.start_ns);
     end = std::max(end, s.start_ns + s.dur_ns);
   }
   std::vector<SpanRow> kept;

@@ -17,7 +17,7 @@ struct RunMeta {
   int32_t variant_index = 0;
   std::string label;  // as stored
   std::string short_label;
-  std::string backend;  // "sim" or "real"
+  std::string backend;                                      // "sim" or "real"
   std::vector<std::pair<std::string, std::string>> params;  // swept key -> value text
 };
 
@@ -65,10 +65,11 @@ struct SpanRow {
 std::vector<SpanRow> timeline_spans(ResultsDb& db, int64_t run_id);
 
 // The time window of `step_count` GPU steps: from the first compute span of the first traced
-// step to the end of the compute work of step first + step_count - 1 (fewer if fewer were
+// step to the end of the GPU work of step first + step_count - 1 (fewer if fewer were
 // traced). The host lane of a run-ahead schedule prepares step k+1 during step k, so a window
 // cut by host steps would show GPU idle time that is only untraced work. Spans are clipped to
-// the window; those outside it are dropped. Returns false when no compute span exists.
+// the window (extended to the last step's output copy); those outside it are dropped. Returns false
+// when no compute span exists.
 bool clip_to_gpu_steps(std::vector<SpanRow>& spans, int64_t step_count, int64_t* begin_ns,
                        int64_t* end_ns);
 

@@ -46,8 +46,9 @@ std::string find_gnuplot() {
     const std::string candidate = (dir.empty() ? "." : dir) + "/gnuplot";
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
-  throw Error("gnuplot not found: install gnuplot-nox (apt-get install gnuplot-nox) or set "
-              "TWINSTEP_GNUPLOT to its path");
+  throw Error(
+      "gnuplot not found: install gnuplot-nox (apt-get install gnuplot-nox) or set "
+      "TWINSTEP_GNUPLOT to its path");
 }
 
 std::string png_terminal(const std::string& gnuplot, int width_px, int height_px) {
@@ -69,8 +70,7 @@ void run_gnuplot(const std::string& gnuplot, const std::string& script_path) {
   std::string out;
   const int rc = run_capture(shell_quote(gnuplot) + " " + shell_quote(script_path), &out);
   if (rc != 0) {
-    throw Error("gnuplot failed on " + script_path + " (exit " + std::to_string(rc) +
-                "): " + out);
+    throw Error("gnuplot failed on " + script_path + " (exit " + std::to_string(rc) + "): " + out);
   }
 }
 

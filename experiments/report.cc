@@ -47,8 +47,8 @@ QueryResult runs_as_rows(ResultsDb& db, const std::vector<int64_t>& ids, size_t 
   t.columns = {"run", "variant", "backend"};
   const std::vector<std::string>& keys = compare_metric_keys();
   for (const std::string& k : keys) t.columns.push_back(k);
-  const std::vector<RunMeta> meta =
-      load_run_meta(db, std::vector<int64_t>(ids.begin(), ids.begin() + std::min(ids.size(), max_rows)));
+  const std::vector<RunMeta> meta = load_run_meta(
+      db, std::vector<int64_t>(ids.begin(), ids.begin() + std::min(ids.size(), max_rows)));
   for (const RunMeta& m : meta) {
     std::vector<Cell> row(3 + keys.size());
     row[0] = m.id;
@@ -110,12 +110,23 @@ std::string html_escape(std::string_view text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -134,7 +145,8 @@ void write_report(ResultsDb& db, const std::string& experiment_name,
   }
   out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>twinstep "
          "report: "
-      << html_escape(experiment_name) << "</title>\n<style>" << kStyle << "</style></head>\n<body>\n";
+      << html_escape(experiment_name) << "</title>\n<style>" << kStyle
+      << "</style></head>\n<body>\n";
   out << "<h1>twinstep report: " << html_escape(experiment_name) << "</h1>\n";
   out << "<p>" << run_ids.size() << " run(s) from <code>" << html_escape(db.path())
       << "</code>. Simulated numbers hold for the hardware profile named in the experiment; "

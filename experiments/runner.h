@@ -30,7 +30,8 @@ struct FinishedRun {
 };
 
 // Simulates `variant` on `backend` and computes its metrics; a simulation failure is returned
-// in FinishedRun::error, never thrown.
+// in FinishedRun::error, never thrown. For tests, TWINSTEP_FAIL_VARIANT=<index> in the
+// environment makes that variant fail.
 FinishedRun execute_run(const Variant& variant, BackendKind backend);
 
 // The database row describing `variant` of `experiment` on `backend`.

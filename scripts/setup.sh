@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config git libyaml-cpp-dev libsqlite3-dev
-          libeigen3-dev libgtest-dev libcli11-dev clang-format sqlite3)
+          libeigen3-dev libgtest-dev libcli11-dev clang-format sqlite3
+          openmpi-bin libopenmpi-dev gnuplot-nox chromium python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
