@@ -70,6 +70,9 @@
 //                   (default 8, at most 64), mode: device | host_late | host_blocking
 //                   (default device), lag (1..64, only with host_late)
 //
+//   sweep.cases: [{name: LABEL, dotted.key: value, ...}, ...]   settings varied together, one
+//                                  variant per case (times the other axes); label: the name
+//
 //   layout: PP2-TP8                optional; the seeds' notation (TP8, DP16-EP16, PP2-CP8-TP8),
 //                                  or {tp, pp, dp, ep, cp (1..4096), weight_dtype, expert_dtype,
 //                                  expert_act_dtype, kv_dtype (bf16 | fp8 | mxfp4),
@@ -1061,6 +1064,48 @@ void substitute(const Context& ctx, const SweepAxis& axis, const Node& value, No
   }
 }
 
+// sweep.cases: a list of cases, each a mapping from dotted keys to values set together (what
+// a cartesian axis cannot express: a speculative policy with its acceptance), with an optional
+// `name` that labels the case.
+constexpr const char* kCasesKey = "cases";
+
+SweepAxis parse_cases(const Context& ctx, const Entry& e, const Node& base) {
+  if (!e.value.is_sequence() || e.value.items.empty()) {
+    ctx.fail(e.value.mark,
+             "sweep.cases must be a non-empty list of mappings {dotted.key: value, "
+             "..., name: LABEL}, got " +
+                 describe(e.value));
+  }
+  SweepAxis axis{kCasesKey, {kCasesKey}, e.key_mark, e.value.items};
+  for (const Node& c : axis.values) {
+    if (!c.is_mapping() || c.entries.empty()) {
+      ctx.fail(c.mark,
+               "each of sweep.cases must be a non-empty mapping {dotted.key: value, ...}, "
+               "got " +
+                   describe(c));
+    }
+    Node scratch = base;
+    for (const Entry& set : c.entries) {
+      if (set.key == "name") {
+        read_string(ctx, set.value, "sweep.cases[].name");
+        continue;
+      }
+      const SweepAxis one{set.key, split_path(ctx, set.key, set.key_mark), set.key_mark, {}};
+      for (const char* fixed : {"name", "description", "backends", "sweep"}) {
+        if (one.path[0] == fixed) ctx.fail(set.key_mark, "'" + set.key + "' cannot be swept");
+      }
+      substitute(ctx, one, set.value, &scratch);
+    }
+  }
+  return axis;
+}
+
+// A case's label: its name, or its settings in flow style.
+std::string case_label(const Node& c) {
+  if (const Entry* n = c.find("name")) return n->value.scalar;
+  return yaml::to_flow(c);
+}
+
 std::vector<SweepAxis> parse_sweep(const Context& ctx, const Node& sweep, const Node& base,
                                    Mark sweep_mark) {
   if (!sweep.is_mapping() || sweep.entries.empty()) {
@@ -1071,6 +1116,10 @@ std::vector<SweepAxis> parse_sweep(const Context& ctx, const Node& sweep, const 
   }
   std::vector<SweepAxis> axes;
   for (const Entry& e : sweep.entries) {
+    if (e.key == kCasesKey) {
+      axes.push_back(parse_cases(ctx, e, base));
+      continue;
+    }
     SweepAxis axis{e.key, split_path(ctx, e.key, e.key_mark), e.key_mark, {}};
     for (const char* fixed : {"name", "description", "backends", "sweep"}) {
       if (axis.path[0] == fixed) {
@@ -1080,6 +1129,7 @@ std::vector<SweepAxis> parse_sweep(const Context& ctx, const Node& sweep, const 
       }
     }
     for (const SweepAxis& other : axes) {
+      if (other.key == kCasesKey) continue;  // a case may set what an axis also sweeps: it wins
       const size_t n = std::min(other.path.size(), axis.path.size());
       if (std::equal(other.path.begin(), other.path.begin() + n, axis.path.begin())) {
         ctx.fail(e.key_mark, "sweep keys '" + other.key + "' and '" + e.key + "' overlap");
@@ -1165,8 +1215,17 @@ Experiment load_experiment_text(const std::string& yaml_text, const std::string&
     std::string label;
     for (size_t a = 0; a < axes.size(); ++a) {
       const Node& value = axes[a].values[pick[a]];
-      substitute(ctx, axes[a], value, &doc_v);
-      params.emplace_back(axes[a].key, yaml::to_flow(value));
+      if (axes[a].key == kCasesKey) {
+        for (const Entry& set : value.entries) {
+          if (set.key == "name") continue;
+          const SweepAxis one{set.key, split_path(ctx, set.key, set.key_mark), set.key_mark, {}};
+          substitute(ctx, one, set.value, &doc_v);
+        }
+        params.emplace_back(kCasesKey, case_label(value));
+      } else {
+        substitute(ctx, axes[a], value, &doc_v);
+        params.emplace_back(axes[a].key, yaml::to_flow(value));
+      }
       label += (label.empty() ? "" : ", ") + axes[a].key + "=" + params.back().second;
     }
     const Context vctx{source_name,

@@ -5,6 +5,7 @@
 #include <cassert>
 #include <map>
 #include <queue>
+#include <tuple>
 #include <unordered_map>
 
 #include "policies/error.h"
@@ -153,20 +154,49 @@ class Engine {
     bool active = false;
   };
 
-  // A launch issued by one rank, before its GPU timing is known (coupled ranks).
+  // A launch issued by one rank, before its GPU timing is known (coupled ranks): a sequence of
+  // items, each compute time (one node, or a run of nodes between collectives) optionally
+  // followed by a collective.
+  struct Item {
+    int64_t compute_ns;      // node durations before the collective
+    int64_t gap_ns;          // node gaps among them (launch-bound idle)
+    int64_t ready_ns;        // eager: when the item's launch lands (0 for graphs)
+    const char* name;        // for traces (node-level items only)
+    const KernelDesc* coll;  // the collective ending the item, or null
+  };
   struct Issued {
     const GraphLaunch* g = nullptr;
     StepKernels kernels;
-    int32_t repeat = 1;
+    std::vector<Item> items;
     int64_t host_begin = 0;
-    std::vector<int64_t> arrival;  // per node, eager; empty for a graph
-    int64_t gap_ns = 0;
     int64_t flow = 0;
     // Walk state.
-    size_t node = 0;
+    size_t next = 0;
     int64_t t = 0;
     int64_t coll_arrival = 0;
+    bool waiting = false;
+    bool done = false;
     std::map<int64_t, int32_t> seq;  // per collective group: instances reached
+  };
+
+  // A rank's decode-like launch whose kernel bytes and FLOPs are affine in the cached context
+  // (checked, not assumed): segments between collectives with their context-independent time
+  // summed once and the context-dependent kernels kept as base + slope.
+  struct SegmentTemplate {
+    struct Varying {
+      KernelDesc base;
+      KernelDesc slope;
+    };
+    struct Segment {
+      int64_t fixed_ns = 0;
+      int64_t gap_ns = 0;
+      std::vector<Varying> varying;
+      int64_t fixed_bytes = 0;
+      KernelDesc coll{};
+      bool has_coll = false;
+    };
+    bool affine = true;
+    std::vector<Segment> segments;
   };
 
   // The ranks that take part in collective `k` issued by `rank`, as a key; members share it.
@@ -504,147 +534,211 @@ class Engine {
     }
   }
 
-  // The flattened node sequence of an issued launch: node i of the walk.
-  static const KernelDesc* node_at(const Issued& is, size_t i, size_t per_pass) {
-    i %= per_pass;
-    for (const LayerRun& run : is.kernels.runs) {
-      const size_t n = size_t(run.repeat) * size_t(run.count);
-      if (i < n) return &is.kernels.kernels[size_t(run.first) + i % size_t(run.count)];
-      i -= n;
+  // Calls f(kernel) for every node of `k` in execution order.
+  template <typename F>
+  static void for_each_node(const StepKernels& k, int32_t passes, F&& f) {
+    for (int32_t pass = 0; pass < passes; ++pass) {
+      for (const LayerRun& run : k.runs) {
+        for (int32_t rep = 0; rep < run.repeat; ++rep) {
+          for (int32_t i = run.first; i < run.first + run.count; ++i) f(k.kernels[size_t(i)]);
+        }
+      }
     }
-    return nullptr;
+  }
+
+  static KernelDesc at_ctx(const SegmentTemplate::Varying& v, int64_t ctx) {
+    KernelDesc k = v.base;
+    k.bytes_read += v.slope.bytes_read * ctx;
+    k.bytes_written += v.slope.bytes_written * ctx;
+    k.flops += v.slope.flops * ctx;
+    return k;
+  }
+
+  const SegmentTemplate& segment_template(const ModelSpec& m, int32_t requests, int32_t q_tokens,
+                                          int32_t rank, int64_t gap_ns) {
+    const auto key = std::make_tuple(&m == &draft_, requests, q_tokens, rank, gap_ns);
+    auto it = templates_.find(key);
+    if (it != templates_.end()) return it->second;
+    SegmentTemplate t;
+    StepKernels k0, k1, kfar;
+    constexpr int64_t kFar = 1'000'003;  // a far context to check affinity
+    step_kernels(m, decode_shape(requests, q_tokens, 0), options_.layout, rank, k0);
+    step_kernels(m, decode_shape(requests, q_tokens, 1), options_.layout, rank, k1);
+    step_kernels(m, decode_shape(requests, q_tokens, kFar), options_.layout, rank, kfar);
+    std::vector<const KernelDesc*> n0, n1, nfar;
+    for_each_node(k0, 1, [&](const KernelDesc& d) { n0.push_back(&d); });
+    for_each_node(k1, 1, [&](const KernelDesc& d) { n1.push_back(&d); });
+    for_each_node(kfar, 1, [&](const KernelDesc& d) { nfar.push_back(&d); });
+    t.affine = n0.size() == n1.size() && n0.size() == nfar.size();
+    SegmentTemplate::Segment seg;
+    for (size_t i = 0; t.affine && i < n0.size(); ++i) {
+      const KernelDesc& a = *n0[i];
+      const KernelDesc& b = *n1[i];
+      const SegmentTemplate::Varying v{a,
+                                       {a.name, a.cls, b.bytes_read - a.bytes_read,
+                                        b.bytes_written - a.bytes_written, b.flops - a.flops}};
+      const KernelDesc predicted = at_ctx(v, kFar);
+      const KernelDesc& far = *nfar[i];
+      t.affine = predicted.bytes_read == far.bytes_read &&
+                 predicted.bytes_written == far.bytes_written && predicted.flops == far.flops &&
+                 a.cls == far.cls && a.coll == far.coll;
+      if (a.cls == KernelClass::kCollective) {
+        t.affine = t.affine && v.slope.bytes_read == 0 && v.slope.bytes_written == 0;
+        seg.coll = a;
+        seg.has_coll = true;
+        t.segments.push_back(std::move(seg));
+        seg = {};
+        continue;
+      }
+      seg.gap_ns += gap_ns;
+      if (v.slope.bytes_read == 0 && v.slope.bytes_written == 0 && v.slope.flops == 0) {
+        seg.fixed_ns += cost_.kernel_ns(a);
+        seg.fixed_bytes += a.bytes_read;
+      } else {
+        seg.varying.push_back(v);
+      }
+    }
+    t.segments.push_back(std::move(seg));
+    return templates_.emplace(key, std::move(t)).first->second;
   }
 
   // Coupled ranks: every rank issues the launch (host side, device effects, its own kernel
-  // list), then the nodes are walked rank by rank; a rank reaching a collective waits until
+  // list), then their items are walked rank by rank; a rank reaching a collective waits until
   // every member of its group has arrived.
   void launch_coupled(size_t op_index) {
     const size_t n = ranks_.size();
     issued_.resize(n);
-    std::vector<size_t> per_pass(n), total(n);
     for (size_t ri = 0; ri < n; ++ri) {
       Rank& r = ranks_[ri];
       const Op& op = r.plan.ops[op_index];
       Issued& is = issued_[ri];
       is.g = &r.plan.launches[size_t(op.graph)];
       const DeviceWork work = device_execute(r, r.plan, *is.g, *r.out, r.sample);
-      step_kernels(*work.model, work.shape, options_.layout, int32_t(ri), is.kernels);
-      is.repeat = work.repeat;
-      per_pass[ri] = size_t(is.kernels.node_count());
-      total[ri] = per_pass[ri] * size_t(work.repeat);
-      if (is.g->phase != Phase::kPrefill) {
-        int64_t bytes = 0;
-        for (const LayerRun& run : is.kernels.runs)
-          for (int32_t i = run.first; i < run.first + run.count; ++i)
-            if (is.kernels.kernels[size_t(i)].cls != KernelClass::kCollective)
-              bytes += int64_t(run.repeat) * is.kernels.kernels[size_t(i)].bytes_read;
-        r.sample.bytes_read += bytes * work.repeat;
-      }
+      const int64_t gap_ns = node_gap_ns(*is.g);
+      const bool eager = is.g->mode == GraphMode::kEager;
+      is.items.clear();
       is.host_begin = r.host_ns;
-      is.gap_ns = node_gap_ns(*is.g);
       is.flow = r.trace ? ++flow_ : 0;
-      is.arrival.clear();
-      if (is.g->mode == GraphMode::kEager) {
-        for (size_t i = 0; i < total[ri]; ++i) {
-          r.host_ns += hw_.eager_launch_ns;
-          is.arrival.push_back(r.host_ns);
+      int64_t bytes = 0;
+      const SegmentTemplate* tmpl = (!eager && !r.trace && is.g->phase != Phase::kPrefill)
+                                        ? &segment_template(*work.model, work.shape.requests,
+                                                            work.q_tokens, int32_t(ri), gap_ns)
+                                        : nullptr;
+      if (tmpl != nullptr && tmpl->affine) {
+        for (int32_t pass = 0; pass < work.repeat; ++pass) {
+          for (const SegmentTemplate::Segment& seg : tmpl->segments) {
+            int64_t ns = seg.fixed_ns;
+            bytes += seg.fixed_bytes;
+            for (const SegmentTemplate::Varying& v : seg.varying) {
+              const KernelDesc k = at_ctx(v, work.shape.ctx_tokens);
+              ns += cost_.kernel_ns(k);
+              bytes += k.bytes_read;
+            }
+            is.items.push_back({ns, seg.gap_ns, 0, nullptr, seg.has_coll ? &seg.coll : nullptr});
+          }
         }
       } else {
-        r.host_ns += hw_.graph_launch_ns;
+        step_kernels(*work.model, work.shape, options_.layout, int32_t(ri), is.kernels);
+        for_each_node(is.kernels, work.repeat, [&](const KernelDesc& k) {
+          if (eager) {
+            r.host_ns += hw_.eager_launch_ns;
+          }
+          const int64_t ready = eager ? r.host_ns : 0;
+          if (k.cls == KernelClass::kCollective) {
+            is.items.push_back({0, 0, ready, k.name, &k});
+          } else {
+            is.items.push_back({cost_.kernel_ns(k), gap_ns, ready, k.name, nullptr});
+            bytes += k.bytes_read;
+          }
+        });
       }
+      if (is.g->phase != Phase::kPrefill) r.sample.bytes_read += bytes;
+      if (!eager) r.host_ns += hw_.graph_launch_ns;
       r.sample.host_launch_ns += r.host_ns - is.host_begin;
       if (r.trace) {
-        span(int32_t(ri), Lane::kHost,
-             is.g->mode == GraphMode::kEager ? "launch_kernels" : "launch_graph", r.plan.step,
+        span(int32_t(ri), Lane::kHost, eager ? "launch_kernels" : "launch_graph", r.plan.step,
              is.host_begin, r.host_ns - is.host_begin, is.flow);
       }
       StreamState& s = r.streams[size_t(op.stream)];
-      const int64_t first_arrival = is.arrival.empty() ? r.host_ns : is.arrival[0];
+      const int64_t first_arrival = eager && !is.items.empty() ? is.items[0].ready_ns : r.host_ns;
       const int64_t start = std::max({s.free_ns, first_arrival, s.dep_ns});
       const IdleSplit idle = split_idle(s.free_ns, start, is.host_begin, first_arrival);
       r.sample.idle_host_ns += idle.host;
       r.sample.idle_launch_ns += idle.launch;
       r.sample.idle_dep_ns += idle.dep;
       s.dep_ns = 0;
-      is.node = 0;
+      is.next = 0;
       is.t = start;
+      is.waiting = false;
+      is.done = false;
       is.seq.clear();
     }
 
-    // Walk until every rank has run all its nodes. Collective instances are keyed by (group,
-    // instance number); `arrived` counts members, `done_ns` is set once all have arrived.
+    // Walk until every rank has run all its items. Collective instances are keyed by (group,
+    // instance number); done_ns is set once every member has arrived.
     struct Instance {
       int32_t arrived = 0;
-      int32_t size = 0;
       int64_t latest = 0;
       int64_t cost = 0;
       int64_t done_ns = -1;
     };
     std::map<std::pair<int64_t, int32_t>, Instance> instances;
     size_t finished = 0;
-    std::vector<bool> waiting(n, false);
     while (finished < n) {
       bool progress = false;
       for (size_t ri = 0; ri < n; ++ri) {
         Issued& is = issued_[ri];
         Rank& r = ranks_[ri];
-        while (is.node < total[ri]) {
-          const KernelDesc& k = *node_at(is, is.node, per_pass[ri]);
-          const int64_t ready = is.arrival.empty() ? 0 : is.arrival[is.node];
-          if (k.cls != KernelClass::kCollective) {
-            const int64_t start = std::max(is.t + (is.node ? is.gap_ns : 0), ready);
-            if (is.node == 0 && is.g->mode != GraphMode::kEager) {
-              r.sample.idle_launch_ns += is.gap_ns;
-              is.t += is.gap_ns;
-            } else {
-              r.sample.idle_launch_ns += start - is.t;
+        if (is.done) continue;
+        while (is.next < is.items.size()) {
+          const Item& item = is.items[is.next];
+          if (!is.waiting) {
+            // The compute part: eager items wait for their launch; the gap is launch-bound.
+            const int64_t begin = std::max(is.t, item.ready_ns);
+            r.sample.idle_launch_ns += begin - is.t;
+            r.sample.idle_launch_ns += item.gap_ns;
+            r.sample.gpu_busy_ns += item.compute_ns;
+            if (r.trace && item.name != nullptr && item.coll == nullptr) {
+              span(int32_t(ri), Lane::kCompute, item.name, r.plan.step, begin + item.gap_ns,
+                   item.compute_ns, is.next == 0 ? is.flow : 0);
             }
-            const int64_t begin = std::max(start, is.t);
-            const int64_t dur = cost_.kernel_ns(k);
-            r.sample.gpu_busy_ns += dur;
-            if (r.trace)
-              span(int32_t(ri), Lane::kCompute, k.name, r.plan.step, begin, dur,
-                   is.node ? 0 : is.flow);
-            is.t = begin + dur;
-            ++is.node;
-            progress = true;
-            continue;
-          }
-          const auto key = std::make_pair(collective_group(k, int32_t(ri)), 0);
-          if (!waiting[ri]) {
-            const int32_t number = is.seq[key.first]++;
-            Instance& inst = instances[{key.first, number}];
-            is.coll_arrival = std::max(is.t, ready);
+            is.t = begin + item.gap_ns + item.compute_ns;
+            if (item.coll == nullptr) {
+              ++is.next;
+              progress = true;
+              continue;
+            }
+            const int64_t group = collective_group(*item.coll, int32_t(ri));
+            const int32_t number = is.seq[group]++;
+            Instance& inst = instances[{group, number}];
+            is.coll_arrival = is.t;
             inst.arrived += 1;
-            inst.size = group_size(k);
-            inst.latest = std::max(inst.latest, is.coll_arrival);
-            inst.cost = std::max(inst.cost, cost_.collective_ns(k));
-            if (inst.arrived == inst.size) inst.done_ns = inst.latest + inst.cost;
-            waiting[ri] = true;
+            inst.latest = std::max(inst.latest, is.t);
+            inst.cost = std::max(inst.cost, cost_.collective_ns(*item.coll));
+            if (inst.arrived == group_size(*item.coll)) inst.done_ns = inst.latest + inst.cost;
+            is.waiting = true;
             progress = true;
           }
-          const Instance& inst = instances[{key.first, is.seq[key.first] - 1}];
+          const int64_t group = collective_group(*item.coll, int32_t(ri));
+          const Instance& inst = instances[{group, is.seq[group] - 1}];
           if (inst.done_ns < 0) break;  // blocked until the group's last member arrives
-          const int64_t wait = inst.latest - is.coll_arrival;
-          r.sample.idle_dep_ns += wait + (is.coll_arrival - is.t);
+          r.sample.idle_dep_ns += inst.latest - is.coll_arrival;
           r.sample.gpu_busy_ns += inst.cost;
           r.sample.collective_ns += inst.done_ns - is.coll_arrival;
           if (r.trace) {
-            span(int32_t(ri), Lane::kCompute, collective_kind_name(k.coll), r.plan.step,
+            span(int32_t(ri), Lane::kCompute, collective_kind_name(item.coll->coll), r.plan.step,
                  is.coll_arrival, inst.done_ns - is.coll_arrival);
           }
           is.t = inst.done_ns;
-          waiting[ri] = false;
-          ++is.node;
+          is.waiting = false;
+          ++is.next;
           progress = true;
         }
-        if (is.node == total[ri] && !waiting[ri]) {
-          // Counted once: mark by moving past the end.
-          is.node = total[ri] + 1;
+        if (is.next == is.items.size() && !is.waiting) {
+          is.done = true;
           ++finished;
           progress = true;
-          StreamState& s = r.streams[size_t(r.plan.ops[op_index].stream)];
-          s.free_ns = is.t;
+          r.streams[size_t(r.plan.ops[op_index].stream)].free_ns = is.t;
         }
       }
       if (!progress) {
@@ -781,6 +875,7 @@ class Engine {
   StepKernels kernels_;
   int32_t repeat_ = 1;  // forward passes of kernels_ in the launch being executed
   std::unordered_map<uint64_t, DecodeCost> decode_costs_;
+  std::map<std::tuple<bool, int32_t, int32_t, int32_t, int64_t>, SegmentTemplate> templates_;
 };
 
 }  // namespace

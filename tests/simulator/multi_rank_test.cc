@@ -159,3 +159,57 @@ TEST(MultiRank, DivergentPlansAreAnError) {
 
 }  // namespace
 }  // namespace twinstep
+
+namespace twinstep {
+namespace {
+
+// Segment pricing (context-affine templates) and the node-by-node walk of traced steps agree to
+// the nanosecond on coupled ranks, for TP and EP layouts with node gaps.
+TEST(MultiRank, TracingDoesNotChangeTimes) {
+  for (const char* layout_name : {"TP2", "TP4"}) {
+    for (const char* model : {"llama-3-8b", "qwen3-30b-a3b"}) {
+      auto once = [&](int64_t trace_steps) {
+        PolicySpec policy;
+        WorkloadSpec w;
+        w.input_len = {100, 3000};
+        w.output_len = {20, 40};
+        w.num_requests = 6;
+        w.max_concurrency = 3;
+        w.seed = 3;
+        const std::vector<RequestSpec> requests = generate_requests(w);
+        const LayoutSpec layout = parse_layout(layout_name);
+        RunRecord r;
+        std::vector<RunRecord> shadow(size_t(layout.world()));
+        std::vector<std::unique_ptr<DecodeLoop>> loops;
+        std::vector<HostProgram*> ranks;
+        for (int32_t i = 0; i < layout.world(); ++i) {
+          loops.push_back(
+              std::make_unique<DecodeLoop>(policy, w, requests, i == 0 ? &r : &shadow[size_t(i)]));
+          ranks.push_back(loops.back().get());
+        }
+        HostCostModel host(testing::fixed_host_costs(30 * kUs, 40 * kUs, 30 * kUs), 1);
+        SimOptions options;
+        options.layout = layout;
+        options.trace_steps = trace_steps;
+        SimBackend backend(model_preset(model), hardware_preset("h200"), host, requests, options);
+        backend.run(ranks, r);
+        return r;
+      };
+      const RunRecord plain = once(0), traced = once(1'000'000);
+      ASSERT_EQ(plain.steps.size(), traced.steps.size());
+      EXPECT_GT(traced.timeline.size(), plain.steps.size() * 10);
+      for (size_t i = 0; i < plain.steps.size(); ++i) {
+        const StepSample& a = plain.steps[i];
+        const StepSample& b = traced.steps[i];
+        EXPECT_EQ(a.end_ns, b.end_ns) << layout_name << " " << model << " step " << i;
+        EXPECT_EQ(a.gpu_busy_ns, b.gpu_busy_ns) << layout_name << " " << model;
+        EXPECT_EQ(a.idle_launch_ns, b.idle_launch_ns) << layout_name << " " << model;
+        EXPECT_EQ(a.collective_ns, b.collective_ns) << layout_name << " " << model;
+        EXPECT_EQ(a.bytes_read, b.bytes_read) << layout_name << " " << model;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace twinstep
