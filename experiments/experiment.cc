@@ -52,7 +52,7 @@
 //   workload:                      required
 //     input_len: 8192              required; 1..10000000, or {uniform: [lo, hi]}, lo <= hi
 //     output_len: 1024             required; the same form
-//     requests: 100                required; 1..10000000
+//     requests: 100                1..10000000; or requests_per_client: N (N x concurrency)
 //     concurrency: 1               optional, default 1; 1..1000000
 //     arrival_rate_per_s: 2.0      optional; (0, 1e9]; absent: closed loop
 //     seed: 1                      optional; default splitmix64(seed ^ 0x776f726b6c6f6164)
@@ -518,13 +518,29 @@ LengthDist parse_length(const Context& ctx, const Node& node, const std::string&
 
 WorkloadSpec parse_workload(const Context& ctx, const Node& node, uint64_t seed) {
   MapReader m(ctx, node, "workload",
-              {"input_len", "output_len", "requests", "concurrency", "arrival_rate_per_s", "seed"});
+              {"input_len", "output_len", "requests", "requests_per_client", "concurrency",
+               "arrival_rate_per_s", "seed"});
   WorkloadSpec w;
   w.input_len = parse_length(ctx, m.require("input_len"), "workload.input_len");
   w.output_len = parse_length(ctx, m.require("output_len"), "workload.output_len");
-  w.num_requests = static_cast<int32_t>(
-      read_int(ctx, m.require("requests"), "workload.requests", 1, kMaxRequests));
   w.max_concurrency = read_i32_or(ctx, m, "concurrency", 1, kMaxConcurrency, 1);
+  if (m.has("requests") == m.has("requests_per_client")) {
+    ctx.fail(node.mark,
+             "workload needs exactly one of requests or requests_per_client (requests "
+             "= requests_per_client x concurrency)");
+  }
+  if (const Node* n = m.get("requests_per_client")) {
+    const int64_t per = read_int(ctx, *n, "workload.requests_per_client", 1, kMaxRequests);
+    const int64_t total = per * w.max_concurrency;
+    if (total > kMaxRequests) {
+      ctx.fail(n->mark, "workload.requests_per_client x concurrency = " + std::to_string(total) +
+                            " requests, over the limit of " + std::to_string(kMaxRequests));
+    }
+    w.num_requests = static_cast<int32_t>(total);
+  } else {
+    w.num_requests = static_cast<int32_t>(
+        read_int(ctx, *m.get("requests"), "workload.requests", 1, kMaxRequests));
+  }
   if (const Node* n = m.get("arrival_rate_per_s")) {
     w.arrival_rate_per_s = read_double(ctx, *n, "workload.arrival_rate_per_s", 0, 1e9, true);
   }

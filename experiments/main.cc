@@ -16,16 +16,19 @@
 
 #include "experiments/distributed.h"
 #include "experiments/experiment.h"
+#include "experiments/import.h"
 #include "experiments/plot.h"
 #include "experiments/progress.h"
 #include "experiments/report.h"
 #include "experiments/runner.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
+#include "policies/layout.h"
 #include "results/compare.h"
 #include "results/db.h"
 #include "results/format.h"
 #include "results/trace.h"
+#include "runtime/checkpoint.h"
 #include "simulator/sim_backend.h"
 
 namespace twinstep {
@@ -287,6 +290,59 @@ int cmd_trace(int64_t run_id, const std::string& out_path, const std::string& db
   return 0;
 }
 
+// Per-rank memory and full-token KV capacity of a model on a GPU across layouts (seed 004's
+// "full-token capacity": the full-attention KV tokens a rank holds after weights and buffers).
+int cmd_capacity(const std::string& model, const std::string& hardware,
+                 const std::vector<std::string>& layouts, bool seed004, OutputFormat f) {
+  const std::vector<LayoutSpec> specs = seed004 ? seed004_capacity_layouts(layouts) : [&] {
+    std::vector<LayoutSpec> v;
+    for (const std::string& name : layouts) v.push_back(parse_layout(name));
+    return v;
+  }();
+  const CapacityTable table = capacity_table(model_preset(model), hardware_preset(hardware), specs);
+  QueryResult out{table.columns, {}};
+  for (size_t i = 0; i < table.rows.size(); ++i) {
+    std::vector<Cell> row;
+    for (const CapacityCell& c : table.cells(i)) {
+      std::visit([&](const auto& x) { row.push_back(Cell(x)); }, c);
+    }
+    out.rows.push_back(std::move(row));
+  }
+  print_table(out, f);
+  return 0;
+}
+
+int cmd_import(const std::vector<std::string>& records, const std::string& experiment_file,
+               const std::string& db_path) {
+  const Experiment e = load_experiment_file(experiment_file);
+  ResultsDb db = open_db(db_path);
+  for (const std::string& record : records) {
+    std::vector<std::string> unmatched;
+    const std::vector<ImportedRun> runs = import_record(db, record, e, &unmatched);
+    std::printf("%s: %zu measured run(s) stored as experiment %s", record.c_str(), runs.size(),
+                e.name.c_str());
+    if (!runs.empty()) {
+      std::printf(" (run ids %lld..%lld)", (long long)runs.front().run_id,
+                  (long long)runs.back().run_id);
+    }
+    std::printf("\n");
+    for (const std::string& label : unmatched) {
+      std::printf("  no row of %s matches variant %s\n", record.c_str(), label.c_str());
+    }
+  }
+  return 0;
+}
+
+int cmd_make_checkpoint(const std::string& preset, const std::string& dir, uint64_t seed,
+                        uint64_t shard_mb) {
+  const ModelSpec& model = model_preset(preset);
+  write_synthetic_checkpoint(model, dir, seed, int64_t(shard_mb) << 20);
+  std::printf("wrote %s: synthetic %s checkpoint (%.2f GB of bf16 weights, seed %llu)\n",
+              dir.c_str(), preset.c_str(), double(model.weight_bytes_total()) / 1e9,
+              (unsigned long long)seed);
+  return 0;
+}
+
 // The simulator speed benchmark of the foundation issue: 1000 requests of 8192 in / 1024 out at
 // concurrency 1, llama-3-8b on the h200 profile, run-ahead with graphs, no tracing, one thread.
 int cmd_bench_sim(int32_t requests) {
@@ -398,6 +454,38 @@ int main(int argc, char** argv) {
   bool sources = false;
   CLI::App* models = app.add_subcommand("models", "model presets and their key figures");
   add_format(models);
+  std::string cap_model = "deepseek-like", cap_hardware = "h20";
+  std::vector<std::string> cap_layouts = {"TP8", "PP2-TP8", "DP16-EP16", "DP32-EP32"};
+  bool cap_seed004 = false;
+  CLI::App* capacity = app.add_subcommand(
+      "capacity", "per-rank memory and full-token KV capacity across layouts and dtypes");
+  capacity->add_option("--model", cap_model, "model preset")->capture_default_str();
+  capacity->add_option("--hardware", cap_hardware, "hardware preset")->capture_default_str();
+  capacity->add_option("--layouts", cap_layouts, "layouts, e.g. TP8 PP2-TP8 DP32-EP32")
+      ->capture_default_str();
+  capacity->add_flag("--seed004", cap_seed004,
+                     "each layout at seed 004's dtypes: fp8 weights, then MXFP4 experts, then "
+                     "compact KV state, then both (ratios against the first)");
+  add_format(capacity);
+
+  std::vector<std::string> import_records;
+  std::string import_as;
+  CLI::App* import = app.add_subcommand(
+      "import", "store measured records (results/<gpu>/*.json) as real runs of an experiment");
+  import->add_option("records", import_records, "record JSON files")->required();
+  import->add_option("--as", import_as, "the experiment YAML whose variants the rows match")
+      ->required();
+
+  std::string ckpt_preset, ckpt_out;
+  uint64_t ckpt_seed = 0, ckpt_shard_mb = 4096;
+  CLI::App* make_ckpt = app.add_subcommand(
+      "make-checkpoint", "write a synthetic Hugging Face checkpoint (config.json + safetensors)");
+  make_ckpt->add_option("--preset", ckpt_preset, "model preset")->required();
+  make_ckpt->add_option("--out", ckpt_out, "output directory")->required();
+  make_ckpt->add_option("--seed", ckpt_seed, "weight seed")->capture_default_str();
+  make_ckpt->add_option("--shard-mb", ckpt_shard_mb, "safetensors shard size")
+      ->capture_default_str();
+
   CLI::App* hardware = app.add_subcommand("hardware", "hardware presets and their key figures");
   hardware->add_flag("--sources", sources, "show where each preset's numbers come from");
   add_format(hardware);
@@ -422,6 +510,9 @@ int main(int argc, char** argv) {
     if (*models) return cmd_models(f);
     if (*hardware) return cmd_hardware(f, sources);
     if (*bench) return cmd_bench_sim(bench_requests);
+    if (*capacity) return cmd_capacity(cap_model, cap_hardware, cap_layouts, cap_seed004, f);
+    if (*import) return cmd_import(import_records, import_as, db_path);
+    if (*make_ckpt) return cmd_make_checkpoint(ckpt_preset, ckpt_out, ckpt_seed, ckpt_shard_mb);
   } catch (const ConfigError& e) {
     // Every rank of an mpirun job reads the same file: only the first reports it.
     std::fflush(stdout);

@@ -355,7 +355,12 @@ class Plotter {
   }
 
   static const char* span_color(const SpanRow& s, bool even_step) {
-    if (s.lane == "compute") return even_step ? "#1f5fa8" : "#6fa8dc";
+    if (s.lane == "compute") {
+      static const std::set<std::string> collectives = {"all_reduce", "all_gather", "all_to_all",
+                                                        "send_recv"};
+      if (collectives.count(s.name)) return "#d62728";  // in a collective, waiting included
+      return even_step ? "#1f5fa8" : "#6fa8dc";
+    }
     if (s.lane == "copy") return "#b8860b";
     static const std::map<std::string, const char*> host = {
         {"schedule", "#009E73"},        {"prepare_decode", "#CC79A7"},
@@ -417,7 +422,7 @@ class Plotter {
                          gp_quote("Step timeline: " + std::to_string(options_.timeline_steps) +
                                   " GPU steps per run, time from the first one's first kernel") +
                          "\n"
-                         "set lmargin at screen 0.11\nset rmargin at screen 0.80\n"
+                         "set lmargin at screen 0.135\nset rmargin at screen 0.715\n"
                          "set style fill solid 1.0 border\nset grid xtics\n"
                          "set xrange [0:" +
                          num(x_max_ms) + "]\nset xlabel 'time (ms)'\n";
@@ -449,7 +454,9 @@ class Plotter {
       script += "set title " + gp_quote(panel.run->short_label + idle) + "\n";
       script += "set ytics (" + ytics + ")\nset yrange [-0.6:" + num(lanes - 0.4) + "]\n";
       if (p == 0) {
-        script += "set key at screen 0.815, graph 1.0 left top vertical Left reverse samplen 1.5\n";
+        script +=
+            "set key at screen 0.725, graph 1.0 left top vertical Left reverse samplen 1 maxrows 6 "
+            "font ',9'\n";
       } else {
         script += "set key off\n";
       }
@@ -467,6 +474,7 @@ class Plotter {
                                                             {"process_outputs", "#E69F00"},
                                                             {"GPU kernels (even step)", "#1f5fa8"},
                                                             {"GPU kernels (odd step)", "#6fa8dc"},
+                                                            {"collective (incl. wait)", "#d62728"},
                                                             {"D2H copy", "#b8860b"}};
         for (const auto& [name, c] : keys) {
           script += std::string(", NaN with boxes fc rgb '") + c + "' title " + gp_quote(name);
@@ -475,7 +483,9 @@ class Plotter {
       script += "\n";
     }
     script += "unset multiplot\n";
-    f.path = render(f.name, 1600, 80 + 300 * static_cast<int>(panels.size()), script);
+    int height_px = 80;
+    for (const Panel& panel : panels) height_px += std::max(300, 120 + 66 * panel.ranks);
+    f.path = render(f.name, 1600, height_px, script);
     return f;
   }
 

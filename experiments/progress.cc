@@ -35,6 +35,11 @@ void Progress::finish() {
   line_open_ = false;
 }
 
+void Progress::warn(const std::string& line) {
+  finish();
+  std::fprintf(stderr, "twinstep: %s\n", line.c_str());
+}
+
 void Progress::message(const std::string& line) {
   if (quiet_) return;
   finish();

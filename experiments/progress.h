@@ -16,6 +16,8 @@ class Progress {
   void update(int64_t done, int64_t total, const std::string& what);
   void finish();
   void message(const std::string& line);
+  // A line the user must see even with progress turned off (a skipped backend).
+  void warn(const std::string& line);
 
  private:
   bool quiet_;

@@ -8,14 +8,54 @@
 #include "policies/error.h"
 #include "policies/rng.h"
 #include "simulator/sim_backend.h"
+#ifdef TWINSTEP_HAVE_RUNTIME
+#include <cuda_runtime_api.h>
+
+#include "runtime/real_factory.h"
+#endif
 
 namespace twinstep {
 namespace {
 
-// The real CUDA runtime is not part of this build yet; when it is, this asks it for a device.
+#ifndef TWINSTEP_HAVE_RUNTIME
 bool real_backend_available(std::string* why) {
-  *why = "this build has no real CUDA runtime (the runtime/ backend is not built yet)";
+  *why = "this build has no real CUDA runtime (configure with a CUDA compiler to build runtime/)";
   return false;
+}
+#endif
+
+// Runs one variant on this machine's GPU with the same policy objects the simulator runs.
+RunRecord measure_variant(const Variant& v) {
+#ifdef TWINSTEP_HAVE_RUNTIME
+  if (v.layout.world() > 1) {
+    throw Error("the real backend runs on one GPU; layout " + layout_name(v.layout) +
+                " needs the multi-GPU runtime (NCCL), which is not built yet");
+  }
+  if (v.policy.spec.method != SpecMethod::kNone) {
+    throw Error("the real backend does not run speculative decoding yet (policies.spec.method " +
+                std::string(spec_method_name(v.policy.spec.method)) + ")");
+  }
+  const std::vector<RequestSpec> requests = generate_requests(v.workload);
+  RunRecord record;
+  DecodeLoop loop(v.policy, v.workload, requests, &record);
+  const std::unique_ptr<Backend> backend = make_real_backend(v, requests);
+  HostProgram* ranks[] = {&loop};
+  backend->run(ranks, record);
+  return record;
+#else
+  (void)v;
+  std::string why;
+  real_backend_available(&why);
+  throw Error(why);
+#endif
+}
+
+std::string gpu_name() {
+#ifdef TWINSTEP_HAVE_RUNTIME
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) return prop.name;
+#endif
+  return "";
 }
 
 }  // namespace
@@ -58,7 +98,7 @@ FinishedRun execute_run(const Variant& v, BackendKind backend) {
       throw Error("failure injected by TWINSTEP_FAIL_VARIANT=" + std::string(fail));
     }
     const auto t0 = std::chrono::steady_clock::now();
-    run.record = simulate_variant(v);
+    run.record = backend == BackendKind::kReal ? measure_variant(v) : simulate_variant(v);
     run.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     run.metrics = compute_metrics(run.record, MetricsContext{v.hardware.stream_read_tbps});
   } catch (const std::exception& ex) {
@@ -79,6 +119,7 @@ RunInfo make_run_info(const Experiment& e, const Variant& v, BackendKind b) {
   info.variant_params = v.params;
   info.backend = backend_kind_name(b);
   info.seed = v.seed;
+  if (b == BackendKind::kReal) info.gpu_name = gpu_name();
   return info;
 }
 
@@ -108,7 +149,7 @@ std::vector<BackendKind> runnable_backends(const Experiment& e, Progress& progre
   for (BackendKind b : e.backends) {
     std::string why;
     if (b == BackendKind::kReal && !real_backend_available(&why)) {
-      progress.message("real backend skipped: " + why);
+      progress.warn("real backend skipped: " + why);
       continue;
     }
     backends.push_back(b);

@@ -394,6 +394,15 @@ ResultsDb ResultsDb::open(const std::string& path) {
     exec(raw, "PRAGMA synchronous = NORMAL");  // WAL + NORMAL: durable against process crashes
     exec(raw, "PRAGMA cache_size = -32768");   // 32 MiB: large runs insert without thrashing
     migrate(raw, path);
+    // A current user_version says nothing about the tables: a file stamped by hand (or by
+    // another program) would fail later with "no such table".
+    Stmt tables(raw, "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'run'");
+    tables.step();
+    if (tables.int64(0) == 0) {
+      throw Error("results database " + path + " has schema version " +
+                  std::to_string(user_version(raw)) +
+                  " but no run table: it is not a twinstep database");
+    }
   } catch (const Error& e) {
     if (sqlite3_errcode(raw) == SQLITE_NOTADB ||
         std::string(e.what()).find("file is not a database") != std::string::npos) {
@@ -432,7 +441,7 @@ int64_t ResultsDb::begin_run(const RunInfo& info) {
     throw Error("backend must be \"sim\" or \"real\", got \"" + info.backend + "\"");
   }
   Transaction txn(db_);
-  const BuildInfo& b = build_info();
+  const BuildInfo& b = info.build != nullptr ? *info.build : build_info();
   const int64_t build_id =
       find_or_insert(db_,
                      "SELECT id FROM build WHERE git_sha=?1 AND git_dirty=?2 AND compiler=?3 AND "

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "policies/run_record.h"
+#include "results/build_info.h"
 #include "results/metrics.h"
 
 struct sqlite3;
@@ -39,6 +40,9 @@ struct RunInfo {
   // Stored as decimal TEXT: SQLite integers are int64 and seeds use all 64 bits.
   uint64_t seed = 0;
   std::string gpu_name;  // the driver's name for the GPU; empty (stored NULL) for none
+  // The build that produced the run when it is not this binary (an imported record); null:
+  // build_info().
+  const BuildInfo* build = nullptr;
 };
 
 class ResultsDb {

@@ -108,6 +108,19 @@ wait $pid
 check "SIGINT exits 130" test $? -eq 130
 check "SIGINT leaves no incomplete runs" test "$(q "$db4" "SELECT count(*) FROM run WHERE status!='complete'")" = 0
 
+# Measured records imported as real runs of the same variants, beside the simulated ones.
+db5=$work/e.db
+val="$src/experiments/validation/h200_decode.yaml"
+"$bin" --db "$db5" run -q "$val" >/dev/null 2>"$work/val.err"
+check "sim+real experiment runs sim and says real was skipped" grep -q "real backend skipped" "$work/val.err"
+"$bin" --db "$db5" import "$src/results/h200/decode.json" --as "$val" >"$work/import.out"
+check "import stores 8 measured runs" grep -q "8 measured run(s)" "$work/import.out"
+check "each variant has a sim and a real run" test "$(q "$db5" "SELECT count(*) FROM (SELECT variant_index FROM run GROUP BY variant_index HAVING count(DISTINCT backend) = 2)")" = 8
+check "measured TPOT imported exactly" test "$(q "$db5" "SELECT m.value FROM metric m JOIN run r ON r.id=m.run_id WHERE r.backend='real' AND r.variant_index=1 AND m.key='tpot_ms_mean'")" = 4.518
+check "measured runs carry the record's GPU and commit" test "$(q "$db5" "SELECT DISTINCT h.gpu_name || ' ' || b.git_sha FROM run r JOIN host h ON h.id=r.host_id JOIN build b ON b.id=r.build_id WHERE r.backend='real'")" = "NVIDIA H200 b6a5f5f6d765b5c0bb6afc49729e9ca344fb23a4"
+check "a second import is refused" bash -c "! '$bin' --db '$db5' import '$src/results/h200/decode.json' --as '$val' 2>/dev/null"
+check "compare lines up sim and real" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode | head -1 | grep -q '\\[real\\]'"
+
 # models / hardware list presets.
 check "models lists llama-3-8b" bash -c "'$bin' models | grep -q 'llama-3-8b .* 8.0303'"
 check "hardware lists h200" bash -c "'$bin' hardware | grep -q '^h200 '"
