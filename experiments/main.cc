@@ -206,10 +206,31 @@ std::vector<int64_t> resolve_runs(ResultsDb& db, const std::vector<int64_t>& run
   return latest_runs_of_experiment(db, *experiment);
 }
 
+// Exit status when --tolerance is exceeded: distinct from errors (1) and usage (2).
+constexpr int kToleranceExceeded = 3;
+
 int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
-                const std::string& db_path, OutputFormat f) {
+                const std::string& db_path, OutputFormat f, bool sim_real, double tolerance_pct,
+                const std::vector<std::string>& metrics) {
   ResultsDb db = open_db(db_path);
-  print_table(compare_runs(db, resolve_runs(db, run_ids, &experiment)), f);
+  const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
+  if (!sim_real && tolerance_pct < 0) {
+    print_table(compare_runs(db, ids), f);
+    return 0;
+  }
+  double worst = 0;
+  const QueryResult table = sim_vs_real(db, ids, metrics, &worst);
+  if (table.rows.empty()) {
+    throw Error("no variant has both a simulated and a measured (real) run among these runs");
+  }
+  print_table(table, f);
+  if (tolerance_pct >= 0 && worst > tolerance_pct) {
+    std::fprintf(stderr,
+                 "twinstep: simulated vs measured error up to %.2f%%, over the tolerance "
+                 "of %.2f%%\n",
+                 worst, tolerance_pct);
+    return kToleranceExceeded;
+  }
   return 0;
 }
 
@@ -430,6 +451,17 @@ int main(int argc, char** argv) {
       app.add_subcommand("compare", "runs side by side (default: the latest experiment)");
   compare->add_option("run_ids", run_ids, "run ids");
   compare->add_option("--experiment", experiment, "the latest runs of this experiment");
+  bool compare_sim_real = false;
+  double compare_tolerance = -1;
+  std::vector<std::string> compare_metrics = {"tpot_ms_mean", "step_ms_mean", "ttft_ms_mean",
+                                              "gpu_busy_frac", "output_throughput_tok_s"};
+  compare->add_flag("--sim-vs-real", compare_sim_real,
+                    "simulated against measured per variant, with the error in percent");
+  compare->add_option("--tolerance", compare_tolerance,
+                      "fail (exit 3) when a simulated metric is off the measured one by more "
+                      "than this many percent (implies --sim-vs-real)");
+  compare->add_option("--metrics", compare_metrics, "metrics for --sim-vs-real / --tolerance")
+      ->capture_default_str();
   add_format(compare);
 
   int64_t trace_run = 0;
@@ -503,7 +535,10 @@ int main(int argc, char** argv) {
     if (*run) return cmd_run(file, db_path, quiet, f);
     if (*validate) return cmd_validate(file);
     if (*query) return cmd_query(sql, db_path, f);
-    if (*compare) return cmd_compare(run_ids, experiment, db_path, f);
+    if (*compare) {
+      return cmd_compare(run_ids, experiment, db_path, f, compare_sim_real, compare_tolerance,
+                         compare_metrics);
+    }
     if (*trace) return cmd_trace(trace_run, trace_out, db_path);
     if (*plot) return cmd_plot(run_ids, experiment, plot_out, db_path);
     if (*report) return cmd_report(run_ids, experiment, report_out, db_path);

@@ -1,5 +1,6 @@
 #include "results/compare.h"
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -82,6 +83,46 @@ ORDER BY r.variant_index, r.backend = 'real')sql",
   std::vector<int64_t> ids;
   for (const auto& row : result.rows) ids.push_back(std::get<int64_t>(row[0]));
   return ids;
+}
+
+QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
+                        const std::vector<std::string>& keys, double* worst_abs_error_pct) {
+  struct Pair {
+    std::string label;
+    int64_t sim = -1;
+    int64_t real = -1;
+  };
+  std::map<int64_t, Pair> pairs;  // by variant index
+  for (int64_t id : run_ids) {
+    const QueryResult run = db.query_params(
+        "SELECT variant_index, variant_label, backend FROM run WHERE id = ?1", {id});
+    if (run.rows.empty()) throw Error("no run with id " + std::to_string(id));
+    Pair& p = pairs[std::get<int64_t>(run.rows[0][0])];
+    p.label = std::get<std::string>(run.rows[0][1]);
+    (std::get<std::string>(run.rows[0][2]) == "sim" ? p.sim : p.real) = id;
+  }
+  QueryResult out;
+  out.columns = {"variant", "metric", "sim", "real", "error_pct"};
+  double worst = 0;
+  auto value = [&](int64_t run, const std::string& key, double* v) {
+    const QueryResult r =
+        db.query_params("SELECT value FROM metric WHERE run_id = ?1 AND key = ?2", {run, key});
+    if (r.rows.empty()) return false;
+    *v = std::get<double>(r.rows[0][0]);
+    return true;
+  };
+  for (const auto& [index, p] : pairs) {
+    if (p.sim < 0 || p.real < 0) continue;
+    for (const std::string& key : keys) {
+      double s = 0, r = 0;
+      if (!value(p.sim, key, &s) || !value(p.real, key, &r) || r == 0) continue;
+      const double err = 100.0 * (s - r) / r;
+      worst = std::max(worst, std::fabs(err));
+      out.rows.push_back({p.label, key, s, r, err});
+    }
+  }
+  if (worst_abs_error_pct) *worst_abs_error_pct = worst;
+  return out;
 }
 
 }  // namespace twinstep

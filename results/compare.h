@@ -21,6 +21,12 @@ const std::vector<std::string>& compare_metric_keys();
 QueryResult compare_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
                          const std::vector<std::string>& keys = compare_metric_keys());
 
+// Simulated against measured: for each variant with a sim and a real run among `run_ids`, one
+// row per key both runs have: variant, metric, sim, real, error_pct = 100·(sim − real)/real.
+// *worst_abs_error_pct (if given) receives the largest |error_pct| (0 with no pair).
+QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
+                        const std::vector<std::string>& keys, double* worst_abs_error_pct);
+
 // The complete runs of the most recent invocation of experiment `name`: the experiment version
 // (name + YAML hash) of the latest complete run with that name, and within it the latest complete
 // run per (variant_index, backend). Ordered by variant_index, then sim before real.

@@ -121,6 +121,14 @@ check "measured runs carry the record's GPU and commit" test "$(q "$db5" "SELECT
 check "a second import is refused" bash -c "! '$bin' --db '$db5' import '$src/results/h200/decode.json' --as '$val' 2>/dev/null"
 check "compare lines up sim and real" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode | head -1 | grep -q '\\[real\\]'"
 
+# compare as a gate: simulated vs measured TPOT is 4-13 % off before calibration.
+"$bin" --db "$db5" compare --experiment validation-h200-decode --tolerance 50 >/dev/null 2>&1
+check "compare --tolerance passes within tolerance" test $? -eq 0
+"$bin" --db "$db5" compare --experiment validation-h200-decode --tolerance 1 >/dev/null 2>"$work/tol.err"
+check "compare --tolerance exits 3 when exceeded" test $? -eq 3
+check "compare --tolerance says by how much" grep -q "over the tolerance of 1.00%" "$work/tol.err"
+check "sim-vs-real rows carry the error" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode --sim-vs-real --csv | head -1 | grep -q 'variant,metric,sim,real,error_pct'"
+
 # models / hardware list presets.
 check "models lists llama-3-8b" bash -c "'$bin' models | grep -q 'llama-3-8b .* 8.0303'"
 check "hardware lists h200" bash -c "'$bin' hardware | grep -q '^h200 '"
