@@ -11,6 +11,8 @@
 // chunk by chunk), so row results depend on k only, never on m, the grid or the pass layout.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -69,6 +71,7 @@ struct GemvParams {
   int x_rows;      // 8 or 16 activation rows reserved per stage
   int stage_rows;  // x_rows + weight rows per pass (<= 64)
   int fill;        // 0: cp.async.bulk per row, 1: 16-byte cp.async (GemvTuning::fill)
+  int split;       // fill 3: CTAs of a cluster splitting each tile's K range (1, 2, 4)
 };
 
 template <GemvEpilogue kEpilogue>
@@ -572,6 +575,231 @@ __global__ void __launch_bounds__(kRegThreads, 2) gemv_regpipe_kernel(const Gemv
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// fill 3: the register kernel generalised (GemvTuning::split, ::stages).
+//  - split-K across the S CTAs of a thread-block cluster: CTA rank q, warp w owns K piece
+//    q * 8 + w of 8 S equal pieces; the cluster's rank-0 CTA sums the pieces in order through
+//    distributed shared memory (deterministic, independent of m and the grid), so the tile count
+//    spreads over the SMs in full rounds (qkv: 384 tiles = 2.9 rounds of 132 clusters instead of
+//    1.45 rounds of 264 blocks).
+//  - kStages = 0: weights through registers (two batches, as fill 2); kStages > 0: each thread
+//    streams its own 16-byte pieces into a private shared-memory ring with cp.async
+//    (kStages - 1 batches in flight, no register cost), waits with cp.async.wait_group.
+// With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
+__global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
+    gemv_split_kernel(const GemvParams p) {
+  constexpr int kBatch = 4;
+  constexpr bool kSwiglu = kEpilogue == GemvEpilogue::kSwiglu;
+  constexpr int kOutCols = kSwiglu ? 8 : 16;
+  __shared__ float partial[2][kRegWarps][kNTiles][4][32];
+  extern __shared__ __align__(16) uint4 gemv_ring[];  // [kStages][kBatch][2][kRegThreads]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gid = lane / 4, tq = lane % 4;
+  const int split = p.split;
+  const int rank =
+      split > 1 ? static_cast<int>(cooperative_groups::this_cluster().block_rank()) : 0;
+  const int cluster = blockIdx.x / split, clusters = gridDim.x / split;
+  const int tiles = p.n / kOutCols;
+  const int chunks = p.k / 32;
+  const int piece = rank * kRegWarps + warp, pieces = split * kRegWarps;
+  const int chunk_begin = piece * chunks / pieces;
+  const int chunk_end = (piece + 1) * chunks / pieces;
+
+  auto weight_row = [&](int tile, int h) -> const bf16* {
+    const int row = kSwiglu ? h * p.n + tile * 8 + gid : tile * 16 + h * 8 + gid;
+    return p.w + static_cast<size_t>(row) * p.k + tq * 8;
+  };
+  const bf16* x_row[kNTiles];
+  bool x_valid[kNTiles];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    const int m = nt * 8 + gid;
+    x_valid[nt] = m < p.m;
+    x_row[nt] = p.x + static_cast<size_t>(x_valid[nt] ? m : 0) * p.k + tq * 8;
+  }
+
+  // One step = one batch of <= kBatch chunks of one tile; a warp's steps walk its K piece of the
+  // cluster's tiles in order (an empty piece is one step of count 0 per tile).
+  struct Step {
+    int tile, chunk, count;
+  };
+  auto make_step = [&](int tile, int chunk) {
+    return Step{tile, chunk, tile < tiles ? min(kBatch, chunk_end - chunk) : 0};
+  };
+  auto next_step = [&](const Step& s) {
+    const int c = s.chunk + s.count;
+    return c >= chunk_end ? make_step(s.tile + clusters, chunk_begin) : make_step(s.tile, c);
+  };
+  uint4 cur[kBatch][2], nxt[kBatch][2];
+  auto load_regs = [&](uint4(&buf)[kBatch][2], const Step& s) {
+    const bf16* r0 = weight_row(s.tile, 0) + s.chunk * 32;
+    const bf16* r1 = weight_row(s.tile, 1) + s.chunk * 32;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (u < s.count) {
+        buf[u][0] = load_stream_16(r0 + u * 32);
+        buf[u][1] = load_stream_16(r1 + u * 32);
+      }
+  };
+  auto ring_at = [&](int slot, int u, int h) -> uint4* {
+    return gemv_ring + ((slot * kBatch + u) * 2 + h) * kRegThreads + threadIdx.x;
+  };
+  auto issue_async = [&](const Step& s, int slot) {
+    if (s.count > 0) {
+      const bf16* r0 = weight_row(s.tile, 0) + s.chunk * 32;
+      const bf16* r1 = weight_row(s.tile, 1) + s.chunk * 32;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (u < s.count) {
+          cp_async_16(ring_at(slot, u, 0), r0 + u * 32, 16);
+          cp_async_16(ring_at(slot, u, 1), r1 + u * 32, 16);
+        }
+    }
+    cp_async_commit();
+  };
+
+  Step step = make_step(cluster, chunk_begin);
+  Step ahead = step;  // kStages > 0: next step to issue
+  if constexpr (kStages == 0) {
+    if (step.count > 0) load_regs(cur, step);  // weights never depend on the previous kernel
+  } else {
+#pragma unroll
+    for (int j = 0; j < kStages - 1; ++j) {
+      issue_async(ahead, j);
+      ahead = next_step(ahead);
+    }
+  }
+  pdl_wait_and_trigger();
+
+  float acc[kNTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  int slot = 0, tile_iter = 0;
+  while (step.tile < tiles) {
+    uint4 xv[kBatch][kNTiles];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (u < step.count)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          xv[u][nt] =
+              x_valid[nt] ? load_16(x_row[nt] + (step.chunk + u) * 32) : make_uint4(0, 0, 0, 0);
+    const Step following = next_step(step);
+    if constexpr (kStages == 0) {
+      if (following.count > 0) load_regs(nxt, following);
+    } else {
+      cp_async_wait<kStages - 2>();  // this step's group has landed (own copies only)
+      issue_async(ahead, slot == 0 ? kStages - 1 : slot - 1);
+      ahead = next_step(ahead);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (u < step.count) {
+          cur[u][0] = *ring_at(slot, u, 0);
+          cur[u][1] = *ring_at(slot, u, 1);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (u < step.count)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const uint4 lo = cur[u][0], hi = cur[u][1], b = xv[u][nt];
+          mma_16816(acc[nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+          mma_16816(acc[nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+        }
+    if constexpr (kStages == 0) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        cur[u][0] = nxt[u][0];
+        cur[u][1] = nxt[u][1];
+      }
+    } else {
+      slot = slot + 1 == kStages ? 0 : slot + 1;
+    }
+    const bool tile_done = following.tile != step.tile;
+    const int tile = step.tile;
+    step = following;
+    if (!tile_done) continue;
+
+    // ---- tile epilogue: partial sums of the S x 8 pieces, summed in piece order ----
+    const int buf = tile_iter & 1;
+    ++tile_iter;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        partial[buf][warp][nt][r][lane] = acc[nt][r];
+        acc[nt][r] = 0.0f;
+      }
+    // One barrier per tile: partial is double-buffered, so buffer b is rewritten (tile t + 2)
+    // only after every reader of tile t passed the barrier of tile t + 1.
+    if (split > 1)
+      cooperative_groups::this_cluster().sync();
+    else
+      __syncthreads();
+    if (rank != 0) continue;
+    auto reduced = [&](int r, int m) {
+      const int src_lane = (r % 8) * 4 + (m % 8) / 2, src_reg = (r / 8) * 2 + (m % 2);
+      float sum = 0.0f;
+      for (int q = 0; q < split; ++q) {
+        const float* src = &partial[buf][0][(m / 8) % kNTiles][src_reg][src_lane];
+        if (split > 1) src = cooperative_groups::this_cluster().map_shared_rank(src, q);
+#pragma unroll
+        for (int w = 0; w < kRegWarps; ++w) sum += src[w * kNTiles * 4 * 32];
+      }
+      return sum;
+    };
+    const int m = threadIdx.x / kOutCols, i = threadIdx.x % kOutCols;
+    const int col = tile * kOutCols + i;
+    if (m < p.m) {
+      if constexpr (kEpilogue == GemvEpilogue::kStore) {
+        p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m));
+      } else if constexpr (kSwiglu) {
+        const float g = reduced(i, m), u = reduced(i + 8, m);
+        p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+      } else {
+        const float logit = reduced(i, m);
+        if (p.logits != nullptr) p.logits[static_cast<size_t>(m) * p.n + col] = logit;
+        const unsigned mask = 0xFFFFu << (threadIdx.x & 16);
+        float best = logit;
+        int best_index = col;
+        float score = -INFINITY;
+        int score_index = col;
+        if (p.inv_temperature > 0.0f) {
+          const uint64_t st = p.step != nullptr ? *p.step : 0;
+          score = logit * p.inv_temperature + gumbel_noise(p.seed, st, m, col);
+        }
+#pragma unroll
+        for (int offset = 8; offset > 0; offset /= 2) {
+          const float other = __shfl_xor_sync(mask, best, offset, 16);
+          const int other_index = __shfl_xor_sync(mask, best_index, offset, 16);
+          if (other > best || (other == best && other_index < best_index)) {
+            best = other;
+            best_index = other_index;
+          }
+          const float other_score = __shfl_xor_sync(mask, score, offset, 16);
+          const int other_score_index = __shfl_xor_sync(mask, score_index, offset, 16);
+          if (other_score > score || (other_score == score && other_score_index < score_index)) {
+            score = other_score;
+            score_index = other_score_index;
+          }
+        }
+        float e = __expf(logit - best);
+#pragma unroll
+        for (int offset = 8; offset > 0; offset /= 2) e += __shfl_xor_sync(mask, e, offset, 16);
+        if (i == 0)
+          p.partials[static_cast<size_t>(m) * tiles + tile] =
+              LogitPartial{best, best_index, e, score, score_index};
+      }
+    }
+  }
+  if constexpr (kStages > 0) cp_async_wait<0>();
+  // Rank 0 reads the other CTAs' shared memory until its last epilogue: keep them resident.
+  if (split > 1) cooperative_groups::this_cluster().sync();
+}
+
 template <int kNTiles, GemvEpilogue kEpilogue>
 int regpipe_resident_blocks() {
   static const int blocks = [] {
@@ -601,6 +829,94 @@ void launch_gemv_regpipe(const GemvParams& p, cudaStream_t stream, bool pdl) {
 
 int num_sms();
 
+// Blocks of gemv_split_kernel resident per SM for a ring of `stages` (the same for every m, so
+// the split choice, and with it the bits of every row, never depends on m).
+inline int split_blocks_per_sm(int stages) { return stages >= 6 ? 1 : 2; }
+
+// Split count: the smallest S in {1, 2, 4} whose full rounds of clusters waste < 3% more tile
+// slots than the best (each warp keeps >= 4 chunks of K); fixed by n, k, stages and the tuning.
+inline int choose_split(int tiles, int k, int stages, int forced) {
+  if (forced > 0) return forced;
+  const int blocks = split_blocks_per_sm(stages) * num_sms();
+  auto efficiency = [&](int s) {
+    const int clusters = blocks / s;
+    const int rounds = (tiles + clusters - 1) / clusters;
+    return static_cast<double>(tiles) / (static_cast<double>(rounds) * clusters);
+  };
+  int best = 1;
+  for (const int s : {2, 4})
+    if (k / 32 / (8 * s) >= 4 && efficiency(s) > efficiency(best) + 0.03) best = s;
+  return best;
+}
+
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
+void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bool pdl) {
+  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages>;
+  const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
+  static const int per_sm = [&] {
+    if (smem > 48 * 1024)
+      TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+    int blocks = 0;
+    TS_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kRegThreads, smem));
+    return blocks;
+  }();
+  // Clusters of p.split CTAs on one GPC: size the persistent grid by the resident clusters.
+  const int clusters = std::max(1, std::min(tiles, per_sm * num_sms() / p.split));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(clusters * p.split);
+  config.blockDim = dim3(kRegThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[2];
+  int n_attr = 0;
+  if (p.split > 1) {
+    attribute[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attribute[n_attr].val.clusterDim.x = p.split;
+    attribute[n_attr].val.clusterDim.y = 1;
+    attribute[n_attr].val.clusterDim.z = 1;
+    ++n_attr;
+    config.attrs = attribute;
+    config.numAttrs = n_attr;
+    static int cached[5] = {0, 0, 0, 0, 0};
+    if (cached[p.split] == 0) {
+      TS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&cached[p.split], kernel, &config));
+      cached[p.split] = std::max(1, cached[p.split]);
+    }
+    config.gridDim = dim3(std::min(clusters, cached[p.split]) * p.split);
+  }
+  if (pdl) {
+    attribute[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[n_attr].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attr;
+  }
+  config.attrs = attribute;
+  config.numAttrs = n_attr;
+  TS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  TS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <GemvEpilogue kEpilogue, int kStages>
+void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl) {
+  const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
+  p.split = choose_split(tiles, p.k, kStages, split);
+  if (p.m <= 8)
+    launch_gemv_split_t<1, kEpilogue, kStages>(p, tiles, stream, pdl);
+  else
+    launch_gemv_split_t<2, kEpilogue, kStages>(p, tiles, stream, pdl);
+}
+
+template <GemvEpilogue kEpilogue>
+void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t stream, bool pdl) {
+  if (t.stages >= 6)
+    launch_gemv_split_s<kEpilogue, 6>(p, t.split, stream, pdl);
+  else if (t.stages >= 3)
+    launch_gemv_split_s<kEpilogue, 3>(p, t.split, stream, pdl);
+  else
+    launch_gemv_split_s<kEpilogue, 0>(p, t.split, stream, pdl);
+}
+
 // Launches gemv_kernel: one block per SM (at most one per tile; grouped mode: one per SM, the
 // tile count is on the device), a stage ring sized from gemv_tuning().
 template <GemvEpilogue kEpilogue>
@@ -610,6 +926,7 @@ void launch_gemv(GemvParams p, cudaStream_t stream, bool pdl) {
   if constexpr (kEpilogue == GemvEpilogue::kStore || kEpilogue == GemvEpilogue::kSwiglu ||
                 kEpilogue == GemvEpilogue::kLogits) {
     if (tuning.fill == 2) return launch_gemv_regpipe<kEpilogue>(p, stream, pdl);
+    if (tuning.fill == 3) return launch_gemv_split<kEpilogue>(p, tuning, stream, pdl);
   }
   const int cols =
       (kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kMoeGateUp) ? 8 : 16;
@@ -619,7 +936,7 @@ void launch_gemv(GemvParams p, cudaStream_t stream, bool pdl) {
   const int per_block =
       kGrouped ? kGemvConsumerWarps : std::min(kGemvConsumerWarps, (tiles + grid - 1) / grid);
   p.kc = tuning.kc;
-  p.fill = tuning.fill == 1 ? 1 : 0;  // fill 2 (register kernel) has no grouped mode: bulk ring
+  p.fill = tuning.fill == 1 ? 1 : 0;  // fills 2, 3 (register kernels) have no grouped mode: bulk
   p.x_rows = p.m > 8 ? 16 : 8;
   p.stage_rows = p.x_rows + per_block * 16;
   const int stage_bytes = p.stage_rows * (p.kc * 2 + 16);

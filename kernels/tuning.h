@@ -19,7 +19,12 @@ struct GemvTuning {
   // H200), 1 = ring filled by 16-byte cp.async from one producer warp (~10%), 2 = the
   // register-pipelined kernel of 70e44e1 for dense gemv / SwiGLU / LM head (72-93%: the default;
   // grouped MoE then uses the ring with fill 0). See docs/kernels.md.
+  // 3 = fill 2 generalised (gemv_split_kernel): split-K over thread-block clusters (`split`:
+  // 0 = chosen per shape, else 1, 2 or 4) and optionally a per-thread cp.async shared-memory
+  // ring of `stages` batches (0 = registers, 3 = 96 KB/block, 6 = 192 KB/block).
   int fill = 2;
+  int split = 0;
+  int stages = 0;
 };
 GemvTuning& gemv_tuning();
 

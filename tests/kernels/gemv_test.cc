@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernels/gemv.h"
 #include "kernels/tuning.h"
@@ -44,13 +46,20 @@ TEST_P(GemvShapes, MatchesCpuReference) {
   const auto ref = reference_gemv(w, x, m, n, k);
   // Every stage-fill mode of the kernel (bulk copies, cp.async, the register-pipelined baseline).
   const detail::GemvTuning saved = detail::gemv_tuning();
-  for (const int fill : {0, 1, 2}) {
+  // fill 3: split-K clusters (split 1, 2, 4) x weights in registers / cp.async rings (3, 6).
+  const std::vector<std::array<int, 3>> variants = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {3, 1, 0},
+                                                    {3, 2, 0}, {3, 4, 0}, {3, 1, 3}, {3, 2, 3},
+                                                    {3, 4, 6}, {3, 0, 6}, {3, 0, 0}};
+  for (const auto& [fill, split, stages] : variants) {
     detail::gemv_tuning().fill = fill;
+    detail::gemv_tuning().split = split;
+    detail::gemv_tuning().stages = stages;
     out.poison();
     gemv(dw.get(), dx.get(), out.get(), m, n, k, nullptr);
     const auto got = test::bf16_to_float(out.download<uint16_t>());
     EXPECT_LT(test::rel_error(got, ref), test::kBf16RelTol)
-        << "fill=" << fill << " m=" << m << " n=" << n << " k=" << k;
+        << "fill=" << fill << " split=" << split << " stages=" << stages << " m=" << m << " n=" << n
+        << " k=" << k;
   }
   detail::gemv_tuning() = saved;
 }
@@ -99,30 +108,41 @@ TEST(Gemv, RowResultsDoNotDependOnM) {
   const Bf16Host x = test::random_bf16(static_cast<size_t>(16) * k, rng);
   auto dw = test::to_device(w);
   auto dx = test::to_device(x);
-  for (const bool fused : {false, true}) {
-    DeviceBuffer<bf16> all(static_cast<size_t>(16) * n), six(static_cast<size_t>(6) * n), one(n);
-    auto run = [&](const bf16* xin, bf16* out, int m) {
-      if (fused)
-        gemv_swiglu(dw.get(), xin, out, m, n, k, nullptr);
-      else
-        gemv(dw.get(), xin, out, m, n, k, nullptr);
-    };
-    run(dx.get(), all.get(), 16);
-    run(dx.get(), six.get(), 6);
-    const auto all_bits = all.download<uint16_t>();
-    const auto six_bits = six.download<uint16_t>();
-    for (int r = 0; r < 6; ++r)
-      for (int c = 0; c < n; ++c)
-        ASSERT_EQ(six_bits[r * n + c], all_bits[r * n + c])
-            << "m=6 row " << r << " fused " << fused;
-    for (int r = 0; r < 16; ++r) {
-      run(dx.get() + static_cast<size_t>(r) * k, one.get(), 1);
-      const auto one_bits = one.download<uint16_t>();
-      for (int c = 0; c < n; ++c)
-        ASSERT_EQ(one_bits[c], all_bits[r * n + c])
-            << "m=1 row " << r << " col " << c << " fused " << fused;
+  const detail::GemvTuning saved = detail::gemv_tuning();
+  // The default, then fill 3 (split-K clusters, register or cp.async rings) forced.
+  const std::vector<std::array<int, 3>> variants = {
+      {saved.fill, saved.split, saved.stages}, {3, 2, 0}, {3, 4, 3}, {3, 2, 6}};
+  for (const auto& [fill, split, stages] : variants)
+    for (const bool fused : {false, true}) {
+      detail::gemv_tuning().fill = fill;
+      detail::gemv_tuning().split = split;
+      detail::gemv_tuning().stages = stages;
+      SCOPED_TRACE("fill " + std::to_string(fill) + " split " + std::to_string(split) + " stages " +
+                   std::to_string(stages));
+      DeviceBuffer<bf16> all(static_cast<size_t>(16) * n), six(static_cast<size_t>(6) * n), one(n);
+      auto run = [&](const bf16* xin, bf16* out, int m) {
+        if (fused)
+          gemv_swiglu(dw.get(), xin, out, m, n, k, nullptr);
+        else
+          gemv(dw.get(), xin, out, m, n, k, nullptr);
+      };
+      run(dx.get(), all.get(), 16);
+      run(dx.get(), six.get(), 6);
+      const auto all_bits = all.download<uint16_t>();
+      const auto six_bits = six.download<uint16_t>();
+      for (int r = 0; r < 6; ++r)
+        for (int c = 0; c < n; ++c)
+          ASSERT_EQ(six_bits[r * n + c], all_bits[r * n + c])
+              << "m=6 row " << r << " fused " << fused;
+      for (int r = 0; r < 16; ++r) {
+        run(dx.get() + static_cast<size_t>(r) * k, one.get(), 1);
+        const auto one_bits = one.download<uint16_t>();
+        for (int c = 0; c < n; ++c)
+          ASSERT_EQ(one_bits[c], all_bits[r * n + c])
+              << "m=1 row " << r << " col " << c << " fused " << fused;
+      }
     }
-  }
+  detail::gemv_tuning() = saved;
 }
 
 TEST(Gemv, RejectsInvalidShapes) {
