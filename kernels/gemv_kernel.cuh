@@ -907,14 +907,32 @@ void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl)
     launch_gemv_split_t<2, kEpilogue, kStages>(p, tiles, stream, pdl);
 }
 
+// stages < 0 (auto): the cp.async ring of 6 (one 8-warp block per SM, S = 1) when two blocks
+// per SM would leave the last round of tiles under 90% full and one block per SM would not
+// (qkv: 384 tiles = 1.45 rounds of 264 blocks, 2.9 rounds of 132), else the ring of 3 (two
+// blocks per SM, S chosen per shape). m > 8 with `large_m_registers`: the register path with
+// the same S (same bits), because the rings take the L1 that the 16 activation rows are re-read
+// from.
 template <GemvEpilogue kEpilogue>
 void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t stream, bool pdl) {
-  if (t.stages >= 6)
-    launch_gemv_split_s<kEpilogue, 6>(p, t.split, stream, pdl);
-  else if (t.stages >= 3)
-    launch_gemv_split_s<kEpilogue, 3>(p, t.split, stream, pdl);
+  int stages = t.stages;
+  if (stages < 0) {
+    const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
+    auto efficiency = [&](int blocks) {
+      const int rounds = (tiles + blocks - 1) / blocks;
+      return static_cast<double>(tiles) / (static_cast<double>(rounds) * blocks);
+    };
+    stages = efficiency(2 * num_sms()) < 0.9 && efficiency(num_sms()) >= 0.9 ? 6 : 3;
+  }
+  const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
+  const int split = choose_split(tiles, p.k, stages, t.split);  // never depends on m
+  if (p.m > 8 && t.large_m_registers) stages = 0;
+  if (stages >= 6)
+    launch_gemv_split_s<kEpilogue, 6>(p, split, stream, pdl);
+  else if (stages >= 3)
+    launch_gemv_split_s<kEpilogue, 3>(p, split, stream, pdl);
   else
-    launch_gemv_split_s<kEpilogue, 0>(p, t.split, stream, pdl);
+    launch_gemv_split_s<kEpilogue, 0>(p, split, stream, pdl);
 }
 
 // Launches gemv_kernel: one block per SM (at most one per tile; grouped mode: one per SM, the

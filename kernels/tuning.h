@@ -22,9 +22,13 @@ struct GemvTuning {
   // 3 = fill 2 generalised (gemv_split_kernel): split-K over thread-block clusters (`split`:
   // 0 = chosen per shape, else 1, 2 or 4) and optionally a per-thread cp.async shared-memory
   // ring of `stages` batches (0 = registers, 3 = 96 KB/block, 6 = 192 KB/block).
-  int fill = 2;
+  // stages -1 = chosen per shape (see launch_gemv_split); large_m_registers: m > 8 takes the
+  // register path with the same split (bit-identical rows). Default: measured best, see
+  // docs/kernels.md.
+  int fill = 3;
   int split = 0;
-  int stages = 0;
+  int stages = -1;
+  bool large_m_registers = true;
 };
 GemvTuning& gemv_tuning();
 

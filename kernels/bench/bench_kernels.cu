@@ -228,8 +228,11 @@ std::string gemv_variant() {
   const auto& t = detail::gemv_tuning();
   if (t.fill == 2) return "regpipe_70e44e1";
   if (t.fill == 3)
-    return std::string(t.stages == 0 ? "splitreg" : "splitasync" + std::to_string(t.stages)) +
-           (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split));
+    return std::string(t.stages == 0  ? "splitreg"
+                       : t.stages < 0 ? "splitasyncauto"
+                                      : "splitasync" + std::to_string(t.stages)) +
+           (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split)) +
+           (t.large_m_registers ? "" : "_ringm16");
   return std::string(t.fill == 0 ? "bulk" : "cpasync") + "_kc" + std::to_string(t.kc) + "_smem" +
          std::to_string(t.smem_budget_bytes / 1024) + "k";
 }
@@ -710,9 +713,8 @@ int main(int argc, char** argv) {
   double best_us = 1e30;
   for (const detail::GemvTuning v :
        {detail::GemvTuning{256, 100 * 1024, 2}, detail::GemvTuning{256, 100 * 1024, 3, 0, 0},
-        detail::GemvTuning{256, 100 * 1024, 3, 2, 0}, detail::GemvTuning{256, 100 * 1024, 3, 0, 3},
-        detail::GemvTuning{256, 100 * 1024, 3, 0, 6}, detail::GemvTuning{256, 100 * 1024, 3, 2, 6},
-        detail::GemvTuning{256, 100 * 1024, 3, 1, 6}}) {
+        detail::GemvTuning{256, 100 * 1024, 3, 0, 3}, detail::GemvTuning{256, 100 * 1024, 3, 1, 6},
+        detail::GemvTuning{256, 100 * 1024, 3, 0, -1}}) {
     tuning = v;
     double sum = 0;
     for (const Shape& s : shapes)
