@@ -52,7 +52,7 @@ ResultsDb open_db(const std::string& path) {
     std::fprintf(stderr,
                  "twinstep: note: %zu run(s) in %s never completed (interrupted or failed): %s; "
                  "see: twinstep query \"SELECT id, status, error FROM run WHERE status != "
-                 "'complete'\"\n",
+                 "'complete'\"; finish them with twinstep run --resume FILE\n",
                  bad.size(), path.c_str(), ids.c_str());
   }
   return db;
@@ -125,7 +125,8 @@ void print_run_summary(const Experiment& e, ResultsDb& db, const std::string& db
   }
 }
 
-int cmd_run(const std::string& file, const std::string& db_path, bool quiet, OutputFormat f) {
+int cmd_run(const std::string& file, const std::string& db_path, bool quiet, bool resume,
+            OutputFormat f) {
   // Validate everything before the database is touched.
   const Experiment e = load_experiment_file(file);
   check_backends_available(e);
@@ -135,7 +136,7 @@ int cmd_run(const std::string& file, const std::string& db_path, bool quiet, Out
   if (!session.distributed()) {
     ResultsDb db = open_db(db_path);
     Progress progress(quiet);
-    const std::vector<RunOutcome> runs = run_experiment(e, db, progress, g_stop);
+    const std::vector<RunOutcome> runs = run_experiment(e, db, progress, g_stop, resume);
     std::vector<int64_t> ids;
     for (const RunOutcome& r : runs) ids.push_back(r.run_id);
     print_run_summary(e, db, db_path, ids, f);
@@ -145,6 +146,7 @@ int cmd_run(const std::string& file, const std::string& db_path, bool quiet, Out
   // Under mpirun: rank 0 owns the database; any infrastructure error ends every rank.
   try {
     std::optional<ResultsDb> db;
+    if (resume) throw Error("--resume is for single-process runs (not under mpirun)");
     if (session.rank() == 0) db.emplace(open_db(db_path));
     Progress progress(quiet || session.rank() != 0);
     if (session.rank() == 0) {
@@ -435,6 +437,10 @@ int main(int argc, char** argv) {
       app.add_subcommand("run", "run an experiment, store its runs, print a comparison");
   run->add_option("file", file, "experiment YAML")->required();
   run->add_flag("-q,--quiet", quiet, "no progress on stderr");
+  bool resume = false;
+  run->add_flag("--resume", resume,
+                "continue this experiment in the database: skip variants already complete, "
+                "mark runs a killed process left running as interrupted, run the rest");
   add_format(run);
 
   CLI::App* validate = app.add_subcommand("validate", "check an experiment YAML; run nothing");
@@ -532,7 +538,7 @@ int main(int argc, char** argv) {
                          : csv ? OutputFormat::kCsv
                                : OutputFormat::kTable;
   try {
-    if (*run) return cmd_run(file, db_path, quiet, f);
+    if (*run) return cmd_run(file, db_path, quiet, resume, f);
     if (*validate) return cmd_validate(file);
     if (*query) return cmd_query(sql, db_path, f);
     if (*compare) {

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <memory>
 
 #include "policies/decode_loop.h"
@@ -157,14 +158,58 @@ std::vector<BackendKind> runnable_backends(const Experiment& e, Progress& progre
   return backends;
 }
 
+namespace {
+
+// --resume: the complete runs of this experiment version, by (variant index, backend); runs a
+// killed process left 'running' become 'interrupted'.
+std::map<std::pair<int32_t, std::string>, int64_t> resume_state(const Experiment& e, ResultsDb& db,
+                                                                Progress& progress) {
+  const std::string hash = fnv1a64_hex(e.yaml_text);
+  const QueryResult stale = db.query_params(
+      "SELECT r.id FROM run r JOIN experiment x ON x.id = r.experiment_id "
+      "WHERE x.name = ?1 AND x.yaml_hash = ?2 AND r.status = 'running'",
+      {Cell(e.name), Cell(hash)});
+  for (const auto& row : stale.rows) {
+    db.fail_run(std::get<int64_t>(row[0]), "interrupted",
+                "process ended before the run finished (found by --resume)");
+  }
+  if (!stale.rows.empty()) {
+    progress.warn("marked " + std::to_string(stale.rows.size()) +
+                  " run(s) left running by an earlier process as interrupted");
+  }
+  std::map<std::pair<int32_t, std::string>, int64_t> complete;
+  const QueryResult done = db.query_params(
+      "SELECT r.variant_index, r.backend, max(r.id) FROM run r "
+      "JOIN experiment x ON x.id = r.experiment_id "
+      "WHERE x.name = ?1 AND x.yaml_hash = ?2 AND r.status = 'complete' "
+      "GROUP BY r.variant_index, r.backend",
+      {Cell(e.name), Cell(hash)});
+  for (const auto& row : done.rows) {
+    complete[{int32_t(std::get<int64_t>(row[0])), std::get<std::string>(row[1])}] =
+        std::get<int64_t>(row[2]);
+  }
+  return complete;
+}
+
+}  // namespace
+
 std::vector<RunOutcome> run_experiment(const Experiment& e, ResultsDb& db, Progress& progress,
-                                       const std::atomic<bool>& stop) {
+                                       const std::atomic<bool>& stop, bool resume) {
   const std::vector<BackendKind> backends = runnable_backends(e, progress);
+  std::map<std::pair<int32_t, std::string>, int64_t> complete;
+  if (resume) complete = resume_state(e, db, progress);
   std::vector<RunOutcome> out;
   const int64_t total = int64_t(e.variants.size() * backends.size());
   int64_t done = 0;
+  int64_t skipped = 0;
   for (const Variant& v : e.variants) {
     for (BackendKind b : backends) {
+      if (auto it = complete.find({v.index, backend_kind_name(b)}); it != complete.end()) {
+        out.push_back({it->second, v.index, b});
+        ++done;
+        ++skipped;
+        continue;
+      }
       if (stop.load()) {
         progress.message("interrupted: " + std::to_string(done) + " of " + std::to_string(total) +
                          " runs stored, the rest not started");
@@ -186,6 +231,10 @@ std::vector<RunOutcome> run_experiment(const Experiment& e, ResultsDb& db, Progr
   }
   progress.update(done, total, "done");
   progress.finish();
+  if (skipped > 0) {
+    progress.warn("resumed: " + std::to_string(skipped) + " of " + std::to_string(total) +
+                  " runs were already complete and were not run again");
+  }
   return out;
 }
 

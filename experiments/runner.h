@@ -54,8 +54,14 @@ std::vector<BackendKind> runnable_backends(const Experiment& experiment, Progres
 // finished runs stay, the rest are not started. Backends this build or machine cannot run are
 // reported through `progress` and skipped; an experiment naming only such backends throws
 // Error before anything is written. A failing run is stored as 'failed' and throws Error.
+// Runs each variant × backend, one transaction per run. With `resume`, the same experiment
+// version (name + YAML hash) already in `db` is continued: its runs left 'running' by a killed
+// process are marked 'interrupted', variant × backend pairs with a complete run are skipped
+// (returned as outcomes all the same) and the rest are run — the database then holds what an
+// uninterrupted run would have written.
 std::vector<RunOutcome> run_experiment(const Experiment& experiment, ResultsDb& db,
-                                       Progress& progress, const std::atomic<bool>& stop);
+                                       Progress& progress, const std::atomic<bool>& stop,
+                                       bool resume = false);
 
 // Throws Error if none of the experiment's backends can run here (checked before the database
 // is opened).

@@ -1,10 +1,12 @@
 #include "experiments/yaml_tree.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
 #include <cstdlib>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "policies/error.h"
@@ -168,9 +170,52 @@ std::string to_flow(const Node& node) {
   return "";
 }
 
+namespace {
+
+// Sees only where each document starts.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> starts;
+  void OnDocumentStart(const YAML::Mark& mark) override { starts.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// yaml-cpp 0.7's LoadAll loops forever, allocating a null document per turn, on a token it
+// cannot start a node with, e.g. a lone ',' (jbeder/yaml-cpp#1040, fixed upstream by #1319;
+// found here by fuzz/fuzz_experiment). Walks the documents first and throws at the first one
+// that starts where the previous one did, so LoadAll is called only on input it finishes.
+void check_documents_progress(const std::string& text, const std::string& source) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentStarts docs;
+  while (parser.HandleNextDocument(docs)) {
+    const size_t n = docs.starts.size();
+    if (n >= 2 && docs.starts[n - 1].pos == docs.starts[n - 2].pos) {
+      const YAML::Mark& m = docs.starts[n - 1];
+      const size_t pos = static_cast<size_t>(m.pos);
+      const std::string token = pos < text.size() ? std::string(1, text[pos]) : "end of file";
+      throw ConfigError(where(source, from_yaml(m)),
+                        "malformed YAML: unexpected '" + token + "' (a node cannot start here)");
+    }
+  }
+}
+
+}  // namespace
+
 Node parse_document(const std::string& text, const std::string& source) {
   std::vector<YAML::Node> docs;
   try {
+    check_documents_progress(text, source);
     docs = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
     throw ConfigError(where(source, from_yaml(e.mark)), "malformed YAML: " + e.msg);

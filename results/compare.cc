@@ -35,8 +35,8 @@ QueryResult compare_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
     const QueryResult run =
         db.query_params("SELECT variant_label, backend FROM run WHERE id = ?1", {id});
     if (run.rows.empty()) throw Error("no run with id " + std::to_string(id));
-    std::string header =
-        std::get<std::string>(run.rows[0][0]) + " [" + std::get<std::string>(run.rows[0][1]) + "]";
+    std::string header = cell_text(run.rows[0][0], "run.variant_label") + " [" +
+                         cell_text(run.rows[0][1], "run.backend") + "]";
     if (!headers.insert(header).second) {
       header += " #" + std::to_string(id);
       headers.insert(header);
@@ -46,7 +46,7 @@ QueryResult compare_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
     const QueryResult rows =
         db.query_params("SELECT key, value FROM metric WHERE run_id = ?1", {id});
     for (const auto& row : rows.rows) {
-      m[std::get<std::string>(row[0])] = std::get<double>(row[1]);
+      m[cell_text(row[0], "metric.key")] = cell_number(row[1], "metric.value");
     }
   }
   std::map<std::string, std::string> units;
@@ -81,7 +81,7 @@ ORDER BY r.variant_index, r.backend = 'real')sql",
     throw Error("experiment \"" + name + "\" has no complete run in " + db.path());
   }
   std::vector<int64_t> ids;
-  for (const auto& row : result.rows) ids.push_back(std::get<int64_t>(row[0]));
+  for (const auto& row : result.rows) ids.push_back(cell_int(row[0], "run.id"));
   return ids;
 }
 
@@ -97,9 +97,9 @@ QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
     const QueryResult run = db.query_params(
         "SELECT variant_index, variant_label, backend FROM run WHERE id = ?1", {id});
     if (run.rows.empty()) throw Error("no run with id " + std::to_string(id));
-    Pair& p = pairs[std::get<int64_t>(run.rows[0][0])];
-    p.label = std::get<std::string>(run.rows[0][1]);
-    (std::get<std::string>(run.rows[0][2]) == "sim" ? p.sim : p.real) = id;
+    Pair& p = pairs[cell_int(run.rows[0][0], "run.variant_index")];
+    p.label = cell_text(run.rows[0][1], "run.variant_label");
+    (cell_text(run.rows[0][2], "run.backend") == "sim" ? p.sim : p.real) = id;
   }
   QueryResult out;
   out.columns = {"variant", "metric", "sim", "real", "error_pct"};
@@ -108,7 +108,7 @@ QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
     const QueryResult r =
         db.query_params("SELECT value FROM metric WHERE run_id = ?1 AND key = ?2", {run, key});
     if (r.rows.empty()) return false;
-    *v = std::get<double>(r.rows[0][0]);
+    *v = cell_number(r.rows[0][0], "metric.value");
     return true;
   };
   for (const auto& [index, p] : pairs) {

@@ -648,8 +648,35 @@ void ResultsDb::fail_run(int64_t run_id, const std::string& status, const std::s
   txn.commit();
 }
 
+namespace {
+[[noreturn]] void bad_cell(const char* what, const char* want) {
+  throw Error(std::string("results database: ") + what + " is not " + want +
+              " (was the database edited by hand?)");
+}
+}  // namespace
+
+const std::string& cell_text(const Cell& c, const char* what) {
+  if (const auto* s = std::get_if<std::string>(&c)) return *s;
+  bad_cell(what, "text");
+}
+
+int64_t cell_int(const Cell& c, const char* what) {
+  if (const auto* i = std::get_if<int64_t>(&c)) return *i;
+  bad_cell(what, "an integer");
+}
+
+double cell_number(const Cell& c, const char* what) {
+  if (const auto* d = std::get_if<double>(&c)) return *d;
+  if (const auto* i = std::get_if<int64_t>(&c)) return double(*i);
+  bad_cell(what, "a number");
+}
+
 std::vector<int64_t> ResultsDb::incomplete_runs() {
-  Stmt s(db_, "SELECT id FROM run WHERE status != 'complete' ORDER BY id");
+  // A run redone later (twinstep run --resume) is superseded, not incomplete.
+  Stmt s(db_,
+         "SELECT r.id FROM run r WHERE r.status != 'complete' AND NOT EXISTS (SELECT 1 FROM run c "
+         "WHERE c.experiment_id = r.experiment_id AND c.variant_index = r.variant_index AND "
+         "c.backend = r.backend AND c.status = 'complete' AND c.id > r.id) ORDER BY r.id");
   std::vector<int64_t> ids;
   while (s.step()) ids.push_back(s.int64(0));
   return ids;

@@ -22,6 +22,12 @@ namespace twinstep {
 // comes back as its bytes in std::string).
 using Cell = std::variant<std::monostate, int64_t, double, std::string>;
 
+// Typed reads of a cell, throwing Error (naming `what`) instead of std::bad_variant_access when
+// a database edited by hand holds another type. cell_number accepts INTEGER and REAL.
+const std::string& cell_text(const Cell& c, const char* what);
+int64_t cell_int(const Cell& c, const char* what);
+double cell_number(const Cell& c, const char* what);
+
 struct QueryResult {
   std::vector<std::string> columns;
   std::vector<std::vector<Cell>> rows;
@@ -72,7 +78,8 @@ class ResultsDb {
   // Marks a 'running' run as `status` ("failed" or "interrupted") with an error message.
   void fail_run(int64_t run_id, const std::string& status, const std::string& error);
 
-  // Ids of runs whose status is not 'complete' (running, failed, interrupted), ascending.
+  // Ids of runs whose status is not 'complete' (running, failed, interrupted) and that no later
+  // complete run of the same experiment version, variant and backend supersedes, ascending.
   std::vector<int64_t> incomplete_runs();
 
   // Runs `sql` (one or more statements; the result of the last statement returning columns is

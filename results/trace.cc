@@ -29,7 +29,7 @@ int lane_tid(const std::string& lane) {
 
 constexpr const char* kThreadNames[] = {"host", "compute stream", "copy stream"};
 
-int64_t as_int(const Cell& c) { return std::get<int64_t>(c); }
+int64_t as_int(const Cell& c) { return cell_int(c, "a timeline_span number"); }
 
 }  // namespace
 
@@ -57,7 +57,7 @@ void write_chrome_trace(ResultsDb& db, int64_t run_id, std::ostream& out) {
   std::set<std::pair<int64_t, int>> threads;
   for (const auto& row : spans.rows) {
     const int64_t rank = as_int(row[0]);
-    const int tid = lane_tid(std::get<std::string>(row[1]));
+    const int tid = lane_tid(cell_text(row[1], "timeline_span.lane"));
     const std::string pid_tid =
         "\"pid\":" + std::to_string(rank) + ",\"tid\":" + std::to_string(tid);
     if (ranks.insert(rank).second) {
@@ -70,8 +70,8 @@ void write_chrome_trace(ResultsDb& db, int64_t run_id, std::ostream& out) {
     }
     const std::string ts = us(as_int(row[4]));
     const int64_t flow = as_int(row[6]);
-    event("\"name\":" + json_quote(std::get<std::string>(row[2])) + ",\"cat\":\"" +
-          std::get<std::string>(row[1]) + "\",\"ph\":\"X\",\"ts\":" + ts +
+    event("\"name\":" + json_quote(cell_text(row[2], "timeline_span.name")) + ",\"cat\":\"" +
+          cell_text(row[1], "timeline_span.lane") + "\",\"ph\":\"X\",\"ts\":" + ts +
           ",\"dur\":" + us(as_int(row[5])) + "," + pid_tid +
           ",\"args\":{\"step\":" + std::to_string(as_int(row[3])) + "}");
     if (flow > 0) {

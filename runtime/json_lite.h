@@ -19,13 +19,15 @@ class JsonError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+struct JsonField;
+
 struct JsonValue {
   enum class Kind : uint8_t { kNull, kBool, kNumber, kString, kArray, kObject };
   Kind kind = Kind::kNull;
   bool boolean = false;
-  std::string text;              // kString: the decoded string; kNumber: the literal as written
-  std::vector<JsonValue> items;  // kArray
-  std::vector<std::pair<std::string, JsonValue>> fields;  // kObject, in source order
+  std::string text;               // kString: the decoded string; kNumber: the literal as written
+  std::vector<JsonValue> items;   // kArray
+  std::vector<JsonField> fields;  // kObject, in source order
 
   // nullptr when absent or not an object.
   const JsonValue* find(std::string_view key) const;
@@ -38,6 +40,14 @@ struct JsonValue {
 };
 
 // Parses one JSON document (surrounding whitespace allowed, nothing else after it).
+// An object member. Defined after JsonValue (std::vector allows the incomplete element type
+// above; std::pair would not, under clang); first/second keep pair-like access.
+struct JsonField {
+  JsonField(std::string key, JsonValue value) : first(std::move(key)), second(std::move(value)) {}
+  std::string first;
+  JsonValue second;
+};
+
 JsonValue parse_json(std::string_view text, int max_depth = 64);
 
 const char* json_kind_name(JsonValue::Kind k);

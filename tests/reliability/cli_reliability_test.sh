@@ -32,9 +32,11 @@ expect_error "database file that is not SQLite" \
   "twinstep: results database $work/notes.db is not an SQLite database (SQLite: file is not a database); give --db a new file name or an existing twinstep database" \
   "$bin" --db "$work/notes.db" run -q "$quickstart"
 
+# The version this binary writes, read from a database it just created.
+current=$("$bin" --db "$work/fresh.db" query --csv "PRAGMA user_version" 2>/dev/null | tail -1)
 python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('PRAGMA user_version=99'); c.commit()" "$work/v99.db"
 expect_error "database with a newer schema version" \
-  "twinstep: results database $work/v99.db has schema version 99, newer than this twinstep supports (2); use a newer twinstep build" \
+  "twinstep: results database $work/v99.db has schema version 99, newer than this twinstep supports ($current); use a newer twinstep build" \
   "$bin" --db "$work/v99.db" query "SELECT 1"
 
 mkdir "$work/ro" && chmod 555 "$work/ro"

@@ -61,6 +61,15 @@ TEST(YamlOverflow, ConcurrencyLimit) {
       "t.yaml:4:67: workload.concurrency = 1000001 is out of range (1 to 1000000)");
 }
 
+// yaml-cpp 0.7's LoadAll looped forever (allocating until the OOM killer came) on a node that
+// starts with ','; found by fuzz/fuzz_experiment, guarded in yaml_tree.cc.
+TEST(YamlParser, LoneCommaIsAnErrorNotAHang) {
+  EXPECT_EQ(load_error(","),
+            "t.yaml:1:1: malformed YAML: unexpected ',' (a node cannot start here)");
+  EXPECT_EQ(load_error("---\n, x: 1\n"),
+            "t.yaml:2:1: malformed YAML: unexpected ',' (a node cannot start here)");
+}
+
 // ---- run-size limits (experiment.cc check_run_size) ---------------------------------------------
 
 TEST(RunSize, OutputTokensFitInt32) {
@@ -226,6 +235,19 @@ TEST_F(Files, DatabaseWithANewerSchema) {
             "results database " + path("new.db") + " has schema version " + newer +
                 ", newer than this twinstep supports (" +
                 std::to_string(ResultsDb::kSchemaVersion) + "); use a newer twinstep build");
+}
+
+TEST_F(Files, CurrentVersionStampWithoutTables) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path("stamped.db").c_str(), &db), SQLITE_OK);
+  const std::string current = std::to_string(ResultsDb::kSchemaVersion);
+  ASSERT_EQ(
+      sqlite3_exec(db, ("PRAGMA user_version = " + current).c_str(), nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  EXPECT_EQ(open_error(path("stamped.db")), "results database " + path("stamped.db") +
+                                                " has schema version " + current +
+                                                " but no run table: it is not a twinstep database");
 }
 
 TEST_F(Files, SqliteDatabaseOfAnotherProgram) {

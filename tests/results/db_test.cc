@@ -318,7 +318,15 @@ TEST(ResultsDb, FailAndIncompleteRuns) {
   db.finish_run(b, rec, {}, 0.5);
   db.fail_run(c, "failed", "CUDA error: out of memory");
   db.fail_run(d, "interrupted", "SIGINT");
-  EXPECT_EQ(db.incomplete_runs(), (std::vector<int64_t>{a, c, d}));
+  // All four are the same variant and backend: b (complete) supersedes the earlier a, not the
+  // later c and d, which were redone after it.
+  EXPECT_EQ(db.incomplete_runs(), (std::vector<int64_t>{c, d}));
+  // A different variant is not superseded by b.
+  RunInfo other = sample_info();
+  other.variant_index = 7;
+  const int64_t e = db.begin_run(other);
+  EXPECT_EQ(db.incomplete_runs(), (std::vector<int64_t>{c, d, e}));
+  (void)a;
   EXPECT_EQ(scalar_text(db, "SELECT error FROM run WHERE id = " + std::to_string(c)),
             "CUDA error: out of memory");
   EXPECT_EQ(scalar_text(db, "SELECT status FROM run WHERE id = " + std::to_string(d)),
