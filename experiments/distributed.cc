@@ -46,7 +46,7 @@ class Writer {
   void vec(const std::vector<T>& v) {
     static_assert(std::is_trivially_copyable_v<T>);
     pod(static_cast<uint64_t>(v.size()));
-    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+    if (!v.empty()) out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   }
   std::string take() { return std::move(out_); }
 
@@ -72,7 +72,7 @@ class Reader {
     const uint64_t n = pod<uint64_t>();
     if (n > in_.size() / sizeof(T)) malformed();
     v.resize(n);
-    std::memcpy(v.data(), take(n * sizeof(T)), n * sizeof(T));
+    if (n > 0) std::memcpy(v.data(), take(n * sizeof(T)), n * sizeof(T));  // data() may be null
   }
   bool at_end() const { return pos_ == in_.size(); }
 

@@ -33,7 +33,13 @@ if ! command -v mpirun >/dev/null; then
 fi
 # CI runs as root on two cores.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mpi() { local n=$1; shift; mpirun -n "$n" --oversubscribe "$@"; }
+# Under the ASan suite, leak checking is off for MPI processes only: Open MPI leaves allocations
+# of its dlopened components at finalize, reported from frames that cannot be suppressed by name.
+# Address and undefined-behaviour checks stay on.
+mpi() {
+  local n=$1; shift
+  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" mpirun -n "$n" --oversubscribe "$@"
+}
 
 "$bin" --db "$work/one.db" run -q "$yaml" >/dev/null 2>&1
 check "single process run exits 0" test $? -eq 0
