@@ -1,8 +1,10 @@
 #include "results/compare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "policies/error.h"
 
@@ -85,22 +87,34 @@ ORDER BY r.variant_index, r.backend = 'real')sql",
   return ids;
 }
 
-QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
-                        const std::vector<std::string>& keys, double* worst_abs_error_pct) {
-  struct Pair {
-    std::string label;
-    int64_t sim = -1;
-    int64_t real = -1;
-  };
-  std::map<int64_t, Pair> pairs;  // by variant index
+namespace {
+
+// A variant's simulated and measured run among a list of run ids (-1: none).
+struct SimRealPair {
+  std::string label;
+  int64_t sim = -1;
+  int64_t real = -1;
+};
+
+// By variant index; the last id of each backend wins.
+std::map<int64_t, SimRealPair> sim_real_pairs(ResultsDb& db, const std::vector<int64_t>& run_ids) {
+  std::map<int64_t, SimRealPair> pairs;
   for (int64_t id : run_ids) {
     const QueryResult run = db.query_params(
         "SELECT variant_index, variant_label, backend FROM run WHERE id = ?1", {id});
     if (run.rows.empty()) throw Error("no run with id " + std::to_string(id));
-    Pair& p = pairs[cell_int(run.rows[0][0], "run.variant_index")];
+    SimRealPair& p = pairs[cell_int(run.rows[0][0], "run.variant_index")];
     p.label = cell_text(run.rows[0][1], "run.variant_label");
     (cell_text(run.rows[0][2], "run.backend") == "sim" ? p.sim : p.real) = id;
   }
+  return pairs;
+}
+
+}  // namespace
+
+QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
+                        const std::vector<std::string>& keys, double* worst_abs_error_pct) {
+  const std::map<int64_t, SimRealPair> pairs = sim_real_pairs(db, run_ids);
   QueryResult out;
   out.columns = {"variant", "metric", "sim", "real", "error_pct"};
   double worst = 0;
@@ -122,6 +136,117 @@ QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
     }
   }
   if (worst_abs_error_pct) *worst_abs_error_pct = worst;
+  return out;
+}
+
+namespace {
+
+struct Span {
+  int64_t start_ns;
+  int64_t dur_ns;
+};
+// (rank, step, lane, name) -> spans in start order (ties in insertion order).
+using SpanKey = std::tuple<int64_t, int64_t, std::string, std::string>;
+
+std::map<SpanKey, std::vector<Span>> load_spans(ResultsDb& db, int64_t run) {
+  const QueryResult r = db.query_params(
+      "SELECT rank, step, lane, name, start_ns, dur_ns FROM timeline_span WHERE run_id = ?1 "
+      "ORDER BY rank, step, start_ns, rowid",
+      {run});
+  std::map<SpanKey, std::vector<Span>> spans;
+  for (const auto& row : r.rows) {
+    spans[{cell_int(row[0], "timeline_span.rank"), cell_int(row[1], "timeline_span.step"),
+           cell_text(row[2], "timeline_span.lane"), cell_text(row[3], "timeline_span.name")}]
+        .push_back(
+            {cell_int(row[4], "timeline_span.start_ns"), cell_int(row[5], "timeline_span.dur_ns")});
+  }
+  return spans;
+}
+
+struct OpStats {
+  int64_t matched = 0;
+  double sim_ns = 0, real_ns = 0;  // Σ durations of the matched spans
+  double abs_err_ns = 0;           // Σ |sim − real|
+  double start_err_ns = 0;         // Σ |Δ start within the step|
+  int64_t sim_only = 0, real_only = 0;
+};
+
+}  // namespace
+
+QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids) {
+  QueryResult out;
+  out.columns = {"variant",      "lane",     "op",        "matched",
+                 "sim_us",       "real_us",  "error_pct", "mean_abs_err_us",
+                 "start_err_us", "sim_only", "real_only"};
+  for (const auto& [index, p] : sim_real_pairs(db, run_ids)) {
+    if (p.sim < 0 || p.real < 0) continue;
+    const auto sim = load_spans(db, p.sim);
+    const auto real = load_spans(db, p.real);
+    // Steps (per rank) both timelines cover.
+    std::set<std::pair<int64_t, int64_t>> sim_steps, common;
+    for (const auto& [key, spans] : sim) sim_steps.insert({std::get<0>(key), std::get<1>(key)});
+    for (const auto& [key, spans] : real) {
+      if (sim_steps.count({std::get<0>(key), std::get<1>(key)}))
+        common.insert({std::get<0>(key), std::get<1>(key)});
+    }
+    // Each step's anchor: the earliest start among its matched spans, per run.
+    std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> anchor;
+    for (const auto& [key, s_spans] : sim) {
+      auto it = real.find(key);
+      if (it == real.end()) continue;
+      const size_t n = std::min(s_spans.size(), it->second.size());
+      if (n == 0) continue;
+      const std::pair<int64_t, int64_t> step{std::get<0>(key), std::get<1>(key)};
+      auto [a, fresh] = anchor.try_emplace(step, s_spans[0].start_ns, it->second[0].start_ns);
+      if (!fresh) {
+        a->second.first = std::min(a->second.first, s_spans[0].start_ns);
+        a->second.second = std::min(a->second.second, it->second[0].start_ns);
+      }
+    }
+    std::map<std::pair<std::string, std::string>, OpStats> ops;  // (lane, name)
+    auto visit = [&](const std::map<SpanKey, std::vector<Span>>& mine,
+                     const std::map<SpanKey, std::vector<Span>>& other, bool mine_is_sim) {
+      for (const auto& [key, spans] : mine) {
+        const std::pair<int64_t, int64_t> step{std::get<0>(key), std::get<1>(key)};
+        if (!common.count(step)) continue;
+        OpStats& op = ops[{std::get<2>(key), std::get<3>(key)}];
+        auto it = other.find(key);
+        const size_t theirs = it == other.end() ? 0 : it->second.size();
+        if (spans.size() > theirs)
+          (mine_is_sim ? op.sim_only : op.real_only) += int64_t(spans.size() - theirs);
+        if (!mine_is_sim || theirs == 0) continue;  // matched pairs are counted once, from sim
+        const auto [sim_anchor, real_anchor] = anchor.at(step);
+        for (size_t k = 0; k < std::min(spans.size(), theirs); ++k) {
+          const Span& s = spans[k];
+          const Span& r = it->second[k];
+          ++op.matched;
+          op.sim_ns += double(s.dur_ns);
+          op.real_ns += double(r.dur_ns);
+          op.abs_err_ns += std::fabs(double(s.dur_ns - r.dur_ns));
+          op.start_err_ns +=
+              std::fabs(double((s.start_ns - sim_anchor) - (r.start_ns - real_anchor)));
+        }
+      }
+    };
+    visit(sim, real, true);
+    visit(real, sim, false);
+    std::vector<std::pair<std::pair<std::string, std::string>, OpStats>> rows(ops.begin(),
+                                                                              ops.end());
+    std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+      return a.second.real_ns > b.second.real_ns;
+    });
+    for (const auto& [name, op] : rows) {
+      const double n = double(std::max<int64_t>(op.matched, 1));
+      const double sim_us = op.sim_ns / n / 1e3, real_us = op.real_ns / n / 1e3;
+      Cell err;
+      if (op.matched > 0 && op.real_ns > 0) err = 100.0 * (op.sim_ns - op.real_ns) / op.real_ns;
+      const bool any = op.matched > 0;
+      out.rows.push_back(
+          {p.label, name.first, name.second, op.matched, any ? Cell(sim_us) : Cell(),
+           any ? Cell(real_us) : Cell(), err, any ? Cell(op.abs_err_ns / n / 1e3) : Cell(),
+           any ? Cell(op.start_err_ns / n / 1e3) : Cell(), op.sim_only, op.real_only});
+    }
+  }
   return out;
 }
 

@@ -27,6 +27,20 @@ QueryResult compare_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
 QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
                         const std::vector<std::string>& keys, double* worst_abs_error_pct);
 
+// Operation by operation, for each variant with a sim and a real run among `run_ids` that both
+// stored a timeline (YAML `trace:`). Spans are matched by (rank, step, lane, name, k): the k-th
+// span of that name on that lane in that step, over the steps both timelines cover — the twin
+// principle makes the two operation sequences the same, so what does not match is itself a
+// finding. One row per (variant, lane, name):
+//   variant, lane, op, matched, sim_us, real_us   (mean duration of the matched spans, µs)
+//   error_pct          100·(sim_us − real_us)/real_us (NULL when real_us is 0)
+//   mean_abs_err_us    mean |sim − real| duration over the matched spans
+//   start_err_us       mean |Δ start| with each start taken relative to its step's first
+//                      matched span on that rank (how far the op drifts inside the step)
+//   sim_only, real_only  spans of that name found in one run only (within the common steps).
+// Rows: by variant index, then by the real run's total matched time, largest first.
+QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids);
+
 // The complete runs of the most recent invocation of experiment `name`: the experiment version
 // (name + YAML hash) of the latest complete run with that name, and within it the latest complete
 // run per (variant_index, backend). Ordered by variant_index, then sim before real.

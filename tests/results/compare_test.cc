@@ -87,5 +87,59 @@ TEST(Compare, LatestRunsOfExperiment) {
   EXPECT_THROW(latest_runs_of_experiment(db, "nope"), Error);
 }
 
+// Hand-worked: step 5 is in both timelines, step 6 only in the simulated one (ignored).
+TEST(Compare, OperationsMatchByStepLaneNameAndOccurrence) {
+  auto db = ResultsDb::open(":memory:");
+  RunRecord sim_rec;
+  sim_rec.timeline = {{0, Lane::kHost, "launch_graph", 5, 0, 10, 1},
+                      {0, Lane::kCompute, "qkv", 5, 20, 100, 1},
+                      {0, Lane::kCompute, "qkv", 5, 130, 50, 0},
+                      {0, Lane::kCompute, "attn", 5, 200, 40, 0},
+                      {0, Lane::kCompute, "qkv", 6, 1000, 9, 0}};
+  RunRecord real_rec;
+  real_rec.timeline = {{0, Lane::kCompute, "qkv", 5, 1140, 40, 0},  // stored out of start order
+                       {0, Lane::kHost, "launch_graph", 5, 1000, 30, 1},
+                       {0, Lane::kCompute, "qkv", 5, 1010, 110, 1},
+                       {0, Lane::kCompute, "o_proj", 5, 1200, 20, 0}};
+  const int64_t sim = db.begin_run(info("e", "y", 0, "sim"));
+  db.finish_run(sim, sim_rec, {}, 1);
+  const int64_t real = db.begin_run(info("e", "y", 0, "real"));
+  db.finish_run(real, real_rec, {}, 1);
+
+  const QueryResult t = sim_vs_real_ops(db, {sim, real});
+  ASSERT_EQ(t.rows.size(), 4u);
+  auto num = [](const Cell& c) { return std::get<double>(c); };
+  auto count = [](const Cell& c) { return std::get<int64_t>(c); };
+  // qkv: durations 100/110 and 50/40 -> means 75 = 75, |err| 10 ns each; starts relative to the
+  // step anchors (sim 0, real 1000): 20 vs 10 and 130 vs 140 -> 10 ns each.
+  EXPECT_EQ(std::get<std::string>(t.rows[0][2]), "qkv");
+  EXPECT_EQ(std::get<std::string>(t.rows[0][1]), "compute");
+  EXPECT_EQ(count(t.rows[0][3]), 2);
+  EXPECT_DOUBLE_EQ(num(t.rows[0][4]), 0.075);
+  EXPECT_DOUBLE_EQ(num(t.rows[0][5]), 0.075);
+  EXPECT_DOUBLE_EQ(num(t.rows[0][6]), 0.0);
+  EXPECT_DOUBLE_EQ(num(t.rows[0][7]), 0.010);
+  EXPECT_DOUBLE_EQ(num(t.rows[0][8]), 0.010);
+  EXPECT_EQ(count(t.rows[0][9]), 0);
+  EXPECT_EQ(count(t.rows[0][10]), 0);
+  // launch_graph: 10 vs 30 ns -> -66.67 %, both at their step's anchor.
+  EXPECT_EQ(std::get<std::string>(t.rows[1][2]), "launch_graph");
+  EXPECT_NEAR(num(t.rows[1][6]), -200.0 / 3, 1e-9);
+  EXPECT_DOUBLE_EQ(num(t.rows[1][7]), 0.020);
+  EXPECT_DOUBLE_EQ(num(t.rows[1][8]), 0.0);
+  // attn only simulated, o_proj only measured: no durations, one unmatched span each.
+  EXPECT_EQ(std::get<std::string>(t.rows[2][2]), "attn");
+  EXPECT_EQ(count(t.rows[2][3]), 0);
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(t.rows[2][4]));
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(t.rows[2][6]));
+  EXPECT_EQ(count(t.rows[2][9]), 1);
+  EXPECT_EQ(count(t.rows[2][10]), 0);
+  EXPECT_EQ(std::get<std::string>(t.rows[3][2]), "o_proj");
+  EXPECT_EQ(count(t.rows[3][9]), 0);
+  EXPECT_EQ(count(t.rows[3][10]), 1);
+  // A variant without a real run, or runs without timelines, give no rows.
+  EXPECT_TRUE(sim_vs_real_ops(db, {sim}).rows.empty());
+}
+
 }  // namespace
 }  // namespace twinstep
