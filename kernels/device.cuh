@@ -79,6 +79,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// Orders this thread's earlier generic-proxy shared-memory accesses (seen through an mbarrier:
+// the consumers' ldmatrix reads of a stage) before its later async-proxy ones (the bulk copy
+// that refills the stage). The PTX memory model asks for it across proxies.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 // Bulk global->shared copy (bytes % 16 == 0, both addresses 16-byte aligned) that completes
 // `bytes` of transaction count on `bar`.
 __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint32_t bytes,

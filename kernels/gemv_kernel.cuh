@@ -228,7 +228,10 @@ __global__ void __launch_bounds__(kGemvThreads, 2) gemv_kernel(const GemvParams 
             issue_x(pending_pass[j], j, pending_k0[j], pending_bytes[j]);
           waited = true;
         }
-        if (it >= p.stages) mbar_wait(&empty[s], ((it / p.stages) - 1) & 1);
+        if (it >= p.stages) {
+          mbar_wait(&empty[s], ((it / p.stages) - 1) & 1);
+          if (p.fill == 0) fence_proxy_async_shared();  // consumers' reads before the refill
+        }
         const int bytes = min(p.kc, ps.k - k0) * 2;
         if (p.fill == 0) {
           if (lane == 0) mbar_arrive_expect_tx(&full[s], (rows + p.m) * bytes);
