@@ -212,10 +212,20 @@ std::vector<int64_t> resolve_runs(ResultsDb& db, const std::vector<int64_t>& run
 constexpr int kToleranceExceeded = 3;
 
 int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
-                const std::string& db_path, OutputFormat f, bool sim_real, double tolerance_pct,
-                const std::vector<std::string>& metrics) {
+                const std::string& db_path, OutputFormat f, bool sim_real, bool ops,
+                double tolerance_pct, const std::vector<std::string>& metrics) {
   ResultsDb db = open_db(db_path);
   const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
+  if (ops) {
+    const QueryResult table = sim_vs_real_ops(db, ids);
+    if (table.rows.empty()) {
+      throw Error(
+          "no variant has a simulated and a measured run that both stored a timeline among these "
+          "runs (add `trace: {first_step: N, steps: K}` to the experiment and run both backends)");
+    }
+    print_table(table, f);
+    if (!sim_real && tolerance_pct < 0) return 0;
+  }
   if (!sim_real && tolerance_pct < 0) {
     print_table(compare_runs(db, ids), f);
     return 0;
@@ -463,6 +473,10 @@ int main(int argc, char** argv) {
                                               "gpu_busy_frac", "output_throughput_tok_s"};
   compare->add_flag("--sim-vs-real", compare_sim_real,
                     "simulated against measured per variant, with the error in percent");
+  bool compare_ops = false;
+  compare->add_flag("--ops", compare_ops,
+                    "simulated against measured operation by operation over the traced steps "
+                    "(per op: matched spans, mean durations, error, start drift)");
   compare->add_option("--tolerance", compare_tolerance,
                       "fail (exit 3) when a simulated metric is off the measured one by more "
                       "than this many percent (implies --sim-vs-real)");
@@ -542,8 +556,8 @@ int main(int argc, char** argv) {
     if (*validate) return cmd_validate(file);
     if (*query) return cmd_query(sql, db_path, f);
     if (*compare) {
-      return cmd_compare(run_ids, experiment, db_path, f, compare_sim_real, compare_tolerance,
-                         compare_metrics);
+      return cmd_compare(run_ids, experiment, db_path, f, compare_sim_real, compare_ops,
+                         compare_tolerance, compare_metrics);
     }
     if (*trace) return cmd_trace(trace_run, trace_out, db_path);
     if (*plot) return cmd_plot(run_ids, experiment, plot_out, db_path);

@@ -127,6 +127,9 @@ check "compare --tolerance passes within tolerance" test $? -eq 0
 "$bin" --db "$db5" compare --experiment validation-h200-decode --tolerance 1 >/dev/null 2>"$work/tol.err"
 check "compare --tolerance exits 3 when exceeded" test $? -eq 3
 check "compare --tolerance says by how much" grep -q "over the tolerance of 1.00%" "$work/tol.err"
+"$bin" --db "$db5" compare --experiment validation-h200-decode --ops >/dev/null 2>"$work/ops.err"
+check "compare --ops without timelines exits 1" test $? -eq 1
+check "compare --ops says how to get timelines" grep -q "add \`trace:" "$work/ops.err"
 check "sim-vs-real rows carry the error" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode --sim-vs-real --csv | head -1 | grep -q 'variant,metric,sim,real,error_pct'"
 
 # models / hardware list presets.
