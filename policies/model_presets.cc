@@ -78,6 +78,13 @@ std::map<std::string, ModelSpec> build_presets() {
   l8.layers.assign(32, {gqa(32, 8, 128), dense(14336)});
   p[l8.name] = l8;
 
+  // meta-llama/Llama-3.2-3B config.json: 3,212,749,824 parameters, tied embeddings. The calibration
+  // never measures it: the validation suite's held-out dense shape.
+  ModelSpec l3 = base("llama-3.2-3b", 3072, 128256, 500000.0);
+  l3.tie_embeddings = true;
+  l3.layers.assign(28, {gqa(24, 8, 128), dense(8192)});
+  p[l3.name] = l3;
+
   // meta-llama/Meta-Llama-3-70B config.json.
   ModelSpec l70 = base("llama-3-70b", 8192, 128256, 500000.0);
   l70.layers.assign(80, {gqa(64, 8, 128), dense(28672)});

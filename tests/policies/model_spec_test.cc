@@ -16,6 +16,16 @@ TEST(ModelSpec, Llama3_8bParameterCount) {
   EXPECT_EQ(m.weight_bytes_total(), 16'060'522'496);
 }
 
+TEST(ModelSpec, Llama32_3bTiedEmbeddingsCountedOnce) {
+  const ModelSpec& m = model_preset("llama-3.2-3b");
+  // Tied embedding 128256·3072 = 394,002,432 once; per layer q,o 2·3072² + k,v 2·3072·1024 +
+  // SwiGLU 3·3072·8192 + two norms 2·3072 = 100,669,440, times 28 = 2,818,744,320; final norm
+  // 3072. Sum 3,212,749,824 (the published count).
+  EXPECT_TRUE(m.tie_embeddings);
+  EXPECT_EQ(m.param_count(), 3'212'749'824);
+  EXPECT_EQ(m.kv_bytes_per_token(), 28 * 2 * 8 * 128 * 2);
+}
+
 TEST(ModelSpec, Llama3_8bKvBytesPerToken) {
   const ModelSpec& m = model_preset("llama-3-8b");
   // K and V, 8 KV heads of 128, bf16: 2·8·128·2 = 4096 B per layer, 32 layers.
