@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "policies/error.h"
+#include "policies/rng.h"
 
 namespace twinstep {
 namespace {
@@ -179,6 +180,10 @@ void validate_layout(const ModelSpec& m, const LayoutSpec& l) {
     fail("hbm_usable_fraction must be in (0, 1]");
   if (l.runtime_buffer_bytes < 0) fail("runtime_buffer_bytes must be >= 0");
   if (l.kv_dtype && *l.kv_dtype == Dtype::kMxfp4) fail("KV in mxfp4 is not modelled");
+  if (l.microbatches < 0 || l.prefill_chunk_tokens < 0)
+    fail("microbatches and prefill_chunk_tokens must be >= 0");
+  if (l.pp == 1 && (l.microbatches > 1 || l.prefill_chunk_tokens > 0))
+    fail("microbatches and prefill_chunk_tokens apply to pipeline stages only (pp > 1)");
   const ExpertLoad& load = l.expert_load;
   if (load.kind == ExpertLoad::Kind::kZipf && !(load.zipf_s >= 0)) fail("zipf s must be >= 0");
   if (load.kind == ExpertLoad::Kind::kHot && !(load.hot_fraction >= 0 && load.hot_fraction <= 1))
@@ -294,22 +299,59 @@ std::vector<double> expert_probabilities(const ExpertLoad& load, int32_t experts
   return p;
 }
 
+std::vector<double> placed_expert_probabilities(const ExpertLoad& load, int32_t experts,
+                                                int32_t top_k, uint64_t pass_key, int32_t layer) {
+  const std::vector<double> by_rank = expert_probabilities(load, experts, top_k);
+  if (load.kind == ExpertLoad::Kind::kUniform) return by_rank;
+  std::vector<int32_t> slot(static_cast<size_t>(experts));
+  for (int32_t e = 0; e < experts; ++e) slot[size_t(e)] = e;
+  const uint64_t stream = splitmix64(pass_key) ^ uint64_t(uint32_t(layer));
+  for (int32_t i = experts - 1; i > 0; --i) {
+    const uint64_t x = rng_key(load.seed, stream, uint64_t(i));
+    const auto j =
+        static_cast<int32_t>((static_cast<unsigned __int128>(x) * uint64_t(i + 1)) >> 64);
+    std::swap(slot[size_t(i)], slot[size_t(j)]);
+  }
+  std::vector<double> p(static_cast<size_t>(experts));
+  for (int32_t j = 0; j < experts; ++j) p[size_t(slot[size_t(j)])] = by_rank[size_t(j)];
+  return p;
+}
+
+namespace {
+// EP rank `index` of `ep` holds experts [first, last).
+struct ExpertBlock {
+  int64_t first, last;
+};
+ExpertBlock expert_block(const MlpSpec& mlp, int32_t ep, int32_t index) {
+  return {cumulative(mlp.num_experts, index, ep), cumulative(mlp.num_experts, index + 1, ep)};
+}
+}  // namespace
+
 ExpertShare expert_share(const ExpertLoad& load, const MlpSpec& mlp, int64_t tokens, int32_t ep,
                          int32_t index) {
+  if (load.kind != ExpertLoad::Kind::kUniform) {
+    return expert_share(expert_probabilities(load, mlp.num_experts, mlp.top_k), mlp, tokens, ep,
+                        index);
+  }
   const int32_t experts = mlp.num_experts;
-  const int64_t first = cumulative(experts, index, ep);
-  const int64_t last = cumulative(experts, index + 1, ep);
+  const auto [first, last] = expert_block(mlp, ep, index);
   const int64_t routed = tokens * mlp.top_k;
   ExpertShare s;
   s.experts = static_cast<int32_t>(last - first);
-  if (load.kind == ExpertLoad::Kind::kUniform) {
-    s.routed_tokens = cumulative(routed, last, experts) - cumulative(routed, first, experts);
-    // The same expression as the single-GPU kernel list: E·(1 − (1 − k/E)^T).
-    const double miss = std::pow(1.0 - double(mlp.top_k) / double(experts), double(tokens));
-    s.distinct_experts = static_cast<int64_t>(std::llround(double(s.experts) * (1.0 - miss)));
-    return s;
-  }
-  const std::vector<double> p = expert_probabilities(load, experts, mlp.top_k);
+  s.routed_tokens = cumulative(routed, last, experts) - cumulative(routed, first, experts);
+  // The same expression as the single-GPU kernel list: E·(1 − (1 − k/E)^T).
+  const double miss = std::pow(1.0 - double(mlp.top_k) / double(experts), double(tokens));
+  s.distinct_experts = static_cast<int64_t>(std::llround(double(s.experts) * (1.0 - miss)));
+  return s;
+}
+
+ExpertShare expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
+                         int32_t ep, int32_t index) {
+  const int32_t experts = mlp.num_experts;
+  const auto [first, last] = expert_block(mlp, ep, index);
+  const int64_t routed = tokens * mlp.top_k;
+  ExpertShare s;
+  s.experts = static_cast<int32_t>(last - first);
   double before = 0, mine = 0, distinct = 0;
   for (int64_t e = 0; e < last; ++e) {
     if (e < first) {
@@ -327,6 +369,18 @@ ExpertShare expert_share(const ExpertLoad& load, const MlpSpec& mlp, int64_t tok
   s.routed_tokens = boundary(before + mine, last) - boundary(before, first);
   s.distinct_experts = static_cast<int64_t>(std::llround(distinct));
   return s;
+}
+
+int32_t decode_microbatches(const LayoutSpec& l, int32_t requests) {
+  if (l.pp <= 1) return 1;
+  const int32_t want = l.microbatches > 0 ? l.microbatches : l.pp;
+  return std::max(1, std::min(want, requests));
+}
+
+int64_t prefill_chunk_tokens(const LayoutSpec& l, int64_t tokens) {
+  if (l.pp <= 1 || tokens <= 0) return std::max<int64_t>(tokens, 1);
+  if (l.prefill_chunk_tokens > 0) return l.prefill_chunk_tokens;
+  return ceil_div(tokens, l.microbatches > 0 ? l.microbatches : l.pp);
 }
 
 RankMemory rank_memory(const ModelSpec& m, const HardwareSpec& hw, const LayoutSpec& l,

@@ -51,8 +51,18 @@ struct ExpertLoad {
   double zipf_s = 1.0;
   int32_t hot_experts = 0;
   double hot_fraction = 0.0;
+  // Seeds the per-pass placement draws below (experiments set it from the run seed).
+  uint64_t seed = 0;
 };
 std::vector<double> expert_probabilities(const ExpertLoad& load, int32_t experts, int32_t top_k);
+
+// The shares of expert_probabilities placed on expert slots for one forward pass of one layer:
+// popularity rank j goes to slot π(j), π a permutation drawn from (load.seed, pass_key, layer)
+// (Fisher-Yates over counter-based draws). Which experts are hot, and so which EP rank
+// straggles, moves from pass to pass and layer to layer; every rank draws the same π for the
+// same (pass_key, layer). Uniform loads are returned as they are.
+std::vector<double> placed_expert_probabilities(const ExpertLoad& load, int32_t experts,
+                                                int32_t top_k, uint64_t pass_key, int32_t layer);
 
 struct LayoutSpec;
 // Bytes per cached KV value: kv_dtype (bf16 2, fp8 1 with a per-tensor scale; mxfp4 is rejected
@@ -78,6 +88,11 @@ struct LayoutSpec {
   int64_t runtime_buffer_bytes = 8LL << 30;
   double hbm_usable_fraction = 0.95;
   ExpertLoad expert_load;
+  // Pipeline microbatching (pp > 1 only; docs/layouts.md). A decode-like launch's requests enter
+  // the pipeline in `microbatches` groups (0: pp of them, as the batch allows); a prefill
+  // launch's prompt tokens in chunks of prefill_chunk_tokens (0: as many chunks as microbatches).
+  int32_t microbatches = 0;
+  int64_t prefill_chunk_tokens = 0;
 
   int32_t width() const;  // GPUs per pipeline stage
   int32_t world() const { return pp * width(); }
@@ -130,6 +145,16 @@ struct ExpertShare {
 };
 ExpertShare expert_share(const ExpertLoad& load, const MlpSpec& mlp, int64_t tokens, int32_t ep,
                          int32_t index);
+// The same for per-slot shares `p` (placed_expert_probabilities), summing to 1.
+ExpertShare expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
+                         int32_t ep, int32_t index);
+
+// Microbatches a decode-like launch of `requests` requests is split into: 1 without PP, else
+// layout.microbatches (pp when 0), at most `requests` (at least 1).
+int32_t decode_microbatches(const LayoutSpec& l, int32_t requests);
+// Tokens per prefill chunk for a launch of `tokens` prompt tokens: the whole launch without PP,
+// else prefill_chunk_tokens, or ⌈tokens / microbatches⌉ (microbatches 0: pp) when it is 0.
+int64_t prefill_chunk_tokens(const LayoutSpec& l, int64_t tokens);
 
 // What one rank holds. Weight bytes by role; KV for full-attention layers of its stage only.
 struct RankMemory {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "policies/error.h"
+#include "policies/rng.h"
 
 namespace twinstep {
 namespace {
@@ -33,6 +34,7 @@ struct Emitter {
   int32_t index;  // index within the stage
   AttnSharding attn;
   MoeSharding moe;
+  const std::vector<double>* placed = nullptr;  // this layer's drawn expert shares, if any
 
   int64_t wgt(int64_t values) const {
     return weight_bytes_in(l.weight_dtype, m.weight_bytes, values);
@@ -201,7 +203,9 @@ void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
   const bool a2a = ep && e.attn == AttnSharding::kDp;  // tokens live on one rank: all-to-all
   const int64_t route_tokens = e.moe == MoeSharding::kReplicated ? s.tokens : e.stage.tokens;
   const ExpertShare es =
-      expert_share(l.expert_load, p, route_tokens, ep ? l.ep : 1, ep ? e.index : 0);
+      e.placed != nullptr
+          ? expert_share(*e.placed, p, route_tokens, ep ? l.ep : 1, ep ? e.index : 0)
+          : expert_share(l.expert_load, p, route_tokens, ep ? l.ep : 1, ep ? e.index : 0);
   const int64_t routed = es.routed_tokens;
   const int64_t distinct = es.distinct_experts;
   const int64_t ie = sh.expert_intermediate;
@@ -232,6 +236,12 @@ void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
   // Split experts, or EP over replicated tokens (TP/CP attention): partial sums all-reduced.
   if (e.moe == MoeSharding::kSplit || (ep && !a2a))
     e.all_reduce("moe_all_reduce", s.tokens * h * kActBytes);
+}
+
+// Rows the lm_head computes: every new token, or one per request whose prompt ends here.
+int64_t logit_rows(const StepShape& s) {
+  if (s.lm_head_all_tokens) return s.tokens;
+  return s.finishing_requests >= 0 ? s.finishing_requests : s.requests;
 }
 
 bool same_layer(const LayerSpec& a, const LayerSpec& b) {
@@ -339,6 +349,9 @@ StepShape dp_rank_shape(const StepShape& shape, int32_t width, int32_t index) {
   s.ctx_tokens = part(shape.ctx_tokens);
   s.attn_pairs = part(shape.attn_pairs);
   s.lm_head_all_tokens = shape.lm_head_all_tokens;
+  if (shape.finishing_requests >= 0) {
+    s.finishing_requests = static_cast<int32_t>(part(shape.finishing_requests));
+  }
   return s;
 }
 
@@ -347,7 +360,7 @@ void step_kernels(const ModelSpec& m, const StepShape& s, StepKernels& out) {
 }
 
 void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& l, int32_t rank,
-                  StepKernels& out) {
+                  StepKernels& out, std::optional<uint64_t> pass_key) {
   validate_layout(m, l);
   if (rank < 0 || rank >= l.world())
     throw ConfigError("", "rank " + std::to_string(rank) + " outside layout " + layout_name(l));
@@ -386,13 +399,24 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
   out.runs.push_back({1, 0, static_cast<int32_t>(out.kernels.size())});
 
   const StageLayers sl = stage_layers(static_cast<int32_t>(m.layers.size()), l.pp, stage);
+  // Drawn expert placement: every MoE layer routes differently, so it is a run of its own.
+  const bool drawn = pass_key.has_value() && e.moe == MoeSharding::kEp &&
+                     l.expert_load.kind != ExpertLoad::Kind::kUniform;
+  std::vector<double> placed;
   size_t i = static_cast<size_t>(sl.first);
   const size_t end = static_cast<size_t>(sl.first + sl.count);
   while (i < end) {
+    const bool own_run = drawn && m.layers[i].mlp.kind == MlpKind::kMoe;
     size_t j = i + 1;
-    while (j < end && same_layer(m.layers[i], m.layers[j])) ++j;
+    while (!own_run && j < end && same_layer(m.layers[i], m.layers[j])) ++j;
     const auto first = static_cast<int32_t>(out.kernels.size());
     const LayerShard sh = layer_shard(m.layers[i], l, index);
+    if (own_run) {
+      const MlpSpec& p = m.layers[i].mlp;
+      placed = placed_expert_probabilities(l.expert_load, p.num_experts, p.top_k, *pass_key,
+                                           static_cast<int32_t>(i));
+    }
+    e.placed = own_run ? &placed : nullptr;
     emit_attention(e, m.layers[i], sh);
     emit_mlp(e, m.layers[i], sh);
     out.runs.push_back(
@@ -405,8 +429,8 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
     out.kernels.push_back({"pp_send", KernelClass::kCollective, 2 * own.tokens * h * kActBytes, 0,
                            0, CollectiveKind::kSendRecv, stage + 1});
   } else {
-    const int64_t own_rows = own.lm_head_all_tokens ? own.tokens : own.requests;
-    const int64_t stage_rows = shape.lm_head_all_tokens ? shape.tokens : shape.requests;
+    const int64_t own_rows = logit_rows(own);
+    const int64_t stage_rows = logit_rows(shape);
     e.norm("final_norm", h, /*residual=*/true);
     if (dp)
       e.coll("lm_head_hidden_gather", CollectiveKind::kAllGather, own_rows * h * kActBytes,
@@ -421,6 +445,97 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
            w * rows * kArgmaxBytes);
   }
   out.runs.push_back({1, first, static_cast<int32_t>(out.kernels.size()) - first});
+}
+
+void decode_microbatch_shapes(const LayoutSpec& l, std::span<const int64_t> ctx, int32_t q_tokens,
+                              std::vector<StepShape>& out) {
+  out.clear();
+  const auto n = static_cast<int32_t>(ctx.size());
+  const int32_t m = decode_microbatches(l, n);
+  size_t next = 0;
+  for (int32_t j = 0; j < m; ++j) {
+    const auto count = static_cast<int32_t>(balanced_share(n, m, j));
+    int64_t sum = 0;
+    for (int32_t i = 0; i < count; ++i) sum += ctx[next++];
+    out.push_back(decode_shape(count, q_tokens, sum));
+  }
+}
+
+void prefill_microbatch_shapes(const LayoutSpec& l, std::span<const int64_t> prompt_lens,
+                               std::vector<StepShape>& out) {
+  out.clear();
+  int64_t total = 0;
+  for (int64_t len : prompt_lens) total += len;
+  const int64_t chunk = prefill_chunk_tokens(l, total);
+  StepShape s = prefill_shape(0, 0, 0);
+  s.finishing_requests = 0;
+  for (int64_t len : prompt_lens) {
+    int64_t done = 0;  // tokens of this prompt already placed in chunks
+    while (done < len) {
+      const int64_t q = std::min(len - done, chunk - s.tokens);
+      s.requests += 1;
+      s.tokens += q;
+      s.ctx_tokens += done;
+      s.attn_pairs += q * done + q * (q + 1) / 2;
+      done += q;
+      if (done == len) s.finishing_requests += 1;
+      if (s.tokens == chunk) {
+        out.push_back(s);
+        s = prefill_shape(0, 0, 0);
+        s.finishing_requests = 0;
+      }
+    }
+  }
+  if (s.tokens > 0) out.push_back(s);
+}
+
+bool pipeline_ids_kernel(const LayoutSpec& l, int32_t rank, std::span<const StepShape> microbatches,
+                         KernelDesc& out) {
+  const int32_t w = l.width();
+  const int32_t stage = rank / w;
+  if (l.pp <= 1 || (stage != 0 && stage != l.pp - 1)) return false;
+  const bool dp = attention_sharding(l) == AttnSharding::kDp;
+  int64_t rows = 0;
+  for (const StepShape& s : microbatches) {
+    rows += logit_rows(dp ? dp_rank_shape(s, w, rank % w) : s);
+  }
+  const int64_t bytes = rows * kIdBytes;
+  out =
+      stage == 0
+          ? KernelDesc{"pp_ids_recv",
+                       KernelClass::kCollective,
+                       0,
+                       bytes,
+                       0,
+                       CollectiveKind::kSendRecv,
+                       l.pp - 1}
+          : KernelDesc{
+                "pp_ids_send", KernelClass::kCollective, bytes, 0, 0, CollectiveKind::kSendRecv, 0};
+  return true;
+}
+
+void pipeline_step_kernels(const ModelSpec& model, std::span<const StepShape> microbatches,
+                           const LayoutSpec& layout, int32_t rank, StepKernels& out,
+                           std::optional<uint64_t> pass_key) {
+  out.kernels.clear();
+  out.runs.clear();
+  StepKernels one;
+  for (size_t j = 0; j < microbatches.size(); ++j) {
+    std::optional<uint64_t> key;
+    if (pass_key) key = splitmix64(*pass_key + j);
+    step_kernels(model, microbatches[j], layout, rank, one, key);
+    const auto offset = static_cast<int32_t>(out.kernels.size());
+    out.kernels.insert(out.kernels.end(), one.kernels.begin(), one.kernels.end());
+    for (LayerRun r : one.runs) {
+      r.first += offset;
+      out.runs.push_back(r);
+    }
+  }
+  KernelDesc ids{};
+  if (pipeline_ids_kernel(layout, rank, microbatches, ids)) {
+    out.runs.push_back({1, static_cast<int32_t>(out.kernels.size()), 1});
+    out.kernels.push_back(ids);
+  }
 }
 
 }  // namespace twinstep

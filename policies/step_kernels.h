@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "policies/layout.h"
@@ -36,7 +38,8 @@ const char* collective_kind_name(CollectiveKind c);
 // A collective's bytes_read is the message this rank contributes (a receive: 0) and
 // bytes_written what it ends up receiving (all-reduce: the message; all-gather: group × message;
 // all-to-all: its share of everyone's messages). `group` is the number of ranks taking part; for
-// kSendRecv the peer stage (send: stage + 1, receive: stage − 1).
+// kSendRecv the peer stage (hidden states: send to stage + 1, receive from stage − 1; sampled
+// ids: the last stage sends to stage 0). A kSendRecv with bytes_written == 0 is the send.
 struct KernelDesc {
   const char* name;  // static storage: "qkv_proj", "attention", ...
   KernelClass cls;
@@ -55,6 +58,9 @@ struct StepShape {
   int64_t ctx_tokens = 0;  // Σ_i ctx_i: cached tokens read by attention
   int64_t attn_pairs = 0;
   bool lm_head_all_tokens = true;  // false for prefill: logits of the last token only
+  // Prefill: requests whose prompt ends in this step, one logits row each (a chunk that stops
+  // mid-prompt computes none for that request); -1: every request.
+  int32_t finishing_requests = -1;
 };
 
 StepShape decode_shape(int32_t requests, int32_t q_tokens_each, int64_t ctx_tokens_sum);
@@ -82,15 +88,47 @@ void step_kernels(const ModelSpec& model, const StepShape& shape, StepKernels& o
 // The kernels rank `rank` of `layout` runs for one forward pass, collectives included (placement
 // in docs/layouts.md). `shape` is the whole step as the pipeline sees it (every request of the
 // micro-batch); under DP attention the rank's attention, dense MLP and norms see
-// dp_rank_shape(shape, width, rank % width). Throws ConfigError for an invalid layout or a rank
-// outside [0, world).
+// dp_rank_shape(shape, width, rank % width). With `pass_key` and a skewed ExpertLoad under EP,
+// each MoE layer's experts are placed by placed_expert_probabilities(load, .., *pass_key, layer)
+// (one run per layer); without it the hottest experts sit on the lowest slots. Throws ConfigError
+// for an invalid layout or a rank outside [0, world).
 void step_kernels(const ModelSpec& model, const StepShape& shape, const LayoutSpec& layout,
-                  int32_t rank, StepKernels& out);
+                  int32_t rank, StepKernels& out, std::optional<uint64_t> pass_key = std::nullopt);
+
+// ---- Pipeline parallelism (docs/layouts.md, "Pipeline microbatches") ----------------------
+// A launch under PP is split into microbatches that enter the pipeline one after another; a
+// stage starts microbatch j once it has finished j − 1 and j's hidden state has arrived.
+
+// A decode-like launch over requests with cached contexts `ctx` (in launch order) and q_tokens
+// new tokens each: decode_microbatches(l, n) contiguous groups, group j of
+// balanced_share(n, m, j) requests. Appends to `out` (cleared first).
+void decode_microbatch_shapes(const LayoutSpec& l, std::span<const int64_t> ctx, int32_t q_tokens,
+                              std::vector<StepShape>& out);
+// A prefill launch: the prompts (lengths in launch order) back to back, cut into chunks of
+// prefill_chunk_tokens(l, Σ lengths) tokens. A chunk's piece of a request attends over the
+// request's earlier pieces (ctx_tokens) and itself; a request's logits row is computed in the
+// chunk where its prompt ends.
+void prefill_microbatch_shapes(const LayoutSpec& l, std::span<const int64_t> prompt_lens,
+                               std::vector<StepShape>& out);
+
+// The sampled ids returning from the last stage to stage 0 at the end of a pipelined launch
+// (pp > 1): on the last stage the send, on stage 0 the receive (one token id per logits row of
+// the rank's requests over all microbatches); false on other stages and without PP.
+bool pipeline_ids_kernel(const LayoutSpec& l, int32_t rank, std::span<const StepShape> microbatches,
+                         KernelDesc& out);
+
+// Every microbatch's step_kernels in order (microbatch j keyed by splitmix64(*pass_key + j)),
+// then pipeline_ids_kernel, in one list. Runs keep execution order; runs[0] and runs.back() are
+// no longer the only prologue and epilogue.
+void pipeline_step_kernels(const ModelSpec& model, std::span<const StepShape> microbatches,
+                           const LayoutSpec& layout, int32_t rank, StepKernels& out,
+                           std::optional<uint64_t> pass_key = std::nullopt);
 
 // The share of `shape` that index `index` of a DP group of `width` serves: requests index,
 // index + width, ...; tokens, ctx_tokens and attn_pairs split in proportion to the request count
 // (⌊X·c(i+1)/R⌋ − ⌊X·c(i)/R⌋, c(i) = requests of indices < i), exact when every request has the
-// same shape, and summing to the totals always. lm_head_all_tokens is kept.
+// same shape, and summing to the totals always (finishing_requests likewise). lm_head_all_tokens
+// is kept.
 StepShape dp_rank_shape(const StepShape& shape, int32_t width, int32_t index);
 
 }  // namespace twinstep

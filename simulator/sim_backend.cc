@@ -4,6 +4,7 @@
 #include <array>
 #include <cassert>
 #include <map>
+#include <optional>
 #include <queue>
 #include <tuple>
 #include <unordered_map>
@@ -167,11 +168,14 @@ class Engine {
   struct Issued {
     const GraphLaunch* g = nullptr;
     StepKernels kernels;
+    std::vector<StepShape> microbatches;  // the launch's pipeline microbatches (one without PP)
+    KernelDesc ids{};                     // PP: the sampled ids' return (pipeline_ids_kernel)
     std::vector<Item> items;
     int64_t host_begin = 0;
     int64_t flow = 0;
     // Walk state.
     size_t next = 0;
+    int64_t start = 0;  // when the launch starts on the rank's stream
     int64_t t = 0;
     int64_t coll_arrival = 0;
     bool waiting = false;
@@ -203,9 +207,9 @@ class Engine {
   int64_t collective_group(const KernelDesc& k, int32_t rank) const {
     const int32_t stage = rank / width_;
     const int32_t index = rank % width_;
-    if (k.coll == CollectiveKind::kSendRecv) {
-      const int32_t low = std::min(stage, k.group);  // k.group: the peer stage
-      return (int64_t(1) << 40) | (int64_t(low) << 20) | index;
+    if (k.coll == CollectiveKind::kSendRecv) {  // k.group: the peer stage
+      const int32_t low = std::min(stage, k.group), high = std::max(stage, k.group);
+      return (int64_t(1) << 40) | (int64_t(low) << 28) | (int64_t(high) << 16) | index;
     }
     return stage;
   }
@@ -433,6 +437,18 @@ class Engine {
     return {&model_, StepShape{}, 0, 0};
   }
 
+  // PP: per request of launch `g`, in launch order, what microbatching splits: the prompt length
+  // (prefill) or the cached context (every other phase), into lengths_.
+  void pipeline_lengths(const Rank& r, const GraphLaunch& g) {
+    lengths_.clear();
+    const int32_t* ids = r.plan.requests.data() + g.first_request;
+    for (int32_t i = 0; i < g.request_count; ++i) {
+      const auto id = static_cast<size_t>(ids[i]);
+      lengths_.push_back(g.phase == Phase::kPrefill ? requests_[id].input_len
+                                                    : r.device_ctx[id] - 1);
+    }
+  }
+
   int64_t node_gap_ns(const GraphLaunch& g) const {
     return g.mode == GraphMode::kCudaGraphPdl ? hw_.pdl_node_gap_ns : hw_.graph_node_gap_ns;
   }
@@ -608,37 +624,63 @@ class Engine {
   void launch_coupled(size_t op_index) {
     const size_t n = ranks_.size();
     issued_.resize(n);
+    const LayoutSpec& layout = options_.layout;
+    // Skewed expert loads under EP are drawn per launch (the same key on every rank).
+    const bool drawn = layout.ep > 1 && layout.expert_load.kind != ExpertLoad::Kind::kUniform;
+    const std::optional<uint64_t> pass_key =
+        drawn ? std::optional<uint64_t>((uint64_t(ranks_[0].plan.step) << 16) ^ op_index)
+              : std::nullopt;
     for (size_t ri = 0; ri < n; ++ri) {
       Rank& r = ranks_[ri];
       const Op& op = r.plan.ops[op_index];
       Issued& is = issued_[ri];
       is.g = &r.plan.launches[size_t(op.graph)];
+      if (layout.pp > 1) pipeline_lengths(r, *is.g);  // before device_execute moves contexts
       const DeviceWork work = device_execute(r, r.plan, *is.g, *r.out, r.sample);
       const int64_t gap_ns = node_gap_ns(*is.g);
       const bool eager = is.g->mode == GraphMode::kEager;
+      const bool prefill = is.g->phase == Phase::kPrefill;
+      is.microbatches.clear();
+      if (layout.pp == 1) {
+        is.microbatches.push_back(work.shape);
+      } else if (prefill) {
+        prefill_microbatch_shapes(layout, lengths_, is.microbatches);
+      } else {
+        decode_microbatch_shapes(layout, lengths_, work.q_tokens, is.microbatches);
+      }
+      const bool has_ids = pipeline_ids_kernel(layout, int32_t(ri), is.microbatches, is.ids);
       is.items.clear();
       is.host_begin = r.host_ns;
       is.flow = r.trace ? ++flow_ : 0;
       int64_t bytes = 0;
-      const SegmentTemplate* tmpl = (!eager && !r.trace && is.g->phase != Phase::kPrefill)
-                                        ? &segment_template(*work.model, work.shape.requests,
-                                                            work.q_tokens, int32_t(ri), gap_ns)
-                                        : nullptr;
-      if (tmpl != nullptr && tmpl->affine) {
+      const bool templated = !eager && !r.trace && !prefill && !drawn;
+      bool affine = templated;
+      for (size_t j = 0; affine && j < is.microbatches.size(); ++j) {
+        affine = segment_template(*work.model, is.microbatches[j].requests, work.q_tokens,
+                                  int32_t(ri), gap_ns)
+                     .affine;
+      }
+      if (affine) {
         for (int32_t pass = 0; pass < work.repeat; ++pass) {
-          for (const SegmentTemplate::Segment& seg : tmpl->segments) {
-            int64_t ns = seg.fixed_ns;
-            bytes += seg.fixed_bytes;
-            for (const SegmentTemplate::Varying& v : seg.varying) {
-              const KernelDesc k = at_ctx(v, work.shape.ctx_tokens);
-              ns += cost_.kernel_ns(k);
-              bytes += k.bytes_read;
+          for (const StepShape& mb : is.microbatches) {
+            const SegmentTemplate& tmpl =
+                segment_template(*work.model, mb.requests, work.q_tokens, int32_t(ri), gap_ns);
+            for (const SegmentTemplate::Segment& seg : tmpl.segments) {
+              int64_t ns = seg.fixed_ns;
+              bytes += seg.fixed_bytes;
+              for (const SegmentTemplate::Varying& v : seg.varying) {
+                const KernelDesc k = at_ctx(v, mb.ctx_tokens);
+                ns += cost_.kernel_ns(k);
+                bytes += k.bytes_read;
+              }
+              is.items.push_back({ns, seg.gap_ns, 0, nullptr, seg.has_coll ? &seg.coll : nullptr});
             }
-            is.items.push_back({ns, seg.gap_ns, 0, nullptr, seg.has_coll ? &seg.coll : nullptr});
           }
+          if (has_ids) is.items.push_back({0, 0, 0, nullptr, &is.ids});
         }
       } else {
-        step_kernels(*work.model, work.shape, options_.layout, int32_t(ri), is.kernels);
+        pipeline_step_kernels(*work.model, is.microbatches, layout, int32_t(ri), is.kernels,
+                              pass_key);
         for_each_node(is.kernels, work.repeat, [&](const KernelDesc& k) {
           if (eager) {
             r.host_ns += hw_.eager_launch_ns;
@@ -668,6 +710,7 @@ class Engine {
       r.sample.idle_dep_ns += idle.dep;
       s.dep_ns = 0;
       is.next = 0;
+      is.start = start;
       is.t = start;
       is.waiting = false;
       is.done = false;
@@ -711,25 +754,42 @@ class Engine {
             const int64_t group = collective_group(*item.coll, int32_t(ri));
             const int32_t number = is.seq[group]++;
             Instance& inst = instances[{group, number}];
+            // PP transfers run beside the compute stream: a send is posted when its data is
+            // ready and does not hold the stream; a receive is posted when the launch starts
+            // (buffers are pre-posted), and the stream waits only until the data is in.
+            const bool p2p = item.coll->coll == CollectiveKind::kSendRecv;
+            const bool send = p2p && item.coll->bytes_written == 0;
             is.coll_arrival = is.t;
             inst.arrived += 1;
-            inst.latest = std::max(inst.latest, is.t);
+            inst.latest = std::max(inst.latest, p2p && !send ? is.start : is.t);
             inst.cost = std::max(inst.cost, cost_.collective_ns(*item.coll));
             if (inst.arrived == group_size(*item.coll)) inst.done_ns = inst.latest + inst.cost;
-            is.waiting = true;
             progress = true;
+            if (send) {
+              ++is.next;
+              continue;
+            }
+            is.waiting = true;
           }
           const int64_t group = collective_group(*item.coll, int32_t(ri));
           const Instance& inst = instances[{group, is.seq[group] - 1}];
           if (inst.done_ns < 0) break;  // blocked until the group's last member arrives
-          r.sample.idle_dep_ns += inst.latest - is.coll_arrival;
-          r.sample.gpu_busy_ns += inst.cost;
-          r.sample.collective_ns += inst.done_ns - is.coll_arrival;
-          if (r.trace) {
-            span(int32_t(ri), Lane::kCompute, collective_kind_name(item.coll->coll), r.plan.step,
-                 is.coll_arrival, inst.done_ns - is.coll_arrival);
+          if (item.coll->coll == CollectiveKind::kSendRecv) {
+            // A receive: the wait for the data, nothing computed.
+            const int64_t wait = std::max<int64_t>(0, inst.done_ns - is.coll_arrival);
+            r.sample.idle_dep_ns += wait;
+            r.sample.collective_ns += wait;
+          } else {
+            r.sample.idle_dep_ns += inst.latest - is.coll_arrival;
+            r.sample.gpu_busy_ns += inst.cost;
+            r.sample.collective_ns += inst.done_ns - is.coll_arrival;
           }
-          is.t = inst.done_ns;
+          const int64_t resume = std::max(is.t, inst.done_ns);
+          if (r.trace && resume > is.coll_arrival) {
+            span(int32_t(ri), Lane::kCompute, collective_kind_name(item.coll->coll), r.plan.step,
+                 is.coll_arrival, resume - is.coll_arrival);
+          }
+          is.t = resume;
           is.waiting = false;
           ++is.next;
           progress = true;
@@ -869,6 +929,7 @@ class Engine {
   int32_t width_;
   std::vector<Rank> ranks_;
   std::vector<Issued> issued_;
+  std::vector<int64_t> lengths_;  // pipeline_lengths of the rank being issued
   std::priority_queue<Resume, std::vector<Resume>, std::greater<Resume>> queue_;
   uint64_t seq_ = 0;
   int64_t flow_ = 0;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -400,6 +401,176 @@ TEST(LayoutCapacity, Seed004StudyRatios) {
   EXPECT_GT(t.rows[1].ratio, t.rows[5].ratio);
   // DP32-EP32 capacity is per DP rank; one replica holds 32 times it.
   EXPECT_EQ(t.rows[4].replica_kv_tokens, 32 * t.rows[4].binding.kv_capacity_tokens);
+}
+
+// ---- Pipeline microbatches -------------------------------------------------------------------
+
+TEST(LayoutPipeline, DecodeMicrobatchesDefaultToPpAsTheBatchAllows) {
+  LayoutSpec l = parse_layout("PP4-TP8");
+  EXPECT_EQ(decode_microbatches(l, 16), 4);
+  EXPECT_EQ(decode_microbatches(l, 3), 3);
+  EXPECT_EQ(decode_microbatches(l, 0), 1);
+  l.microbatches = 8;
+  EXPECT_EQ(decode_microbatches(l, 16), 8);
+  EXPECT_EQ(decode_microbatches(parse_layout("TP8"), 16), 1);
+  // Five requests over four groups: 1, 1, 1, 2 (balanced_share), contexts summed per group.
+  std::vector<StepShape> mbs;
+  const int64_t ctx[] = {10, 20, 30, 40, 50};
+  decode_microbatch_shapes(parse_layout("PP4"), ctx, 2, mbs);
+  ASSERT_EQ(mbs.size(), 4u);
+  const int32_t requests[] = {1, 1, 1, 2};
+  const int64_t ctx_sum[] = {10, 20, 30, 90};
+  for (size_t j = 0; j < 4; ++j) {
+    EXPECT_EQ(mbs[j].requests, requests[j]);
+    EXPECT_EQ(mbs[j].tokens, 2 * requests[j]);
+    EXPECT_EQ(mbs[j].ctx_tokens, ctx_sum[j]);
+    // q = 2 new tokens after c cached: 2c + 3 pairs per request.
+    EXPECT_EQ(mbs[j].attn_pairs, 2 * ctx_sum[j] + 3 * requests[j]);
+  }
+}
+
+// Prompts of 300 and 500 tokens in chunks of 250: [a0..249], [a250..299, b0..199], [b200..449],
+// [b450..499]. A piece of q tokens after c earlier ones of its prompt has q·c + q(q+1)/2 pairs.
+TEST(LayoutPipeline, PrefillChunksCarryTheirEarlierContext) {
+  LayoutSpec l = parse_layout("PP2");
+  l.prefill_chunk_tokens = 250;
+  std::vector<StepShape> c;
+  const int64_t lens[] = {300, 500};
+  prefill_microbatch_shapes(l, lens, c);
+  ASSERT_EQ(c.size(), 4u);
+  auto pairs = [](int64_t q, int64_t ctx) { return q * ctx + q * (q + 1) / 2; };
+  EXPECT_EQ(c[0].tokens, 250);
+  EXPECT_EQ(c[0].ctx_tokens, 0);
+  EXPECT_EQ(c[0].attn_pairs, pairs(250, 0));
+  EXPECT_EQ(c[0].finishing_requests, 0);
+  EXPECT_EQ(c[1].requests, 2);
+  EXPECT_EQ(c[1].tokens, 250);
+  EXPECT_EQ(c[1].ctx_tokens, 250);
+  EXPECT_EQ(c[1].attn_pairs, pairs(50, 250) + pairs(200, 0));
+  EXPECT_EQ(c[1].finishing_requests, 1);
+  EXPECT_EQ(c[2].ctx_tokens, 200);
+  EXPECT_EQ(c[2].attn_pairs, pairs(250, 200));
+  EXPECT_EQ(c[2].finishing_requests, 0);
+  EXPECT_EQ(c[3].tokens, 50);
+  EXPECT_EQ(c[3].attn_pairs, pairs(50, 450));
+  EXPECT_EQ(c[3].finishing_requests, 1);
+  // The chunks' pairs add up to the unchunked prefill's Σ L(L+1)/2.
+  int64_t total = 0;
+  for (const StepShape& s : c) total += s.attn_pairs;
+  EXPECT_EQ(total, prefill_shape(2, 800, 300 * 300 + 500 * 500).attn_pairs);
+  // Default: as many chunks as microbatches (pp).
+  prefill_microbatch_shapes(parse_layout("PP4"), lens, c);
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[0].tokens, 200);
+}
+
+// Only the chunk where a prompt ends computes its logits row.
+TEST(LayoutPipeline, LogitsRowsOnlyWhereAPromptEnds) {
+  const ModelSpec m = model_preset("llama-3-8b");
+  StepShape mid = prefill_shape(1, 256, 256 * 256);
+  mid.finishing_requests = 0;
+  StepKernels k;
+  step_kernels(m, mid, LayoutSpec{}, 0, k);
+  const KernelDesc& lm = k.kernels[size_t(k.runs.back().first + 1)];
+  ASSERT_STREQ(lm.name, "lm_head");
+  EXPECT_EQ(lm.bytes_written, 0);
+  mid.finishing_requests = 1;
+  step_kernels(m, mid, LayoutSpec{}, 0, k);
+  EXPECT_EQ(k.kernels[size_t(k.runs.back().first + 1)].bytes_written, 8);
+}
+
+TEST(LayoutPipeline, SampledIdsReturnFromTheLastStageToTheFirst) {
+  const ModelSpec m = model_preset("llama-3-8b");
+  const LayoutSpec l = parse_layout("PP4-TP2");
+  const StepShape mbs[] = {decode_shape(3, 1, 30), decode_shape(2, 1, 20)};
+  KernelDesc k{};
+  ASSERT_TRUE(pipeline_ids_kernel(l, 1, mbs, k));  // stage 0, index 1
+  EXPECT_STREQ(k.name, "pp_ids_recv");
+  EXPECT_EQ(k.bytes_written, 5 * 4);
+  EXPECT_EQ(k.group, 3);
+  ASSERT_TRUE(pipeline_ids_kernel(l, 7, mbs, k));  // stage 3
+  EXPECT_STREQ(k.name, "pp_ids_send");
+  EXPECT_EQ(k.bytes_read, 5 * 4);
+  EXPECT_EQ(k.bytes_written, 0);
+  EXPECT_EQ(k.group, 0);
+  EXPECT_FALSE(pipeline_ids_kernel(l, 3, mbs, k));  // stage 1
+  EXPECT_FALSE(pipeline_ids_kernel(parse_layout("TP2"), 0, mbs, k));
+  // The pipelined list: each microbatch's kernels in order, then the ids.
+  StepKernels one, all;
+  step_kernels(m, mbs[0], l, 7, one);
+  pipeline_step_kernels(m, mbs, l, 7, all);
+  EXPECT_EQ(all.node_count(), 2 * one.node_count() + 1);
+  EXPECT_STREQ(all.kernels.back().name, "pp_ids_send");
+}
+
+TEST(LayoutPipeline, MicrobatchKnobsNeedPipelineStages) {
+  const ModelSpec m = model_preset("llama-3-8b");
+  LayoutSpec l = parse_layout("TP2");
+  l.microbatches = 4;
+  EXPECT_THROW(validate_layout(m, l), ConfigError);
+  l.microbatches = 1;
+  EXPECT_NO_THROW(validate_layout(m, l));
+  l.prefill_chunk_tokens = 4096;
+  EXPECT_THROW(validate_layout(m, l), ConfigError);
+  l.pp = 2;
+  EXPECT_NO_THROW(validate_layout(m, l));
+}
+
+// ---- Drawn expert placement -------------------------------------------------------------------
+
+TEST(LayoutSkew, PlacementIsADeterministicPermutationPerPassAndLayer) {
+  ExpertLoad z;
+  z.kind = ExpertLoad::Kind::kZipf;
+  z.zipf_s = 1.2;
+  z.seed = 42;
+  const std::vector<double> ranked = expert_probabilities(z, 64, 8);
+  const std::vector<double> a = placed_expert_probabilities(z, 64, 8, 5, 3);
+  std::vector<double> sorted_a = a, sorted_r = ranked;
+  std::sort(sorted_a.begin(), sorted_a.end());
+  std::sort(sorted_r.begin(), sorted_r.end());
+  EXPECT_EQ(sorted_a, sorted_r);  // the same shares, placed elsewhere
+  EXPECT_EQ(placed_expert_probabilities(z, 64, 8, 5, 3), a);
+  EXPECT_NE(placed_expert_probabilities(z, 64, 8, 6, 3), a);  // next pass
+  EXPECT_NE(placed_expert_probabilities(z, 64, 8, 5, 4), a);  // next layer
+  z.seed = 43;
+  EXPECT_NE(placed_expert_probabilities(z, 64, 8, 5, 3), a);
+  // A hot expert (10 %, under the 1/8 cap, so it is the one maximum) lands on every EP rank
+  // of 4 with about equal frequency over passes (binomial sd √(4000 · 1/4 · 3/4) ≈ 27).
+  ExpertLoad hot;
+  hot.kind = ExpertLoad::Kind::kHot;
+  hot.hot_experts = 1;
+  hot.hot_fraction = 0.1;
+  int on_rank[4] = {};
+  for (uint64_t pass = 0; pass < 4000; ++pass) {
+    const std::vector<double> p = placed_expert_probabilities(hot, 64, 8, pass, 0);
+    const auto hottest = std::max_element(p.begin(), p.end()) - p.begin();
+    ++on_rank[hottest / 16];
+  }
+  for (int r : on_rank) EXPECT_NEAR(r, 1000, 5 * 27);
+  // Uniform loads are not permuted (and need no draw).
+  EXPECT_EQ(placed_expert_probabilities(ExpertLoad{}, 64, 8, 5, 3),
+            expert_probabilities({}, 64, 8));
+}
+
+// A drawn pass gives every MoE layer its own run; expected copies still sum to tokens · top_k.
+TEST(LayoutSkew, DrawnPassesKeepRoutedTotals) {
+  const ModelSpec m = model_preset("qwen3-30b-a3b");
+  LayoutSpec l = parse_layout("DP4-EP4");
+  l.expert_load.kind = ExpertLoad::Kind::kHot;
+  l.expert_load.hot_experts = 4;
+  l.expert_load.hot_fraction = 0.3;
+  const StepShape s = prefill_shape(4, 4000, 4 * 1000 * 1000);
+  int64_t copies = 0;
+  for (int32_t r = 0; r < 4; ++r) {
+    StepKernels k;
+    step_kernels(m, s, l, r, k, 99);
+    EXPECT_EQ(k.runs.size(), 48u + 2u);
+    for (const KernelDesc& d : k.kernels) {
+      // moe_gate_up writes routed · expert_intermediate · 2 bytes.
+      if (std::strcmp(d.name, "moe_gate_up") == 0) copies += d.bytes_written / (768 * 2);
+    }
+  }
+  EXPECT_EQ(copies, 48 * 4000 * 8);
 }
 
 }  // namespace

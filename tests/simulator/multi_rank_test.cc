@@ -14,6 +14,30 @@ namespace {
 using testing::kFloorNs;
 using testing::kUs;
 
+// One DecodeLoop per rank (rank 0 records), run on the simulator.
+RunRecord simulate_layout(const ModelSpec& model, const LayoutSpec& layout, const WorkloadSpec& w,
+                          const HardwareSpec& hw, const HostCostSpec& costs = HostCostSpec{},
+                          int64_t trace_steps = 0) {
+  PolicySpec policy;  // run-ahead, graphs
+  const std::vector<RequestSpec> requests = generate_requests(w);
+  RunRecord record;
+  std::vector<RunRecord> shadow(size_t(layout.world()));
+  std::vector<std::unique_ptr<DecodeLoop>> loops;
+  std::vector<HostProgram*> ranks;
+  for (int32_t r = 0; r < layout.world(); ++r) {
+    loops.push_back(
+        std::make_unique<DecodeLoop>(policy, w, requests, r == 0 ? &record : &shadow[size_t(r)]));
+    ranks.push_back(loops.back().get());
+  }
+  HostCostModel host(costs, 1);
+  SimOptions options;
+  options.layout = layout;
+  options.trace_steps = trace_steps;
+  SimBackend backend(model, hw, host, requests, options);
+  backend.run(ranks, record);
+  return record;
+}
+
 struct MultiRun {
   RunRecord record;
   std::map<int64_t, std::vector<StepSample>> by_step;  // step -> per-rank samples
@@ -21,25 +45,11 @@ struct MultiRun {
 
 MultiRun simulate(const LayoutSpec& layout, const HostCostSpec& costs, const HardwareSpec& hw,
                   int32_t output_len = 120) {
-  PolicySpec policy;  // run-ahead, graphs
   WorkloadSpec w;
   w.input_len = {64, 64};
   w.output_len = {output_len, output_len};
-  const std::vector<RequestSpec> requests = generate_requests(w);
   MultiRun m;
-  std::vector<RunRecord> shadow(size_t(layout.world()));
-  std::vector<std::unique_ptr<DecodeLoop>> loops;
-  std::vector<HostProgram*> ranks;
-  for (int32_t r = 0; r < layout.world(); ++r) {
-    loops.push_back(
-        std::make_unique<DecodeLoop>(policy, w, requests, r == 0 ? &m.record : &shadow[size_t(r)]));
-    ranks.push_back(loops.back().get());
-  }
-  HostCostModel host(costs, 1);
-  SimOptions options;
-  options.layout = layout;
-  SimBackend backend(model_preset("tiny-llama"), hw, host, requests, options);
-  backend.run(ranks, m.record);
+  m.record = simulate_layout(model_preset("tiny-llama"), layout, w, hw, costs);
   for (const StepSample& s : m.record.steps) m.by_step[s.step].push_back(s);
   return m;
 }
@@ -169,31 +179,15 @@ TEST(MultiRank, TracingDoesNotChangeTimes) {
   for (const char* layout_name : {"TP2", "TP4"}) {
     for (const char* model : {"llama-3-8b", "qwen3-30b-a3b"}) {
       auto once = [&](int64_t trace_steps) {
-        PolicySpec policy;
         WorkloadSpec w;
         w.input_len = {100, 3000};
         w.output_len = {20, 40};
         w.num_requests = 6;
         w.max_concurrency = 3;
         w.seed = 3;
-        const std::vector<RequestSpec> requests = generate_requests(w);
-        const LayoutSpec layout = parse_layout(layout_name);
-        RunRecord r;
-        std::vector<RunRecord> shadow(size_t(layout.world()));
-        std::vector<std::unique_ptr<DecodeLoop>> loops;
-        std::vector<HostProgram*> ranks;
-        for (int32_t i = 0; i < layout.world(); ++i) {
-          loops.push_back(
-              std::make_unique<DecodeLoop>(policy, w, requests, i == 0 ? &r : &shadow[size_t(i)]));
-          ranks.push_back(loops.back().get());
-        }
-        HostCostModel host(testing::fixed_host_costs(30 * kUs, 40 * kUs, 30 * kUs), 1);
-        SimOptions options;
-        options.layout = layout;
-        options.trace_steps = trace_steps;
-        SimBackend backend(model_preset(model), hardware_preset("h200"), host, requests, options);
-        backend.run(ranks, r);
-        return r;
+        return simulate_layout(
+            model_preset(model), parse_layout(layout_name), w, hardware_preset("h200"),
+            testing::fixed_host_costs(30 * kUs, 40 * kUs, 30 * kUs), trace_steps);
       };
       const RunRecord plain = once(0), traced = once(1'000'000);
       ASSERT_EQ(plain.steps.size(), traced.steps.size());
@@ -209,6 +203,287 @@ TEST(MultiRank, TracingDoesNotChangeTimes) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace twinstep
+
+namespace twinstep {
+namespace {
+
+// ---- Pipeline parallelism ---------------------------------------------------------------------
+
+// One microbatch on stage `stage` with every kernel at the floor: its nodes, plus the
+// collectives within the stage (TP all-reduces) at their cost; pipeline transfers excluded.
+int64_t stage_ns(const ModelSpec& m, const LayoutSpec& l, const HardwareSpec& hw, int32_t stage,
+                 const StepShape& s) {
+  StepKernels k;
+  step_kernels(m, s, l, stage * l.width(), k);
+  const CostModel cost(hw);
+  int64_t ns = 0;
+  for (const LayerRun& run : k.runs) {
+    for (int32_t i = run.first; i < run.first + run.count; ++i) {
+      const KernelDesc& d = k.kernels[size_t(i)];
+      if (d.cls != KernelClass::kCollective) {
+        ns += run.repeat * kFloorNs;
+      } else if (d.coll != CollectiveKind::kSendRecv) {
+        ns += run.repeat * cost.collective_ns(d);
+      }
+    }
+  }
+  return ns;
+}
+
+// Every kernel at the floor; point-to-point transfers cost exactly their α (bandwidth unbounded).
+HardwareSpec pipeline_machine(int64_t p2p_alpha_ns) {
+  HardwareSpec hw = testing::ideal_machine();
+  hw.interconnect_gbps = 1e12;
+  hw.p2p_alpha_ns = p2p_alpha_ns;
+  return hw;
+}
+
+ModelSpec eight_layer_llama() {
+  ModelSpec m = model_preset("tiny-llama");
+  m.layers.assign(8, m.layers[0]);
+  return m;
+}
+
+// A pp-stage pipeline of m microbatches whose stage s takes t_s: the last stage finishes
+// microbatch m − 1 at Σ t_s + (m − 1)·max t_s plus one hidden-state transfer per stage boundary
+// (α each); the sampled ids then return to stage 0 (α), which starts the next step. With equal
+// t_s = t that is (m + pp − 1)·t, and a stage idles (pp − 1)/(m + pp − 1) of the step.
+TEST(Pipeline, DecodeStepIsTheMicrobatchPipelineMakespan) {
+  const ModelSpec model = eight_layer_llama();
+  const int64_t alpha = 7 * kUs;
+  const HardwareSpec hw = pipeline_machine(alpha);
+  struct Case {
+    const char* layout;
+    int32_t microbatches;  // 0: auto (pp)
+    int32_t batch;
+    int32_t want_m;
+  };
+  for (const Case c : {Case{"PP2", 0, 4, 2}, Case{"PP4", 0, 8, 4}, Case{"PP4", 2, 8, 2},
+                       Case{"PP4", 0, 3, 3}, Case{"PP2-TP2", 0, 2, 2}, Case{"PP2", 0, 1, 1}}) {
+    LayoutSpec l = parse_layout(c.layout);
+    l.microbatches = c.microbatches;
+    ASSERT_EQ(decode_microbatches(l, c.batch), c.want_m) << c.layout;
+    WorkloadSpec w;
+    w.input_len = {64, 64};
+    w.output_len = {40, 40};
+    w.num_requests = c.batch;
+    w.max_concurrency = c.batch;
+    const RunRecord rec = simulate_layout(model, l, w, hw);
+    const StepShape mb = decode_shape(1, 1, 0);  // every kernel is at the floor whatever the shape
+    int64_t sum_t = 0, max_t = 0;
+    std::vector<int64_t> t(size_t(l.pp));
+    for (int32_t s = 0; s < l.pp; ++s) {
+      t[size_t(s)] = stage_ns(model, l, hw, s, mb);
+      sum_t += t[size_t(s)];
+      max_t = std::max(max_t, t[size_t(s)]);
+    }
+    const int64_t m = c.want_m;
+    const int64_t want = sum_t + (m - 1) * max_t + int64_t(l.pp) * alpha;
+    int checked = 0;
+    for (const StepSample& s : rec.steps) {
+      if (s.step < 3 || s.step > 30) continue;
+      const int32_t stage = s.rank / l.width();
+      if (stage == 0) {
+        EXPECT_EQ(s.dur_ns, want) << c.layout << " m=" << m << " step " << s.step;
+        ++checked;
+      }
+      // Busy m·t_s; the rest of the step is pipeline bubble (waiting for data).
+      EXPECT_EQ(s.gpu_busy_ns, m * t[size_t(stage)]) << c.layout << " stage " << stage;
+      EXPECT_EQ(s.gpu_busy_ns + s.idle_host_ns + s.idle_launch_ns + s.idle_dep_ns, s.dur_ns);
+    }
+    EXPECT_GT(checked, 20) << c.layout;
+  }
+}
+
+// Stages of equal time: on the ideal machine a dense GQA layer is 10 nodes, a MoE layer (no
+// shared expert) 11; stage 0 adds the embedding (1), the last stage final_norm + lm_head (2).
+// [moe, dense, moe, moe, moe, moe, dense, dense] is 44 | 44 nodes under PP2 and
+// 22 | 22 | 22 | 22 under PP4.
+ModelSpec balanced_stages_model() {
+  ModelSpec m = model_preset("tiny-llama");
+  const LayerSpec dense = m.layers[0];
+  LayerSpec moe = dense;
+  moe.mlp = model_preset("qwen3-30b-a3b").layers[0].mlp;
+  m.layers = {moe, dense, moe, moe, moe, moe, dense, dense};
+  return m;
+}
+
+// Equal stage times t, m microbatches, free transfers: a step takes (m + pp − 1)·t and every
+// stage idles (pp − 1)/(m + pp − 1) of it (the pipeline bubble).
+TEST(Pipeline, BubbleFractionMatchesTheAnalyticValue) {
+  const HardwareSpec hw = pipeline_machine(0);
+  for (int32_t pp : {2, 4}) {
+    const ModelSpec model = balanced_stages_model();
+    for (int32_t m : {1, 2, 4, 8}) {
+      LayoutSpec l;
+      l.pp = pp;
+      l.microbatches = m;
+      const int64_t t = stage_ns(model, l, hw, 0, decode_shape(1, 1, 0));
+      ASSERT_EQ(t, (pp == 2 ? 44 : 22) * kFloorNs);
+      for (int32_t s = 1; s < pp; ++s)
+        ASSERT_EQ(stage_ns(model, l, hw, s, decode_shape(1, 1, 0)), t);
+      WorkloadSpec w;
+      w.input_len = {64, 64};
+      w.output_len = {30, 30};
+      w.num_requests = 8;
+      w.max_concurrency = 8;
+      const RunRecord rec = simulate_layout(model, l, w, hw);
+      int checked = 0;
+      for (const StepSample& s : rec.steps) {
+        if (s.step < 5 || s.step > 20) continue;
+        if (s.rank == 0) EXPECT_EQ(s.dur_ns, (m + pp - 1) * t) << "pp " << pp << " m " << m;
+        const double idle = double(s.dur_ns - s.gpu_busy_ns) / double(s.dur_ns);
+        EXPECT_NEAR(idle, double(pp - 1) / double(m + pp - 1), 1e-12)
+            << "pp " << pp << " m " << m << " rank " << s.rank;
+        ++checked;
+      }
+      EXPECT_EQ(checked, 16 * pp);
+    }
+  }
+}
+
+// A prefill chunked through the stages: chunks of prefill_chunk_tokens enter one after
+// another, the same makespan as decode microbatches.
+TEST(Pipeline, PrefillChunksFlowThroughTheStages) {
+  const ModelSpec model = eight_layer_llama();
+  const int64_t alpha = 5 * kUs;
+  const HardwareSpec hw = pipeline_machine(alpha);
+  for (int64_t chunk : {250, 1000, 0}) {
+    LayoutSpec l = parse_layout("PP4");
+    l.prefill_chunk_tokens = chunk;
+    const int64_t chunks = chunk == 0 ? 4 : (1000 + chunk - 1) / chunk;  // auto: pp chunks
+    WorkloadSpec w;
+    w.input_len = {1000, 1000};
+    w.output_len = {4, 4};
+    w.num_requests = 1;
+    w.max_concurrency = 1;
+    const RunRecord rec = simulate_layout(model, l, w, hw);
+    const StepShape s1 = prefill_shape(1, 1, 1);
+    int64_t sum_t = 0, max_t = 0;
+    for (int32_t s = 0; s < l.pp; ++s) {
+      const int64_t ts = stage_ns(model, l, hw, s, s1);
+      sum_t += ts;
+      max_t = std::max(max_t, ts);
+    }
+    ASSERT_FALSE(rec.steps.empty());
+    const StepSample& first = rec.steps[0];
+    ASSERT_EQ(first.step, 0);
+    ASSERT_EQ(first.rank, 0);
+    EXPECT_EQ(first.dur_ns, sum_t + (chunks - 1) * max_t + 4 * alpha) << "chunk " << chunk;
+  }
+}
+
+// pp = 1 has one microbatch and no pipeline transfers: the kernel list is step_kernels'.
+TEST(Pipeline, OneStageIsUnchanged) {
+  const ModelSpec model = eight_layer_llama();
+  for (const char* name : {"TP1", "TP2"}) {
+    const LayoutSpec l = parse_layout(name);
+    EXPECT_EQ(decode_microbatches(l, 16), 1);
+    std::vector<StepShape> mbs;
+    const int64_t ctx[] = {100, 200, 300};
+    decode_microbatch_shapes(l, ctx, 1, mbs);
+    ASSERT_EQ(mbs.size(), 1u);
+    EXPECT_EQ(mbs[0].ctx_tokens, 600);
+    StepKernels a, b;
+    step_kernels(model, mbs[0], l, 0, a);
+    pipeline_step_kernels(model, mbs, l, 0, b);
+    ASSERT_EQ(a.kernels.size(), b.kernels.size());
+    for (size_t i = 0; i < a.kernels.size(); ++i) {
+      EXPECT_STREQ(a.kernels[i].name, b.kernels[i].name);
+      EXPECT_EQ(a.kernels[i].bytes_read, b.kernels[i].bytes_read);
+    }
+  }
+}
+
+// ---- Expert-load skew under EP ------------------------------------------------------------------
+
+// Only bytes cost time, 1 B per ns; FLOPs free; no floor, gaps or host costs.
+HardwareSpec byte_machine() {
+  HardwareSpec hw = testing::ideal_machine();
+  hw.stream_read_tbps = 1e-3;
+  hw.mem_efficiency = 1.0;
+  hw.kernel_floor_ns = 0;
+  return hw;
+}
+
+ModelSpec small_qwen_moe(int32_t layers) {
+  ModelSpec m = model_preset("qwen3-30b-a3b");  // 128 experts top-8, width 768, hidden 2048
+  m.layers.resize(size_t(layers));
+  return m;
+}
+
+RunRecord skew_prefill(const ExpertLoad& load, uint64_t seed, int32_t layers) {
+  LayoutSpec l = parse_layout("TP2-EP2");
+  l.expert_load = load;
+  l.expert_load.seed = seed;
+  WorkloadSpec w;
+  w.input_len = {635, 635};
+  w.output_len = {2, 2};
+  w.num_requests = 1;
+  w.max_concurrency = 1;
+  return simulate_layout(small_qwen_moe(layers), l, w, byte_machine());
+}
+
+TEST(ExpertSkew, UniformLoadGivesEqualRankTimes) {
+  const RunRecord rec = skew_prefill(ExpertLoad{}, 1, 8);
+  ASSERT_GE(rec.steps.size(), 2u);
+  const StepSample& a = rec.steps[0];
+  const StepSample& b = rec.steps[1];
+  ASSERT_EQ(a.step, 0);
+  ASSERT_EQ(b.step, 0);
+  EXPECT_EQ(a.gpu_busy_ns, b.gpu_busy_ns);
+  EXPECT_EQ(a.idle_dep_ns, 0);
+  EXPECT_EQ(b.idle_dep_ns, 0);
+  EXPECT_EQ(a.end_ns, b.end_ns);
+}
+
+// One hot expert of 128 is asked for 40 % of the routed copies, but a token picks it at most once
+// (top-8 of distinct experts), so its share is capped at 1/8 and the other 127 share 7/8. A
+// 635-token prefill routes R = 635 · 8 = 5080 copies: the hot expert serves 635, each cold one
+// 5080 · 0.875/127 = 35. The hot expert's EP rank serves 635 + 63 · 35 = 2840, the other
+// 64 · 35 = 2240: 600 more (uniform: 2540 each). Every expert is hit on both ranks (a cold one
+// misses all 635 tokens with probability (1 − 8 · 0.875/127)^635 < 1e-15), so weights read are
+// equal; each extra copy costs 2h + 2i (gate_up: input in, intermediate out), 2i + 2h (down)
+// and 2h (the weighted combine reads it) bytes, h = 2048, i = 768. The cold rank waits that long
+// in the layer's all-reduce, whichever rank the draw made hot.
+TEST(ExpertSkew, HotExpertRankIsTheStraggler) {
+  ExpertLoad hot;
+  hot.kind = ExpertLoad::Kind::kHot;
+  hot.hot_experts = 1;
+  hot.hot_fraction = 0.4;
+  const int32_t layers = 16;
+  const int64_t h = 2048, i = 768;
+  const int64_t extra_copies = 2840 - 2240;
+  const int64_t straggle_ns = extra_copies * (6 * h + 4 * i);  // 1 B per ns
+  const RunRecord uniform = skew_prefill(ExpertLoad{}, 7, layers);
+  const RunRecord rec = skew_prefill(hot, 7, layers);
+  ASSERT_GE(rec.steps.size(), 2u);
+  const StepSample& a = rec.steps[0];
+  const StepSample& b = rec.steps[1];
+  ASSERT_EQ(a.step, 0);
+  ASSERT_EQ(b.step, 0);
+  // One rank waits per layer; the draw moves the hot expert between ranks across layers.
+  EXPECT_EQ(a.idle_dep_ns + b.idle_dep_ns, layers * straggle_ns);
+  EXPECT_EQ(a.idle_dep_ns % straggle_ns, 0);
+  EXPECT_GT(a.idle_dep_ns, 0);
+  EXPECT_GT(b.idle_dep_ns, 0);
+  EXPECT_EQ(a.end_ns, b.end_ns);
+  // The step is the uniform one plus, per layer, the hot rank's extra work over the uniform
+  // rank's 2540 copies (2840 − 2540 = 300 more).
+  EXPECT_EQ(a.dur_ns - uniform.steps[0].dur_ns, layers * (2840 - 2540) * (6 * h + 4 * i));
+  // Deterministic from the run seed; another seed draws other placements.
+  const RunRecord again = skew_prefill(hot, 7, layers);
+  EXPECT_EQ(again.steps[0].idle_dep_ns, a.idle_dep_ns);
+  EXPECT_EQ(again.steps[1].idle_dep_ns, b.idle_dep_ns);
+  bool differs = false;
+  for (uint64_t seed = 8; seed < 12 && !differs; ++seed) {
+    differs = skew_prefill(hot, seed, layers).steps[0].idle_dep_ns != a.idle_dep_ns;
+  }
+  EXPECT_TRUE(differs);
 }
 
 }  // namespace
