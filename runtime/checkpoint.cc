@@ -1,5 +1,6 @@
 #include "runtime/checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -195,7 +196,18 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& file)
       num("factor", c.rope_factor);
       num("low_freq_factor", c.rope_low_freq_factor);
       num("high_freq_factor", c.rope_high_freq_factor);
-      num("original_max_position_embeddings", c.rope_original_context);
+      if (const JsonValue* v = rs->find("original_max_position_embeddings")) {
+        const int64_t n = v->as_i64("rope_scaling.original_max_position_embeddings");
+        if (n < 1 || n > (int64_t{1} << 30))
+          throw CheckpointError(file + ": rope_scaling.original_max_position_embeddings = " +
+                                std::to_string(n) + " outside [1, 2^30]");
+        c.rope_original_context = double(n);
+      }
+      // The llama3 rule divides by high_freq_factor - low_freq_factor (kernels/rope.h).
+      if (!(c.rope_low_freq_factor > 0) || !(c.rope_high_freq_factor > c.rope_low_freq_factor))
+        throw CheckpointError(
+            file + ": rope_scaling needs 0 < low_freq_factor < high_freq_factor, got " +
+            number_text(c.rope_low_freq_factor) + " and " + number_text(c.rope_high_freq_factor));
     }
   } catch (const JsonError& e) {
     throw CheckpointError(file + ": " + e.what());
@@ -205,32 +217,92 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& file)
   return c;
 }
 
+namespace {
+
+// One decoder layer's tensors under `p` ("model.layers.N." or "mtp.layer.").
+void push_layer(const LlamaConfig& c, const std::string& p, std::vector<WeightDesc>& w) {
+  const double in_h = 1.0 / std::sqrt(double(c.hidden));
+  w.push_back({p + "input_layernorm.weight", {c.hidden}, 0});
+  w.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), c.hidden}, in_h});
+  w.push_back({p + "self_attn.k_proj.weight", {c.kv_dim(), c.hidden}, in_h});
+  w.push_back({p + "self_attn.v_proj.weight", {c.kv_dim(), c.hidden}, in_h});
+  w.push_back(
+      {p + "self_attn.o_proj.weight", {c.hidden, c.q_dim()}, 1.0 / std::sqrt(double(c.q_dim()))});
+  w.push_back({p + "post_attention_layernorm.weight", {c.hidden}, 0});
+  w.push_back({p + "mlp.gate_proj.weight", {c.intermediate, c.hidden}, in_h});
+  w.push_back({p + "mlp.up_proj.weight", {c.intermediate, c.hidden}, in_h});
+  w.push_back({p + "mlp.down_proj.weight",
+               {c.hidden, c.intermediate},
+               1.0 / std::sqrt(double(c.intermediate))});
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+bool residual_output(const std::string& name) {
+  return ends_with(name, "self_attn.o_proj.weight") || ends_with(name, "mlp.down_proj.weight");
+}
+
+}  // namespace
+
 std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c) {
   std::vector<WeightDesc> w;
-  const double in_h = 1.0 / std::sqrt(double(c.hidden));
   w.push_back({"model.embed_tokens.weight", {c.vocab, c.hidden}, 1.0});
-  for (int32_t i = 0; i < c.layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    w.push_back({p + "input_layernorm.weight", {c.hidden}, 0});
-    w.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), c.hidden}, in_h});
-    w.push_back({p + "self_attn.k_proj.weight", {c.kv_dim(), c.hidden}, in_h});
-    w.push_back({p + "self_attn.v_proj.weight", {c.kv_dim(), c.hidden}, in_h});
-    w.push_back(
-        {p + "self_attn.o_proj.weight", {c.hidden, c.q_dim()}, 1.0 / std::sqrt(double(c.q_dim()))});
-    w.push_back({p + "post_attention_layernorm.weight", {c.hidden}, 0});
-    w.push_back({p + "mlp.gate_proj.weight", {c.intermediate, c.hidden}, in_h});
-    w.push_back({p + "mlp.up_proj.weight", {c.intermediate, c.hidden}, in_h});
-    w.push_back({p + "mlp.down_proj.weight",
-                 {c.hidden, c.intermediate},
-                 1.0 / std::sqrt(double(c.intermediate))});
-  }
+  for (int32_t i = 0; i < c.layers; ++i)
+    push_layer(c, "model.layers." + std::to_string(i) + ".", w);
   w.push_back({"model.norm.weight", {c.hidden}, 0});
-  if (!c.tie_embeddings) w.push_back({"lm_head.weight", {c.vocab, c.hidden}, in_h});
+  if (!c.tie_embeddings)
+    w.push_back({"lm_head.weight", {c.vocab, c.hidden}, 1.0 / std::sqrt(double(c.hidden))});
+  return w;
+}
+
+std::vector<WeightDesc> draft_weight_list(const LlamaConfig& c) {
+  std::vector<WeightDesc> w;
+  w.push_back({"mtp.enorm.weight", {c.hidden}, 0});
+  w.push_back({"mtp.hnorm.weight", {c.hidden}, 0});
+  w.push_back({"mtp.eh_proj.weight", {c.hidden, 2 * c.hidden}, 1.0 / std::sqrt(2.0 * c.hidden)});
+  push_layer(c, "mtp.layer.", w);
+  return w;
+}
+
+double draft_layer_scale(double fidelity, int32_t layers) {
+  const double f = std::clamp(fidelity, 0.0, 1.0);
+  return 2.0 * (1.0 - f) * (1.0 - f) / std::sqrt(2.0 * std::max(layers, 1));
+}
+
+std::vector<WeightDesc> synthetic_weight_list(const LlamaConfig& c, bool with_draft,
+                                              double draft_fidelity) {
+  std::vector<WeightDesc> w = llama_weight_list(c);
+  std::vector<WeightDesc> d;
+  if (with_draft) d = draft_weight_list(c);
+  if (draft_fidelity >= 0) {
+    if (draft_fidelity > 1)
+      throw ConfigError("", "draft fidelity " + std::to_string(draft_fidelity) + " outside [0, 1]");
+    const double layer_scale = draft_layer_scale(draft_fidelity, c.layers);
+    for (WeightDesc& t : w) {
+      if (residual_output(t.name)) t.init_std *= layer_scale;
+      if (t.name == "lm_head.weight") t.init_std *= kBigramLogitStd;
+    }
+    for (WeightDesc& t : d) {
+      if (residual_output(t.name)) t.init_std *= 1e-3;
+      if (t.name == "mtp.eh_proj.weight") t.eye = true;
+    }
+  }
+  w.insert(w.end(), d.begin(), d.end());
   return w;
 }
 
 void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, uint64_t count,
                            uint16_t* out) {
+  if (w.eye) {
+    const uint64_t cols = uint64_t(w.shape.at(1));
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint64_t e = offset + i;
+      out[i] = e / cols == e % cols ? 0x3f80 : 0;
+    }
+    return;
+  }
   if (w.init_std == 0) {
     for (uint64_t i = 0; i < count; ++i) out[i] = 0x3f80;  // 1.0
     return;
@@ -242,7 +314,7 @@ void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, 
 }
 
 void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, uint64_t seed,
-                                uint64_t shard_bytes) {
+                                uint64_t shard_bytes, double draft_fidelity) {
   const LlamaConfig c = llama_config_from_spec(spec);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -252,7 +324,8 @@ void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, u
     cfg << llama_config_json(c);
     if (!cfg) throw CheckpointError(dir + "/config.json: write failed");
   }
-  const std::vector<WeightDesc> weights = llama_weight_list(c);
+  const std::vector<WeightDesc> weights =
+      synthetic_weight_list(c, draft_fidelity >= 0, draft_fidelity);
   std::vector<std::vector<TensorSource>> shards(1);
   uint64_t in_shard = 0;
   for (const WeightDesc& w : weights) {
@@ -268,8 +341,9 @@ void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, u
            synthetic_tensor_bits(w, seed, offset, count, reinterpret_cast<uint16_t*>(dst));
          }});
   }
-  const std::vector<std::pair<std::string, std::string>> meta = {
+  std::vector<std::pair<std::string, std::string>> meta = {
       {"format", "pt"}, {"twinstep_synthetic_seed", std::to_string(seed)}};
+  if (draft_fidelity >= 0) meta.push_back({"twinstep_draft_fidelity", number_text(draft_fidelity)});
   if (shards.size() == 1) {
     write_safetensors((fs::path(dir) / "model.safetensors").string(), shards[0], meta);
     return;
@@ -341,7 +415,16 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     by_name[f] = ck->files_.back().get();
   }
 
-  for (const WeightDesc& w : llama_weight_list(ck->config_)) {
+  // The draft module is optional: present when its projection is, then checked like the rest.
+  const bool draft = weight_map.empty() ? ck->files_[0]->find("mtp.eh_proj.weight") != nullptr
+                                        : weight_map.count("mtp.eh_proj.weight") > 0;
+  ck->has_draft_ = draft;
+  std::vector<WeightDesc> wanted = llama_weight_list(ck->config_);
+  if (draft) {
+    const std::vector<WeightDesc> d = draft_weight_list(ck->config_);
+    wanted.insert(wanted.end(), d.begin(), d.end());
+  }
+  for (const WeightDesc& w : wanted) {
     const SafetensorsFile* file = nullptr;
     if (!weight_map.empty()) {
       auto it = weight_map.find(w.name);

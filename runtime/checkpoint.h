@@ -51,8 +51,33 @@ struct WeightDesc {
   std::string name;
   std::vector<int64_t> shape;
   double init_std = 0;  // 0: a norm weight, all ones
+  bool eye = false;     // [rows][cols], cols >= rows: 1 where col == row, else 0 (init_std unused)
 };
 std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c);
+
+// The speculative draft module (NEXTN/MTP style, docs/runtime.md), extra tensors of a checkpoint:
+//   mtp.enorm.weight [H], mtp.hnorm.weight [H]        RMSNorm of the token embedding / target
+//   hidden mtp.eh_proj.weight [H, 2H]                        input = [enorm(embed(t)); hnorm(h)]
+//   mtp.layer.<suffix>                                one decoder layer, the suffixes of
+//                                                     model.layers.N (input_layernorm, self_attn.*,
+//                                                     post_attention_layernorm, mlp.*)
+// The draft shares the target's embedding, final norm (model.norm) and LM head.
+std::vector<WeightDesc> draft_weight_list(const LlamaConfig& c);
+
+// Synthetic weights of a target (and draft, when with_draft). draft_fidelity < 0: the plain
+// random init (llama_weight_list's; the draft random likewise, agreeing by chance). In [0, 1]: a
+// pair whose greedy agreement grows with the fidelity: the target's LM head reads mostly the
+// embedding of the current token (a "bigram" path; LM head std kBigramLogitStd / sqrt(H), so
+// top-1 probabilities spread over (0, 1)), every layer's residual contribution (o_proj, down_proj)
+// scaled by draft_layer_scale(F, layers), and the draft reproduces the bigram path (eh_proj = [I |
+// 0] on the embedding half, its own layer's contributions scaled by 1e-3).
+std::vector<WeightDesc> synthetic_weight_list(const LlamaConfig& c, bool with_draft,
+                                              double draft_fidelity = -1);
+// Scale of each target layer's residual contribution at fidelity F in [0, 1]:
+// 2 (1 - F)^2 / sqrt(2 layers), so the layers' summed perturbation of the residual stream is
+// ~2 (1 - F)^2 of the embedding term whatever the depth (F = 1: none, exact agreement).
+double draft_layer_scale(double fidelity, int32_t layers);
+constexpr double kBigramLogitStd = 4.0;
 
 // Synthetic bf16 values of tensor `w`, elements [offset, offset + count), as raw bits.
 void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, uint64_t count,
@@ -62,8 +87,11 @@ void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, 
 // weights ~ normal(0, 1/sqrt(fan_in)) (Irwin-Hall approximation, synthetic.h), embeddings
 // normal(0, 1), norm weights 1. Files above shard_bytes are split into shards with an index.
 // The values are those the runtime's in-memory synthetic init produces for the same seed.
+// draft_fidelity (>= 0, <= 1): also writes the draft module, the pair built as
+// synthetic_weight_list(c, true, draft_fidelity) describes. < 0: target only, plain random init.
 void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, uint64_t seed,
-                                uint64_t shard_bytes = uint64_t{4} << 30);
+                                uint64_t shard_bytes = uint64_t{4} << 30,
+                                double draft_fidelity = -1);
 
 // An opened checkpoint: config and memory-mapped shards, every tensor the config needs present,
 // BF16 and of the right shape (checked at open; errors name the tensor and the file).
@@ -71,12 +99,15 @@ class Checkpoint {
  public:
   static std::unique_ptr<Checkpoint> open(const std::string& dir);
   const LlamaConfig& config() const { return config_; }
-  // Raw bf16 bytes of a tensor of llama_weight_list(config()).
+  // True when the checkpoint holds the draft module (every tensor of draft_weight_list, checked).
+  bool has_draft() const { return has_draft_; }
+  // Raw bf16 bytes of a tensor of llama_weight_list(config()) (or draft_weight_list).
   std::span<const std::byte> tensor(const std::string& name) const;
   const std::string& file_of(const std::string& name) const;
 
  private:
   LlamaConfig config_;
+  bool has_draft_ = false;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> tensors_;
 };

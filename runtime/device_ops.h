@@ -11,9 +11,22 @@
 
 namespace twinstep::runtime {
 
+// Draft tokens one speculative round proposes at most: verify runs draft + 1 positions per
+// request, within gemv's 16 rows and decode_attention's 16 query positions.
+constexpr int kMaxDraftTokens = 15;
+
+// One request's result of a launch. Decode and prefill fill token and ctx (accepted 0). A verify
+// launch commits accepted + 1 tokens: draft[0 .. accepted) and then `token` (the bonus). A draft
+// launch reports draft_len / conf_len / draft / confidence only (token 0, accepted 0).
 struct OutputRow {
   int32_t token;
-  int32_t ctx;  // tokens cached after this launch (the next decode writes position ctx)
+  int32_t ctx;            // tokens cached after this launch (the next decode writes position ctx)
+  int32_t accepted = 0;   // draft tokens the target agreed with (verify)
+  int32_t draft_len = 0;  // draft tokens proposed this round (<= kMaxDraftTokens)
+  int32_t conf_len = 0;   // leading drafted tokens whose top-1 probability met the threshold
+  int32_t pad_ = 0;
+  int32_t draft[kMaxDraftTokens] = {};
+  float confidence[kMaxDraftTokens] = {};  // draft token i's top-1 probability
 };
 
 constexpr int kOutputRing = 64;  // output entries (one per launch), indexed by seq % ring

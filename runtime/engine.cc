@@ -13,6 +13,8 @@
 #include "kernels/norm.h"
 #include "kernels/swiglu.h"
 #include "policies/error.h"
+#include "runtime/engine_internal.h"
+#include "runtime/spec_ops.h"
 #include "runtime/synthetic.h"
 
 namespace twinstep::runtime {
@@ -35,66 +37,6 @@ size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // ---------------------------------------------------------------------------------------------
 // buffers
-
-struct Engine::Buffers {
-  std::vector<void*> device_allocs;
-  std::vector<void*> host_allocs;
-  // Weights (one allocation). Fused per layer: qkv rows [q; k; v], gate_up rows [gate; up].
-  bf16* embed = nullptr;
-  bf16* final_norm = nullptr;
-  bf16* lm_head = nullptr;
-  std::vector<bf16*> in_norm, w_qkv, w_o, post_norm, w_gu, w_down;
-  std::map<std::string, std::pair<bf16*, int64_t>> by_name;
-  // Relay and KV cache (slot max_slots is the padding slot).
-  int* tokens = nullptr;
-  int* ctx = nullptr;
-  bf16** slot_base = nullptr;
-  std::vector<bf16*> slot_base_host;
-  // Decode batch.
-  int* batch_slots = nullptr;
-  int* tok_in = nullptr;
-  int* ctx_b = nullptr;
-  bf16** base_b = nullptr;
-  // Activations, rows_max rows.
-  bf16 *residual = nullptr, *xn = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr,
-       *o = nullptr, *gu = nullptr, *act = nullptr, *mlp = nullptr;
-  bf16 *last_res = nullptr, *last_mlp = nullptr;
-  // Sampling.
-  int *argmax = nullptr, *sampled = nullptr;
-  float* top1 = nullptr;
-  char* lm_ws = nullptr;
-  size_t lm_ws_chunk = 0;
-  void* attn_ws = nullptr;
-  // Outputs and counters.
-  OutputRow* out_ring = nullptr;
-  OutputRow* host_ring = nullptr;
-  int ring_rows = 0;
-  uint64_t* seq = nullptr;
-  uint64_t* sample_step = nullptr;
-  uint64_t* ts = nullptr;
-  int ts_nodes = 0;
-  // Prefill metadata: device mirror of one staging entry.
-  char* meta = nullptr;
-  char* staging = nullptr;  // pinned, kStagingRing entries
-  size_t meta_bytes = 0;
-  size_t off_chunk_ctx = 0, off_last = 0, off_slots = 0, off_lens = 0, off_base = 0;
-  std::vector<cudaEvent_t> staging_done;
-  int64_t staging_next = 0;
-  cublasHandle_t cublas = nullptr;
-  void* cublas_ws = nullptr;
-  cudaStream_t aux = nullptr;
-  int rows_max = 0;
-  int chunk = 16;  // prefill query chunk (pseudo-request length)
-  int chunks_max = 0;
-
-  template <typename T>
-  T* dev(size_t count) {
-    void* p = nullptr;
-    TS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16)));
-    device_allocs.push_back(p);
-    return static_cast<T*>(p);
-  }
-};
 
 Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
     : config_(config), options_(options), b_(std::make_unique<Buffers>()) {
@@ -132,6 +74,8 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
 
 Engine::~Engine() {
   for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+  if (spec_)
+    for (auto& [k, g] : spec_->graphs) cudaGraphExecDestroy(g);
   if (compute_) cudaStreamSynchronize(compute_);
   if (copy_) cudaStreamSynchronize(copy_);
   for (cudaEvent_t e : b_->staging_done) cudaEventDestroy(e);
@@ -172,6 +116,14 @@ void Engine::allocate() {
   }
   const int64_t at_norm = reserve(H);
   const int64_t at_lm = c.tie_embeddings ? at_embed : reserve(V * H);
+  std::vector<std::pair<std::string, int64_t>> at_draft;  // draft tensors, draft_weight_list order
+  if (options_.draft) {
+    for (const WeightDesc& d : draft_weight_list(c)) {
+      int64_t n = 1;
+      for (int64_t x : d.shape) n *= x;
+      at_draft.emplace_back(d.name, reserve(n));
+    }
+  }
   bf16* w = b.dev<bf16>(size_t(elems));
   weight_bytes_ = elems * 2;
   b.embed = w + at_embed;
@@ -184,6 +136,33 @@ void Engine::allocate() {
     b.post_norm.push_back(w + at_post[l]);
     b.w_gu.push_back(w + at_gu[l]);
     b.w_down.push_back(w + at_down[l]);
+  }
+  for (const auto& [name, at] : at_draft) {
+    bf16* p = w + at;
+    DraftWeights& dw = b.draft;
+    if (name == "mtp.enorm.weight") dw.enorm = p;
+    if (name == "mtp.hnorm.weight") dw.hnorm = p;
+    if (name == "mtp.eh_proj.weight") dw.eh_proj = p;
+    if (name == "mtp.layer.input_layernorm.weight") dw.in_norm = p;
+    if (name == "mtp.layer.self_attn.q_proj.weight") dw.w_qkv = p;
+    if (name == "mtp.layer.self_attn.o_proj.weight") dw.w_o = p;
+    if (name == "mtp.layer.post_attention_layernorm.weight") dw.post_norm = p;
+    if (name == "mtp.layer.mlp.gate_proj.weight") dw.w_gu = p;
+    if (name == "mtp.layer.mlp.down_proj.weight") dw.w_down = p;
+  }
+  if (options_.draft) {
+    // The draft's fused qkv and gate_up: k/v and up follow q and gate (contiguous reservations).
+    for (const WeightDesc& d : draft_weight_list(c)) {
+      int64_t n = 1;
+      for (int64_t x : d.shape) n *= x;
+      bf16* p = nullptr;
+      for (const auto& [name, at] : at_draft)
+        if (name == d.name) p = w + at;
+      b.by_name[d.name] = {p, n};
+    }
+    assert(b.by_name.at("mtp.layer.self_attn.k_proj.weight").first ==
+           b.draft.w_qkv + c.q_dim() * H);
+    assert(b.by_name.at("mtp.layer.mlp.up_proj.weight").first == b.draft.w_gu + I * H);
   }
   for (const WeightDesc& d : llama_weight_list(c)) {
     int64_t n = 1;
@@ -225,7 +204,9 @@ void Engine::allocate() {
 
   // KV cache and relay.
   const int slots = options_.max_slots + 1;
-  kernels::KvCache shape{nullptr, c.layers, c.kv_heads, options_.capacity_tokens};
+  // With a draft, each slot holds one more layer: the draft layer's KV (engine_internal.h).
+  kernels::KvCache shape{nullptr, c.layers + (options_.draft ? 1 : 0), c.kv_heads,
+                         options_.capacity_tokens};
   const size_t per_slot = kernels::kv_cache_bytes_per_request(shape) / sizeof(bf16);
   bf16* pool = b.dev<bf16>(per_slot * slots);
   for (int s = 0; s < slots; ++s) b.slot_base_host.push_back(pool + per_slot * s);
@@ -243,7 +224,8 @@ void Engine::allocate() {
   options_.max_prefill_tokens = int32_t(align_up(
       size_t(std::max(options_.max_prefill_tokens, options_.capacity_tokens)), size_t(b.chunk)));
   b.chunks_max = options_.max_prefill_tokens / b.chunk;
-  b.rows_max = std::max(options_.max_prefill_tokens, max_bucket_);
+  b.rows_max = std::max(options_.max_prefill_tokens,
+                        max_bucket_ * (options_.draft ? kMaxDraftTokens + 1 : 1));
   const size_t R = size_t(b.rows_max);
   b.batch_slots = b.dev<int>(max_bucket_);
   b.tok_in = b.dev<int>(max_bucket_);
@@ -283,7 +265,7 @@ void Engine::allocate() {
   b.out_ring = b.dev<OutputRow>(size_t(kOutputRing) * out_rows);
   TS_CUDA_CHECK(cudaMallocHost(&b.host_ring, sizeof(OutputRow) * kOutputRing * out_rows));
   b.host_allocs.push_back(b.host_ring);
-  std::memset(b.host_ring, 0, sizeof(OutputRow) * kOutputRing * out_rows);
+  std::fill_n(b.host_ring, size_t(kOutputRing) * out_rows, OutputRow{});
   b.seq = b.dev<uint64_t>(1);
   b.sample_step = b.dev<uint64_t>(1);
   TS_CUDA_CHECK(cudaMemset(b.seq, 0, 8));
@@ -311,12 +293,19 @@ void Engine::allocate() {
   TS_CUDA_CHECK(cudaMalloc(&b.cublas_ws, kCublasWorkspaceBytes));
   b.device_allocs.push_back(b.cublas_ws);
   TS_CUBLAS_CHECK(cublasSetWorkspace(cublas_, b.cublas_ws, kCublasWorkspaceBytes));
+  if (options_.draft) allocate_spec();
   TS_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-void Engine::init_synthetic(uint64_t seed) {
-  for (const WeightDesc& d : llama_weight_list(config_)) {
+void Engine::init_synthetic(uint64_t seed, double draft_fidelity) {
+  for (const WeightDesc& d : synthetic_weight_list(config_, options_.draft, draft_fidelity)) {
     const auto& [p, n] = b_->by_name.at(d.name);
+    if (d.eye) {  // a structured tensor: made on the host (synthetic_tensor_bits), uploaded
+      std::vector<uint16_t> bits(static_cast<size_t>(n));
+      synthetic_tensor_bits(d, seed, 0, uint64_t(n), bits.data());
+      TS_CUDA_CHECK(cudaMemcpy(p, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+      continue;
+    }
     const float scale = d.init_std == 0 ? 0.0f : synthetic::scale_for_std(d.init_std);
     launch_init_synthetic(reinterpret_cast<uint16_t*>(p), uint64_t(n), seed,
                           synthetic::tensor_stream(d.name), scale, compute_);
@@ -325,7 +314,16 @@ void Engine::init_synthetic(uint64_t seed) {
 }
 
 void Engine::upload(const Checkpoint& ck) {
-  for (const WeightDesc& d : llama_weight_list(config_)) {
+  std::vector<WeightDesc> list = llama_weight_list(config_);
+  if (options_.draft) {
+    if (!ck.has_draft())
+      throw CheckpointError(ck.file_of("model.norm.weight") +
+                            ": speculative decoding needs the draft module (mtp.* tensors; "
+                            "twinstep make-checkpoint --draft-fidelity F writes them)");
+    const std::vector<WeightDesc> d = draft_weight_list(config_);
+    list.insert(list.end(), d.begin(), d.end());
+  }
+  for (const WeightDesc& d : list) {
     const auto& [p, n] = b_->by_name.at(d.name);
     const std::span<const std::byte> src = ck.tensor(d.name);
     if (int64_t(src.size()) != n * 2)
@@ -335,9 +333,10 @@ void Engine::upload(const Checkpoint& ck) {
 }
 
 std::unique_ptr<Engine> Engine::create_synthetic(const LlamaConfig& config, uint64_t seed,
-                                                 const EngineOptions& options) {
+                                                 const EngineOptions& options,
+                                                 double draft_fidelity) {
   std::unique_ptr<Engine> e(new Engine(config, options));
-  e->init_synthetic(seed);
+  e->init_synthetic(seed, draft_fidelity);
   return e;
 }
 
@@ -380,10 +379,54 @@ void Engine::node(const char* name) {
   ++node_index_;
 }
 
+void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* const* bases,
+                           void* attn_ws, bool row_exact, bool pdl) {
+  const LlamaConfig& c = config_;
+  Buffers& b = *b_;
+  const int H = int(c.hidden), I = int(c.intermediate);
+  const int B = requests * q_len;  // rows
+  const float eps = float(c.rms_eps);
+  cudaStream_t s = compute_;
+  auto project = [&](const bf16* w, const bf16* x, bf16* out, int m, int n, int k) {
+    project_rows(w, x, out, m, n, k, row_exact, pdl);
+  };
+  const kernels::KvCache cache{bases, c.layers, c.kv_heads, options_.capacity_tokens};
+  const kernels::AttentionShape shape{requests, q_len, c.q_heads, 0.08838834764831845f};
+  for (int l = 0; l < c.layers; ++l) {
+    node("attn_norm");
+    kernels::rmsnorm_residual(l == 0 ? nullptr : b.mlp, b.residual, b.in_norm[l], b.xn, B, H, eps,
+                              s, pdl);
+    node("qkv_proj");
+    project(b.w_qkv[l], b.xn, b.qkv, B, int(c.qkv_dim()), H);
+    node("rope_kv_append");
+    kernels::rope_kv_append(b.qkv, ctx_lens, cache, l, b.q, requests, q_len, c.q_heads, rope_, s,
+                            pdl);
+    node("attention");
+    kernels::decode_attention(b.q, cache, l, ctx_lens, b.attn, shape, attn_ws, s, pdl);
+    node("o_proj");
+    project(b.w_o[l], b.attn, b.o, B, H, int(c.q_dim()));
+    node("mlp_norm");
+    kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, B, H, eps, s, pdl);
+    if (B <= kernels::kGemvMaxRows || row_exact) {
+      node("gate_up_swiglu");
+      for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
+        kernels::gemv_swiglu(b.w_gu[l], b.xn + size_t(r0) * H, b.act + size_t(r0) * I,
+                             std::min(kernels::kGemvMaxRows, B - r0), I, H, s, pdl);
+    } else {
+      node("gate_up_proj");
+      proj(b.w_gu[l], b.xn, b.gu, B, 2 * I, H, pdl);
+      node("swiglu");
+      kernels::swiglu(b.gu, b.act, B, I, s, pdl);
+    }
+    node("down_proj");
+    project(b.w_down[l], b.act, b.mlp, B, H, I);
+  }
+}
+
 void Engine::decode_forward(int B, bool pdl, bool commit) {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
-  const int H = int(c.hidden), I = int(c.intermediate), V = int(c.vocab);
+  const int H = int(c.hidden), V = int(c.vocab);
   const float eps = float(c.rms_eps);
   cudaStream_t s = compute_;
   std::vector<const char*> names;
@@ -396,34 +439,7 @@ void Engine::decode_forward(int B, bool pdl, bool commit) {
                       s);
   node("embedding");
   kernels::embedding_gather(b.embed, b.tok_in, b.residual, B, V, H, s, pdl);
-  const kernels::KvCache cache{b.base_b, c.layers, c.kv_heads, options_.capacity_tokens};
-  const kernels::AttentionShape shape{B, 1, c.q_heads, 0.08838834764831845f};
-  for (int l = 0; l < c.layers; ++l) {
-    node("attn_norm");
-    kernels::rmsnorm_residual(l == 0 ? nullptr : b.mlp, b.residual, b.in_norm[l], b.xn, B, H, eps,
-                              s, pdl);
-    node("qkv_proj");
-    proj(b.w_qkv[l], b.xn, b.qkv, B, int(c.qkv_dim()), H, pdl);
-    node("rope_kv_append");
-    kernels::rope_kv_append(b.qkv, b.ctx_b, cache, l, b.q, B, 1, c.q_heads, rope_, s, pdl);
-    node("attention");
-    kernels::decode_attention(b.q, cache, l, b.ctx_b, b.attn, shape, b.attn_ws, s, pdl);
-    node("o_proj");
-    proj(b.w_o[l], b.attn, b.o, B, H, int(c.q_dim()), pdl);
-    node("mlp_norm");
-    kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, B, H, eps, s, pdl);
-    if (B <= kernels::kGemvMaxRows) {
-      node("gate_up_swiglu");
-      kernels::gemv_swiglu(b.w_gu[l], b.xn, b.act, B, I, H, s, pdl);
-    } else {
-      node("gate_up_proj");
-      proj(b.w_gu[l], b.xn, b.gu, B, 2 * I, H, pdl);
-      node("swiglu");
-      kernels::swiglu(b.gu, b.act, B, I, s, pdl);
-    }
-    node("down_proj");
-    proj(b.w_down[l], b.act, b.mlp, B, H, I, pdl);
-  }
+  target_layers(B, 1, b.ctx_b, b.base_b, b.attn_ws, /*row_exact=*/false, pdl);
   node("final_norm");
   kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s, pdl);
   for (int r0 = 0, chunk = 0; r0 < B; r0 += kernels::kGemvMaxRows, ++chunk) {
@@ -576,9 +592,17 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     kernels::swiglu(b.gu, b.act, T, I, s);
     proj(b.w_down[l], b.act, b.mlp, T, H, I, false);
   }
-  launch_gather_rows(b.residual, d_last, b.last_res, n, H, s);
-  launch_gather_rows(b.mlp, d_last, b.last_mlp, n, H, s);
-  kernels::rmsnorm_residual(b.last_mlp, b.last_res, b.final_norm, b.xn, n, H, eps, s);
+  if (options_.draft) {
+    // The draft needs every position's pre-norm hidden state: complete the residual stream of
+    // all rows (the same bf16 sum as the last-row path below), then norm the last rows.
+    kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, T, H, eps, s);
+    launch_gather_rows(b.residual, d_last, b.last_res, n, H, s);
+    kernels::rmsnorm_residual(nullptr, b.last_res, b.final_norm, b.xn, n, H, eps, s);
+  } else {
+    launch_gather_rows(b.residual, d_last, b.last_res, n, H, s);
+    launch_gather_rows(b.mlp, d_last, b.last_mlp, n, H, s);
+    kernels::rmsnorm_residual(b.last_mlp, b.last_res, b.final_norm, b.xn, n, H, eps, s);
+  }
   for (int r0 = 0, chunk = 0; r0 < n; r0 += kernels::kGemvMaxRows, ++chunk) {
     const int m = std::min(kernels::kGemvMaxRows, n - r0);
     kernels::lm_head(b.lm_head, b.xn + size_t(r0) * H, m, V, H,
@@ -588,6 +612,10 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
   }
   launch_prefill_commit(n, d_slots, d_lens, b.sampled, row_offset, b.tokens, b.ctx, b.out_ring,
                         b.ring_rows, b.seq, b.sample_step, last_pass, s);
+  if (options_.draft) {
+    launch_scatter_rows(b.last_res, d_slots, spec_->hid, n, H, s);
+    draft_prefill(T, C, b.chunk, d_tok, d_chunk_ctx, d_bases);
+  }
 }
 
 int64_t Engine::enqueue_prefill(std::span<const int32_t> slots,

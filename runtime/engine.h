@@ -60,12 +60,29 @@ struct EngineOptions {
   int32_t capacity_tokens = 0;         // KV positions per slot
   int32_t max_prefill_tokens = 16384;  // tokens per prefill pass (more are split into passes)
   bool profile_nodes = false;          // decode graphs/launches write a GPU timestamp per kernel
+  bool draft = false;  // hold the draft module and run speculative decoding (engine_spec.cc)
 };
+
+// One draft launch: `steps` autoregressive draft forwards (1..kMaxDraftTokens). device_stop: a
+// request stops drafting once it drafted min_steps tokens and a token's top-1 probability fell
+// below threshold (policies/spec_rules.h); the stopped request's later positions are computed and
+// ignored (padding). threshold also defines conf_len in the output rows.
+struct DraftControl {
+  int32_t steps = 1;
+  bool device_stop = false;
+  float threshold = 0.0f;
+  int32_t min_steps = 1;
+};
+// The control of a draft of `steps` tokens under `spec` (device_stop for confidence device and
+// host_blocking, whose draft lengths the device decides).
+DraftControl draft_control(const SpecSpec& spec, int32_t steps);
 
 class Engine {
  public:
+  // draft_fidelity: synthetic_weight_list (checkpoint.h); < 0 plain random weights.
   static std::unique_ptr<Engine> create_synthetic(const LlamaConfig& config, uint64_t seed,
-                                                  const EngineOptions& options);
+                                                  const EngineOptions& options,
+                                                  double draft_fidelity = -1);
   static std::unique_ptr<Engine> create_from_checkpoint(const Checkpoint& checkpoint,
                                                         const EngineOptions& options);
   ~Engine();
@@ -92,6 +109,29 @@ class Engine {
                           std::span<const std::vector<int32_t>> prompts);
   // Enqueues one decode step of `slots` (1..max_slots distinct slots) in `mode`.
   int64_t enqueue_decode(std::span<const int32_t> slots, GraphMode mode);
+  // Speculative decoding (options().draft, greedy sampling; docs/runtime.md). With a draft, a
+  // prefill also seeds the slot's draft state. One round of `slots` is enqueue_draft, then
+  // enqueue_verify, then enqueue_extend, with the same slots in the same order, nothing else of
+  // these slots in between (host_blocking may read the draft's output entry before verify).
+  // Graph modes: eager or a captured graph per (bucket, steps or width); kCudaGraphPdl runs as
+  // kCudaGraph (no programmatic dependent launch in these graphs).
+  //   draft:  each request drafts ctl.steps tokens (fewer with device_stop); writes an output
+  //           entry (draft_len, conf_len, draft tokens, confidences) and returns its sequence.
+  //   verify: the target over the committed token and the drafts, `width` positions per request
+  //           (2..16, >= the draft length + 1), greedy acceptance on the device; commits
+  //           accepted + 1 tokens per request (the KV keeps the accepted prefix, ctx advances by
+  //           accepted + 1) and writes an output entry, whose sequence it returns.
+  //   extend: rewrites the draft's KV of the accepted positions from the target's hidden states
+  //           (same width as verify). Writes no output entry.
+  // Capacity: a request needs ctx + width <= capacity_tokens before each verify.
+  int64_t enqueue_draft(std::span<const int32_t> slots, const DraftControl& ctl, GraphMode mode);
+  int64_t enqueue_verify(std::span<const int32_t> slots, int32_t width, float threshold,
+                         GraphMode mode);
+  void enqueue_extend(std::span<const int32_t> slots, int32_t width, GraphMode mode);
+  // Captures the speculative graphs `spec` can use for every bucket up to max_batch (no-op for
+  // eager). Not timed work: call before a run.
+  void prepare_spec(GraphMode mode, int max_batch, const SpecSpec& spec);
+
   // Copies the first `rows` rows of output entry `seq` to pinned host memory on `stream`.
   void enqueue_output_copy(int64_t seq, int32_t rows, cudaStream_t stream);
   // Pinned host rows of entry `seq`; valid once the copy completed and until kOutputRing more
@@ -111,6 +151,8 @@ class Engine {
 
  private:
   struct Buffers;
+  struct Spec;
+  enum class SpecPhase { kDraft, kVerify, kExtend };
   struct GraphKey {
     int bucket;
     GraphMode mode;
@@ -122,17 +164,39 @@ class Engine {
 
   Engine(const LlamaConfig& config, const EngineOptions& options);
   void allocate();
-  void init_synthetic(uint64_t seed);
+  void init_synthetic(uint64_t seed, double draft_fidelity);
   void upload(const Checkpoint& checkpoint);
   // The decode forward of bucket B on compute_ (eager or under capture). commit = false runs
   // the forward without touching the relay or the counters (warm-up before capture).
   void decode_forward(int bucket, bool pdl, bool commit);
+  // The target's layers over requests * q_len embedded rows of the residual stream (decode:
+  // q_len 1; verify: the draft width). Leaves the last layer's MLP output in mlp (not yet added).
+  void target_layers(int requests, int q_len, const int* ctx_lens, kernels::bf16* const* bases,
+                     void* attn_ws, bool row_exact, bool pdl);
   void prefill_pass(std::span<const int32_t> slots, std::span<const std::vector<int32_t>> prompts,
                     int row_offset, bool last_pass);
   void proj(const kernels::bf16* w, const kernels::bf16* x, kernels::bf16* out, int m, int n, int k,
             bool pdl);
   void node(const char* name);
   void upload_batch(std::span<const int32_t> slots, int bucket);
+  // engine_spec.cc
+  void allocate_spec();
+  void draft_forward(int bucket, const DraftControl& ctl, bool commit);
+  void verify_forward(int bucket, int width, float threshold, bool commit);
+  void extend_forward(int bucket, int width);
+  void draft_prefill(int tokens, int chunks, int chunk, const int* d_tok, const int* d_chunk_ctx,
+                     kernels::bf16* const* d_bases);
+  void draft_kv(const int* tok, const kernels::bf16* h, int rows, const int* ctx_lens,
+                kernels::bf16* const* bases, int requests, int q_len, bool row_exact);
+  void proj_rows(const kernels::bf16* w, const kernels::bf16* x, kernels::bf16* out, int m, int n,
+                 int k);
+  // row_exact: 16-row gemv chunks, each row bit-identical to plain decode's; else proj().
+  void project_rows(const kernels::bf16* w, const kernels::bf16* x, kernels::bf16* out, int m,
+                    int n, int k, bool row_exact, bool pdl);
+  int64_t spec_launch(SpecPhase phase, std::span<const int32_t> slots, int n,
+                      const DraftControl& ctl, GraphMode mode);
+  void run_spec_forward(SpecPhase phase, int bucket, int n, const DraftControl& ctl, bool commit);
+  cudaGraphExec_t spec_graph(SpecPhase phase, int bucket, int n, const DraftControl& ctl);
   void* staging(int64_t seq);
 
   LlamaConfig config_;
@@ -143,6 +207,7 @@ class Engine {
   cudaStream_t copy_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<Buffers> b_;
+  std::unique_ptr<Spec> spec_;
   int64_t weight_bytes_ = 0;
   int64_t next_seq_ = 0;  // host mirror of the device launch counter
   int max_bucket_ = 1;

@@ -7,6 +7,7 @@
 #include <cassert>
 #include <chrono>
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "policies/error.h"
@@ -65,6 +66,7 @@ struct CopyRecord {
 
 struct PendingStep {
   StepSample sample;
+  bool awaits_outputs = false;  // speculative: tokens and draft length come with the outputs
   std::vector<LaunchRecord> launches;
   std::vector<CopyRecord> copies;
   std::vector<std::pair<int32_t, int64_t>> decode_shapes;  // (requests, Σ ctx) per decode launch
@@ -78,8 +80,10 @@ struct StepOutputsPlan {
   struct Launch {
     int64_t seq;
     int32_t count;
+    Phase phase = Phase::kDecode;
+    int32_t width = 1;  // verify: positions per request (committed tokens <= width)
     std::vector<int32_t> requests;
-    std::vector<int32_t> expect_ctx;
+    std::vector<int32_t> expect_ctx;  // prefill/decode: exact; verify: ctx before the launch
   };
   std::vector<Launch> launches;
 };
@@ -104,6 +108,7 @@ struct RealBackend::State {
   bool candidate_pending = false;
   int64_t candidate_step = -1;  // the candidate anchor was recorded during this step
   std::deque<PendingStep> pending;
+  std::optional<PendingStep> carry;
   std::array<StepOutputsPlan, kStepRing> step_outputs;
   int64_t prev_step_end_ns = 0;
   int64_t last_gpu_end_ns = 0;
@@ -112,7 +117,11 @@ struct RealBackend::State {
   // the simulator; the policy never sees it).
   std::vector<int32_t> slot_of;  // per request, -1 when none
   std::vector<int32_t> free_slots;
-  std::vector<int32_t> ctx;  // per request: tokens cached on the device
+  // Per request: tokens cached on the device, exact for prefill/decode launches; with speculation
+  // the value after the last observed verify, and ctx_slack the widths of verify launches not
+  // yet observed (the device's ctx is at most ctx + ctx_slack).
+  std::vector<int32_t> ctx;
+  std::vector<int32_t> ctx_slack;
   // Per plan.
   bool slots_done = false;
   std::vector<std::vector<int32_t>> prompts;
@@ -149,6 +158,7 @@ struct RealBackend::State {
     const size_t n = b.requests_.size();
     slot_of.assign(n, -1);
     ctx.assign(n, 0);
+    ctx_slack.assign(n, 0);
     b.tokens_.assign(n, {});
     free_slots.clear();
     for (int s = engine.options().max_slots - 1; s >= 0; --s) free_slots.push_back(s);
@@ -295,10 +305,10 @@ struct RealBackend::State {
       p.sample.prefills += g.request_count;
       rec.gpu_name = "prefill";
       rec.host_name = "launch_prefill";
-    } else {
+    } else if (g.phase == Phase::kDecode) {
       if (g.q_tokens != 1)
         throw Error("real backend: decode launches of " + std::to_string(g.q_tokens) +
-                    " tokens per request (speculation) are not supported yet");
+                    " tokens per request are not supported (speculation uses draft/verify/extend)");
       if (decode_slots.size() != size_t(g.request_count)) build_decode_slots(plan, g);
       int64_t ctx_sum = 0;
       for (int32_t i = 0; i < g.request_count; ++i) {
@@ -318,6 +328,8 @@ struct RealBackend::State {
       p.decode_shapes.emplace_back(g.request_count, ctx_sum);
       rec.gpu_name = g.mode == GraphMode::kEager ? "decode_eager" : "decode_graph";
       rec.host_name = g.mode == GraphMode::kEager ? "launch_eager" : "launch_graph";
+    } else {
+      launch_speculative(plan, g, out, p, rec);
     }
     TS_CUDA_CHECK(cudaEventRecord(timing[size_t(rec.end_ev)], engine.compute_stream()));
     rec.host_end_ns = now();
@@ -327,13 +339,65 @@ struct RealBackend::State {
       span(Lane::kHost, rec.host_name, plan.step, rec.host_begin_ns,
            rec.host_end_ns - rec.host_begin_ns, rec.flow);
     p.launches.push_back(rec);
-    so.launches.push_back(std::move(out));
+    if (out.seq >= 0) so.launches.push_back(std::move(out));
     // Refresh the anchor: a fresh event, converted once complete (finalize()).
     if (!candidate_pending && rec.host_begin_ns - anchor_ns > kReanchorNs) {
       TS_CUDA_CHECK(cudaEventRecord(candidate, engine.compute_stream()));
       candidate_pending = true;
       candidate_step = plan.step;
     }
+  }
+
+  // Draft / verify / extend of a speculative step (runtime/engine.h). Verify's committed count
+  // is a device value: the host bounds the context by the launch width until the outputs come.
+  void launch_speculative(const Plan& plan, const GraphLaunch& g, StepOutputsPlan::Launch& out,
+                          PendingStep& p, LaunchRecord& rec) {
+    const int32_t* ids = plan.requests.data() + g.first_request;
+    const int capacity = engine.options().capacity_tokens;
+    if (decode_slots.size() != size_t(g.request_count)) build_decode_slots(plan, g);
+    out.phase = g.phase;
+    out.width = g.q_tokens;
+    for (int32_t i = 0; i < g.request_count; ++i) {
+      out.requests.push_back(ids[i]);
+      out.expect_ctx.push_back(ctx[size_t(ids[i])]);
+    }
+    const bool graph = g.mode != GraphMode::kEager;
+    const SpecSpec& spec = b.options_.spec;
+    p.awaits_outputs = true;
+    switch (g.phase) {
+      case Phase::kDraft:
+        out.seq =
+            engine.enqueue_draft(decode_slots, runtime::draft_control(spec, g.q_tokens), g.mode);
+        rec.gpu_name = graph ? "draft_graph" : "draft_eager";
+        break;
+      case Phase::kVerify: {
+        int64_t ctx_sum = 0;
+        for (int32_t i = 0; i < g.request_count; ++i) {
+          const size_t r = size_t(ids[i]);
+          if (ctx[r] + ctx_slack[r] + g.q_tokens > capacity)
+            throw Error("real backend: request " + std::to_string(ids[i]) +
+                        " may outgrow the KV capacity of " + std::to_string(capacity) +
+                        " tokens (verify of " + std::to_string(g.q_tokens) + " positions)");
+          ctx_sum += ctx[r] + ctx_slack[r];
+          ctx_slack[r] += g.q_tokens;
+        }
+        out.seq = engine.enqueue_verify(decode_slots, g.q_tokens, float(spec.threshold), g.mode);
+        p.sample.batch += g.request_count;
+        p.decode_shapes.emplace_back(g.request_count, ctx_sum);  // bytes as one decode step
+        rec.gpu_name = graph ? "verify_graph" : "verify_eager";
+        break;
+      }
+      case Phase::kExtend:
+        engine.enqueue_extend(decode_slots, g.q_tokens, g.mode);
+        out.seq = -1;  // no output entry
+        rec.gpu_name = graph ? "extend_graph" : "extend_eager";
+        break;
+      default:
+        assert(false);
+    }
+    if (g.phase == Phase::kExtend) decode_slots.clear();
+    rec.decode = false;  // node timestamps are taken for plain decode graphs only
+    rec.host_name = graph ? "launch_graph" : "launch_eager";
   }
 
   void copy(const Plan& plan, const Op& op, PendingStep& p) {
@@ -373,24 +437,65 @@ struct RealBackend::State {
       throw Error("real backend: outputs of step " + std::to_string(op.payload_step) +
                   " are no longer held (run-ahead deeper than the step ring)");
     outputs.clear();
+    bool draft_only = true;
+    int32_t committed = 0, longest = 0;
     for (const StepOutputsPlan::Launch& l : so.launches) {
       const runtime::OutputRow* rows = engine.host_outputs(l.seq);
+      draft_only = draft_only && l.phase == Phase::kDraft;
       for (int32_t i = 0; i < l.count; ++i) {
         const int32_t r = l.requests[size_t(i)];
-        if (rows[i].ctx != l.expect_ctx[size_t(i)])
-          throw Error("real backend: relay mismatch for request " + std::to_string(r) +
-                      ": device reports " + std::to_string(rows[i].ctx) +
-                      " cached tokens, host expects " + std::to_string(l.expect_ctx[size_t(i)]));
+        const runtime::OutputRow& row = rows[i];
         std::vector<int32_t>& toks = b.tokens_[size_t(r)];
-        if (int32_t(toks.size()) < b.requests_[size_t(r)].output_len) toks.push_back(rows[i].token);
+        const int32_t out_len = b.requests_[size_t(r)].output_len;
+        if (l.phase == Phase::kDraft) {
+          outputs.push_back({r, 0, row.draft_len, row.conf_len});
+          longest = std::max(longest, row.draft_len);
+          continue;
+        }
+        if (l.phase == Phase::kVerify) {
+          const int32_t before = ctx[size_t(r)];
+          if (row.accepted < 0 || row.accepted >= l.width || row.ctx != before + row.accepted + 1)
+            throw Error("real backend: verify output of request " + std::to_string(r) +
+                        " inconsistent: accepted " + std::to_string(row.accepted) + ", ctx " +
+                        std::to_string(row.ctx) + " after " + std::to_string(before) + " (width " +
+                        std::to_string(l.width) + ")");
+          ctx[size_t(r)] = row.ctx;
+          ctx_slack[size_t(r)] -= l.width;
+          for (int32_t j = 0; j <= row.accepted; ++j)
+            if (int32_t(toks.size()) < out_len)
+              toks.push_back(j < row.accepted ? row.draft[j] : row.token);
+          outputs.push_back({r, row.accepted + 1, row.draft_len, row.conf_len});
+          committed += row.accepted + 1;
+          longest = std::max(longest, row.draft_len);
+          continue;
+        }
+        if (row.ctx != l.expect_ctx[size_t(i)])
+          throw Error("real backend: relay mismatch for request " + std::to_string(r) +
+                      ": device reports " + std::to_string(row.ctx) +
+                      " cached tokens, host expects " + std::to_string(l.expect_ctx[size_t(i)]));
+        if (int32_t(toks.size()) < out_len) toks.push_back(row.token);
         outputs.push_back({r, 1, 0});
       }
     }
-    program->observe({op.payload_step, outputs}, now());
+    draft_only = draft_only && !so.launches.empty();
+    // The step's committed tokens and draft length (StepSample), known only now.
+    PendingStep* owner = op.payload_step == plan.step ? &p : nullptr;
+    for (PendingStep& q : pending)
+      if (q.sample.step == op.payload_step) owner = &q;
+    if (owner != nullptr && owner->awaits_outputs) {
+      owner->sample.tokens += committed;
+      owner->sample.draft_len = std::max(owner->sample.draft_len, longest);
+      if (!draft_only) owner->awaits_outputs = false;
+    }
+    program->observe({op.payload_step, outputs, draft_only}, now());
   }
 
   void execute(const Plan& plan) {
     PendingStep p;
+    if (carry) {  // host_blocking: the draft half of this step ran in the previous plan
+      p = std::move(*carry);
+      carry.reset();
+    }
     p.trace = tracing(plan.step);
     p.sample.rank = 0;
     p.sample.step = plan.step;
@@ -428,6 +533,14 @@ struct RealBackend::State {
           break;
       }
     }
+    const bool draft_half =
+        !plan.launches.empty() &&
+        std::all_of(plan.launches.begin(), plan.launches.end(),
+                    [](const GraphLaunch& g) { return g.phase == Phase::kDraft; });
+    if (draft_half) {  // counted with the step it belongs to, as the simulator does
+      carry = std::move(p);
+      return;
+    }
     if (active) pending.push_back(std::move(p));
     finalize(false);
   }
@@ -436,6 +549,7 @@ struct RealBackend::State {
   void finalize(bool all) {
     while (!pending.empty()) {
       PendingStep& p = pending.front();
+      if (p.awaits_outputs && !all) break;  // completed by the host wait that reads its outputs
       if (!p.launches.empty()) {
         cudaEvent_t last = timing[size_t(p.launches.back().end_ev)];
         if (all) {
@@ -471,7 +585,7 @@ struct RealBackend::State {
         const int64_t start = gpu_ns(c.start_ev);
         span(Lane::kCopy, "d2h_outputs", s.step, start, gpu_ns(c.end_ev) - start, c.flow);
       }
-      for (const auto& [n, ctx_sum] : p.decode_shapes) {
+      for (const auto& [n, ctx_sum] : p.decode_shapes) {  // verify: counted as one decode step
         StepKernels k;
         step_kernels(b.model_, decode_shape(n, 1, ctx_sum), k);
         for (const LayerRun& run : k.runs)
@@ -520,10 +634,23 @@ RealBackend::RealBackend(runtime::Engine& engine, const ModelSpec& model,
       requests_(requests),
       options_(options) {
   engine_.set_sampling({options_.temperature, options_.sampling_seed});
-  engine_.prepare(options_.prepare_mode, options_.prepare_max_batch);
+  if (options_.spec.method == SpecMethod::kNone) {
+    engine_.prepare(options_.prepare_mode, options_.prepare_max_batch);
+  } else {
+    if (!engine_.options().draft)
+      throw Error("real backend: speculative decoding needs an engine with the draft module");
+    if (options_.temperature > 0)
+      throw Error("real backend: speculative decoding is greedy only (temperature " +
+                  std::to_string(options_.temperature) + ")");
+    engine_.prepare_spec(options_.prepare_mode, options_.prepare_max_batch, options_.spec);
+  }
 }
 
 RealBackend::~RealBackend() = default;
+
+int32_t spec_kv_margin(const SpecSpec& spec) {
+  return spec.method == SpecMethod::kNone ? 0 : 3 * (spec.max_draft() + 1);
+}
 
 int32_t RealBackend::prompt_token(uint64_t seed, int32_t request, int32_t position, int64_t vocab) {
   return int32_t(rng_key(seed, uint64_t(request), uint64_t(position)) % uint64_t(vocab));
@@ -537,7 +664,8 @@ void RealBackend::run(std::span<HostProgram* const> ranks, RunRecord& record) {
   if (ranks.size() != 1)
     throw Error("real backend: one rank per process (multi-GPU runs are one process per GPU)");
   for (const RequestSpec& r : requests_) {
-    const int64_t need = (int64_t(r.input_len) + 15) / 16 * 16 + r.output_len;
+    const int64_t need =
+        (int64_t(r.input_len) + 15) / 16 * 16 + r.output_len + spec_kv_margin(options_.spec);
     if (need > engine_.options().capacity_tokens)
       throw Error("real backend: request " + std::to_string(r.id) + " needs " +
                   std::to_string(need) + " KV positions, the engine holds " +

@@ -5,7 +5,10 @@
 //                YAML's host costs mean the same on both backends;
 //   kLaunch      prefill (eager) or decode (eager kernels, a CUDA graph per batch bucket, or the
 //                graph with programmatic dependent launch) on the compute stream; tokens and
-//                lengths are relayed on the GPU by slot (runtime/engine.h);
+//                lengths are relayed on the GPU by slot (runtime/engine.h). Speculative steps:
+//                draft / verify / extend graphs (Engine::enqueue_draft ...); the accepted counts
+//                reach the host only through the outputs (RequestOutput tokens, draft_len,
+//                conf_len), and the step's StepSample tokens / draft_len with them;
 //   kRecordEvent / kStreamWait  cudaEventRecord / cudaStreamWaitEvent;
 //   kCopyD2H     the step's output rows to pinned host memory on the op's stream;
 //   kHostWait    cudaEventSynchronize; with a payload, the copied rows go to observe().
@@ -50,7 +53,15 @@ struct RealOptions {
   float temperature = 0.0f;  // sampling of every request of the run (<= 0: greedy)
   uint64_t sampling_seed = 0;
   uint64_t prompt_seed = 0;  // prompt token t of request r: a hash of (seed, r, t) mod vocab
+  // The policy's speculation (must match the DecodeLoop's): which graphs to capture, the draft
+  // control of each draft launch (runtime::draft_control). Needs an engine with the draft module.
+  SpecSpec spec;
 };
+
+// KV positions a request needs on the real backend: the prompt padded to 16, the output, and
+// with speculation spec_kv_margin(spec) more (verify writes up to width positions past ctx, and
+// a run-ahead host launches a step or two more before it learns a request finished).
+int32_t spec_kv_margin(const SpecSpec& spec);
 
 class RealBackend final : public Backend {
  public:

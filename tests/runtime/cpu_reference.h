@@ -21,8 +21,9 @@ inline float bf16_round(float x) {
 
 class CpuLlama {
  public:
-  CpuLlama(const LlamaConfig& c, uint64_t seed) : c_(c) {
-    for (const WeightDesc& w : llama_weight_list(c)) {
+  // draft_fidelity >= 0: the target of synthetic_weight_list(c, false, draft_fidelity).
+  CpuLlama(const LlamaConfig& c, uint64_t seed, double draft_fidelity = -1) : c_(c) {
+    for (const WeightDesc& w : synthetic_weight_list(c, false, draft_fidelity)) {
       uint64_t n = 1;
       for (int64_t d : w.shape) n *= uint64_t(d);
       std::vector<uint16_t> bits(n);

@@ -16,18 +16,13 @@
 #include "runtime/engine.h"
 #include "runtime/real_backend.h"
 #include "tests/runtime/cpu_reference.h"
+#include "tests/runtime/gpu_skip.h"
 
 namespace twinstep {
 namespace {
 
 using runtime::Engine;
 using runtime::EngineOptions;
-
-#define SKIP_WITHOUT_GPU()                                  \
-  do {                                                      \
-    std::string why;                                        \
-    if (!real_backend_available(&why)) GTEST_SKIP() << why; \
-  } while (0)
 
 struct RunResult {
   RunRecord record;

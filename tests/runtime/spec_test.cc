@@ -1,0 +1,367 @@
+// Speculative decoding on the real runtime (GPU; each test skips without a CUDA device):
+//   - verify acceptance on the tiny model against the CPU reference (teacher-forced: the CPU's
+//     greedy argmax at every drafted position decides the accepted prefix and the bonus token);
+//   - greedy speculative output byte-identical to plain greedy (tiny model and Llama-3-8B shape),
+//     for chain and every confidence mode, >= 256 tokens;
+//   - accept lengths equal across reruns;
+//   - the fidelity dial: mean accept length of a chain of 8 per fidelity, and acceptance per
+//     confidence bucket (printed; the ends of the range asserted);
+//   - the draft module loaded from a make-checkpoint directory equals the in-memory synthetic one.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "policies/decode_loop.h"
+#include "runtime/checkpoint.h"
+#include "runtime/engine.h"
+#include "runtime/real_backend.h"
+#include "tests/runtime/cpu_reference.h"
+#include "tests/runtime/gpu_skip.h"
+
+namespace twinstep {
+namespace {
+
+using runtime::DraftControl;
+using runtime::Engine;
+using runtime::EngineOptions;
+using runtime::OutputRow;
+
+SpecSpec chain(int32_t steps, int32_t draft_tokens) {
+  SpecSpec s;
+  s.method = SpecMethod::kChain;
+  s.steps = steps;
+  s.draft_tokens = draft_tokens;
+  return s;
+}
+
+SpecSpec confidence(DraftMode mode, double threshold = 0.5, int32_t min_steps = 1,
+                    int32_t max_steps = 8) {
+  SpecSpec s;
+  s.method = SpecMethod::kConfidence;
+  s.mode = mode;
+  s.threshold = threshold;
+  s.min_steps = min_steps;
+  s.max_steps = max_steps;
+  s.lag = 1;
+  return s;
+}
+
+struct SpecRun {
+  RunRecord record;
+  std::vector<std::vector<int32_t>> tokens;
+  double accept_len = 0;  // tokens committed per verified request-step
+};
+
+SpecRun run(Engine& engine, const ModelSpec& model, const WorkloadSpec& w, const SpecSpec& spec,
+            HostSchedule schedule = HostSchedule::kRunahead,
+            GraphMode mode = GraphMode::kCudaGraph) {
+  PolicySpec p;
+  p.host_schedule = schedule;
+  p.graph_mode = mode;
+  p.spec = spec;
+  const std::vector<RequestSpec> requests = generate_requests(w);
+  SpecRun r;
+  DecodeLoop loop(p, w, requests, &r.record);
+  const HostCostModel host(HostCostSpec{}, 1);
+  RealOptions ro;
+  ro.prepare_mode = mode;
+  ro.prepare_max_batch = w.max_concurrency;
+  ro.prompt_seed = 3;
+  ro.spec = spec;
+  RealBackend backend(engine, model, host, requests, ro);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, r.record);
+  for (const RequestSpec& q : requests) r.tokens.push_back(backend.output_tokens(q.id));
+  int64_t committed = 0, verified = 0;
+  for (const StepSample& s : r.record.steps) {
+    if (s.draft_len == 0) continue;
+    committed += s.tokens;
+    verified += s.batch;
+  }
+  r.accept_len = verified ? double(committed) / double(verified) : 0;
+  return r;
+}
+
+std::vector<int32_t> prompt_of(int32_t request, int32_t len, int64_t vocab) {
+  std::vector<int32_t> p;
+  for (int32_t t = 0; t < len; ++t) p.push_back(RealBackend::prompt_token(3, request, t, vocab));
+  return p;
+}
+
+// Drives one request through the engine directly: prefill, then rounds of draft / verify /
+// extend (chain of `steps` drafts), reading each round's rows. Returns the verify rows.
+std::vector<OutputRow> direct_rounds(Engine& e, const std::vector<int32_t>& prompt, int rounds,
+                                     int steps, int32_t* first_token,
+                                     std::vector<OutputRow>* draft_rows = nullptr) {
+  const std::vector<int32_t> slot = {0};
+  const std::vector<std::vector<int32_t>> prompts = {prompt};
+  cudaStream_t s = e.compute_stream();
+  const int64_t p = e.enqueue_prefill(slot, prompts);
+  e.enqueue_output_copy(p, 1, s);
+  TS_CUDA_CHECK(cudaStreamSynchronize(s));
+  *first_token = e.host_outputs(p)[0].token;
+  DraftControl ctl;
+  ctl.steps = steps;
+  std::vector<OutputRow> out;
+  for (int i = 0; i < rounds; ++i) {
+    const int64_t d = e.enqueue_draft(slot, ctl, GraphMode::kCudaGraph);
+    const int64_t v = e.enqueue_verify(slot, steps + 1, 0.5f, GraphMode::kCudaGraph);
+    e.enqueue_extend(slot, steps + 1, GraphMode::kCudaGraph);
+    e.enqueue_output_copy(d, 1, s);
+    e.enqueue_output_copy(v, 1, s);
+    TS_CUDA_CHECK(cudaStreamSynchronize(s));
+    out.push_back(e.host_outputs(v)[0]);
+    if (draft_rows) draft_rows->push_back(e.host_outputs(d)[0]);
+  }
+  return out;
+}
+
+constexpr float kTieTolerance = 0.02f;  // as engine_test.cc: bf16 rounding-order near-ties
+
+TEST(SpecTiny, VerifyAcceptanceMatchesCpuReference) {
+  SKIP_WITHOUT_GPU();
+  const LlamaConfig c = llama_config_from_spec(tiny_runtime_spec());
+  constexpr double kFidelity = 0.8;  // a mix of accepted and rejected drafts
+  EngineOptions eo;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  auto engine = Engine::create_synthetic(c, 11, eo, kFidelity);
+  const std::vector<int32_t> prompt = prompt_of(0, 40, c.vocab);
+  int32_t first = 0;
+  const int kSteps = 6, kRounds = 40;
+  const std::vector<OutputRow> rows = direct_rounds(*engine, prompt, kRounds, kSteps, &first);
+
+  testing::CpuLlama cpu(c, 11, kFidelity);
+  std::vector<float> logits = cpu.prefill(prompt);
+  ASSERT_EQ(cpu.argmax(logits), first);
+  int ctx = int(prompt.size());
+  int32_t committed = first;  // t_c: committed, not yet processed
+  int ties = 0, accepted_total = 0, rejected_rounds = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    const OutputRow& row = rows[size_t(i)];
+    ASSERT_EQ(row.draft_len, kSteps);
+    ASSERT_EQ(row.ctx, ctx + row.accepted + 1) << "round " << i;
+    // The CPU target over t_c, d_1 .. d_accepted: its argmax after each must be the GPU's
+    // verdict (draft j for j < accepted, the bonus at j = accepted), and a rejected draft must
+    // differ from it.
+    bool diverged = false;
+    std::vector<float> l = cpu.decode(committed);
+    for (int j = 0; j <= row.accepted; ++j) {
+      const int32_t a = cpu.argmax(l);
+      const int32_t gpu_pick = j < row.accepted ? row.draft[j] : row.token;
+      if (a != gpu_pick) {
+        const float gap = l[size_t(a)] - l[size_t(gpu_pick)];
+        EXPECT_LT(gap, kTieTolerance)
+            << "round " << i << " position " << j << ": CPU " << a << ", GPU " << gpu_pick;
+        ++ties;
+        diverged = true;  // the sequences part here; nothing later is comparable
+        break;
+      }
+      if (j == row.accepted && j < kSteps) EXPECT_NE(row.draft[j], a) << "round " << i;
+      if (j < row.accepted) l = cpu.decode(row.draft[j]);
+    }
+    if (diverged) break;
+    accepted_total += row.accepted;
+    rejected_rounds += row.accepted < kSteps;
+    ctx += row.accepted + 1;  // the CPU cache holds exactly the accepted prefix too
+    committed = row.token;
+  }
+  std::printf(
+      "tiny F=%.2f: %d rounds of %d drafts, %d accepted in all, %d rounds with a "
+      "rejection, %d near-ties\n",
+      kFidelity, kRounds, kSteps, accepted_total, rejected_rounds, ties);
+  EXPECT_LE(ties, 1);
+  // Both outcomes exercised (otherwise the comparison above proves little).
+  EXPECT_GT(accepted_total, 0);
+  EXPECT_GT(rejected_rounds, 0);
+}
+
+class TinySpec : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    spec_ = tiny_runtime_spec();
+    EngineOptions eo;
+    eo.max_slots = 2;
+    eo.capacity_tokens = 512;
+    eo.draft = true;
+    engine_ = Engine::create_synthetic(llama_config_from_spec(spec_), 5, eo, 0.85);
+    w_.input_len = {40, 40};
+    w_.output_len = {300, 300};
+    w_.num_requests = 2;
+    w_.max_concurrency = 1;
+  }
+  ModelSpec spec_;
+  WorkloadSpec w_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(TinySpec, GreedySpeculativeOutputEqualsPlainGreedy) {
+  const SpecRun plain = run(*engine_, spec_, w_, SpecSpec{});
+  ASSERT_EQ(plain.tokens[0].size(), 300u);
+  struct Case {
+    const char* label;
+    SpecSpec spec;
+    HostSchedule schedule;
+    GraphMode mode;
+  };
+  const Case cases[] = {
+      {"chain(5) graphs", chain(5, 6), HostSchedule::kRunahead, GraphMode::kCudaGraph},
+      {"chain(5) eager lockstep", chain(5, 6), HostSchedule::kLockstep, GraphMode::kEager},
+      {"confidence device", confidence(DraftMode::kDevice), HostSchedule::kRunahead,
+       GraphMode::kCudaGraph},
+      {"confidence host_late", confidence(DraftMode::kHostLate), HostSchedule::kRunahead,
+       GraphMode::kCudaGraph},
+      {"confidence host_blocking", confidence(DraftMode::kHostBlocking), HostSchedule::kRunahead,
+       GraphMode::kCudaGraph},
+  };
+  for (const Case& k : cases) {
+    const SpecRun r = run(*engine_, spec_, w_, k.spec, k.schedule, k.mode);
+    EXPECT_EQ(r.tokens, plain.tokens) << k.label;
+    EXPECT_GE(r.accept_len, 1.0) << k.label;
+    std::printf("tiny %-26s accept length %.3f\n", k.label, r.accept_len);
+  }
+}
+
+TEST_F(TinySpec, AcceptLengthsEqualAcrossReruns) {
+  for (const SpecSpec& s : {chain(5, 6), confidence(DraftMode::kDevice)}) {
+    const SpecRun a = run(*engine_, spec_, w_, s);
+    const SpecRun b = run(*engine_, spec_, w_, s);
+    std::vector<int32_t> ca, cb;  // tokens per chunk, the accept sequence as the host saw it
+    for (const ChunkSample& c : a.record.chunks) ca.push_back(c.tokens);
+    for (const ChunkSample& c : b.record.chunks) cb.push_back(c.tokens);
+    EXPECT_EQ(ca, cb);
+    EXPECT_EQ(a.accept_len, b.accept_len);
+    EXPECT_EQ(a.tokens, b.tokens);
+  }
+}
+
+TEST_F(TinySpec, ErrorsNameWhatIsUnsupported) {
+  const std::vector<int32_t> slot = {0};
+  DraftControl ctl;
+  ctl.steps = 16;
+  EXPECT_THROW(engine_->enqueue_draft(slot, ctl, GraphMode::kEager), Error);
+  EXPECT_THROW(engine_->enqueue_verify(slot, 17, 0.5f, GraphMode::kEager), Error);
+  engine_->set_sampling({0.7f, 1});
+  ctl.steps = 2;
+  EXPECT_THROW(engine_->enqueue_draft(slot, ctl, GraphMode::kEager), Error);
+  engine_->set_sampling({});
+}
+
+// Mean accept length of a chain of 8 per fidelity, and the draft's confidence against the
+// verify's outcome (draft position j with j <= accepted was judged: accepted iff j < accepted).
+void fidelity_sweep(const LlamaConfig& c, const char* label, int prompt_len, int rounds,
+                    std::vector<std::pair<double, double>>* accept_by_fidelity) {
+  constexpr int kSteps = 8;
+  for (double f : {0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 1.0}) {
+    EngineOptions eo;
+    eo.capacity_tokens = (prompt_len + (kSteps + 1) * (rounds + 1) + 63) / 64 * 64;
+    eo.draft = true;
+    auto engine = Engine::create_synthetic(c, 21, eo, f);
+    double sum = 0;
+    int n = 0;
+    int bucket_judged[5] = {}, bucket_ok[5] = {};
+    for (int req = 0; req < 3; ++req) {
+      int32_t first = 0;
+      const std::vector<OutputRow> rows =
+          direct_rounds(*engine, prompt_of(req, prompt_len, c.vocab), rounds, kSteps, &first);
+      for (const OutputRow& row : rows) {
+        sum += row.accepted + 1;
+        ++n;
+        for (int j = 0; j <= row.accepted && j < kSteps; ++j) {
+          const int b = std::min(4, int(row.confidence[j] * 5));
+          ++bucket_judged[b];
+          bucket_ok[b] += j < row.accepted;
+        }
+      }
+    }
+    const double mean = sum / n;
+    accept_by_fidelity->emplace_back(f, mean);
+    std::printf(
+        "%s fidelity %.2f: mean accept length %.3f (chain of %d, %d rounds); "
+        "acceptance per confidence bucket [0-.2 .2-.4 .4-.6 .6-.8 .8-1]:",
+        label, f, mean, kSteps, n);
+    for (int b = 0; b < 5; ++b) {
+      if (bucket_judged[b])
+        std::printf(" %.2f(%d)", double(bucket_ok[b]) / bucket_judged[b], bucket_judged[b]);
+      else
+        std::printf(" -(0)");
+    }
+    std::printf("\n");
+  }
+}
+
+TEST(SpecFidelity, TinyAcceptLengthSpansTheRange) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::pair<double, double>> acc;
+  fidelity_sweep(llama_config_from_spec(tiny_runtime_spec()), "tiny", 64, 40, &acc);
+  EXPECT_LE(acc.front().second, 2.0);  // F = 0: agreement by chance only
+  EXPECT_GE(acc.back().second, 8.0);   // F = 1: the draft reproduces the target's path
+}
+
+TEST(SpecFidelity, Llama8BAcceptLengthSpansTheRange) {
+  SKIP_WITHOUT_GPU();
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  if (free_bytes < (size_t{24} << 30)) GTEST_SKIP() << "needs 24 GB of free GPU memory";
+  std::vector<std::pair<double, double>> acc;
+  fidelity_sweep(llama_config_from_spec(model_preset("llama-3-8b")), "8B", 512, 24, &acc);
+  EXPECT_LE(acc.front().second, 2.0);
+  EXPECT_GE(acc.back().second, 8.0);
+}
+
+TEST(Spec8B, GreedySpeculativeOutputEqualsPlainGreedy) {
+  SKIP_WITHOUT_GPU();
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  if (free_bytes < (size_t{24} << 30)) GTEST_SKIP() << "needs 24 GB of free GPU memory";
+  const ModelSpec& spec = model_preset("llama-3-8b");
+  EngineOptions eo;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  auto engine = Engine::create_synthetic(llama_config_from_spec(spec), 1, eo, 0.9);
+  WorkloadSpec w;
+  w.input_len = {128, 128};
+  w.output_len = {257, 257};
+  const SpecRun plain = run(*engine, spec, w, SpecSpec{});
+  ASSERT_EQ(plain.tokens[0].size(), 257u);
+  for (const SpecSpec& s :
+       {chain(5, 6), confidence(DraftMode::kDevice), confidence(DraftMode::kHostLate),
+        confidence(DraftMode::kHostBlocking)}) {
+    const SpecRun r = run(*engine, spec, w, s);
+    EXPECT_EQ(r.tokens, plain.tokens)
+        << spec_method_name(s.method) << " " << draft_mode_name(s.mode);
+    std::printf("8B %s/%s: accept length %.3f\n", spec_method_name(s.method),
+                draft_mode_name(s.mode), r.accept_len);
+  }
+}
+
+TEST(SpecCheckpoint, DraftModuleLoadsLikeTheInMemorySynthetic) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpec spec = tiny_runtime_spec();
+  const auto dir = std::filesystem::temp_directory_path() / "twinstep_spec_ck";
+  std::filesystem::remove_all(dir);
+  write_synthetic_checkpoint(spec, dir.string(), 9, 1 << 20, 0.75);
+  auto ck = Checkpoint::open(dir.string());
+  ASSERT_TRUE(ck->has_draft());
+  EngineOptions eo;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  auto from_file = Engine::create_from_checkpoint(*ck, eo);
+  auto in_memory = Engine::create_synthetic(llama_config_from_spec(spec), 9, eo, 0.75);
+  for (const WeightDesc& d : synthetic_weight_list(ck->config(), true, 0.75))
+    ASSERT_EQ(from_file->download_weight(d.name), in_memory->download_weight(d.name)) << d.name;
+  WorkloadSpec w;
+  w.input_len = {24, 24};
+  w.output_len = {64, 64};
+  EXPECT_EQ(run(*from_file, spec, w, chain(5, 6)).tokens,
+            run(*in_memory, spec, w, chain(5, 6)).tokens);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace twinstep
