@@ -3,11 +3,29 @@
 // measured fields without changing this interface.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace twinstep {
+
+// A kernel-time model fitted by `twinstep calibrate` for one kernel class (simulator/
+// calibration.h): t_ns = base_ns + ns_per_byte · (bytes read + written) + ns_per_flop · flops,
+// every coefficient >= 0. The quality figures are those of the fit on its own samples.
+struct KernelFit {
+  bool fitted = false;  // false: the class is priced by the roofline below
+  double base_ns = 0;
+  double ns_per_byte = 0;
+  double ns_per_flop = 0;
+  double r2 = 0;           // coefficient of determination on the samples
+  double max_rel_err = 0;  // max |fit - measured| / measured over the samples
+  int64_t samples = 0;
+};
+
+// Indexed by KernelClass (policies/step_kernels.h, which includes this header through
+// layout.h); the cost model asserts KernelClass::kCount fits.
+inline constexpr size_t kKernelFitSlots = 16;
 
 struct HardwareSpec {
   std::string name;
@@ -40,6 +58,10 @@ struct HardwareSpec {
   int64_t allreduce_alpha_ns = 8000;  // assumption: NCCL small all-reduce in a graph, one node
   int64_t alltoall_alpha_ns = 15000;  // assumption
   int64_t p2p_alpha_ns = 6000;        // assumption: NCCL send/recv between two GPUs of a node
+
+  // Calibrated per-class kernel times; a class without a fit uses the roofline. Collectives
+  // always use the alpha-beta model above.
+  std::array<KernelFit, kKernelFitSlots> kernel_fits{};
 };
 
 // Presets by name: h100, h200, h20, b200, b300. Throws ConfigError for an unknown name.

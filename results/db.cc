@@ -73,6 +73,7 @@ class Stmt {
   }
   void reset() { sqlite3_reset(stmt_); }
   int64_t int64(int col) const { return sqlite3_column_int64(stmt_, col); }
+  double number(int col) const { return sqlite3_column_double(stmt_, col); }
   std::string text(int col) const {
     const auto* p = sqlite3_column_text(stmt_, col);
     return p ? reinterpret_cast<const char*>(p) : "";
@@ -680,6 +681,126 @@ std::vector<int64_t> ResultsDb::incomplete_runs() {
   std::vector<int64_t> ids;
   while (s.step()) ids.push_back(s.int64(0));
   return ids;
+}
+
+// ---- calibration -------------------------------------------------------------------------------
+
+namespace {
+
+void create_calibration_tables(sqlite3* db) {
+  exec(db, R"sql(
+CREATE TABLE IF NOT EXISTS calibration_session (
+  id         INTEGER PRIMARY KEY,
+  created_at TEXT NOT NULL,
+  command    TEXT NOT NULL,
+  git_sha    TEXT NOT NULL,
+  gpu_name   TEXT NOT NULL,
+  driver     TEXT NOT NULL,
+  quick      INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS calibration_sample (
+  session_id INTEGER NOT NULL REFERENCES calibration_session(id),
+  seq        INTEGER NOT NULL,
+  kind       TEXT NOT NULL,
+  name       TEXT NOT NULL,
+  class      TEXT NOT NULL,
+  model      TEXT NOT NULL,
+  mode       TEXT NOT NULL,
+  batch      INTEGER NOT NULL,
+  ctx_tokens INTEGER NOT NULL,
+  nodes      INTEGER NOT NULL,
+  bytes      INTEGER NOT NULL,
+  flops      INTEGER NOT NULL,
+  value_ns   REAL NOT NULL,
+  PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+)sql");
+}
+
+}  // namespace
+
+int64_t ResultsDb::store_calibration(const ProfileHeader& header, bool quick,
+                                     const std::vector<CalibrationSample>& samples) {
+  Transaction txn(db_);
+  create_calibration_tables(db_);
+  Stmt session(db_,
+               "INSERT INTO calibration_session (created_at, command, git_sha, gpu_name, driver, "
+               "quick) VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+  session.bind(1, header.date)
+      .bind(2, header.command)
+      .bind(3, header.commit)
+      .bind(4, header.gpu)
+      .bind(5, header.driver)
+      .bind(6, int64_t{quick});
+  session.run();
+  const int64_t id = sqlite3_last_insert_rowid(db_);
+  Stmt row(db_,
+           "INSERT INTO calibration_sample VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
+           "?12, ?13)");
+  int64_t seq = 0;
+  for (const CalibrationSample& s : samples) {
+    row.bind(1, id)
+        .bind(2, seq++)
+        .bind(3, s.kind)
+        .bind(4, s.name)
+        .bind(5, s.cls)
+        .bind(6, s.model)
+        .bind(7, s.mode)
+        .bind(8, s.batch)
+        .bind(9, s.ctx_tokens)
+        .bind(10, s.nodes)
+        .bind(11, s.bytes)
+        .bind(12, s.flops)
+        .bind(13, s.value_ns);
+    row.run();
+  }
+  txn.commit();
+  return id;
+}
+
+std::vector<CalibrationSample> ResultsDb::calibration_samples(int64_t session_id,
+                                                              ProfileHeader* header) {
+  Stmt has(db_,
+           "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = "
+           "'calibration_session'");
+  has.step();
+  if (has.int64(0) == 0) {
+    throw Error("results database " + path_ +
+                " holds no calibration session (run twinstep calibrate --db " + path_ + ")");
+  }
+  Stmt session(db_,
+               "SELECT id, created_at, command, git_sha, gpu_name, driver FROM "
+               "calibration_session WHERE ?1 = 0 OR id = ?1 ORDER BY id DESC LIMIT 1");
+  session.bind(1, session_id);
+  if (!session.step()) {
+    throw Error("results database " + path_ + " has no calibration session " +
+                (session_id == 0 ? std::string("at all") : std::to_string(session_id)));
+  }
+  const int64_t id = session.int64(0);
+  if (header != nullptr) {
+    *header = {session.text(2), session.text(3), session.text(4), session.text(5), session.text(1)};
+  }
+  Stmt rows(db_,
+            "SELECT kind, name, class, model, mode, batch, ctx_tokens, nodes, bytes, flops, "
+            "value_ns FROM calibration_sample WHERE session_id = ?1 ORDER BY seq");
+  rows.bind(1, id);
+  std::vector<CalibrationSample> out;
+  while (rows.step()) {
+    CalibrationSample s;
+    s.kind = rows.text(0);
+    s.name = rows.text(1);
+    s.cls = rows.text(2);
+    s.model = rows.text(3);
+    s.mode = rows.text(4);
+    s.batch = rows.int64(5);
+    s.ctx_tokens = rows.int64(6);
+    s.nodes = rows.int64(7);
+    s.bytes = rows.int64(8);
+    s.flops = rows.int64(9);
+    s.value_ns = rows.number(10);
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 QueryResult ResultsDb::query(const std::string& sql, bool allow_write) {

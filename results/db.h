@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "policies/calibration_profile.h"
 #include "policies/run_record.h"
 #include "results/build_info.h"
 #include "results/metrics.h"
@@ -89,6 +90,16 @@ class ResultsDb {
   QueryResult query(const std::string& sql, bool allow_write = false);
   QueryResult query_params(const std::string& sql, const std::vector<Cell>& params,
                            bool allow_write = false);
+
+  // Calibration (docs/calibration.md): a session row (the profile header, quick flag) and its
+  // raw samples, in one transaction; returns the session id. The two tables are created on
+  // first use and are not part of the versioned schema, so a database without them is current.
+  int64_t store_calibration(const ProfileHeader& header, bool quick,
+                            const std::vector<CalibrationSample>& samples);
+  // The samples of calibration session `session_id` (0: the latest), with its header in
+  // *header when non-null. Throws Error when the database holds no such session.
+  std::vector<CalibrationSample> calibration_samples(int64_t session_id = 0,
+                                                     ProfileHeader* header = nullptr);
 
   const std::string& path() const { return path_; }
   int schema_version();

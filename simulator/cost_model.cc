@@ -14,9 +14,23 @@ CostModel::CostModel(const HardwareSpec& hw)
       link_ns_per_byte_(hw.interconnect_gbps > 0 ? 1.0 / hw.interconnect_gbps : 0),
       allreduce_alpha_ns_(hw.allreduce_alpha_ns),
       alltoall_alpha_ns_(hw.alltoall_alpha_ns),
-      p2p_alpha_ns_(hw.p2p_alpha_ns) {}
+      p2p_alpha_ns_(hw.p2p_alpha_ns) {
+  static_assert(size_t(KernelClass::kCount) <= kKernelFitSlots);
+  for (size_t c = 0; c < fits_.size(); ++c) {
+    const KernelFit& f = hw.kernel_fits[c];
+    if (f.fitted && KernelClass(c) != KernelClass::kCollective) {
+      fits_[c] = {true, f.base_ns, f.ns_per_byte, f.ns_per_flop};
+    }
+  }
+}
 
 int64_t CostModel::kernel_ns(const KernelDesc& k) const {
+  const LinearFit& f = fits_[size_t(k.cls)];
+  if (f.on) {
+    const double ns = f.base_ns + double(k.bytes_read + k.bytes_written) * f.ns_per_byte +
+                      double(k.flops) * f.ns_per_flop;
+    return std::max<int64_t>(floor_ns_, static_cast<int64_t>(ns + 0.5));
+  }
   const double mem_ns = double(k.bytes_read + k.bytes_written) * ns_per_byte_;
   const double flop_ns = double(k.flops) * ns_per_flop_;
   // Round half up; durations are non-negative, so this equals llround without the libm call.

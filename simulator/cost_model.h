@@ -1,8 +1,11 @@
-// CostModel: kernel durations from a HardwareSpec. Roofline per kernel: the larger of
-// bytes / (stream_read_tbps · mem_efficiency) and flops / (bf16_tflops · flop_efficiency), at
-// least kernel_floor_ns. A calibrated profile replaces the figures, not this interface.
+// CostModel: kernel durations from a HardwareSpec. A kernel class with a calibrated fit
+// (HardwareSpec::kernel_fits, from `twinstep calibrate`) costs base + per-byte + per-flop terms;
+// any other class the roofline: the larger of bytes / (stream_read_tbps · mem_efficiency) and
+// flops / (bf16_tflops · flop_efficiency). Both at least kernel_floor_ns, rounded half up.
+// kernel_ns depends on the KernelDesc alone, so callers may cache sums of it (sim_backend.cc).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "policies/hardware_spec.h"
@@ -27,6 +30,13 @@ class CostModel {
   int64_t collective_ns(const KernelDesc& k) const;
 
  private:
+  struct LinearFit {
+    bool on = false;
+    double base_ns = 0;
+    double ns_per_byte = 0;
+    double ns_per_flop = 0;
+  };
+  std::array<LinearFit, size_t(KernelClass::kCount)> fits_{};
   double ns_per_byte_;
   double ns_per_flop_;
   int64_t floor_ns_;

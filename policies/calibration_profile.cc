@@ -1,0 +1,389 @@
+#include "policies/calibration_profile.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "policies/error.h"
+#include "policies/step_kernels.h"
+
+#ifndef TWINSTEP_DEFAULT_PROFILE_DIR
+#define TWINSTEP_DEFAULT_PROFILE_DIR "results/profiles"
+#endif
+
+namespace twinstep {
+namespace {
+
+constexpr int kFormat = 1;
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "(none)" : s;
+}
+
+// ---- writing ----------------------------------------------------------------------------------
+
+std::string num(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// A YAML double-quoted scalar: escapes backslash, quote and control characters.
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (const unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+// The measured figures a profile may set, by their HardwareSpec field names.
+struct Figure {
+  const char* name;
+  int64_t HardwareSpec::*i64;
+  double HardwareSpec::*number;
+  bool positive;  // > 0 (a rate), else >= 0
+};
+constexpr Figure kFigures[] = {
+    {"stream_read_tbps", nullptr, &HardwareSpec::stream_read_tbps, true},
+    {"kernel_floor_ns", &HardwareSpec::kernel_floor_ns, nullptr, false},
+    {"eager_launch_ns", &HardwareSpec::eager_launch_ns, nullptr, false},
+    {"graph_launch_ns", &HardwareSpec::graph_launch_ns, nullptr, false},
+    {"graph_node_gap_ns", &HardwareSpec::graph_node_gap_ns, nullptr, false},
+    {"pdl_node_gap_ns", &HardwareSpec::pdl_node_gap_ns, nullptr, false},
+    {"d2h_latency_ns", &HardwareSpec::d2h_latency_ns, nullptr, false},
+    {"d2h_gbps", nullptr, &HardwareSpec::d2h_gbps, true},
+    {"host_wake_ns", &HardwareSpec::host_wake_ns, nullptr, false},
+};
+
+// ---- reading ----------------------------------------------------------------------------------
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const YAML::Mark& m, const std::string& msg) const {
+    if (m.line < 0) throw ConfigError(source_, msg);
+    throw ConfigError(
+        source_ + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1), msg);
+  }
+
+  // The mapping's entries, checking that keys are known and unique.
+  std::vector<std::pair<std::string, YAML::Node>> mapping(const YAML::Node& n,
+                                                          const std::string& what,
+                                                          const std::vector<std::string>& allowed) {
+    if (!n.IsMap()) fail(n.Mark(), what + " must be a mapping");
+    std::vector<std::pair<std::string, YAML::Node>> out;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      if (!it->first.IsScalar()) fail(it->first.Mark(), what + ": keys must be plain names");
+      const std::string key = it->first.Scalar();
+      if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+        fail(it->first.Mark(),
+             "unknown field '" + key + "' in " + what + "; known: " + join(allowed));
+      }
+      for (const auto& [k, v] : out) {
+        if (k == key) fail(it->first.Mark(), "duplicate field '" + key + "' in " + what);
+      }
+      out.emplace_back(key, it->second);
+    }
+    return out;
+  }
+
+  static const YAML::Node* find(const std::vector<std::pair<std::string, YAML::Node>>& m,
+                                const std::string& key) {
+    for (const auto& [k, v] : m) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  }
+
+  const YAML::Node& require(const std::vector<std::pair<std::string, YAML::Node>>& m,
+                            const YAML::Node& parent, const std::string& key,
+                            const std::string& what) const {
+    const YAML::Node* n = find(m, key);
+    if (n == nullptr) fail(parent.Mark(), what + " is missing required field '" + key + "'");
+    return *n;
+  }
+
+  std::string text(const YAML::Node& n, const std::string& field) const {
+    if (!n.IsScalar()) fail(n.Mark(), field + " must be text");
+    return n.Scalar();
+  }
+
+  double number(const YAML::Node& n, const std::string& field, double lo, bool lo_exclusive,
+                double hi = std::numeric_limits<double>::max()) const {
+    if (!n.IsScalar()) fail(n.Mark(), field + " must be a number");
+    const std::string& s = n.Scalar();
+    double v = 0;
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size() || !std::isfinite(v)) {
+      fail(n.Mark(), field + " must be a finite number, got '" + s + "'");
+    }
+    if (v < lo || (lo_exclusive && v == lo) || v > hi) {
+      fail(n.Mark(), field + " = " + s + " is out of range " + (lo_exclusive ? "(" : "[") +
+                         num(lo) + ", " + num(hi) + "]");
+    }
+    return v;
+  }
+
+  int64_t integer(const YAML::Node& n, const std::string& field, int64_t lo, int64_t hi) const {
+    if (!n.IsScalar()) fail(n.Mark(), field + " must be an integer");
+    const std::string& s = n.Scalar();
+    int64_t v = 0;
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || r.ec != std::errc() || r.ptr != s.data() + s.size()) {
+      fail(n.Mark(), field + " must be an integer, got '" + s + "'");
+    }
+    if (v < lo || v > hi) {
+      fail(n.Mark(), field + " = " + s + " is out of range [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "]");
+    }
+    return v;
+  }
+
+ private:
+  std::string source_;
+};
+
+std::vector<std::string> kernel_class_names() {
+  std::vector<std::string> v;
+  for (int c = 0; c < int(KernelClass::kCount); ++c) {
+    if (KernelClass(c) != KernelClass::kCollective) v.push_back(kernel_class_name(KernelClass(c)));
+  }
+  return v;
+}
+
+Distribution read_distribution(Reader& r, const YAML::Node& n, const std::string& what) {
+  const auto m = r.mapping(n, what, {"n", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns"});
+  Distribution d;
+  d.n = r.integer(r.require(m, n, "n", what), what + ".n", 0, int64_t(1) << 50);
+  d.mean_ns = r.number(r.require(m, n, "mean_ns", what), what + ".mean_ns", 0, false);
+  d.p50_ns = r.number(r.require(m, n, "p50_ns", what), what + ".p50_ns", 0, false);
+  d.p90_ns = r.number(r.require(m, n, "p90_ns", what), what + ".p90_ns", 0, false);
+  d.p99_ns = r.number(r.require(m, n, "p99_ns", what), what + ".p99_ns", 0, false);
+  d.max_ns = r.number(r.require(m, n, "max_ns", what), what + ".max_ns", 0, false);
+  return d;
+}
+
+CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
+  const auto top = r.mapping(
+      doc, "the profile",
+      {"format", "name", "base", "header", "figures", "kernels", "host_ops", "measurements"});
+  CalibrationProfile p;
+  const YAML::Node& format = r.require(top, doc, "format", "the profile");
+  if (r.integer(format, "format", 0, 1000000) != kFormat) {
+    r.fail(format.Mark(), "format " + format.Scalar() + " is not supported (this twinstep reads " +
+                              std::to_string(kFormat) + ")");
+  }
+  p.name = r.text(r.require(top, doc, "name", "the profile"), "name");
+  if (p.name.empty()) r.fail(r.require(top, doc, "name", "").Mark(), "name must not be empty");
+  const YAML::Node& base = r.require(top, doc, "base", "the profile");
+  p.base = r.text(base, "base");
+  const std::vector<std::string> presets = hardware_preset_names();
+  if (std::find(presets.begin(), presets.end(), p.base) == presets.end()) {
+    r.fail(base.Mark(), "unknown base hardware preset '" + p.base + "'; known: " + join(presets));
+  }
+  p.hw = hardware_preset(p.base);
+  p.hw.name = p.name;
+
+  const YAML::Node& hn = r.require(top, doc, "header", "the profile");
+  const auto h = r.mapping(hn, "header", {"command", "commit", "gpu", "driver", "date"});
+  p.header.command = r.text(r.require(h, hn, "command", "header"), "header.command");
+  p.header.commit = r.text(r.require(h, hn, "commit", "header"), "header.commit");
+  p.header.gpu = r.text(r.require(h, hn, "gpu", "header"), "header.gpu");
+  p.header.driver = r.text(r.require(h, hn, "driver", "header"), "header.driver");
+  p.header.date = r.text(r.require(h, hn, "date", "header"), "header.date");
+  p.hw.source = "calibrated profile '" + p.name + "' (" + p.header.gpu + ", " + p.header.date +
+                ", commit " + p.header.commit + ") over preset " + p.base;
+
+  if (const YAML::Node* fn = Reader::find(top, "figures")) {
+    std::vector<std::string> names;
+    for (const Figure& f : kFigures) names.push_back(f.name);
+    for (const auto& [key, v] : r.mapping(*fn, "figures", names)) {
+      for (const Figure& f : kFigures) {
+        if (key != f.name) continue;
+        const std::string field = "figures." + key;
+        if (f.i64 != nullptr) {
+          p.hw.*f.i64 = r.integer(v, field, 0, int64_t(1) << 40);
+        } else {
+          p.hw.*f.number = r.number(v, field, 0, f.positive, 1e9);
+        }
+      }
+    }
+  }
+
+  if (const YAML::Node* kn = Reader::find(top, "kernels")) {
+    const std::vector<std::string> classes = kernel_class_names();
+    for (const auto& [key, v] : r.mapping(*kn, "kernels", classes)) {
+      const std::string what = "kernels." + key;
+      const auto m = r.mapping(
+          v, what, {"base_ns", "ns_per_byte", "ns_per_flop", "r2", "max_rel_err", "samples"});
+      KernelFit fit;
+      fit.fitted = true;
+      fit.base_ns = r.number(r.require(m, v, "base_ns", what), what + ".base_ns", 0, false, 1e12);
+      fit.ns_per_byte =
+          r.number(r.require(m, v, "ns_per_byte", what), what + ".ns_per_byte", 0, false, 1e6);
+      fit.ns_per_flop =
+          r.number(r.require(m, v, "ns_per_flop", what), what + ".ns_per_flop", 0, false, 1e6);
+      fit.r2 = r.number(r.require(m, v, "r2", what), what + ".r2", -1e300, false, 1);
+      fit.max_rel_err =
+          r.number(r.require(m, v, "max_rel_err", what), what + ".max_rel_err", 0, false);
+      fit.samples =
+          r.integer(r.require(m, v, "samples", what), what + ".samples", 1, int64_t(1) << 50);
+      for (int c = 0; c < int(KernelClass::kCount); ++c) {
+        if (key == kernel_class_name(KernelClass(c))) p.hw.kernel_fits[size_t(c)] = fit;
+      }
+    }
+  }
+
+  if (const YAML::Node* on = Reader::find(top, "host_ops")) {
+    for (const auto& [key, v] : r.mapping(*on, "host_ops", {})) {
+      p.host_ops.emplace_back(key, read_distribution(r, v, "host_ops." + key));
+    }
+  }
+  if (const YAML::Node* mn = Reader::find(top, "measurements")) {
+    for (const auto& [key, v] : r.mapping(*mn, "measurements", {})) {
+      p.measurements.emplace_back(key, r.number(v, "measurements." + key, -1e300, false, 1e300));
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string write_calibration_profile(const CalibrationProfile& p) {
+  std::ostringstream o;
+  o << "# twinstep calibrated hardware profile (docs/calibration.md). Written by twinstep "
+       "calibrate.\n";
+  o << "format: " << kFormat << "\n";
+  o << "name: " << quoted(p.name) << "\n";
+  o << "base: " << quoted(p.base) << "\n";
+  o << "header:\n";
+  o << "  command: " << quoted(p.header.command) << "\n";
+  o << "  commit: " << quoted(p.header.commit) << "\n";
+  o << "  gpu: " << quoted(p.header.gpu) << "\n";
+  o << "  driver: " << quoted(p.header.driver) << "\n";
+  o << "  date: " << quoted(p.header.date) << "\n";
+  o << "figures:\n";
+  for (const Figure& f : kFigures) {
+    o << "  " << f.name << ": "
+      << (f.i64 != nullptr ? std::to_string(p.hw.*f.i64) : num(p.hw.*f.number)) << "\n";
+  }
+  o << "# Per kernel class: t_ns = base_ns + ns_per_byte * (bytes read + written) + ns_per_flop "
+       "* flops;\n# r2, max_rel_err and samples describe the fit on its own samples.\n";
+  o << "kernels:";
+  bool any = false;
+  for (int c = 0; c < int(KernelClass::kCount); ++c) {
+    const KernelFit& f = p.hw.kernel_fits[size_t(c)];
+    if (!f.fitted) continue;
+    any = true;
+    o << "\n  " << kernel_class_name(KernelClass(c)) << ": {base_ns: " << num(f.base_ns)
+      << ", ns_per_byte: " << num(f.ns_per_byte) << ", ns_per_flop: " << num(f.ns_per_flop)
+      << ", r2: " << num(f.r2) << ", max_rel_err: " << num(f.max_rel_err)
+      << ", samples: " << f.samples << "}";
+  }
+  o << (any ? "\n" : " {}\n");
+  o << "host_ops:";
+  for (const auto& [name, d] : p.host_ops) {
+    o << "\n  " << quoted(name) << ": {n: " << d.n << ", mean_ns: " << num(d.mean_ns)
+      << ", p50_ns: " << num(d.p50_ns) << ", p90_ns: " << num(d.p90_ns)
+      << ", p99_ns: " << num(d.p99_ns) << ", max_ns: " << num(d.max_ns) << "}";
+  }
+  o << (p.host_ops.empty() ? " {}\n" : "\n");
+  o << "measurements:";
+  for (const auto& [name, v] : p.measurements) o << "\n  " << quoted(name) << ": " << num(v);
+  o << (p.measurements.empty() ? " {}\n" : "\n");
+  return o.str();
+}
+
+CalibrationProfile parse_calibration_profile(const std::string& text, const std::string& source) {
+  Reader r(source);
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    r.fail(e.mark, "malformed YAML: " + e.msg);
+  }
+  if (!doc.IsDefined() || doc.IsNull()) throw ConfigError(source + ":1:1", "empty profile");
+  try {
+    return parse_document(doc, r);
+  } catch (const YAML::Exception& e) {
+    r.fail(e.mark, "malformed YAML: " + e.msg);
+  }
+}
+
+CalibrationProfile load_calibration_profile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path, "cannot read the calibration profile");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError(path, "cannot read the calibration profile");
+  return parse_calibration_profile(text.str(), path);
+}
+
+std::string calibration_profile_dir() {
+  const char* env = std::getenv("TWINSTEP_PROFILES");
+  if (env != nullptr && *env != '\0') return env;
+  return TWINSTEP_DEFAULT_PROFILE_DIR;
+}
+
+std::vector<std::string> calibration_profile_names() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(calibration_profile_dir(), ec)) {
+    if (e.path().extension() == ".yaml") names.push_back(e.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<std::string> hardware_names() {
+  std::vector<std::string> names = hardware_preset_names();
+  for (const std::string& n : calibration_profile_names()) names.push_back(n);
+  return names;
+}
+
+HardwareSpec hardware_by_name(const std::string& name) {
+  const std::vector<std::string> presets = hardware_preset_names();
+  if (std::find(presets.begin(), presets.end(), name) != presets.end()) {
+    return hardware_preset(name);
+  }
+  const std::string dir = calibration_profile_dir();
+  const std::vector<std::string> profiles = calibration_profile_names();
+  const std::string available =
+      "presets: " + join(presets) + "; calibrated profiles in " + dir + ": " + join(profiles);
+  if (std::find(profiles.begin(), profiles.end(), name) == profiles.end()) {
+    throw ConfigError("", "unknown hardware '" + name + "'; " + available);
+  }
+  const std::string path = (std::filesystem::path(dir) / (name + ".yaml")).string();
+  try {
+    CalibrationProfile p = load_calibration_profile(path);
+    if (p.name != name) {
+      throw ConfigError(
+          path, "profile name '" + p.name + "' does not match its file name '" + name + ".yaml'");
+    }
+    return p.hw;
+  } catch (const ConfigError& e) {
+    throw ConfigError("", std::string(e.what()) + " (" + available + ")");
+  }
+}
+
+}  // namespace twinstep

@@ -1,0 +1,98 @@
+// Calibration data and calibrated hardware profiles (docs/calibration.md).
+//
+// A CalibrationSample is one raw measurement taken by `twinstep calibrate` (runtime/
+// calibrate.h) and stored in the results database; simulator/calibration.h fits them. A
+// CalibrationProfile is the fitted result: a datasheet preset (`base`) with measured figures
+// and per-kernel-class fits, written as YAML text under a profile directory and loaded by name
+// wherever a hardware preset name is accepted (`hardware: h200-calibrated`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "policies/hardware_spec.h"
+
+namespace twinstep {
+
+// One measurement. `kind` says what was measured and which fields mean something:
+//   kernel          cls, model, mode, batch, ctx_tokens, bytes, flops; value_ns = the kernel's
+//                   time with the node gap and the profiling overhead removed
+//   node_gap        mode (graph | pdl), nodes; value_ns = GPU time per graph node
+//   eager_launch    value_ns = host time of one eager kernel launch
+//   graph_launch    nodes; value_ns = host time of one cudaGraphLaunch
+//   event_sync      value_ns = an event's completion to cudaEventSynchronize returning
+//   d2h             bytes; value_ns = pinned device-to-host copy, issue to completion
+//   stream_read     bytes; value_ns = one streaming read of `bytes` (cold)
+//   host_op         name; value_ns = one real-backend host operation
+//   step            model, mode, batch, ctx_tokens, nodes; value_ns = unprofiled decode launch
+//   step_profiled   the same with a timestamp node before every kernel
+struct CalibrationSample {
+  std::string kind;
+  std::string name;  // node, kernel or host-op name
+  std::string cls;   // kernel_class_name() for kernel samples
+  std::string model;
+  std::string mode;  // eager | graph | pdl
+  int64_t batch = 0;
+  int64_t ctx_tokens = 0;  // per request
+  int64_t nodes = 0;
+  int64_t bytes = 0;
+  int64_t flops = 0;
+  double value_ns = 0;
+};
+
+struct ProfileHeader {
+  std::string command;  // the command that produced the profile
+  std::string commit;
+  std::string gpu;  // the driver's name for the GPU
+  std::string driver;
+  std::string date;  // ISO 8601 UTC
+};
+
+// Percentiles (linear interpolation) of a measured distribution, ns.
+struct Distribution {
+  int64_t n = 0;
+  double mean_ns = 0;
+  double p50_ns = 0;
+  double p90_ns = 0;
+  double p99_ns = 0;
+  double max_ns = 0;
+};
+
+struct CalibrationProfile {
+  std::string name;  // the name experiments use: the file is <name>.yaml
+  std::string base;  // the datasheet preset the measured figures replace fields of
+  ProfileHeader header;
+  HardwareSpec hw;  // base preset + measured figures + kernel fits; hw.name == name
+  // Reported with the profile, not used by the simulator: host-op distributions and scalar
+  // figures such as profiled-vs-unprofiled inflation.
+  std::vector<std::pair<std::string, Distribution>> host_ops;
+  std::vector<std::pair<std::string, double>> measurements;
+};
+
+// The profile as YAML text; parse_calibration_profile(write_calibration_profile(p)) == p
+// (doubles are written in shortest round-trip form).
+std::string write_calibration_profile(const CalibrationProfile& profile);
+
+// Parses profile YAML. Throws ConfigError "source:line:column: message" for malformed YAML, a
+// missing, unknown or out-of-range field, an unknown base preset or kernel class. Never throws
+// anything else for any input bytes (a fuzz target may call it).
+CalibrationProfile parse_calibration_profile(const std::string& text, const std::string& source);
+// Reads and parses the file at `path` (ConfigError naming the path when it cannot be read).
+CalibrationProfile load_calibration_profile(const std::string& path);
+
+// The profile directory: $TWINSTEP_PROFILES when set, else results/profiles of the source tree
+// this binary was built from.
+std::string calibration_profile_dir();
+// Profile names in the directory (files NAME.yaml), sorted; empty when it does not exist.
+std::vector<std::string> calibration_profile_names();
+
+// A hardware spec by name: a datasheet preset (hardware_preset_names()) or a calibrated
+// profile in calibration_profile_dir(). Throws ConfigError for an unknown name listing both,
+// and for a profile that fails to load (its file:line:column, then the available profiles).
+HardwareSpec hardware_by_name(const std::string& name);
+// Every name hardware_by_name accepts: presets, then profiles.
+std::vector<std::string> hardware_names();
+
+}  // namespace twinstep

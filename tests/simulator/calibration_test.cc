@@ -1,0 +1,552 @@
+// Calibration fitting (NNLS, per-class kernel fits, launch figures), the profile file format,
+// profile resolution by name, and the cost model with fitted classes.
+#include "simulator/calibration.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "policies/calibration_profile.h"
+#include "policies/decode_loop.h"
+#include "policies/error.h"
+#include "policies/rng.h"
+#include "results/db.h"
+#include "simulator/cost_model.h"
+#include "simulator/sim_backend.h"
+
+namespace twinstep {
+namespace {
+
+// ---- NNLS -------------------------------------------------------------------------------------
+
+TEST(Nnls, UnconstrainedOptimumInsideTheOrthantIsTheLeastSquaresSolution) {
+  // b = A·(1, 2) exactly: the least-squares solution is feasible, so NNLS returns it.
+  Eigen::MatrixXd a(3, 2);
+  a << 1, 0, 0, 1, 1, 1;
+  Eigen::VectorXd b(3);
+  b << 1, 2, 3;
+  const Eigen::VectorXd x = nnls(a, b);
+  EXPECT_NEAR(x(0), 1.0, 1e-12);
+  EXPECT_NEAR(x(1), 2.0, 1e-12);
+}
+
+TEST(Nnls, ActiveConstraintHandWorked) {
+  // Fitting b = (3, 2, 1) at t = 1, 2, 3 with x0 + x1·t: least squares gives x = (4, −1).
+  // With x1 >= 0 the optimum is x1 = 0, x0 = mean(b) = 2; KKT: the gradient on x1,
+  // Σ t_i (b_i − 2) = 1·1 + 2·0 + 3·(−1) = −2 < 0, so x1 stays at its bound.
+  Eigen::MatrixXd a(3, 2);
+  a << 1, 1, 1, 2, 1, 3;
+  Eigen::VectorXd b(3);
+  b << 3, 2, 1;
+  const Eigen::VectorXd x = nnls(a, b);
+  EXPECT_NEAR(x(0), 2.0, 1e-12);
+  EXPECT_EQ(x(1), 0.0);
+}
+
+TEST(Nnls, IdentityClipsNegativeComponents) {
+  // min ||x − b|| over x >= 0 is max(b, 0) componentwise.
+  Eigen::VectorXd b(4);
+  b << 1.5, -1, 0.25, -3;
+  const Eigen::VectorXd x = nnls(Eigen::MatrixXd::Identity(4, 4), b);
+  EXPECT_DOUBLE_EQ(x(0), 1.5);
+  EXPECT_EQ(x(1), 0.0);
+  EXPECT_DOUBLE_EQ(x(2), 0.25);
+  EXPECT_EQ(x(3), 0.0);
+}
+
+TEST(Nnls, AllNegativeCorrelationGivesZero) {
+  Eigen::MatrixXd a(2, 2);
+  a << 1, 2, 3, 4;
+  Eigen::VectorXd b(2);
+  b << -1, -2;
+  const Eigen::VectorXd x = nnls(a, b);
+  EXPECT_EQ(x(0), 0.0);
+  EXPECT_EQ(x(1), 0.0);
+}
+
+TEST(Nnls, RecoversPositiveCoefficientsOfAConsistentSystem) {
+  Eigen::MatrixXd a(20, 4);
+  for (int i = 0; i < 20; ++i) {
+    for (int j = 0; j < 4; ++j) a(i, j) = rng_uniform(7, uint64_t(j), uint64_t(i));
+  }
+  Eigen::VectorXd truth(4);
+  truth << 0.5, 3, 0.01, 7;
+  const Eigen::VectorXd x = nnls(a, a * truth);
+  for (int j = 0; j < 4; ++j) EXPECT_NEAR(x(j), truth(j), 1e-9) << j;
+}
+
+TEST(Nnls, ShapeMismatchThrows) {
+  EXPECT_THROW(nnls(Eigen::MatrixXd::Ones(3, 2), Eigen::VectorXd::Ones(2)), Error);
+}
+
+// ---- kernel fits ------------------------------------------------------------------------------
+
+std::vector<KernelSample> synthetic_gemm(double base, double per_byte, double per_flop,
+                                         double noise, uint64_t seed) {
+  uint64_t counter = 0;
+  std::vector<KernelSample> s;
+  for (int batch : {1, 2, 4, 8, 16, 32, 64}) {
+    for (double mb : {8.0, 16.0, 32.0, 58.0, 117.0}) {
+      const double bytes = mb * 1e6;
+      const double flops = bytes * batch;  // GEMV: 2·m·n·k flops over 2·n·k bytes
+      const double ns = base + per_byte * bytes + per_flop * flops;
+      s.push_back({KernelClass::kGemm, bytes, flops,
+                   ns * (1 + noise * (2 * rng_uniform(seed, 0, counter++) - 1))});
+    }
+  }
+  s.push_back({KernelClass::kNorm, 1e4, 1e4, 3000});  // another class: ignored
+  return s;
+}
+
+TEST(KernelFit, RecoversKnownCoefficientsExactlyWithoutNoise) {
+  const auto s = synthetic_gemm(2500, 2.4e-4, 3e-6, 0, 1);
+  const KernelFit f = fit_kernel_class(s, KernelClass::kGemm);
+  ASSERT_TRUE(f.fitted);
+  EXPECT_EQ(f.samples, 35);
+  EXPECT_NEAR(f.base_ns, 2500, 1e-6 * 2500);
+  EXPECT_NEAR(f.ns_per_byte, 2.4e-4, 1e-9 * 2.4e-4);
+  EXPECT_NEAR(f.ns_per_flop, 3e-6, 1e-9 * 3e-6);
+  EXPECT_NEAR(f.r2, 1.0, 1e-12);
+  EXPECT_LT(f.max_rel_err, 1e-9);
+}
+
+TEST(KernelFit, RecoversKnownCoefficientsUnderOnePercentNoise) {
+  const auto s = synthetic_gemm(2500, 2.4e-4, 3e-6, 0.01, 2);
+  const KernelFit f = fit_kernel_class(s, KernelClass::kGemm);
+  ASSERT_TRUE(f.fitted);
+  EXPECT_NEAR(f.ns_per_byte, 2.4e-4, 0.03 * 2.4e-4);
+  EXPECT_NEAR(f.ns_per_flop, 3e-6, 0.10 * 3e-6);
+  EXPECT_NEAR(f.base_ns, 2500, 0.25 * 2500);
+  EXPECT_GT(f.r2, 0.999);
+  EXPECT_LT(f.max_rel_err, 0.03);  // 1% noise plus the fit's own error
+}
+
+TEST(KernelFit, CoefficientThatWouldBeNegativeIsHeldAtZero) {
+  // Time falls with FLOPs at fixed bytes in these samples; unconstrained least squares would
+  // return a negative per-flop cost.
+  std::vector<KernelSample> s;
+  for (int i = 1; i <= 6; ++i) {
+    s.push_back({KernelClass::kAttention, 1e6 * i, 1e6 * (7 - i), 1000.0 + 100.0 * i});
+  }
+  const KernelFit f = fit_kernel_class(s, KernelClass::kAttention);
+  ASSERT_TRUE(f.fitted);
+  EXPECT_EQ(f.ns_per_flop, 0.0);
+  EXPECT_GE(f.base_ns, 0.0);
+  EXPECT_GT(f.ns_per_byte, 0.0);
+}
+
+TEST(KernelFit, FewerThanThreeSamplesIsNotFitted) {
+  const std::vector<KernelSample> s = {{KernelClass::kRope, 1, 1, 10},
+                                       {KernelClass::kRope, 2, 2, 20}};
+  EXPECT_FALSE(fit_kernel_class(s, KernelClass::kRope).fitted);
+}
+
+TEST(Distribution, LinearInterpolatedPercentiles) {
+  // numpy.percentile([5, 1, 4, 2, 3], [50, 90, 99]) = 3, 4.6, 4.96.
+  const Distribution d = distribution({5, 1, 4, 2, 3});
+  EXPECT_EQ(d.n, 5);
+  EXPECT_DOUBLE_EQ(d.mean_ns, 3);
+  EXPECT_DOUBLE_EQ(d.p50_ns, 3);
+  EXPECT_NEAR(d.p90_ns, 4.6, 1e-12);
+  EXPECT_NEAR(d.p99_ns, 4.96, 1e-12);
+  EXPECT_DOUBLE_EQ(d.max_ns, 5);
+}
+
+// ---- whole calibration ------------------------------------------------------------------------
+
+CalibrationSample sample(const char* kind, double ns) {
+  CalibrationSample s;
+  s.kind = kind;
+  s.value_ns = ns;
+  return s;
+}
+
+std::vector<CalibrationSample> synthetic_session() {
+  std::vector<CalibrationSample> v;
+  for (const KernelSample& k : synthetic_gemm(2500, 2.4e-4, 3e-6, 0, 3)) {
+    CalibrationSample s = sample("kernel", k.ns);
+    s.cls = kernel_class_name(k.cls);
+    s.bytes = int64_t(k.bytes);
+    s.flops = int64_t(k.flops);
+    v.push_back(s);
+  }
+  for (double g : {700.0, 600.0, 650.0}) {
+    CalibrationSample s = sample("node_gap", g);
+    s.mode = "graph";
+    v.push_back(s);
+  }
+  for (double g : {150.0, 250.0, 200.0}) {
+    CalibrationSample s = sample("node_gap", g);
+    s.mode = "pdl";
+    v.push_back(s);
+  }
+  for (double e : {4100.0, 3900.0, 4000.0}) v.push_back(sample("eager_launch", e));
+  for (double e : {1800.0, 2200.0, 2000.0}) v.push_back(sample("event_sync", e));
+  // Graph launch host cost 3000 + 10 ns per node.
+  for (int64_t nodes : {1, 100, 300}) {
+    CalibrationSample s = sample("graph_launch", 3000.0 + 10.0 * double(nodes));
+    s.nodes = nodes;
+    v.push_back(s);
+  }
+  // D2H: 6 µs latency, 20 GB/s (0.05 ns/B).
+  for (int64_t bytes : {8, 4096, 1 << 20, 16 << 20}) {
+    CalibrationSample s = sample("d2h", 6000.0 + 0.05 * double(bytes));
+    s.bytes = bytes;
+    v.push_back(s);
+  }
+  for (double ns : {1e6, 0.9e6}) {  // 4.5e9 B at 1e6 ns = 4.5 TB/s; 5 TB/s at 0.9e6 ns
+    CalibrationSample s = sample("stream_read", ns);
+    s.bytes = 4'500'000'000;
+    v.push_back(s);
+  }
+  for (double ns : {5.0, 1.0, 4.0, 2.0, 3.0}) {
+    CalibrationSample s = sample("host_op", ns * 1000);
+    s.name = "schedule";
+    v.push_back(s);
+  }
+  for (const char* kind : {"step", "step_profiled"}) {
+    CalibrationSample s = sample(kind, std::string(kind) == "step" ? 4.0e6 : 4.4e6);
+    s.mode = "graph";
+    s.model = "llama-3-8b";
+    s.batch = 1;
+    s.ctx_tokens = 128;
+    v.push_back(s);
+  }
+  return v;
+}
+
+const ProfileHeader kHeader{"twinstep calibrate --out x.yaml", "abc1234", "NVIDIA H200",
+                            "570.86.15", "2026-11-29T12:00:00Z"};
+
+double measurement(const CalibrationProfile& p, const std::string& key) {
+  for (const auto& [k, v] : p.measurements) {
+    if (k == key) return v;
+  }
+  ADD_FAILURE() << "no measurement " << key;
+  return 0;
+}
+
+TEST(FitCalibration, FiguresFromTheirSamples) {
+  const CalibrationProfile p = fit_calibration(synthetic_session(), "h200-test", "h200", kHeader);
+  EXPECT_EQ(p.hw.name, "h200-test");
+  EXPECT_EQ(p.hw.hbm_bytes, hardware_preset("h200").hbm_bytes);  // unmeasured: the base's
+  EXPECT_EQ(p.hw.graph_node_gap_ns, 650);                        // medians
+  EXPECT_EQ(p.hw.pdl_node_gap_ns, 200);
+  EXPECT_EQ(p.hw.eager_launch_ns, 4000);
+  EXPECT_EQ(p.hw.host_wake_ns, 2000);
+  EXPECT_EQ(p.hw.graph_launch_ns, 3000 + 10 * 300);  // at the largest graph
+  EXPECT_NEAR(measurement(p, "graph_launch_ns_per_node"), 10, 1e-6);
+  EXPECT_EQ(p.hw.d2h_latency_ns, 6000);
+  EXPECT_NEAR(p.hw.d2h_gbps, 20, 1e-6);
+  EXPECT_NEAR(p.hw.stream_read_tbps, 5.0, 1e-12);
+  ASSERT_EQ(p.host_ops.size(), 1u);
+  EXPECT_EQ(p.host_ops[0].first, "schedule");
+  EXPECT_NEAR(p.host_ops[0].second.p90_ns, 4600, 1e-9);
+  EXPECT_NEAR(measurement(p, "profiled_inflation_pct_graph"), 10.0, 1e-9);
+  const KernelFit& gemm = p.hw.kernel_fits[size_t(KernelClass::kGemm)];
+  ASSERT_TRUE(gemm.fitted);
+  EXPECT_NEAR(gemm.ns_per_byte, 2.4e-4, 1e-9 * 2.4e-4);
+  EXPECT_FALSE(p.hw.kernel_fits[size_t(KernelClass::kNorm)].fitted);  // one sample
+  // Floor: the shortest kernel sample (the norm's 3000 ns).
+  EXPECT_EQ(p.hw.kernel_floor_ns, 3000);
+}
+
+TEST(FitCalibration, UnknownKindThrows) {
+  std::vector<CalibrationSample> v = {sample("kernal", 1)};
+  EXPECT_THROW(fit_calibration(v, "x", "h200", kHeader), Error);
+}
+
+TEST(CalibrationStore, SamplesRoundTripThroughTheDatabaseAndRefitIdentically) {
+  ResultsDb db = ResultsDb::open(":memory:");
+  EXPECT_THROW(db.calibration_samples(), Error);  // no session yet
+  const std::vector<CalibrationSample> v = synthetic_session();
+  ProfileHeader older = kHeader;
+  older.command = "older";
+  db.store_calibration(older, true, {sample("eager_launch", 1)});
+  const int64_t id = db.store_calibration(kHeader, false, v);
+  ProfileHeader h;
+  const std::vector<CalibrationSample> back = db.calibration_samples(0, &h);  // the latest
+  EXPECT_EQ(h.command, kHeader.command);
+  EXPECT_EQ(h.commit, kHeader.commit);
+  EXPECT_EQ(h.gpu, kHeader.gpu);
+  EXPECT_EQ(h.driver, kHeader.driver);
+  EXPECT_EQ(h.date, kHeader.date);
+  ASSERT_EQ(back.size(), v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    EXPECT_EQ(back[i].kind, v[i].kind);
+    EXPECT_EQ(back[i].name, v[i].name);
+    EXPECT_EQ(back[i].cls, v[i].cls);
+    EXPECT_EQ(back[i].mode, v[i].mode);
+    EXPECT_EQ(back[i].model, v[i].model);
+    EXPECT_EQ(back[i].batch, v[i].batch);
+    EXPECT_EQ(back[i].ctx_tokens, v[i].ctx_tokens);
+    EXPECT_EQ(back[i].nodes, v[i].nodes);
+    EXPECT_EQ(back[i].bytes, v[i].bytes);
+    EXPECT_EQ(back[i].flops, v[i].flops);
+    EXPECT_EQ(back[i].value_ns, v[i].value_ns);
+  }
+  EXPECT_EQ(db.calibration_samples(id - 1).size(), 1u);
+  EXPECT_THROW(db.calibration_samples(id + 1), Error);
+  const std::string a = write_calibration_profile(fit_calibration(v, "x", "h200", kHeader));
+  const std::string b = write_calibration_profile(fit_calibration(back, "x", "h200", h));
+  EXPECT_EQ(a, b);
+}
+
+// ---- profile file -----------------------------------------------------------------------------
+
+void expect_same(const KernelFit& a, const KernelFit& b) {
+  EXPECT_EQ(a.fitted, b.fitted);
+  EXPECT_EQ(a.base_ns, b.base_ns);
+  EXPECT_EQ(a.ns_per_byte, b.ns_per_byte);
+  EXPECT_EQ(a.ns_per_flop, b.ns_per_flop);
+  EXPECT_EQ(a.r2, b.r2);
+  EXPECT_EQ(a.max_rel_err, b.max_rel_err);
+  EXPECT_EQ(a.samples, b.samples);
+}
+
+TEST(CalibrationProfile, WriteThenParseRoundTrips) {
+  CalibrationProfile p = fit_calibration(synthetic_session(), "h200-test", "h200", kHeader);
+  p.header.command = "twinstep calibrate --out \"a b\\c\".yaml";  // quoting survives
+  const CalibrationProfile q = parse_calibration_profile(write_calibration_profile(p), "mem");
+  EXPECT_EQ(q.name, p.name);
+  EXPECT_EQ(q.base, p.base);
+  EXPECT_EQ(q.header.command, p.header.command);
+  EXPECT_EQ(q.header.commit, p.header.commit);
+  EXPECT_EQ(q.header.gpu, p.header.gpu);
+  EXPECT_EQ(q.header.driver, p.header.driver);
+  EXPECT_EQ(q.header.date, p.header.date);
+  EXPECT_EQ(q.hw.source, p.hw.source);
+  EXPECT_EQ(q.hw.stream_read_tbps, p.hw.stream_read_tbps);
+  EXPECT_EQ(q.hw.kernel_floor_ns, p.hw.kernel_floor_ns);
+  EXPECT_EQ(q.hw.eager_launch_ns, p.hw.eager_launch_ns);
+  EXPECT_EQ(q.hw.graph_launch_ns, p.hw.graph_launch_ns);
+  EXPECT_EQ(q.hw.graph_node_gap_ns, p.hw.graph_node_gap_ns);
+  EXPECT_EQ(q.hw.pdl_node_gap_ns, p.hw.pdl_node_gap_ns);
+  EXPECT_EQ(q.hw.d2h_latency_ns, p.hw.d2h_latency_ns);
+  EXPECT_EQ(q.hw.d2h_gbps, p.hw.d2h_gbps);
+  EXPECT_EQ(q.hw.host_wake_ns, p.hw.host_wake_ns);
+  for (size_t c = 0; c < kKernelFitSlots; ++c)
+    expect_same(q.hw.kernel_fits[c], p.hw.kernel_fits[c]);
+  ASSERT_EQ(q.host_ops.size(), p.host_ops.size());
+  EXPECT_EQ(q.host_ops[0].first, p.host_ops[0].first);
+  EXPECT_EQ(q.host_ops[0].second.p99_ns, p.host_ops[0].second.p99_ns);
+  ASSERT_EQ(q.measurements.size(), p.measurements.size());
+  for (size_t i = 0; i < p.measurements.size(); ++i) {
+    EXPECT_EQ(q.measurements[i], p.measurements[i]);
+  }
+}
+
+const char* kGoodProfile = R"(format: 1
+name: h200-test
+base: h200
+header:
+  command: twinstep calibrate
+  commit: abc
+  gpu: NVIDIA H200
+  driver: "570"
+  date: 2026-11-29
+figures:
+  graph_node_gap_ns: 640
+kernels:
+  gemm: {base_ns: 2000, ns_per_byte: 0.00025, ns_per_flop: 0, r2: 0.99, max_rel_err: 0.1, samples: 9}
+)";
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_calibration_profile(text, "p.yaml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return s.replace(at, from.size(), to);
+}
+
+TEST(CalibrationProfile, GoodProfileParses) {
+  const CalibrationProfile p = parse_calibration_profile(kGoodProfile, "p.yaml");
+  EXPECT_EQ(p.hw.graph_node_gap_ns, 640);
+  EXPECT_EQ(p.hw.pdl_node_gap_ns, hardware_preset("h200").pdl_node_gap_ns);
+  EXPECT_TRUE(p.hw.kernel_fits[size_t(KernelClass::kGemm)].fitted);
+  EXPECT_EQ(p.hw.kernel_fits[size_t(KernelClass::kGemm)].base_ns, 2000);
+}
+
+TEST(CalibrationProfile, BadProfilesSayWhereAndWhat) {
+  EXPECT_EQ(error_of(replace(kGoodProfile, "base: h200", "base: a100")),
+            "p.yaml:3:7: unknown base hardware preset 'a100'; known: b200, b300, h100, h20, h200");
+  EXPECT_EQ(error_of(replace(kGoodProfile, "  gemm:", "  gemv:")),
+            "p.yaml:13:3: unknown field 'gemv' in kernels; known: embedding, norm, gemm, rope, "
+            "kv_append, attention, linear_attention, activation, moe_router, moe_experts, "
+            "lm_head, sample");
+  EXPECT_EQ(error_of(replace(kGoodProfile, "ns_per_byte: 0.00025", "ns_per_byte: -1")),
+            "p.yaml:13:38: kernels.gemm.ns_per_byte = -1 is out of range [0, 1e+06]");
+  EXPECT_EQ(error_of(replace(kGoodProfile, "ns_per_flop: 0,", "ns_per_flop: fast,")),
+            "p.yaml:13:60: kernels.gemm.ns_per_flop must be a finite number, got 'fast'");
+  EXPECT_EQ(error_of(replace(kGoodProfile, "  date: 2026-11-29\n", "")),
+            "p.yaml:5:3: header is missing required field 'date'");
+  EXPECT_EQ(error_of(replace(kGoodProfile, "graph_node_gap_ns", "node_gap_ns")),
+            "p.yaml:11:3: unknown field 'node_gap_ns' in figures; known: stream_read_tbps, "
+            "kernel_floor_ns, eager_launch_ns, graph_launch_ns, graph_node_gap_ns, "
+            "pdl_node_gap_ns, d2h_latency_ns, d2h_gbps, host_wake_ns");
+  EXPECT_EQ(error_of(replace(kGoodProfile, "format: 1", "format: 2")),
+            "p.yaml:1:9: format 2 is not supported (this twinstep reads 1)");
+  EXPECT_EQ(error_of("format: 1\nname: [x\n"), error_of("format: 1\nname: [x\n"));
+  EXPECT_EQ(error_of("format: 1\nname: [x\n").rfind("p.yaml:", 0), 0u);
+  EXPECT_NE(error_of("format: 1\nname: [x\n").find("malformed YAML"), std::string::npos);
+  EXPECT_EQ(error_of(""), "p.yaml:1:1: empty profile");
+  EXPECT_EQ(error_of("- 1\n"), "p.yaml:1:1: the profile must be a mapping");
+}
+
+TEST(CalibrationProfile, MissingFileSaysSo) {
+  EXPECT_THROW(
+      {
+        try {
+          load_calibration_profile("/nonexistent/dir/p.yaml");
+        } catch (const ConfigError& e) {
+          EXPECT_STREQ(e.what(), "/nonexistent/dir/p.yaml: cannot read the calibration profile");
+          throw;
+        }
+      },
+      ConfigError);
+}
+
+// A private profile directory through TWINSTEP_PROFILES, removed with the fixture.
+class ProfileDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("twinstep_profiles_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    ::setenv("TWINSTEP_PROFILES", dir_.c_str(), 1);
+  }
+  void TearDown() override {
+    ::unsetenv("TWINSTEP_PROFILES");
+    std::filesystem::remove_all(dir_);
+  }
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / (name + ".yaml")) << text;
+  }
+  std::string error_of_name(const std::string& name) {
+    try {
+      hardware_by_name(name);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(ProfileDir, ResolvesPresetsAndProfilesByName) {
+  write("h200-test", kGoodProfile);
+  EXPECT_EQ(calibration_profile_names(), std::vector<std::string>{"h200-test"});
+  EXPECT_EQ(hardware_by_name("h200").name, "h200");
+  const HardwareSpec hw = hardware_by_name("h200-test");
+  EXPECT_EQ(hw.name, "h200-test");
+  EXPECT_EQ(hw.graph_node_gap_ns, 640);
+  EXPECT_EQ(hardware_names().back(), "h200-test");
+}
+
+TEST_F(ProfileDir, UnknownNameListsPresetsAndProfiles) {
+  write("h200-test", kGoodProfile);
+  EXPECT_EQ(error_of_name("h300"),
+            "unknown hardware 'h300'; presets: b200, b300, h100, h20, h200; "
+            "calibrated profiles in " +
+                dir_.string() + ": h200-test");
+}
+
+TEST_F(ProfileDir, BrokenProfileGivesItsPositionAndTheAvailableProfiles) {
+  write("h200-test", kGoodProfile);
+  write("broken", replace(kGoodProfile, "name: h200-test", "name: broken\nextra: 1"));
+  const std::string path = (dir_ / "broken.yaml").string();
+  EXPECT_EQ(error_of_name("broken"),
+            path +
+                ":3:1: unknown field 'extra' in the profile; known: format, name, base, "
+                "header, figures, kernels, host_ops, measurements (presets: b200, b300, h100, "
+                "h20, h200; calibrated profiles in " +
+                dir_.string() + ": broken, h200-test)");
+  write("renamed", kGoodProfile);
+  EXPECT_NE(error_of_name("renamed").find("profile name 'h200-test' does not match its file name "
+                                          "'renamed.yaml'"),
+            std::string::npos);
+}
+
+// ---- the cost model with fits -----------------------------------------------------------------
+
+RunRecord simulate(const HardwareSpec& hw, int32_t concurrency) {
+  PolicySpec policy;
+  policy.host_schedule = HostSchedule::kRunahead;
+  WorkloadSpec w;
+  w.input_len = {1000, 1000};
+  w.output_len = {40, 40};
+  w.num_requests = concurrency;
+  w.max_concurrency = concurrency;
+  const std::vector<RequestSpec> requests = generate_requests(w);
+  RunRecord record;
+  DecodeLoop loop(policy, w, requests, &record);
+  HostCostModel host(HostCostSpec{}, 1);
+  SimBackend backend(model_preset("llama-3-8b"), hw, host, requests);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, record);
+  return record;
+}
+
+TEST(CostModelFits, FitsEqualToTheRooflineReproduceItExactly) {
+  const HardwareSpec roof = hardware_preset("h200");
+  HardwareSpec fitted = roof;
+  const double ns_per_byte = 1e9 / (roof.stream_read_tbps * 1e12 * roof.mem_efficiency);
+  for (int c = 0; c < int(KernelClass::kCount); ++c) {
+    fitted.kernel_fits[size_t(c)] = {true, 0, ns_per_byte, 0, 1, 0, 1};
+  }
+  // The equivalence holds where every kernel is memory-bound: check that for the shapes run.
+  const double ns_per_flop = 1e9 / (roof.bf16_tflops * 1e12 * roof.flop_efficiency);
+  for (int32_t batch : {1, 8}) {
+    StepKernels k;
+    step_kernels(model_preset("llama-3-8b"), decode_shape(batch, 1, batch * 1040), k);
+    for (const KernelDesc& d : k.kernels) {
+      ASSERT_GE(double(d.bytes_read + d.bytes_written) * ns_per_byte, double(d.flops) * ns_per_flop)
+          << d.name;
+    }
+  }
+  // And the fits are used: a fit twice as slow is not the roofline.
+  HardwareSpec slower = fitted;
+  for (KernelFit& f : slower.kernel_fits) f.ns_per_byte *= 2;
+  for (int32_t concurrency : {1, 8}) {
+    // Prefill is compute-bound (the roofline's max picks FLOPs, the memory-only fit does not):
+    // compare the decode steps, whose durations make TPOT.
+    const RunRecord a = simulate(roof, concurrency);
+    const RunRecord b = simulate(fitted, concurrency);
+    ASSERT_EQ(a.steps.size(), b.steps.size());
+    int64_t decode_steps = 0;
+    for (size_t i = 0; i < a.steps.size(); ++i) {
+      if (a.steps[i].prefills > 0 || a.steps[i].batch == 0) continue;
+      ++decode_steps;
+      EXPECT_EQ(a.steps[i].dur_ns, b.steps[i].dur_ns) << i;
+      EXPECT_EQ(a.steps[i].gpu_busy_ns, b.steps[i].gpu_busy_ns) << i;
+    }
+    EXPECT_GE(decode_steps, 39);  // 40 output tokens: the prefill's, then >= 39 decode steps
+    const RunRecord c = simulate(slower, concurrency);
+    ASSERT_EQ(c.steps[10].batch, concurrency);
+    EXPECT_GT(c.steps[10].dur_ns, a.steps[10].dur_ns);
+  }
+}
+
+TEST(CostModelFits, FittedClassUsesTheLinearModelAndTheFloor) {
+  HardwareSpec hw = hardware_preset("h200");
+  hw.kernel_floor_ns = 1500;
+  hw.kernel_fits[size_t(KernelClass::kNorm)] = {true, 1000, 0.5, 0.25, 1, 0, 3};
+  const CostModel cost(hw);
+  // 1000 + 0.5·(600 + 400) + 0.25·2000 = 2000 ns.
+  EXPECT_EQ(cost.kernel_ns({"n", KernelClass::kNorm, 600, 400, 2000}), 2000);
+  // 1000 + 0.5·10 = 1005 → the floor.
+  EXPECT_EQ(cost.kernel_ns({"n", KernelClass::kNorm, 10, 0, 0}), 1500);
+}
+
+}  // namespace
+}  // namespace twinstep
