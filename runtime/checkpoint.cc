@@ -268,7 +268,8 @@ std::vector<WeightDesc> draft_weight_list(const LlamaConfig& c) {
 
 double draft_layer_scale(double fidelity, int32_t layers) {
   const double f = std::clamp(fidelity, 0.0, 1.0);
-  return 2.0 * (1.0 - f) * (1.0 - f) / std::sqrt(2.0 * std::max(layers, 1));
+  // Floored above zero: an init_std of 0 means "all ones" (a norm weight).
+  return std::max(2.0 * (1.0 - f) * (1.0 - f) / std::sqrt(2.0 * std::max(layers, 1)), 1e-4);
 }
 
 std::vector<WeightDesc> synthetic_weight_list(const LlamaConfig& c, bool with_draft,

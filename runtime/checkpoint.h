@@ -74,8 +74,8 @@ std::vector<WeightDesc> draft_weight_list(const LlamaConfig& c);
 std::vector<WeightDesc> synthetic_weight_list(const LlamaConfig& c, bool with_draft,
                                               double draft_fidelity = -1);
 // Scale of each target layer's residual contribution at fidelity F in [0, 1]:
-// 2 (1 - F)^2 / sqrt(2 layers), so the layers' summed perturbation of the residual stream is
-// ~2 (1 - F)^2 of the embedding term whatever the depth (F = 1: none, exact agreement).
+// 2 (1 - F)^2 / sqrt(2 layers) (at least 1e-4), so the layers' summed perturbation of the
+// residual stream is ~2 (1 - F)^2 of the embedding term whatever the depth (F = 1: ~none).
 double draft_layer_scale(double fidelity, int32_t layers);
 constexpr double kBigramLogitStd = 4.0;
 
