@@ -77,8 +77,12 @@
 //                                  or {tp, pp, dp, ep, cp (1..4096), weight_dtype, expert_dtype,
 //                                  expert_act_dtype, kv_dtype (bf16 | fp8 | mxfp4),
 //                                  kv_compression (>= 1), runtime_buffer_gb, hbm_usable_fraction,
-//                                  expert_load: {kind: uniform | zipf | hot, zipf_s, hot_experts,
-//                                  hot_fraction}}; rules in docs/layouts.md
+//                                  microbatches (0 = pp, 1..4096), prefill_chunk_tokens (both
+//                                  only with pp > 1), expert_load: {kind: uniform | zipf | hot;
+//                                  zipf: zipf_s (0..100, default 1); hot: hot_experts
+//                                  (1..experts-1) and hot_fraction (0..1), both required}};
+//                                  placements drawn per step from the run seed; rules in
+//                                  docs/layouts.md
 //
 //   acceptance:                    optional; simulator draft/target agreement (AcceptanceSpec)
 //     accept_rate: 0.7             per-position acceptance, 0..1; or instead
@@ -168,6 +172,7 @@ constexpr int64_t kMaxExperts = 65'536;
 constexpr double kMaxParams = 1e15;
 constexpr int64_t kMaxSteps = 1'000'000'000;
 constexpr uint64_t kWorkloadSeedSalt = 0x776f726b6c6f6164ULL;  // "workload"
+constexpr uint64_t kRoutingSeedSalt = 0x726f7574696e67ULL;     // "routing"
 // Run size limits (check_run_size). The simulator counts time in int64 ns, bytes and FLOPs in
 // int64, and indexes samples with int32; these keep every value a variant can produce in range.
 constexpr int64_t kMaxOutputTokensPerRun = std::numeric_limits<int32_t>::max();
@@ -610,6 +615,47 @@ SpecSpec parse_spec(const Context& ctx, const Node& node) {
   return s;
 }
 
+// layout.expert_load: each kind's parameters, and only those, checked where they are written.
+ExpertLoad parse_expert_load(const Context& ctx, const Node& node, const ModelSpec& model) {
+  MapReader e(ctx, node, "layout.expert_load", {"kind", "zipf_s", "hot_experts", "hot_fraction"});
+  const std::vector<std::pair<std::string, ExpertLoad::Kind>> kinds = {
+      {"uniform", ExpertLoad::Kind::kUniform},
+      {"zipf", ExpertLoad::Kind::kZipf},
+      {"hot", ExpertLoad::Kind::kHot}};
+  ExpertLoad load;
+  const Node& kind = e.require("kind");
+  load.kind = yaml::read_enum(ctx, kind, "layout.expert_load.kind", kinds);
+  const bool zipf = load.kind == ExpertLoad::Kind::kZipf;
+  const bool hot = load.kind == ExpertLoad::Kind::kHot;
+  for (const char* key : {"zipf_s", "hot_experts", "hot_fraction"}) {
+    const bool applies = std::string_view(key) == "zipf_s" ? zipf : hot;
+    if (e.has(key) && !applies) {
+      ctx.fail(e.key_mark(key),
+               "layout.expert_load." + std::string(key) + " does not apply to kind " + kind.scalar);
+    }
+  }
+  if (const Node* x = e.get("zipf_s")) {
+    load.zipf_s = read_double(ctx, *x, "layout.expert_load.zipf_s", 0, 100, false);
+  }
+  if (hot) {
+    int32_t experts = 0;  // the fewest experts of any MoE layer
+    for (const LayerSpec& layer : model.layers) {
+      if (layer.mlp.kind == MlpKind::kMoe && (experts == 0 || layer.mlp.num_experts < experts)) {
+        experts = layer.mlp.num_experts;
+      }
+    }
+    if (experts < 2) {
+      ctx.fail(e.key_mark("kind"), "layout.expert_load kind hot needs a model with MoE layers");
+    }
+    load.hot_experts = static_cast<int32_t>(
+        yaml::read_int(ctx, e.require("hot_experts", "the number of hot experts"),
+                       "layout.expert_load.hot_experts", 1, experts - 1));
+    load.hot_fraction = read_double(ctx, e.require("hot_fraction", "their share of routed tokens"),
+                                    "layout.expert_load.hot_fraction", 0, 1, false);
+  }
+  return load;
+}
+
 // layout: "PP2-TP8" (the seeds' notation), or a mapping of degrees, dtypes and memory terms.
 LayoutSpec parse_layout_node(const Context& ctx, const Node& node, const ModelSpec& model) {
   LayoutSpec l;
@@ -620,7 +666,7 @@ LayoutSpec parse_layout_node(const Context& ctx, const Node& node, const ModelSp
       MapReader m(ctx, node, "layout",
                   {"tp", "pp", "dp", "ep", "cp", "weight_dtype", "expert_dtype", "expert_act_dtype",
                    "kv_dtype", "kv_compression", "runtime_buffer_gb", "hbm_usable_fraction",
-                   "expert_load"});
+                   "microbatches", "prefill_chunk_tokens", "expert_load"});
       l.tp = read_i32_or(ctx, m, "tp", 1, 4096, 1);
       l.pp = read_i32_or(ctx, m, "pp", 1, 4096, 1);
       l.dp = read_i32_or(ctx, m, "dp", 1, 4096, 1);
@@ -643,24 +689,18 @@ LayoutSpec parse_layout_node(const Context& ctx, const Node& node, const ModelSp
       if (const Node* n = m.get("hbm_usable_fraction")) {
         l.hbm_usable_fraction = read_double(ctx, *n, "layout.hbm_usable_fraction", 0, 1, true);
       }
-      if (const Node* n = m.get("expert_load")) {
-        MapReader e(ctx, *n, "layout.expert_load",
-                    {"kind", "zipf_s", "hot_experts", "hot_fraction"});
-        const std::vector<std::pair<std::string, ExpertLoad::Kind>> kinds = {
-            {"uniform", ExpertLoad::Kind::kUniform},
-            {"zipf", ExpertLoad::Kind::kZipf},
-            {"hot", ExpertLoad::Kind::kHot}};
-        l.expert_load.kind =
-            yaml::read_enum(ctx, e.require("kind"), "layout.expert_load.kind", kinds);
-        if (const Node* x = e.get("zipf_s")) {
-          l.expert_load.zipf_s = read_double(ctx, *x, "layout.expert_load.zipf_s", 0, 100, false);
-        }
-        l.expert_load.hot_experts = read_i32_or(ctx, e, "hot_experts", 0, 1 << 20, 0);
-        if (const Node* x = e.get("hot_fraction")) {
-          l.expert_load.hot_fraction =
-              read_double(ctx, *x, "layout.expert_load.hot_fraction", 0, 1, false);
+      for (const char* key : {"microbatches", "prefill_chunk_tokens"}) {
+        if (m.has(key) && l.pp == 1) {
+          ctx.fail(m.key_mark(key), std::string("layout.") + key +
+                                        " applies to pipeline stages only; give layout.pp > 1");
         }
       }
+      l.microbatches = read_i32_or(ctx, m, "microbatches", 0, 4096, 0);
+      if (const Node* n = m.get("prefill_chunk_tokens")) {
+        l.prefill_chunk_tokens =
+            yaml::read_int(ctx, *n, m.field("prefill_chunk_tokens"), 1, 1'000'000'000);
+      }
+      if (const Node* n = m.get("expert_load")) l.expert_load = parse_expert_load(ctx, *n, model);
     }
     validate_layout(model, l);
   } catch (const ConfigError& e) {
@@ -989,6 +1029,7 @@ Variant parse_variant(const Context& ctx, const Node& doc) {
   if (const Node* n = top.get("host")) v.host_costs = parse_host(ctx, *n);
   if (const Node* n = top.get("acceptance")) v.acceptance = parse_acceptance(ctx, *n);
   if (const Node* n = top.get("layout")) v.layout = parse_layout_node(ctx, *n, v.model);
+  v.layout.expert_load.seed = splitmix64(v.seed ^ kRoutingSeedSalt);
   if (const Node* n = top.get("trace")) v.trace = parse_trace(ctx, *n);
   check_run_size(ctx, *top.get("workload"), v);
   return v;
