@@ -1,0 +1,575 @@
+#include "runtime/calibrate.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+
+#include "policies/decode_loop.h"
+#include "policies/error.h"
+#include "policies/host_costs.h"
+#include "policies/model_spec.h"
+#include "policies/step_kernels.h"
+#include "policies/workload.h"
+#include "runtime/checkpoint.h"
+#include "runtime/device_ops.h"
+#include "runtime/engine.h"
+#include "runtime/real_backend.h"
+
+namespace twinstep::runtime {
+
+void launch_empty(cudaStream_t stream, bool pdl);  // runtime/calibrate.cu
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ns_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::nano>(b - a).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+class Events {
+ public:
+  explicit Events(size_t n) : e_(n) {
+    for (cudaEvent_t& e : e_) TS_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~Events() {
+    for (cudaEvent_t e : e_) cudaEventDestroy(e);
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  cudaEvent_t operator[](size_t i) const { return e_[i]; }
+  double elapsed_ns(size_t a, size_t b) const {
+    float ms = 0;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&ms, e_[a], e_[b]));
+    return double(ms) * 1e6;
+  }
+
+ private:
+  std::vector<cudaEvent_t> e_;
+};
+
+class Stream {
+ public:
+  Stream() { TS_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  operator cudaStream_t() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+template <typename T>
+struct DeviceFree {
+  void operator()(T* p) const { cudaFree(p); }
+};
+template <typename T>
+std::unique_ptr<T, DeviceFree<T>> device_alloc(size_t bytes) {
+  void* p = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&p, bytes));
+  return std::unique_ptr<T, DeviceFree<T>>(static_cast<T*>(p));
+}
+
+CalibrationSample sample(const char* kind, double ns) {
+  CalibrationSample s;
+  s.kind = kind;
+  s.value_ns = ns;
+  return s;
+}
+
+// ---- microbenchmarks ---------------------------------------------------------------------------
+
+// Host cost of one eager launch: batches of 200 empty-kernel launches, host time / 200.
+void eager_launches(int reps, std::vector<CalibrationSample>& out) {
+  Stream s;
+  constexpr int kBatch = 200;
+  for (int rep = -3; rep < reps; ++rep) {  // three warm-up batches
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kBatch; ++i) launch_empty(s, false);
+    const auto t1 = Clock::now();
+    TS_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (rep >= 0) out.push_back(sample("eager_launch", ns_between(t0, t1) / kBatch));
+  }
+}
+
+// A captured graph of `nodes` empty kernels, with or without PDL edges.
+cudaGraphExec_t empty_graph(cudaStream_t s, int nodes, bool pdl) {
+  cudaGraph_t g = nullptr;
+  TS_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < nodes; ++i) launch_empty(s, pdl && i > 0);
+  TS_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t exec = nullptr;
+  TS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  TS_CUDA_CHECK(cudaGraphDestroy(g));
+  return exec;
+}
+
+// GPU time per node of empty-kernel graphs: (T(N) − T(1)) / (N − 1) from event-timed launches,
+// so the launch's own head and tail cancel. Also the host cost of cudaGraphLaunch vs N.
+void graph_costs(int reps, std::vector<CalibrationSample>& out) {
+  Stream s;
+  Events ev(2);
+  constexpr int kSizes[] = {1, 32, 128, 256};
+  for (const bool pdl : {false, true}) {
+    std::map<int, std::vector<double>> gpu_ns;
+    for (const int n : kSizes) {
+      cudaGraphExec_t g = empty_graph(s, n, pdl);
+      for (int rep = -3; rep < reps; ++rep) {
+        TS_CUDA_CHECK(cudaEventRecord(ev[0], s));
+        const auto t0 = Clock::now();
+        TS_CUDA_CHECK(cudaGraphLaunch(g, s));
+        const auto t1 = Clock::now();
+        TS_CUDA_CHECK(cudaEventRecord(ev[1], s));
+        TS_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+        if (rep < 0) continue;
+        gpu_ns[n].push_back(ev.elapsed_ns(0, 1));
+        if (!pdl) {
+          CalibrationSample x = sample("graph_launch", ns_between(t0, t1));
+          x.name = "empty";
+          x.nodes = n;
+          out.push_back(x);
+        }
+      }
+      TS_CUDA_CHECK(cudaGraphExecDestroy(g));
+    }
+    const int big = kSizes[std::size(kSizes) - 1];
+    const double one = median(gpu_ns[1]);
+    for (double t : gpu_ns[big]) {
+      CalibrationSample x = sample("node_gap", (t - one) / (big - 1));
+      x.mode = pdl ? "pdl_empty" : "graph";
+      x.nodes = big;
+      out.push_back(x);
+    }
+  }
+}
+
+// cudaEventRecord + cudaEventSynchronize on an idle stream: what a host wait adds beyond the
+// GPU work (an upper bound on the wake-up, as it includes the record's own trip).
+void event_round_trips(int reps, std::vector<CalibrationSample>& out) {
+  Stream s;
+  Events ev(1);
+  for (int rep = -10; rep < reps; ++rep) {
+    const auto t0 = Clock::now();
+    TS_CUDA_CHECK(cudaEventRecord(ev[0], s));
+    TS_CUDA_CHECK(cudaEventSynchronize(ev[0]));
+    const auto t1 = Clock::now();
+    if (rep >= 0) out.push_back(sample("event_sync", ns_between(t0, t1)));
+  }
+}
+
+// Device → pinned host copies, host time from issue to the completion event observed by polling.
+void d2h_copies(int reps, std::vector<CalibrationSample>& out) {
+  constexpr size_t kMax = size_t{64} << 20;
+  Stream s;
+  Events ev(1);
+  auto dev = device_alloc<char>(kMax);
+  TS_CUDA_CHECK(cudaMemset(dev.get(), 1, kMax));
+  void* host = nullptr;
+  TS_CUDA_CHECK(cudaMallocHost(&host, kMax));
+  for (const size_t bytes :
+       {size_t{16}, size_t{4096}, size_t{65536}, size_t{1} << 20, size_t{16} << 20, kMax}) {
+    for (int rep = -3; rep < reps; ++rep) {
+      const auto t0 = Clock::now();
+      TS_CUDA_CHECK(cudaMemcpyAsync(host, dev.get(), bytes, cudaMemcpyDeviceToHost, s));
+      TS_CUDA_CHECK(cudaEventRecord(ev[0], s));
+      cudaError_t st;
+      while ((st = cudaEventQuery(ev[0])) == cudaErrorNotReady) {
+      }
+      TS_CUDA_CHECK(st);
+      const auto t1 = Clock::now();
+      if (rep < 0) continue;
+      CalibrationSample x = sample("d2h", ns_between(t0, t1));
+      x.bytes = int64_t(bytes);
+      out.push_back(x);
+    }
+  }
+  TS_CUDA_CHECK(cudaFreeHost(host));
+}
+
+// Streaming reads of a buffer far larger than L2 (cold), the bandwidth the roofline uses for
+// classes never fitted.
+void stream_reads(bool quick, int reps, std::vector<CalibrationSample>& out) {
+  const size_t bytes = quick ? size_t{1} << 30 : size_t{4} << 30;
+  auto buf = device_alloc<char>(bytes);
+  auto sink = device_alloc<unsigned long long>(8);
+  TS_CUDA_CHECK(cudaMemset(buf.get(), 1, bytes));
+  Stream s;
+  Events ev(2);
+  int sms = 0;
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (const int blocks_per_sm : {4, 8, 16}) {
+    for (int rep = -1; rep < reps; ++rep) {
+      TS_CUDA_CHECK(cudaEventRecord(ev[0], s));
+      launch_stream_read(buf.get(), bytes / 16, sink.get(), sms * blocks_per_sm, s);
+      TS_CUDA_CHECK(cudaEventRecord(ev[1], s));
+      TS_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      if (rep < 0) continue;
+      CalibrationSample x = sample("stream_read", ev.elapsed_ns(0, 1));
+      x.bytes = int64_t(bytes);
+      x.name = "blocks_per_sm_" + std::to_string(blocks_per_sm);
+      out.push_back(x);
+    }
+  }
+}
+
+// ---- decode graphs in situ ---------------------------------------------------------------------
+
+// Runtime nodes and step_kernels() kernels line up group by group (docs/calibration.md): a
+// runtime node may fuse several step kernels (rope_kv_append = rope + kv_append, gate_up_swiglu
+// = gate_up_proj + swiglu) and the runtime's relay nodes (gather, commit) belong to the
+// neighbouring group. Returns the group of a node or kernel name; throws for an unknown name.
+std::string group_of(const std::string& name) {
+  static const std::map<std::string, std::string> kGroups = {
+      {"gather", "embedding"},  {"embedding", "embedding"},    {"attn_norm", "attn_norm"},
+      {"qkv_proj", "qkv_proj"}, {"rope_kv_append", "rope_kv"}, {"rope", "rope_kv"},
+      {"kv_append", "rope_kv"}, {"attention", "attention"},    {"o_proj", "o_proj"},
+      {"mlp_norm", "mlp_norm"}, {"gate_up_swiglu", "gate_up"}, {"gate_up_proj", "gate_up"},
+      {"swiglu", "gate_up"},    {"down_proj", "down_proj"},    {"final_norm", "final_norm"},
+      {"lm_head", "lm_head"},   {"commit", "lm_head"},
+  };
+  auto it = kGroups.find(name);
+  if (it == kGroups.end()) {
+    throw Error("calibrate: node or kernel '" + name +
+                "' has no calibration group (runtime/calibrate.cc group_of)");
+  }
+  return it->second;
+}
+
+// Consecutive entries of one group form an instance; returns the [first, end) index ranges.
+template <typename Name>
+std::vector<std::pair<size_t, size_t>> instances(size_t n, Name name_of,
+                                                 std::vector<std::string>* groups) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t i = 0; i < n;) {
+    const std::string g = group_of(name_of(i));
+    size_t j = i + 1;
+    while (j < n && group_of(name_of(j)) == g) ++j;
+    out.emplace_back(i, j);
+    groups->push_back(g);
+    i = j;
+  }
+  return out;
+}
+
+struct GridPoint {
+  int batch;
+  double step_graph_ns = 0;  // unprofiled medians
+  double step_pdl_ns = 0;
+  int64_t ctx_sum = 0;  // Σ ctx of the batch at the profiled launches' middle
+};
+
+class InSitu {
+ public:
+  InSitu(const CalibrateOptions& o, double node_gap_ns, std::vector<CalibrationSample>& out)
+      : o_(o), gap_ns_(node_gap_ns), out_(out) {}
+
+  void model(const std::string& name) {
+    const ModelSpec& spec = model_preset(name);
+    const LlamaConfig config = llama_config_from_spec(spec);
+    const std::vector<int> contexts =
+        o_.quick ? std::vector<int>{128, 2048} : std::vector<int>{128, 512, 2048, 8192};
+    for (const int ctx : contexts) {
+      std::vector<int> batches =
+          o_.quick ? std::vector<int>{1, 4, 16, 64} : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
+      // Long contexts: the prefill of every slot and the KV of 64 slots cost more than the
+      // points add (batches up to 16 cover the validation shapes at 8K).
+      if (ctx > 4096)
+        batches.erase(std::remove_if(batches.begin(), batches.end(), [](int b) { return b > 16; }),
+                      batches.end());
+      std::map<int, GridPoint> points;
+      for (const bool profiled : {false, true}) {
+        run_context(spec, config, ctx, batches, profiled, points);
+      }
+    }
+  }
+
+ private:
+  int reps() const { return o_.quick ? 6 : 16; }
+
+  void run_context(const ModelSpec& spec, const LlamaConfig& config, int ctx,
+                   const std::vector<int>& batches, bool profiled,
+                   std::map<int, GridPoint>& points) {
+    const int max_batch = batches.back();
+    const int launches = 2 * int(batches.size()) * (reps() + 2);  // per slot, worst case
+    EngineOptions eo;
+    eo.max_slots = max_batch;
+    // As the real backend sizes it (real_factory.cc): the KV capacity sets the attention split.
+    eo.capacity_tokens = ((ctx + 15) / 16 * 16 + launches + 63) / 64 * 64;
+    eo.profile_nodes = profiled;
+    std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", spec.name.c_str(), ctx, max_batch,
+                 profiled ? "profiled" : "unprofiled");
+    auto engine = Engine::create_synthetic(config, 1, eo);
+    const size_t slot_count = size_t(max_batch);
+    std::vector<int32_t> slots(slot_count);
+    std::vector<std::vector<int32_t>> prompts(slot_count);
+    for (int i = 0; i < max_batch; ++i) {
+      slots[size_t(i)] = i;
+      prompts[size_t(i)].resize(size_t(ctx));
+      for (int t = 0; t < ctx; ++t) prompts[size_t(i)][size_t(t)] = (i * 7919 + t * 31) % 32000;
+    }
+    engine->enqueue_prefill(slots, prompts);
+    TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
+    std::vector<int64_t> slot_ctx(slot_count, ctx);
+    for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      engine->prepare(mode, max_batch);
+    }
+    Events ev(size_t(2 * reps()));
+    for (const int batch : batches) {
+      const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
+      GridPoint& point = points[batch];
+      point.batch = batch;
+      for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+        const char* mode_name = mode == GraphMode::kCudaGraph ? "graph" : "pdl";
+        for (int w = 0; w < 2; ++w) engine->enqueue_decode(batch_slots, mode);  // warm-up
+        for (int i = 0; i < batch; ++i) slot_ctx[size_t(i)] += 2;
+        std::vector<double> host_ns;
+        std::vector<int64_t> seqs;
+        int64_t ctx_mid = 0;
+        for (int r = 0; r < reps(); ++r) {
+          if (r == reps() / 2) {
+            for (int i = 0; i < batch; ++i) ctx_mid += slot_ctx[size_t(i)];
+          }
+          TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], engine->compute_stream()));
+          const auto t0 = Clock::now();
+          seqs.push_back(engine->enqueue_decode(batch_slots, mode));
+          const auto t1 = Clock::now();
+          TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], engine->compute_stream()));
+          host_ns.push_back(ns_between(t0, t1));
+          for (int i = 0; i < batch; ++i) ++slot_ctx[size_t(i)];
+        }
+        TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
+        const int64_t nodes = int64_t(engine->decode_node_names(batch).size());
+        std::vector<double> step_ns;
+        for (int r = 0; r < reps(); ++r) {
+          step_ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
+          CalibrationSample x = sample(profiled ? "step_profiled" : "step", step_ns.back());
+          x.model = spec.name;
+          x.mode = mode_name;
+          x.batch = batch;
+          x.ctx_tokens = ctx_mid / batch;
+          x.nodes = nodes;
+          out_.push_back(x);
+          if (!profiled) {
+            CalibrationSample h = sample("graph_launch", host_ns[size_t(r)]);
+            h.name = "decode";
+            h.model = spec.name;
+            h.mode = mode_name;
+            h.batch = batch;
+            h.nodes = nodes;
+            out_.push_back(h);
+          }
+        }
+        if (!profiled) {
+          (mode == GraphMode::kCudaGraph ? point.step_graph_ns : point.step_pdl_ns) =
+              median(step_ns);
+          if (mode == GraphMode::kCudaGraph) point.ctx_sum = ctx_mid;
+        } else if (mode == GraphMode::kCudaGraph) {
+          kernel_samples(spec, *engine, point, median(step_ns), seqs, ctx_mid);
+        }
+      }
+      if (!profiled) pdl_gap_sample(spec, point, ctx);
+    }
+  }
+
+  // The PDL node gap that makes Σ kernels + nodes · gap reproduce the measured PDL step, given
+  // the graph step and gap: g_pdl = g + (T_pdl − T_graph) / nodes (step_kernels' node count).
+  void pdl_gap_sample(const ModelSpec& spec, const GridPoint& p, int ctx) {
+    StepKernels sk;
+    step_kernels(spec, decode_shape(p.batch, 1, p.ctx_sum), sk);
+    const double nodes = double(sk.node_count());
+    CalibrationSample x =
+        sample("node_gap", std::max(0.0, gap_ns_ + (p.step_pdl_ns - p.step_graph_ns) / nodes));
+    x.mode = "pdl";
+    x.model = spec.name;
+    x.batch = p.batch;
+    x.ctx_tokens = ctx;
+    x.nodes = int64_t(nodes);
+    out_.push_back(x);
+  }
+
+  // Kernel samples of one grid point from the profiled launches (docs/calibration.md): node j's
+  // interval d_j between timestamps, less the per-node profiling overhead
+  // δ = (T_profiled − T_unprofiled) / nodes, median over launches, less one node gap per step
+  // kernel, so that Σ kernels + nodes · gap reproduces the unprofiled step.
+  void kernel_samples(const ModelSpec& spec, Engine& engine, const GridPoint& p,
+                      double profiled_step_ns, const std::vector<int64_t>& seqs, int64_t ctx_mid) {
+    const std::vector<const char*>& names = engine.decode_node_names(p.batch);
+    const size_t n = names.size();
+    const double delta = (profiled_step_ns - p.step_graph_ns) / double(n);
+    std::vector<std::string> real_groups;
+    const auto real = instances(
+        n, [&](size_t i) { return std::string(names[i]); }, &real_groups);
+
+    StepKernels sk;
+    step_kernels(spec, decode_shape(p.batch, 1, ctx_mid), sk);
+    std::vector<const KernelDesc*> flat;
+    for (const LayerRun& run : sk.runs) {
+      for (int32_t r = 0; r < run.repeat; ++r) {
+        for (int32_t i = run.first; i < run.first + run.count; ++i) {
+          flat.push_back(&sk.kernels[size_t(i)]);
+        }
+      }
+    }
+    std::vector<std::string> sim_groups;
+    const auto sim = instances(
+        flat.size(), [&](size_t i) { return std::string(flat[i]->name); }, &sim_groups);
+    if (real_groups != sim_groups) {
+      throw Error("calibrate: " + spec.name + " batch " + std::to_string(p.batch) + ": the " +
+                  std::to_string(real_groups.size()) + " runtime node groups do not line up with " +
+                  "the " + std::to_string(sim_groups.size()) + " step_kernels groups");
+    }
+    // Per instance and real member: its cost (d_j − δ) in every profiled launch.
+    std::vector<std::vector<std::vector<double>>> cost(real.size());
+    for (size_t k = 0; k < real.size(); ++k) cost[k].resize(real[k].second - real[k].first);
+    const auto stamps = engine.node_timestamps(seqs.front(), seqs.back());
+    for (const auto& [seq, ts] : stamps) {
+      if (ts.size() < n + 1) throw Error("calibrate: fewer timestamps than nodes");
+      for (size_t k = 0; k < real.size(); ++k) {
+        for (size_t j = real[k].first; j < real[k].second; ++j) {
+          cost[k][j - real[k].first].push_back(double(ts[j + 1] - ts[j]) - delta);
+        }
+      }
+    }
+    for (size_t k = 0; k < sim.size(); ++k) {
+      const size_t members = sim[k].second - sim[k].first;
+      // One runtime node per step kernel: each kernel gets its own node's time less one gap.
+      // Otherwise (fused or relay nodes) the step kernels share the instance's total less one
+      // gap each, in proportion to their bytes.
+      const bool paired = cost[k].size() == members;
+      double total = 0;
+      for (const std::vector<double>& c : cost[k]) total += median(c);
+      double bytes_sum = 0;
+      for (size_t i = sim[k].first; i < sim[k].second; ++i) {
+        bytes_sum += double(flat[i]->bytes_read + flat[i]->bytes_written);
+      }
+      for (size_t i = sim[k].first; i < sim[k].second; ++i) {
+        const KernelDesc& d = *flat[i];
+        const double share = bytes_sum > 0 ? double(d.bytes_read + d.bytes_written) / bytes_sum
+                                           : 1.0 / double(members);
+        const double ns = paired ? median(cost[k][i - sim[k].first]) - gap_ns_
+                                 : (total - double(members) * gap_ns_) * share;
+        if (ns <= 0) {
+          ++dropped_;
+          continue;
+        }
+        CalibrationSample x = sample("kernel", ns);
+        x.name = d.name;
+        x.cls = kernel_class_name(d.cls);
+        x.model = spec.name;
+        x.mode = "graph";
+        x.batch = p.batch;
+        x.ctx_tokens = ctx_mid / p.batch;
+        x.bytes = d.bytes_read + d.bytes_written;
+        x.flops = d.flops;
+        out_.push_back(x);
+      }
+    }
+    if (dropped_ > 0) {
+      std::fprintf(o_.log, "calibrate: %lld kernel samples at or below one node gap dropped\n",
+                   static_cast<long long>(dropped_));
+    }
+  }
+
+  const CalibrateOptions& o_;
+  double gap_ns_;
+  std::vector<CalibrationSample>& out_;
+  int64_t dropped_ = 0;
+};
+
+// The real backend's host operations with no injected cost (only their real work), run-ahead,
+// CUDA graphs, 8 concurrent requests: per step and op, one sample.
+void host_ops(const std::string& model_name, bool quick, std::vector<CalibrationSample>& out) {
+  const ModelSpec& spec = model_preset(model_name);
+  WorkloadSpec w;
+  w.input_len = {128, 128};
+  w.output_len = {quick ? 33 : 129, quick ? 33 : 129};
+  w.num_requests = 16;
+  w.max_concurrency = 8;
+  const std::vector<RequestSpec> requests = generate_requests(w);
+  EngineOptions eo;
+  eo.max_slots = w.max_concurrency;
+  eo.capacity_tokens = (128 + w.output_len.hi + 63) / 64 * 64;
+  auto engine = Engine::create_synthetic(llama_config_from_spec(spec), 1, eo);
+  HostCostModel host(HostCostSpec{}, 1);
+  RealOptions ro;
+  ro.prepare_mode = GraphMode::kCudaGraph;
+  ro.prepare_max_batch = eo.max_slots;
+  RealBackend backend(*engine, spec, host, requests, ro);
+  PolicySpec policy;
+  policy.host_schedule = HostSchedule::kRunahead;
+  policy.graph_mode = GraphMode::kCudaGraph;
+  RunRecord record;
+  DecodeLoop loop(policy, w, requests, &record);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, record);
+  for (const StepSample& st : record.steps) {
+    for (int op = 0; op < kHostOpCount; ++op) {
+      if (st.host_ns[size_t(op)] <= 0) continue;
+      CalibrationSample x = sample("host_op", double(st.host_ns[size_t(op)]));
+      x.name = host_op_name(HostOp(op));
+      x.model = model_name;
+      x.batch = st.batch;
+      out.push_back(x);
+    }
+    for (const auto& [name, ns] : {std::pair{"launch_calls", st.host_launch_ns},
+                                   std::pair{"event_waits", st.host_wait_ns}}) {
+      CalibrationSample x = sample("host_op", double(ns));
+      x.name = name;
+      x.model = model_name;
+      x.batch = st.batch;
+      out.push_back(x);
+    }
+  }
+}
+
+}  // namespace
+
+CalibrationRun run_calibration(const CalibrateOptions& o) {
+  std::string why;
+  if (!real_backend_available(&why)) throw Error("calibrate needs a CUDA GPU: " + why);
+  for (const std::string& m : o.models) {
+    llama_config_from_spec(model_preset(m));  // throws for a model the runtime cannot run
+  }
+  CalibrationRun run;
+  cudaDeviceProp prop{};
+  TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  run.gpu_name = prop.name;
+  int driver = 0;
+  TS_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  run.driver =
+      "CUDA driver API " + std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10);
+
+  const int reps = o.quick ? 10 : 50;
+  std::vector<CalibrationSample>& out = run.samples;
+  std::fprintf(o.log, "calibrate: launch, gap, event and copy microbenchmarks\n");
+  eager_launches(reps, out);
+  graph_costs(reps, out);
+  event_round_trips(reps * 4, out);
+  d2h_copies(reps, out);
+  stream_reads(o.quick, o.quick ? 2 : 5, out);
+  std::vector<double> gaps;
+  for (const CalibrationSample& s : out) {
+    if (s.kind == "node_gap" && s.mode == "graph") gaps.push_back(s.value_ns);
+  }
+  const double gap_ns = median(gaps);
+  std::fprintf(o.log, "calibrate: graph node gap %.0f ns (empty kernels)\n", gap_ns);
+
+  InSitu in_situ(o, gap_ns, out);
+  for (const std::string& m : o.models) in_situ.model(m);
+  std::fprintf(o.log, "calibrate: real backend host operations\n");
+  host_ops(o.models.front(), o.quick, out);
+  return run;
+}
+
+}  // namespace twinstep::runtime

@@ -1,0 +1,34 @@
+// `twinstep calibrate`'s measurements on one CUDA GPU (docs/calibration.md): the runtime's own
+// decode graphs profiled node by node over a batch × context grid, with and without PDL;
+// profiled vs unprofiled step time; eager launch, graph launch and node-gap costs on empty
+// kernels; event round trips; device-to-host copies; streaming reads; the real backend's host
+// operations. Returns raw samples (policies/calibration_profile.h); simulator/calibration.h
+// fits them.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "policies/calibration_profile.h"
+
+namespace twinstep::runtime {
+
+struct CalibrateOptions {
+  bool quick = false;  // a small grid: a profile to test the pipeline, not to trust
+  // Dense Llama-family model presets whose decode graphs are measured (synthetic weights).
+  std::vector<std::string> models = {"llama-3-8b", "llama-3.2-3b"};
+  std::FILE* log = stderr;  // progress lines
+};
+
+struct CalibrationRun {
+  std::vector<CalibrationSample> samples;
+  std::string gpu_name;  // as the driver reports it
+  std::string driver;    // driver version, e.g. "570.86.15" (CUDA's numeric form if NVML absent)
+};
+
+// Runs every measurement on device 0. Throws Error when no CUDA device is visible or a model
+// is not a dense Llama-family preset; CUDA failures throw through the runtime's checks.
+CalibrationRun run_calibration(const CalibrateOptions& options);
+
+}  // namespace twinstep::runtime

@@ -1,0 +1,77 @@
+// `twinstep calibrate --quick` end to end on a GPU (skips without one): the measurements, the
+// fit, the profile file, and the fitted simulator against the step times it was fitted on.
+#include "runtime/calibrate.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "policies/step_kernels.h"
+#include "runtime/real_backend.h"
+#include "simulator/calibration.h"
+#include "simulator/cost_model.h"
+
+namespace twinstep {
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+TEST(Calibrate, QuickProfileLoadsAndReproducesTheStepsItWasFittedOn) {
+  std::string why;
+  if (!real_backend_available(&why)) GTEST_SKIP() << why;
+  runtime::CalibrateOptions o;
+  o.quick = true;
+  o.models = {"llama-3.2-3b"};
+  const runtime::CalibrationRun run = runtime::run_calibration(o);
+  ASSERT_FALSE(run.samples.empty());
+  for (const char* kind : {"kernel", "node_gap", "eager_launch", "graph_launch", "event_sync",
+                           "d2h", "stream_read", "host_op", "step", "step_profiled"}) {
+    EXPECT_TRUE(std::any_of(run.samples.begin(), run.samples.end(),
+                            [&](const CalibrationSample& s) { return s.kind == kind; }))
+        << kind;
+  }
+  const ProfileHeader header{"calibrate_test", "test", run.gpu_name, run.driver, "now"};
+  const CalibrationProfile fitted = fit_calibration(run.samples, "gpu-test", "h200", header);
+  const CalibrationProfile p =
+      parse_calibration_profile(write_calibration_profile(fitted), "calibrate_test");
+  std::printf("%s", calibration_report(p).c_str());  // per-class R², max error, samples
+  for (const KernelClass c : {KernelClass::kEmbedding, KernelClass::kNorm, KernelClass::kGemm,
+                              KernelClass::kRope, KernelClass::kKvAppend, KernelClass::kAttention,
+                              KernelClass::kActivation, KernelClass::kLmHead}) {
+    const KernelFit& f = p.hw.kernel_fits[size_t(c)];
+    EXPECT_TRUE(f.fitted) << kernel_class_name(c);
+    EXPECT_TRUE(std::isfinite(f.r2)) << kernel_class_name(c);
+  }
+  EXPECT_GT(p.hw.graph_node_gap_ns, 0);
+  EXPECT_GT(p.hw.eager_launch_ns, 0);
+  EXPECT_GT(p.hw.stream_read_tbps, 1.0);
+
+  // The fitted simulator's decode step (Σ kernels + nodes × gap) against the median measured
+  // unprofiled graph step at each grid point: within 10 % (the quick grid has few samples).
+  const CostModel cost(p.hw);
+  std::map<std::pair<int64_t, int64_t>, std::vector<double>> measured;
+  for (const CalibrationSample& s : run.samples) {
+    if (s.kind == "step" && s.mode == "graph")
+      measured[{s.batch, s.ctx_tokens}].push_back(s.value_ns);
+  }
+  ASSERT_FALSE(measured.empty());
+  for (const auto& [key, v] : measured) {
+    StepKernels sk;
+    step_kernels(model_preset("llama-3.2-3b"),
+                 decode_shape(int32_t(key.first), 1, key.first * key.second), sk);
+    const GraphCost g = cost.graph_cost(sk);
+    const double sim_ns = double(g.busy_ns + g.nodes * p.hw.graph_node_gap_ns);
+    const double real_ns = median_of(v);
+    std::printf("batch %lld ctx %lld: measured %.1f us, fitted sim %.1f us (%+.2f %%)\n",
+                static_cast<long long>(key.first), static_cast<long long>(key.second),
+                real_ns / 1e3, sim_ns / 1e3, 100 * (sim_ns / real_ns - 1));
+    EXPECT_NEAR(sim_ns / real_ns, 1.0, 0.10) << "batch " << key.first << " ctx " << key.second;
+  }
+}
+
+}  // namespace
+}  // namespace twinstep
