@@ -37,7 +37,9 @@
 //                  shared_intermediate (required > 0 exactly when num_shared_experts > 0).
 //     Every form is bounded by a rough parameter count of 1e15.
 //
-//   hardware: h200                 required; a preset name (hardware_preset_names()), or
+//   hardware: h200                 required; a preset name (hardware_preset_names()) or a
+//     calibrated profile's name (a file NAME.yaml in calibration_profile_dir(): results/profiles
+//     or $TWINSTEP_PROFILES; docs/calibration.md), or
 //     {preset: NAME, FIELD: value...} overriding HardwareSpec fields by their exact names, or
 //     the same mapping without `preset` (inline: name, hbm_bytes, hbm_tbps, stream_read_tbps,
 //     bf16_tflops required; the rest default as in HardwareSpec). Fields and ranges:
@@ -132,6 +134,7 @@
 
 #include "experiments/yaml_fields.h"
 #include "experiments/yaml_tree.h"
+#include "policies/calibration_profile.h"
 #include "policies/error.h"
 #include "policies/rng.h"
 
@@ -455,13 +458,20 @@ void read_hardware_field(const Context& ctx, const HardwareField& f, const Node&
 }
 
 HardwareSpec parse_hardware(const Context& ctx, const Node& node) {
-  const std::vector<std::string> presets = hardware_preset_names();
-  auto preset = [&](const Node& n, const std::string& field) -> const HardwareSpec& {
+  // Datasheet presets and the calibrated profiles of calibration_profile_dir().
+  const std::vector<std::string> presets = hardware_names();
+  auto preset = [&](const Node& n, const std::string& field) -> HardwareSpec {
     const std::string name = read_string(ctx, n, field);
-    for (const std::string& known : presets) {
-      if (known == name) return hardware_preset(name);
+    if (std::find(presets.begin(), presets.end(), name) == presets.end()) {
+      ctx.fail(n.mark,
+               "unknown hardware preset '" + name + "'; known: " + yaml::join_list(presets) +
+                   " (calibrated profiles are read from " + calibration_profile_dir() + ")");
     }
-    ctx.fail(n.mark, "unknown hardware preset '" + name + "'; known: " + yaml::join_list(presets));
+    try {
+      return hardware_by_name(name);
+    } catch (const ConfigError& e) {
+      ctx.fail(n.mark, "hardware '" + name + "': " + e.what());
+    }
   };
   if (node.is_scalar()) return preset(node, "hardware");
   if (!node.is_mapping()) {
@@ -1023,7 +1033,7 @@ Variant parse_variant(const Context& ctx, const Node& doc) {
   if (const Node* n = top.get("seed")) v.seed = yaml::read_uint64(ctx, *n, "seed");
   v.model = parse_model(ctx, top.require("model", "a preset name: " + known_model_presets()));
   v.hardware = parse_hardware(
-      ctx, top.require("hardware", "a preset name: " + yaml::join_list(hardware_preset_names())));
+      ctx, top.require("hardware", "a preset name: " + yaml::join_list(hardware_names())));
   v.workload = parse_workload(ctx, top.require("workload"), v.seed);
   if (const Node* n = top.get("policies")) v.policy = parse_policies(ctx, *n);
   if (const Node* n = top.get("host")) v.host_costs = parse_host(ctx, *n);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "experiments/experiment.h"
 #include "policies/calibration_profile.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
@@ -475,6 +476,44 @@ TEST_F(ProfileDir, BrokenProfileGivesItsPositionAndTheAvailableProfiles) {
   EXPECT_NE(error_of_name("renamed").find("profile name 'h200-test' does not match its file name "
                                           "'renamed.yaml'"),
             std::string::npos);
+}
+
+TEST_F(ProfileDir, ExperimentsNameProfilesLikePresets) {
+  write("h200-test", kGoodProfile);
+  const std::string yaml =
+      "name: x\nmodel: llama-3-8b\nhardware: h200-test\n"
+      "workload: {input_len: 128, output_len: 16, requests: 1}\n";
+  const Experiment e = load_experiment_text(yaml, "exp.yaml");
+  ASSERT_EQ(e.variants.size(), 1u);
+  EXPECT_EQ(e.variants[0].hardware.name, "h200-test");
+  EXPECT_EQ(e.variants[0].hardware.graph_node_gap_ns, 640);
+  EXPECT_TRUE(e.variants[0].hardware.kernel_fits[size_t(KernelClass::kGemm)].fitted);
+  // Overrides over a profile, as over a preset.
+  const Experiment o = load_experiment_text(
+      replace(yaml, "hardware: h200-test", "hardware: {preset: h200-test, host_wake_ns: 7}"),
+      "exp.yaml");
+  EXPECT_EQ(o.variants[0].hardware.host_wake_ns, 7);
+  EXPECT_EQ(o.variants[0].hardware.graph_node_gap_ns, 640);
+
+  write("broken", replace(kGoodProfile, "name: h200-test", "name: broken\nextra: 1"));
+  try {
+    load_experiment_text(replace(yaml, "hardware: h200-test", "hardware: broken"), "exp.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& err) {
+    const std::string want =
+        "exp.yaml:3:11: hardware 'broken': " + (dir_ / "broken.yaml").string() +
+        ":3:1: unknown field 'extra' in the profile";
+    EXPECT_EQ(std::string(err.what()).substr(0, want.size()), want);
+  }
+  try {
+    load_experiment_text(replace(yaml, "hardware: h200-test", "hardware: h900"), "exp.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& err) {
+    EXPECT_EQ(std::string(err.what()),
+              "exp.yaml:3:11: unknown hardware preset 'h900'; known: b200, b300, h100, h20, "
+              "h200, broken, h200-test (calibrated profiles are read from " +
+                  dir_.string() + ")");
+  }
 }
 
 // ---- the cost model with fits -----------------------------------------------------------------
