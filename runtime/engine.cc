@@ -260,6 +260,7 @@ void Engine::allocate() {
     ws = std::max(ws, kernels::attention_workspace_bytes(
                           {n, b.chunk, c.q_heads, 0.08838834764831845f}, cache));
   b.attn_ws = b.dev<char>(ws);
+  TS_CUDA_CHECK(cudaMemset(b.attn_ws, 0, ws));  // attention.h: zero-filled before first use
 
   b.ring_rows = out_rows;
   b.out_ring = b.dev<OutputRow>(size_t(kOutputRing) * out_rows);
