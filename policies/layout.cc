@@ -301,8 +301,20 @@ std::vector<double> expert_probabilities(const ExpertLoad& load, int32_t experts
 
 std::vector<double> placed_expert_probabilities(const ExpertLoad& load, int32_t experts,
                                                 int32_t top_k, uint64_t pass_key, int32_t layer) {
-  const std::vector<double> by_rank = expert_probabilities(load, experts, top_k);
-  if (load.kind == ExpertLoad::Kind::kUniform) return by_rank;
+  if (load.kind == ExpertLoad::Kind::kUniform) return expert_probabilities(load, experts, top_k);
+  // The ranked shares depend on the load alone; simulators ask for them once per layer, rank
+  // and pass, so the last ones are kept (per thread).
+  thread_local ExpertLoad cached_load;
+  thread_local int32_t cached_experts = -1, cached_top_k = -1;
+  thread_local std::vector<double> by_rank;
+  if (cached_experts != experts || cached_top_k != top_k || cached_load.kind != load.kind ||
+      cached_load.zipf_s != load.zipf_s || cached_load.hot_experts != load.hot_experts ||
+      cached_load.hot_fraction != load.hot_fraction) {
+    by_rank = expert_probabilities(load, experts, top_k);
+    cached_load = load;
+    cached_experts = experts;
+    cached_top_k = top_k;
+  }
   std::vector<int32_t> slot(static_cast<size_t>(experts));
   for (int32_t e = 0; e < experts; ++e) slot[size_t(e)] = e;
   const uint64_t stream = splitmix64(pass_key) ^ uint64_t(uint32_t(layer));
