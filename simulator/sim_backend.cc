@@ -165,11 +165,13 @@ class Engine {
     const char* name;        // for traces (node-level items only)
     const KernelDesc* coll;  // the collective ending the item, or null
   };
+  struct SegmentTemplate;
   struct Issued {
     const GraphLaunch* g = nullptr;
     StepKernels kernels;
     std::vector<StepShape> microbatches;  // the launch's pipeline microbatches (one without PP)
-    KernelDesc ids{};                     // PP: the sampled ids' return (pipeline_ids_kernel)
+    std::vector<const SegmentTemplate*> templates;  // per microbatch, when priced by segments
+    KernelDesc ids{};  // PP: the sampled ids' return (pipeline_ids_kernel)
     std::vector<Item> items;
     int64_t host_begin = 0;
     int64_t flow = 0;
@@ -653,19 +655,18 @@ class Engine {
       is.host_begin = r.host_ns;
       is.flow = r.trace ? ++flow_ : 0;
       int64_t bytes = 0;
-      const bool templated = !eager && !r.trace && !prefill && !drawn;
-      bool affine = templated;
+      bool affine = !eager && !r.trace && !prefill && !drawn;
+      is.templates.clear();
       for (size_t j = 0; affine && j < is.microbatches.size(); ++j) {
-        affine = segment_template(*work.model, is.microbatches[j].requests, work.q_tokens,
-                                  int32_t(ri), gap_ns)
-                     .affine;
+        is.templates.push_back(&segment_template(*work.model, is.microbatches[j].requests,
+                                                 work.q_tokens, int32_t(ri), gap_ns));
+        affine = is.templates.back()->affine;
       }
       if (affine) {
         for (int32_t pass = 0; pass < work.repeat; ++pass) {
-          for (const StepShape& mb : is.microbatches) {
-            const SegmentTemplate& tmpl =
-                segment_template(*work.model, mb.requests, work.q_tokens, int32_t(ri), gap_ns);
-            for (const SegmentTemplate::Segment& seg : tmpl.segments) {
+          for (size_t j = 0; j < is.microbatches.size(); ++j) {
+            const StepShape& mb = is.microbatches[j];
+            for (const SegmentTemplate::Segment& seg : is.templates[j]->segments) {
               int64_t ns = seg.fixed_ns;
               bytes += seg.fixed_bytes;
               for (const SegmentTemplate::Varying& v : seg.varying) {
