@@ -174,9 +174,9 @@ namespace twinstep {
 namespace {
 
 // Segment pricing (context-affine templates) and the node-by-node walk of traced steps agree to
-// the nanosecond on coupled ranks, for TP and EP layouts with node gaps.
+// the nanosecond on coupled ranks, for TP, EP and pipelined (microbatched) layouts with node gaps.
 TEST(MultiRank, TracingDoesNotChangeTimes) {
-  for (const char* layout_name : {"TP2", "TP4"}) {
+  for (const char* layout_name : {"TP2", "TP4", "PP2-TP2", "PP4"}) {
     for (const char* model : {"llama-3-8b", "qwen3-30b-a3b"}) {
       auto once = [&](int64_t trace_steps) {
         WorkloadSpec w;
