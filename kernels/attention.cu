@@ -1,7 +1,10 @@
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <string>
 
 #include "kernels/attention.h"
+#include "kernels/attention_tile.cuh"
 #include "kernels/device.cuh"
 #include "kernels/tuning.h"
 
@@ -9,14 +12,17 @@ namespace twinstep::kernels {
 
 namespace {
 
-constexpr int kTileTokens = 64;
-constexpr int kStages = 3;
-constexpr int kSplitThreads = 128;  // 4 warps
-constexpr int kTileElems = kTileTokens * kHeadDim;
-constexpr size_t kSplitSmemBytes = size_t{kStages} * 2 * kTileElems * sizeof(bf16);  // 96 KB
-constexpr int kMaxRows = 64;      // query rows per (request, kv head): group * q_len
-constexpr int kMaxSplits = 1024;  // splits per (request, kv head)
-constexpr float kLog2e = 1.4426950408889634f;
+using namespace attn;
+
+constexpr int kSplitThreads = kThreadsPerRowTile;  // per 16-row query tile
+constexpr int kMaxRows = 64;                       // query rows per (request, kv head)
+constexpr int kMaxSplits = 1024;                   // splits per (request, kv head)
+constexpr size_t kTileBytes = 2 * size_t{kTileElems} * sizeof(bf16);  // one K + V stage, 32 KB
+// Workspace: [counters (fixed size, so that launches of different shapes sharing one workspace
+// never write partials over another shape's counters)][partials].
+constexpr size_t kCounterBytes = size_t{256} << 10;
+constexpr int kMaxCounters = static_cast<int>(kCounterBytes / sizeof(unsigned));
+constexpr int kFinalBatch = 12;  // cluster partials loaded per batch by the final combine
 
 struct SplitParams {
   const bf16* q;
@@ -26,67 +32,285 @@ struct SplitParams {
   int q_len, num_q_heads, group, rows;  // rows = group * q_len
   int split_tokens, num_splits;
   float scale_log2;  // softmax_scale * log2(e)
-  float* part_o;     // [request][split][row][128], unnormalised, relative to part_ml.m
-  float2* part_ml;   // [request][split][row] = (max in log2 units, sum of exp2)
+  // Two-launch variant: part_o [request][head][split][row][128], unnormalised, relative to
+  // part_ml.m; part_ml [request][head][split][row] = (max in log2 units, sum of exp2).
+  // Fused variant: part_o [request][head][slice][cluster][row][128 / cluster_size] (dims
+  // slice * 128 / cluster_size onwards), part_ml [request][head][slice][cluster][row].
+  float* part_o;
+  float2* part_ml;
+  // Fused variant only.
+  unsigned* counters;  // [request][head][slice]: clusters done; zero between launches
+  bf16* out;
+  int cluster_size, num_clusters;  // num_splits = cluster_size * num_clusters
+  bool skip_math;                  // benchmark diagnostic: stream K/V, skip the tile math
 };
 
-// Shared-memory tiles are [token][16 units of 16 bytes]; unit u of token t sits at
-// u ^ swizzle(t), so ldmatrix (8 tokens, one unit) and the k-permuted 16-byte reads
-// (tokens 2i, 2i+1 x units 4c..4c+3) both hit 32 distinct banks.
-__device__ __forceinline__ int swizzle(int token) {
-  return ((token & 1) << 2) | ((token >> 1) & 3);
+// Q row `row` (= j * group + g) of kv head `head`.
+__device__ __forceinline__ size_t q_offset(const SplitParams& p, int request, int head, int row) {
+  const int j = row / p.group, g = row % p.group;
+  return ((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
+         kHeadDim;
 }
 
-__device__ __forceinline__ int smem_index(int token, int unit) {
-  return token * kHeadDim + ((unit ^ swizzle(token)) * 8);
+// A block's split: token range [t_begin, t_end) (t_end clipped to ctx + q_len) and its head's K/V
+// rows. Reads only ctx_lens and request_base, so it may run before the PDL wait.
+struct SplitView {
+  int ctx, t_begin, t_end, num_tiles;
+  const bf16* k_base;
+  const bf16* v_base;
+
+  __device__ __forceinline__ SplitView(const SplitParams& p, int split, int head, int request) {
+    ctx = p.ctx_lens[request];  // not written by the preceding kernel (contract)
+    t_begin = split * p.split_tokens;
+    t_end = min(t_begin + p.split_tokens, ctx + p.q_len);
+    num_tiles = t_end > t_begin ? (t_end - t_begin + kTileTokens - 1) / kTileTokens : 0;
+    const bf16* base = p.cache.request_base[request];
+    k_base = base + kv_offset(p.cache, p.layer, 0, head);
+    v_base = base + kv_offset(p.cache, p.layer, 1, head);
+  }
+  // End of the keys visible to query row `row` (= j * group + g; padding rows act as the last
+  // query): positions < ctx + j + 1, inside the split.
+  __device__ __forceinline__ int key_limit(const SplitParams& p, int row) const {
+    return min(ctx + min(row / p.group, p.q_len - 1) + 1, t_end);
+  }
+  // cp.async copies of tile `tile` of the split into a K + V stage (kThreads threads).
+  template <int kThreads>
+  __device__ __forceinline__ void issue_tile(bf16* stage, int tile) const {
+    issue_kv_tile<kThreads>(stage, stage + kTileElems, k_base, v_base, t_begin + tile * kTileTokens,
+                            t_end, t_begin);
+  }
+};
+
+// Merge of partials (max, sum, o) for 4 consecutive dims against a known overall max, added in
+// the caller's fixed order. A part that saw no key (max -inf) adds nothing, not even +0.
+struct PartialSum4 {
+  float m_max, l = 0.0f;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+  __device__ __forceinline__ explicit PartialSum4(float overall_max) : m_max(overall_max) {}
+  __device__ __forceinline__ void add(float2 part_ml, float4 part_o) {
+    if (part_ml.x == -INFINITY) return;
+    const float scale = exp2f(part_ml.x - m_max);
+    l += part_ml.y * scale;
+    o.x += part_o.x * scale;
+    o.y += part_o.y * scale;
+    o.z += part_o.z * scale;
+    o.w += part_o.w * scale;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// kernels: fused variant (one launch)
+
+// Block = (split, kv head, request); clusters of cluster_size consecutive splits.
+//  1. K/V tiles of the split stream through a kStages-deep ring (cp.async, one commit group per
+//     tile). The first kStages tiles are issued up front, those made only of tokens older than this
+//     step before the PDL wait; tile t + kStages - 1 is issued as tile t >= 1 starts (into the
+//     stage of tile t - 1), so kStages - 1 tiles are in flight while one is consumed.
+//  2. Q (rows padded to 16 with zeros) is staged in shared memory after the wait.
+//  3. The 4 sub-warps of each row tile are merged in order (attention_tile.cuh) into the CTA's
+//     partial (max, sum, o) per row, kept in shared memory.
+//  4. Cluster rank k merges dims [k W, k W + W) (W = 128 / cluster_size) of every row over the
+//     cluster's CTAs in rank order (DSMEM) and writes that slice of the cluster partial.
+//  5. Per (request, head, slice) a counter counts the clusters done (__threadfence + atomicAdd);
+//     the CTA that completes it merges the slice over all clusters in cluster order, writes out
+//     and resets the counter, so the next launch (or graph replay) starts from zero.
+// The reduction tree depends on num_splits and cluster_size only (never on q_len or timing):
+// results are deterministic and row r is bit-identical for any row count.
+template <int kRowTiles, int kStages>
+__global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
+    attention_fused_kernel(const SplitParams p) {
+  namespace cg = cooperative_groups;
+  constexpr int kThreads = kSplitThreads * kRowTiles;
+  constexpr int kRows = kRowTiles * 16;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* ring = reinterpret_cast<bf16*>(smem_raw);
+  bf16* q_smem = ring + kStages * 2 * kTileElems;  // [kRows][128], swizzled like K
+  // After the loop the ring holds the warp partials; the CTA partial is merged in place into the
+  // sub-0 warp's rows (o) and into cta_ml.
+  float* o_smem = reinterpret_cast<float*>(smem_raw);
+  float2* ml_smem = reinterpret_cast<float2*>(o_smem + kRowTiles * kWarpsPerTile * 16 * kHeadDim);
+  float2* cta_ml = ml_smem + kRowTiles * kWarpsPerTile * 16;
+  __shared__ int s_last;
+
+  const int split = blockIdx.x, head = blockIdx.y, request = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tq = lane % 4;
+  const SplitView view(p, split, head, request);
+  const int ctx = view.ctx, t_begin = view.t_begin, t_end = view.t_end;
+  const int num_tiles = view.num_tiles;
+  auto issue_tile = [&](int tile) {
+    view.issue_tile<kThreads>(ring + (tile % kStages) * 2 * kTileElems, tile);
+  };
+
+  // Prologue: exactly kStages commit groups (tiles 0 .. kStages - 1; empty past the split).
+  int issued = 0;
+  while (issued < min(num_tiles, kStages) && t_begin + (issued + 1) * kTileTokens <= ctx) {
+    issue_tile(
+        issued++);  // only tokens older than this step: the preceding kernel never writes them
+    detail::cp_async_commit();
+  }
+  detail::pdl_wait_and_trigger();
+  for (; issued < kStages; ++issued) {
+    if (issued < num_tiles) issue_tile(issued);
+    detail::cp_async_commit();
+  }
+  for (int i = threadIdx.x; i < kRows * 16; i += kThreads) {  // Q, 16 bytes per thread
+    const int row = i / 16, u = i % 16;
+    const uint4 v = row < p.rows ? detail::load_16(p.q + q_offset(p, request, head, row) + u * 8)
+                                 : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(q_smem + smem_index(row, u)) = v;
+  }
+
+  const int row_tile = warp / kWarpsPerTile, sub = warp % kWarpsPerTile;
+  const int row_a = row_tile * 16 + gid, row_b = row_a + 8;
+  const int limit_a = view.key_limit(p, row_a), limit_b = view.key_limit(p, row_b);
+  const int tok_base = sub * kWarpTokens;
+  WarpAcc acc;
+  warp_acc_init(acc);
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    // Tile t is commit group t: the prologue committed groups 0 .. kStages - 1 and iteration
+    // t >= 1 commits group t + kStages - 1, so kStages - 1 groups may stay pending at t = 0 and
+    // kStages - 2 after.
+    if (tile == 0)
+      detail::cp_async_wait<kStages - 1>();
+    else
+      detail::cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile visible to all warps; stage (tile - 1) % kStages consumed by all
+    if (tile > 0) {
+      if (tile + kStages - 1 < num_tiles) issue_tile(tile + kStages - 1);
+      detail::cp_async_commit();
+    }
+    if (p.skip_math) continue;
+    const bf16* k_smem = ring + (tile % kStages) * 2 * kTileElems;
+    uint4 qa[4], qb[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      qa[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_a, 4 * c + tq));
+      qb[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_b, 4 * c + tq));
+    }
+    attend_tile(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
+                t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
+  }
+  detail::cp_async_wait<0>();  // only empty groups can be pending here
+  __syncthreads();
+
+  // 3. CTA partial.
+  store_warp_partial(acc, o_smem, ml_smem);
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.rows * kHeadDim; i += kThreads) {
+    const int row = i / kHeadDim, d = i % kHeadDim;
+    const RowPartial r = merge_warps(o_smem, ml_smem, row, d);
+    // In place: element (row, d) of the sub-0 warp is read above by this thread only.
+    o_smem[((row / 16) * kWarpsPerTile * 16 + row % 16) * kHeadDim + d] = r.o;
+    if (d == 0) cta_ml[row] = make_float2(r.m, r.l);
+  }
+
+  // 4. Cluster merge of dims slice `rank`, then its partial to the workspace.
+  const int csize = p.cluster_size, rank = split % csize, cluster_id = split / csize;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (csize > 1)
+    cluster.sync();  // every CTA partial of the cluster is in shared memory
+  else
+    __syncthreads();
+  const int width = kHeadDim / csize, quads = width / 4;
+  const size_t slot0 =
+      ((static_cast<size_t>(request) * gridDim.y + head) * csize + rank) * p.num_clusters * p.rows;
+  for (int i = threadIdx.x; i < p.rows * quads; i += kThreads) {
+    const int row = i / quads, d = rank * width + (i % quads) * 4;
+    const int o_index = ((row / 16) * kWarpsPerTile * 16 + row % 16) * kHeadDim + d;
+    float m_max = -INFINITY;
+    for (int peer = 0; peer < csize; ++peer) {
+      const float2* ml = csize > 1 ? cluster.map_shared_rank(cta_ml, peer) : cta_ml;
+      m_max = fmaxf(m_max, ml[row].x);
+    }
+    PartialSum4 sum(m_max);
+    for (int peer = 0; peer < csize; ++peer) {
+      const float2 ml = (csize > 1 ? cluster.map_shared_rank(cta_ml, peer) : cta_ml)[row];
+      if (ml.x == -INFINITY) continue;  // an empty split adds nothing (its o is not read)
+      const float* o = csize > 1 ? cluster.map_shared_rank(o_smem, peer) : o_smem;
+      sum.add(ml, *reinterpret_cast<const float4*>(o + o_index));
+    }
+    const size_t slot = slot0 + static_cast<size_t>(cluster_id) * p.rows + row;
+    reinterpret_cast<float4*>(p.part_o)[slot * quads + i % quads] = sum.o;
+    if (i % quads == 0) p.part_ml[slot] = make_float2(m_max, sum.l);
+  }
+  __threadfence();  // this thread's partial writes before the counter increment below
+  if (csize > 1)
+    cluster.sync();  // peers are done reading this CTA's shared memory
+  else
+    __syncthreads();
+
+  // 5. Count the cluster in; the CTA completing slice `rank` of (request, head) merges it.
+  unsigned* counter = p.counters + (static_cast<size_t>(request) * gridDim.y + head) * csize + rank;
+  if (threadIdx.x == 0) {
+    const unsigned done = atomicAdd(counter, 1u);
+    s_last = done == static_cast<unsigned>(p.num_clusters - 1);
+    if (s_last) atomicExch(counter, 0u);  // every cluster of this launch has counted
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // acquire: the other clusters' partials (read below from L2, not L1)
+  const float2* ml_base = p.part_ml + slot0;
+  const float4* o_base = reinterpret_cast<const float4*>(p.part_o) + slot0 * quads;
+  for (int i = threadIdx.x; i < p.rows * quads; i += kThreads) {
+    const int row = i / quads, quad = i % quads;
+    const int n0 = min(p.num_clusters, kFinalBatch);
+    float2 ml[kFinalBatch];
+    float4 ov[kFinalBatch];
+#pragma unroll
+    for (int c = 0; c < kFinalBatch; ++c) {
+      if (c < n0) {
+        ml[c] = __ldcg(ml_base + static_cast<size_t>(c) * p.rows + row);
+        ov[c] = __ldcg(o_base + (static_cast<size_t>(c) * p.rows + row) * quads + quad);
+      }
+    }
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < kFinalBatch; ++c)
+      if (c < n0) m_max = fmaxf(m_max, ml[c].x);
+    for (int c = kFinalBatch; c < p.num_clusters; ++c)
+      m_max = fmaxf(m_max, __ldcg(ml_base + static_cast<size_t>(c) * p.rows + row).x);
+    PartialSum4 sum(m_max);
+#pragma unroll
+    for (int c = 0; c < kFinalBatch; ++c)
+      if (c < n0) sum.add(ml[c], ov[c]);
+    for (int c = kFinalBatch; c < p.num_clusters; ++c)
+      sum.add(__ldcg(ml_base + static_cast<size_t>(c) * p.rows + row),
+              __ldcg(o_base + (static_cast<size_t>(c) * p.rows + row) * quads + quad));
+    // Every row sees at least its own position, so sum.l > 0.
+    uint2 packed;
+    packed.x = detail::pack_bf16x2(sum.o.x / sum.l, sum.o.y / sum.l);
+    packed.y = detail::pack_bf16x2(sum.o.z / sum.l, sum.o.w / sum.l);
+    *reinterpret_cast<uint2*>(p.out + q_offset(p, request, head, row) + rank * width + quad * 4) =
+        packed;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
-// kernels
+// kernels: two-launch variant (179ce97), kept for comparison (AttentionTuning::variant = 1)
 
-// Block = (split, kv head, request), 4 warps per 16-row tile of query rows (row = j * group + g).
-// Warp (rt, sub) handles rows [16 rt, 16 rt + 16) and tokens [16 sub, 16 sub + 16) of every
-// 64-token tile. The token partition and the merge order are the same for every row count, so a
-// row's result does not depend on group * q_len (spec-verify rows match plain decode bit for bit).
+// Block = (split, kv head, request), 3-stage cp.async ring of 64-token tiles, the 4 sub-warps of
+// each row tile merged in order; writes the split's partial to the workspace.
 template <int kRowTiles>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
     attention_split_kernel(const SplitParams p) {
-  constexpr int kWarpsPerTile = 4;
+  constexpr int kStages = 3;
   constexpr int kThreads = kSplitThreads * kRowTiles;
-  constexpr int kWarpTokens = kTileTokens / kWarpsPerTile;
-  constexpr int kTokTiles = kWarpTokens / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw);
 
   const int split = blockIdx.x, head = blockIdx.y, request = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
-  const int ctx = p.ctx_lens[request];  // not written by the preceding kernel (contract)
-  const int total = ctx + p.q_len;
-  const int t_begin = split * p.split_tokens;
-  if (t_begin >= total) {  // nothing to attend in this split; the combine skips it
+  const SplitView view(p, split, head, request);
+  if (view.num_tiles == 0) {  // nothing to attend in this split; the combine skips it
     detail::pdl_wait_and_trigger();
     return;
   }
-  const int t_end = min(t_begin + p.split_tokens, total);
-  const int num_tiles = (t_end - t_begin + kTileTokens - 1) / kTileTokens;
-  const bf16* base = p.cache.request_base[request];
-  const bf16* k_base = base + kv_offset(p.cache, p.layer, 0, head);
-  const bf16* v_base = base + kv_offset(p.cache, p.layer, 1, head);
-
+  const int ctx = view.ctx, t_begin = view.t_begin, t_end = view.t_end;
+  const int num_tiles = view.num_tiles;
   auto issue_tile = [&](int tile) {
-    bf16* k_smem = smem + (tile % kStages) * 2 * kTileElems;
-    bf16* v_smem = k_smem + kTileElems;
-    const int tok0 = t_begin + tile * kTileTokens;
-#pragma unroll
-    for (int i = 0; i < kTileElems / 8 / kThreads; ++i) {
-      const int idx = threadIdx.x + i * kThreads;
-      const int t = idx / 16, u = idx % 16;
-      const bool valid = tok0 + t < t_end;
-      const size_t src = static_cast<size_t>(valid ? tok0 + t : t_begin) * kHeadDim + u * 8;
-      detail::cp_async_16(k_smem + smem_index(t, u), k_base + src, valid ? 16 : 0);
-      detail::cp_async_16(v_smem + smem_index(t, u), v_base + src, valid ? 16 : 0);
-    }
+    view.issue_tile<kThreads>(smem + (tile % kStages) * 2 * kTileElems, tile);
   };
 
   // Prologue: tiles made only of tokens older than this step are prefetched before the
@@ -106,163 +330,44 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   // Query fragments (k-permuted like gemv: lane holds 16 contiguous bytes of its row).
   const int row_tile = warp / kWarpsPerTile, sub = warp % kWarpsPerTile;
   const int row_a = row_tile * 16 + gid, row_b = row_a + 8;
-  auto q_row = [&](int row) {
-    const int j = row / p.group, g = row % p.group;
-    return p.q +
-           ((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
-               kHeadDim;
-  };
   uint4 qa[4], qb[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    qa[c] =
-        row_a < p.rows ? detail::load_16(q_row(row_a) + c * 32 + tq * 8) : make_uint4(0, 0, 0, 0);
-    qb[c] =
-        row_b < p.rows ? detail::load_16(q_row(row_b) + c * 32 + tq * 8) : make_uint4(0, 0, 0, 0);
+    qa[c] = row_a < p.rows
+                ? detail::load_16(p.q + q_offset(p, request, head, row_a) + c * 32 + tq * 8)
+                : make_uint4(0, 0, 0, 0);
+    qb[c] = row_b < p.rows
+                ? detail::load_16(p.q + q_offset(p, request, head, row_b) + c * 32 + tq * 8)
+                : make_uint4(0, 0, 0, 0);
   }
-  // Keys visible to a row: positions < ctx + j + 1 (and inside this split).
-  const int limit_a = min(ctx + min(row_a / p.group, p.q_len - 1) + 1, t_end);
-  const int limit_b = min(ctx + min(row_b / p.group, p.q_len - 1) + 1, t_end);
-
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  float o[kHeadDim / 8][4];
-#pragma unroll
-  for (int d = 0; d < kHeadDim / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-
+  const int limit_a = view.key_limit(p, row_a), limit_b = view.key_limit(p, row_b);
+  const int tok_base = sub * kWarpTokens;
+  WarpAcc acc;
+  warp_acc_init(acc);
   for (int tile = 0; tile < num_tiles; ++tile) {
     detail::cp_async_wait<kStages - 2>();
     __syncthreads();
     if (tile + kStages - 1 < num_tiles) issue_tile(tile + kStages - 1);
     detail::cp_async_commit();
     const bf16* k_smem = smem + (tile % kStages) * 2 * kTileElems;
-    const bf16* v_smem = k_smem + kTileElems;
-    const int tok_base = sub * kWarpTokens;
-
-    float s[kTokTiles][4];
-#pragma unroll
-    for (int n = 0; n < kTokTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-#pragma unroll
-      for (int n = 0; n < kTokTiles; ++n) {
-        const int tok = tok_base + n * 8 + gid;
-        const uint4 kv = *reinterpret_cast<const uint4*>(k_smem + smem_index(tok, 4 * c + tq));
-        detail::mma_16816(s[n], qa[c].x, qb[c].x, qa[c].y, qb[c].y, kv.x, kv.y);
-        detail::mma_16816(s[n], qa[c].z, qb[c].z, qa[c].w, qb[c].w, kv.z, kv.w);
-      }
-
-    // Mask, scale, online softmax (row a in s[n][0..1], row b in s[n][2..3]).
-    const int tok_abs = t_begin + tile * kTileTokens + tok_base;
-    float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < kTokTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = tok_abs + n * 8 + 2 * tq + (e & 1);
-        const bool visible = t < (e < 2 ? limit_a : limit_b);
-        s[n][e] = visible ? s[n][e] * p.scale_log2 : -INFINITY;
-        if (e < 2)
-          mx_a = fmaxf(mx_a, s[n][e]);
-        else
-          mx_b = fmaxf(mx_b, s[n][e]);
-      }
-#pragma unroll
-    for (int offset = 1; offset <= 2; offset *= 2) {
-      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, offset));
-      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, offset));
-    }
-    const float new_a = fmaxf(m_run[0], mx_a), new_b = fmaxf(m_run[1], mx_b);
-    const float base_a = new_a == -INFINITY ? 0.0f : new_a;
-    const float base_b = new_b == -INFINITY ? 0.0f : new_b;
-    const float alpha_a = exp2f(m_run[0] - base_a), alpha_b = exp2f(m_run[1] - base_b);
-    m_run[0] = new_a;
-    m_run[1] = new_b;
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kTokTiles; ++n) {
-      s[n][0] = exp2f(s[n][0] - base_a);
-      s[n][1] = exp2f(s[n][1] - base_a);
-      s[n][2] = exp2f(s[n][2] - base_b);
-      s[n][3] = exp2f(s[n][3] - base_b);
-      sum_a += s[n][0] + s[n][1];
-      sum_b += s[n][2] + s[n][3];
-    }
-    l_run[0] = l_run[0] * alpha_a + sum_a;
-    l_run[1] = l_run[1] * alpha_b + sum_b;
-#pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d) {
-      o[d][0] *= alpha_a;
-      o[d][1] *= alpha_a;
-      o[d][2] *= alpha_b;
-      o[d][3] *= alpha_b;
-    }
-
-    // O += P V: P straight from the S accumulators (A layout), V via ldmatrix.trans.
-#pragma unroll
-    for (int ks = 0; ks < kTokTiles / 2; ++ks) {
-      const uint32_t a0 = detail::pack_bf16x2(s[2 * ks][0], s[2 * ks][1]);
-      const uint32_t a1 = detail::pack_bf16x2(s[2 * ks][2], s[2 * ks][3]);
-      const uint32_t a2 = detail::pack_bf16x2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      const uint32_t a3 = detail::pack_bf16x2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-      const int tok = tok_base + ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
-        uint32_t b[4];
-        detail::ldmatrix_x4_trans(b, v_smem + smem_index(tok, 2 * dp + (lane >> 4)));
-        detail::mma_16816(o[2 * dp], a0, a1, a2, a3, b[0], b[1]);
-        detail::mma_16816(o[2 * dp + 1], a0, a1, a2, a3, b[2], b[3]);
-      }
-    }
+    attend_tile(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
+                t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
   }
 
   // Combine the warps that share a row tile, in warp order, through shared memory.
   detail::cp_async_wait<0>();
   __syncthreads();
-#pragma unroll
-  for (int offset = 1; offset <= 2; offset *= 2) {
-    l_run[0] += __shfl_xor_sync(0xffffffffu, l_run[0], offset);
-    l_run[1] += __shfl_xor_sync(0xffffffffu, l_run[1], offset);
-  }
   float* o_smem = reinterpret_cast<float*>(smem_raw);  // [warp][16][128]
-  float2* ml_smem = reinterpret_cast<float2*>(o_smem + kRowTiles * 4 * 16 * kHeadDim);
-#pragma unroll
-  for (int d = 0; d < kHeadDim / 8; ++d) {
-    const int col = d * 8 + 2 * tq;
-    float* ra = o_smem + (warp * 16 + gid) * kHeadDim + col;
-    float* rb = o_smem + (warp * 16 + gid + 8) * kHeadDim + col;
-    ra[0] = o[d][0];
-    ra[1] = o[d][1];
-    rb[0] = o[d][2];
-    rb[1] = o[d][3];
-  }
-  if (tq == 0) {
-    ml_smem[warp * 16 + gid] = make_float2(m_run[0], l_run[0]);
-    ml_smem[warp * 16 + gid + 8] = make_float2(m_run[1], l_run[1]);
-  }
+  float2* ml_smem = reinterpret_cast<float2*>(o_smem + kRowTiles * kWarpsPerTile * 16 * kHeadDim);
+  store_warp_partial(acc, o_smem, ml_smem);
   __syncthreads();
   const int d = threadIdx.x % kHeadDim;
   for (int row = threadIdx.x / kHeadDim; row < p.rows; row += kRowTiles) {
-    const int rt = row / 16, r = row % 16;
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarpsPerTile; ++w)
-      m_max = fmaxf(m_max, ml_smem[(rt * kWarpsPerTile + w) * 16 + r].x);
-    float l_sum = 0.0f, o_sum = 0.0f;
-    if (m_max != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarpsPerTile; ++w) {
-        const int ww = rt * kWarpsPerTile + w;
-        const float2 ml = ml_smem[ww * 16 + r];
-        if (ml.x == -INFINITY) continue;  // a warp that saw no key adds nothing (not even +0)
-        const float scale = exp2f(ml.x - m_max);
-        l_sum += ml.y * scale;
-        o_sum += o_smem[(ww * 16 + r) * kHeadDim + d] * scale;
-      }
-    }
+    const RowPartial r = merge_warps(o_smem, ml_smem, row, d);
     const size_t slot =
         ((static_cast<size_t>(request) * gridDim.y + head) * p.num_splits + split) * p.rows + row;
-    p.part_o[slot * kHeadDim + d] = o_sum;
-    if (d == 0) p.part_ml[slot] = make_float2(m_max, l_sum);
+    p.part_o[slot * kHeadDim + d] = r.o;
+    if (d == 0) p.part_ml[slot] = make_float2(r.m, r.l);
   }
 }
 
@@ -323,10 +428,11 @@ int num_sms() {
   return count;
 }
 
-// Split size: a multiple of 64 tokens chosen from the capacity, the request count and the KV head
-// count (never from q_len or the live lengths), so that about ctas_per_sm blocks per SM run when
-// the cache is full. Results depend on it at rounding level; for one cache and batch it is fixed,
-// so a verify pass and plain decode steps split the context identically.
+// Split size of the two-launch variant: a multiple of 64 tokens chosen from the capacity, the
+// request count and the KV head count (never from q_len or the live lengths), so that about
+// ctas_per_sm blocks per SM run when the cache is full. Results depend on it at rounding level; for
+// one cache and batch it is fixed, so a verify pass and plain decode steps split the context
+// identically.
 int split_tokens_for(const AttentionShape& shape, const KvCache& cache) {
   const int blocks_per_split = shape.num_requests * cache.num_kv_heads;
   const int target_blocks = detail::attention_tuning().ctas_per_sm * num_sms();
@@ -335,18 +441,130 @@ int split_tokens_for(const AttentionShape& shape, const KvCache& cache) {
   return std::max(kTileTokens, (tokens + kTileTokens - 1) / kTileTokens * kTileTokens);
 }
 
+// Partition of the fused variant, from the capacity, the request count and the kv heads only
+// (never q_len or the live lengths): as many splits per (request, head) as fit one wave of
+// ctas_per_sm blocks per SM, rounded down to whole clusters; split length = capacity / splits
+// (any token count >= 64: tiles start at the split's first token), so the blocks of a full cache
+// carry equal work. The cluster size is halved while it exceeds the split count.
+struct FusedPartition {
+  int split_tokens, cluster_size, num_clusters;
+};
+FusedPartition fused_partition(const AttentionShape& shape, const KvCache& cache) {
+  const detail::AttentionTuning& tuning = detail::attention_tuning();
+  const int heads = shape.num_requests * cache.num_kv_heads;
+  const int one_wave = std::max(1, tuning.ctas_per_sm * num_sms() / heads);
+  int cluster_size = tuning.cluster;
+  while (cluster_size > 1 && cluster_size > one_wave) cluster_size /= 2;
+  const int max_splits = one_wave / cluster_size * cluster_size;
+  const int split_tokens =
+      std::max(kTileTokens, (cache.capacity_tokens + max_splits - 1) / max_splits);
+  const int splits = (cache.capacity_tokens + split_tokens - 1) / split_tokens;
+  while (cluster_size > 1 && cluster_size > splits) cluster_size /= 2;
+  return {split_tokens, cluster_size, (splits + cluster_size - 1) / cluster_size};
+}
+
+size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+size_t rows_of(const AttentionShape& shape, const KvCache& cache) {
+  return static_cast<size_t>(shape.num_q_heads / std::max(cache.num_kv_heads, 1)) * shape.q_len;
+}
+
+// Partial bytes of each variant (after the counter region).
+size_t two_launch_partial_bytes(const AttentionShape& shape, const KvCache& cache) {
+  const int split_tokens = split_tokens_for(shape, cache);
+  const size_t splits = (cache.capacity_tokens + split_tokens - 1) / split_tokens;
+  const size_t slots =
+      static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * splits * rows_of(shape, cache);
+  return round_up_256(slots * kHeadDim * sizeof(float)) + slots * sizeof(float2);
+}
+size_t fused_partial_bytes(const AttentionShape& shape, const KvCache& cache) {
+  const FusedPartition part = fused_partition(shape, cache);
+  const size_t rows_all = static_cast<size_t>(shape.num_requests) * cache.num_kv_heads *
+                          part.num_clusters * rows_of(shape, cache);
+  return round_up_256(rows_all * kHeadDim * sizeof(float)) +
+         rows_all * part.cluster_size * sizeof(float2);
+}
+
+// Dynamic shared memory of the fused kernel: the stage ring and Q, or the warp partials and the
+// CTA's (max, sum) per row, whichever is larger.
+size_t fused_smem_bytes(int row_tiles, int stages) {
+  const size_t ring = stages * kTileBytes + static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2;
+  const size_t merge = warp_partials_bytes(row_tiles) + static_cast<size_t>(row_tiles) * 16 * 8;
+  return std::max(ring, merge);
+}
+
+// cudaLaunchKernelEx with PDL (optional) and a 1D cluster along x (cluster_size > 1).
+void launch_fused(void (*kernel)(SplitParams), dim3 grid, dim3 block, size_t smem,
+                  cudaStream_t stream, bool pdl, const SplitParams& p) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2];
+  int count = 0;
+  if (pdl) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (p.cluster_size > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = p.cluster_size;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count++].val.clusterDim.z = 1;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
+  TS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  TS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int kStages>
+void run_fused(int row_tiles, const SplitParams& p, dim3 grid, cudaStream_t stream, bool pdl) {
+  static const bool configured = [] {  // > 48 KB of dynamic shared memory needs an opt-in
+    for (auto kernel : {attention_fused_kernel<1, kStages>, attention_fused_kernel<2, kStages>,
+                        attention_fused_kernel<3, kStages>, attention_fused_kernel<4, kStages>})
+      TS_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    return true;
+  }();
+  (void)configured;
+  void (*kernels[4])(SplitParams) = {
+      attention_fused_kernel<1, kStages>, attention_fused_kernel<2, kStages>,
+      attention_fused_kernel<3, kStages>, attention_fused_kernel<4, kStages>};
+  launch_fused(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles),
+               fused_smem_bytes(row_tiles, kStages), stream, pdl, p);
+}
+
+void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
+  const size_t smem = std::max(size_t{3} * kTileBytes, warp_partials_bytes(row_tiles));
+  static const bool configured = [] {
+    for (auto kernel : {attention_split_kernel<1>, attention_split_kernel<2>,
+                        attention_split_kernel<3>, attention_split_kernel<4>})
+      TS_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+    return true;
+  }();
+  (void)configured;
+  const detail::AttentionTuning& tuning = detail::attention_tuning();
+  void (*kernels[4])(SplitParams) = {attention_split_kernel<1>, attention_split_kernel<2>,
+                                     attention_split_kernel<3>, attention_split_kernel<4>};
+  if (tuning.launch_split)
+    detail::launch(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
+                   p);
+  if (tuning.launch_combine)
+    detail::launch(attention_combine_kernel, dim3(p.rows, grid.y, grid.z), dim3(kHeadDim), 0,
+                   stream, pdl, p, p.out, detail::kernel_tuning().early_trigger);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // launchers
 
 size_t attention_workspace_bytes(const AttentionShape& shape, const KvCache& cache) {
-  const int split_tokens = split_tokens_for(shape, cache);
-  const size_t splits = (cache.capacity_tokens + split_tokens - 1) / split_tokens;
-  const size_t rows =
-      static_cast<size_t>(shape.num_q_heads / std::max(cache.num_kv_heads, 1)) * shape.q_len;
-  const size_t slots = static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * splits * rows;
-  return slots * (kHeadDim * sizeof(float) + sizeof(float2));
+  return kCounterBytes +
+         std::max(two_launch_partial_bytes(shape, cache), fused_partial_bytes(shape, cache));
 }
 
 void decode_attention(const bf16* q, const KvCache& cache, int layer, const int* ctx_lens,
@@ -366,9 +584,22 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
              "group * q_len = " + std::to_string(group * shape.q_len) + " exceeds 64");
   TS_REQUIRE(layer >= 0 && layer < cache.num_layers, "layer out of range");
   TS_REQUIRE(cache.capacity_tokens >= shape.q_len, "capacity_tokens < q_len");
+  const detail::AttentionTuning& tuning = detail::attention_tuning();
   TS_REQUIRE(
-      split_tokens_for(shape, cache) * static_cast<int64_t>(kMaxSplits) >= cache.capacity_tokens,
-      "capacity_tokens too large for 1024 splits");
+      tuning.variant == 0 || split_tokens_for(shape, cache) * static_cast<int64_t>(kMaxSplits) >=
+                                 cache.capacity_tokens,
+      "capacity_tokens too large for 1024 splits (two-launch variant)");
+  TS_REQUIRE(tuning.variant == 0 || tuning.variant == 1, "attention_tuning().variant not 0 or 1");
+  TS_REQUIRE(
+      tuning.cluster == 1 || tuning.cluster == 2 || tuning.cluster == 4 || tuning.cluster == 8,
+      "attention_tuning().cluster not 1, 2, 4 or 8");
+  TS_REQUIRE(tuning.stages >= 2 && tuning.stages <= 4, "attention_tuning().stages not 2, 3 or 4");
+
+  const FusedPartition part = fused_partition(shape, cache);
+  TS_REQUIRE(static_cast<int64_t>(shape.num_requests) * cache.num_kv_heads * part.cluster_size <=
+                 kMaxCounters,
+             "num_requests * num_kv_heads * cluster size exceeds " + std::to_string(kMaxCounters) +
+                 " workspace counters");
 
   SplitParams p = {};
   p.q = q;
@@ -379,49 +610,42 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   p.num_q_heads = shape.num_q_heads;
   p.group = group;
   p.rows = group * shape.q_len;
-  p.split_tokens = split_tokens_for(shape, cache);
-  p.num_splits = (cache.capacity_tokens + p.split_tokens - 1) / p.split_tokens;
   p.scale_log2 = shape.softmax_scale * kLog2e;
-  const size_t slots =
-      static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_splits * p.rows;
-  p.part_o = static_cast<float*>(workspace);
-  p.part_ml = reinterpret_cast<float2*>(p.part_o + slots * kHeadDim);
-
-  const dim3 grid(p.num_splits, cache.num_kv_heads, shape.num_requests);
+  p.counters = static_cast<unsigned*>(workspace);
+  p.out = out;
+  p.skip_math = tuning.skip_math;
   const int row_tiles = (p.rows + 15) / 16;
-  const size_t merge_bytes = static_cast<size_t>(row_tiles) * 4 * 16 * (kHeadDim * 4 + 8);
-  const size_t smem = std::max(kSplitSmemBytes, merge_bytes);
-  static const bool configured = [] {  // > 48 KB of dynamic shared memory needs an opt-in
-    for (auto kernel : {attention_split_kernel<1>, attention_split_kernel<2>,
-                        attention_split_kernel<3>, attention_split_kernel<4>})
-      TS_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
-    return true;
-  }();
-  (void)configured;
-  const detail::AttentionTuning& tuning = detail::attention_tuning();
-  auto run = [&](void (*kernel)(SplitParams), int tiles) {
-    detail::launch(kernel, grid, dim3(kSplitThreads * tiles), smem, stream, pdl, p);
-  };
-  if (tuning.launch_split) {
-    switch (row_tiles) {
-      case 1:
-        run(attention_split_kernel<1>, 1);
-        break;
-      case 2:
-        run(attention_split_kernel<2>, 2);
-        break;
-      case 3:
-        run(attention_split_kernel<3>, 3);
-        break;
-      default:
-        run(attention_split_kernel<4>, 4);
-        break;
-    }
+  unsigned char* partials = static_cast<unsigned char*>(workspace) + kCounterBytes;
+  p.part_o = reinterpret_cast<float*>(partials);
+  if (tuning.variant == 1) {
+    p.split_tokens = split_tokens_for(shape, cache);
+    p.num_splits = (cache.capacity_tokens + p.split_tokens - 1) / p.split_tokens;
+    const size_t slots =
+        static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_splits * p.rows;
+    p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(slots * kHeadDim * 4));
+    run_two_launch(p, row_tiles, dim3(p.num_splits, cache.num_kv_heads, shape.num_requests), stream,
+                   pdl);
+    return;
   }
-  if (tuning.launch_combine)
-    detail::launch(attention_combine_kernel, dim3(p.rows, cache.num_kv_heads, shape.num_requests),
-                   dim3(kHeadDim), 0, stream, pdl, p, out, detail::kernel_tuning().early_trigger);
+  p.split_tokens = part.split_tokens;
+  p.cluster_size = part.cluster_size;
+  p.num_clusters = part.num_clusters;
+  p.num_splits = part.cluster_size * part.num_clusters;
+  const size_t rows_all =
+      static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_clusters * p.rows;
+  p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(rows_all * kHeadDim * 4));
+  const dim3 grid(p.num_splits, cache.num_kv_heads, shape.num_requests);
+  switch (tuning.stages) {
+    case 2:
+      run_fused<2>(row_tiles, p, grid, stream, pdl);
+      break;
+    case 3:
+      run_fused<3>(row_tiles, p, grid, stream, pdl);
+      break;
+    default:
+      run_fused<4>(row_tiles, p, grid, stream, pdl);
+      break;
+  }
 }
 
 namespace detail {

@@ -1,15 +1,25 @@
 // Decode attention: grouped-query heads over the KV cache (kv_cache.h), 1..16 new query
 // positions per request with a causal mask among them, split along the context
-// (flash-decoding) and combined in a fixed split order (deterministic).
+// (flash-decoding) and combined in a fixed order (deterministic, independent of timing).
 //
 // q:   [num_requests][q_len][num_q_heads][128] bf16, RoPE applied (rope_kv_append's q_out).
 // out: [num_requests][q_len][num_q_heads][128] bf16.
 // ctx_lens: device [num_requests], tokens cached before this step; the q_len new tokens are
 //   already appended at positions ctx .. ctx + q_len - 1, and query j sees keys 0 .. ctx + j.
-//   ctx_lens must not be written by the kernel launched just before (PDL prologue reads it).
 // Requires head_dim 128, num_q_heads % num_kv_heads == 0, (num_q_heads / num_kv_heads) * q_len
-// <= 64, and ctx + q_len <= capacity_tokens. workspace: attention_workspace_bytes(), caller-owned.
-// Two launches: the split kernel (tensor cores, cp.async pipeline) and the combine kernel.
+// <= 64, and ctx + q_len <= capacity_tokens.
+// Row j of a q_len-query launch equals a 1-query launch at context ctx + j bit for bit (the
+// partition depends on capacity, kv heads and num_requests only).
+//
+// workspace: caller-owned, at least attention_workspace_bytes() for every shape it serves; it
+//   must be zero-filled once before its first launch (cudaMemset). Its first 256 KB hold
+//   completion counters that every launch returns to zero (so graphs replay without a reset);
+//   launches of different shapes may share one workspace, serially.
+// PDL (pdl = true): the prologue before the dependency wait reads only ctx_lens, request_base
+//   and KV tokens older than ctx, so none of these may be written by the kernel launched just
+//   before; q, the new tokens, the workspace and out are touched after the wait.
+// One launch (default): the split CTAs merge per thread-block cluster, the last cluster of each
+// (request, kv head) combines; detail::attention_tuning() selects the previous two-launch pair.
 #pragma once
 
 #include <cstddef>

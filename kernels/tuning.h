@@ -33,8 +33,15 @@ struct GemvTuning {
 GemvTuning& gemv_tuning();
 
 struct AttentionTuning {
+  // 0 = one launch: split CTAs merged per thread-block cluster through DSMEM, the last cluster of
+  // each (request, kv head) combines (workspace counters). 1 = the two-launch split + combine pair
+  // of 179ce97, kept for comparison. See docs/kernels.md.
+  int variant = 0;
   int ctas_per_sm = 2;  // context splits are sized so a full cache gives this many blocks per SM
-  bool launch_split = true, launch_combine = true;  // benchmark only: time the halves alone
+  int stages = 3;       // variant 0: K/V stage ring depth, 2..4 stages of 32 KB
+  int cluster = 4;      // variant 0: splits per cluster, 1, 2, 4 or 8 (1: no cluster)
+  bool launch_split = true, launch_combine = true;  // variant 1, benchmark only: halves alone
+  bool skip_math = false;  // variant 0, benchmark only: stream K/V, skip the math (wrong output)
 };
 AttentionTuning& attention_tuning();
 

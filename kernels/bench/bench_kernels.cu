@@ -1,7 +1,9 @@
 // Bandwidth benchmark for kernels/: each figure beside the floor it is judged against, all
 // measured in this one process on this GPU.
 //
-//   twinstep_kernels_bench --out results.json [--commit SHA]
+//   twinstep_kernels_bench --out results.json [--commit SHA] [--only SECTION ...]
+//
+// SECTION: gemv, attention, layer_chain, moe, lm_head (default: all; the floor always runs).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -18,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -420,74 +423,169 @@ void free_kv(KvSetup& kv) {
   TS_CUDA_CHECK(cudaFree(kv.ctx));
 }
 
-// Attention over 32 layers of KV (cold), q_len 1..16; per variant of the split count: the pair
-// of kernels with and without PDL, and each kernel alone (split only / combine only).
-void bench_attention(const std::vector<int>& ctas_per_sm_variants) {
-  const int layers = 32, ctx = 8192, capacity = ctx + 16;
-  KvSetup kv = make_kv(layers, ctx, capacity);
-  bf16* q = alloc_bf16(16 * 32 * kHeadDim, 9, 1.0f);
-  bf16* out = nullptr;
-  TS_CUDA_CHECK(cudaMalloc(&out, 16 * 32 * kHeadDim * sizeof(bf16)));
+// Attention (Llama-3-8B heads: 32 q / 8 kv, 128 dims) over 32 layers of KV back to back in one
+// captured graph (cold: 32 x the layer's KV bytes >> L2). Bytes = the K and V rows read,
+// 2 x (ctx + q_len) x 8 heads x 256 B. Per context 1024 / 8192 / 32768 and q_len 1 / 6 / 16: the
+// one-launch kernel (default tuning) and the two-launch pair of 179ce97, PDL on and off. At ctx
+// 8192, q_len 1 and 6: a sweep of the one-launch tuning (ring depth, CTAs per SM, cluster size),
+// a stream-only diagnostic (tile math skipped), and the old pair's kernels alone.
+struct AttentionConfig {
+  const char* name;
+  detail::AttentionTuning tuning;
+};
+
+std::string attention_label(const detail::AttentionTuning& t) {
+  if (t.variant == 1) return "two_launch_cps" + std::to_string(t.ctas_per_sm);
+  return "fused_s" + std::to_string(t.stages) + "_cps" + std::to_string(t.ctas_per_sm) + "_c" +
+         std::to_string(t.cluster) + (t.skip_math ? "_nomath" : "");
+}
+
+void bench_attention() {
+  const int layers = 32, num_q_heads = 32;
   auto& tuning = detail::attention_tuning();
-  const int default_ctas = tuning.ctas_per_sm;
-  for (int ctas : ctas_per_sm_variants) {
-    tuning.ctas_per_sm = ctas;
-    const bool main_variant = ctas == default_ctas;
-    for (int q_len : {1, 6, 16}) {
-      if (!main_variant && q_len == 16) continue;
-      AttentionShape shape;
-      shape.q_len = q_len;
-      shape.num_q_heads = 32;
-      void* ws = nullptr;
-      TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
-      const double bytes = 2.0 * (ctx + q_len) * 8 * kHeadDim * 2;
-      auto timed = [&](bool pdl, bool split, bool combine) {
-        tuning.launch_split = split;
-        tuning.launch_combine = combine;
-        const double us = time_graph_us([&](cudaStream_t s) {
-                            for (int l = 0; l < layers; ++l)
-                              decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, pdl);
-                          }) /
-                          layers;
-        tuning.launch_split = tuning.launch_combine = true;
-        return us;
-      };
-      const double t_pdl = timed(true, true, true), t_plain = timed(false, true, true);
-      const double t_split = timed(false, true, false), t_combine = timed(false, false, true);
-      const double t_single = time_single_us(
-          [&](cudaStream_t s, int i) {
-            decode_attention(q, kv.cache, i % layers, kv.ctx, out, shape, ws, s, false);
-          },
-          16);
-      Row row;
-      row.s("section", main_variant ? "attention" : "attention_variant")
-          .n("ctas_per_sm", ctas)
-          .n("q_len", q_len)
-          .n("ctx_tokens", ctx)
-          .n("num_q_heads", 32)
-          .n("num_kv_heads", 8)
-          .n("head_dim", kHeadDim)
-          .b("cold", true)
-          .b("pdl", true)
-          .s("timing", "captured graph, 32 layers of KV back to back")
-          .n("time_no_pdl_us", t_plain)
-          .n("pct_of_floor_no_pdl", 100.0 * bytes / (t_plain * 1e-6) / 1e12 / g_floor_tbps)
-          .n("split_only_us", t_split)
-          .n("combine_only_us", t_combine)
-          .n("single_launch_us", t_single);
-      add_row(row, bytes, t_pdl);
-      std::printf(
-          "attention ctas/SM=%d q_len=%2d: graph+pdl %6.2f us (%5.1f%%)  graph %6.2f us (%5.1f%%)  "
-          "split alone %6.2f  combine alone %6.2f  single %6.2f us\n",
-          ctas, q_len, t_pdl, 100.0 * bytes / (t_pdl * 1e-6) / 1e12 / g_floor_tbps, t_plain,
-          100.0 * bytes / (t_plain * 1e-6) / 1e12 / g_floor_tbps, t_split, t_combine, t_single);
-      TS_CUDA_CHECK(cudaFree(ws));
+  const detail::AttentionTuning defaults = tuning;
+  bf16* q = alloc_bf16(16 * num_q_heads * kHeadDim, 9, 1.0f);
+  bf16* out = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&out, 16 * num_q_heads * kHeadDim * sizeof(bf16)));
+
+  // Times one configuration (graph of `layers` launches, per launch), PDL on and off.
+  auto measure = [&](KvSetup& kv, int ctx, int q_len, const detail::AttentionTuning& t,
+                     const char* section, bool both_pdl) {
+    tuning = t;
+    AttentionShape shape;
+    shape.q_len = q_len;
+    shape.num_q_heads = num_q_heads;
+    const size_t ws_bytes = attention_workspace_bytes(shape, kv.cache);
+    void* ws = nullptr;
+    TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+    TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));  // the counters start at zero (attention.h)
+    const double bytes = 2.0 * (ctx + q_len) * 8 * kHeadDim * 2;
+    auto timed = [&](bool pdl) {
+      return time_graph_us([&](cudaStream_t s) {
+               for (int l = 0; l < layers; ++l)
+                 decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, pdl);
+             }) /
+             layers;
+    };
+    const double t_pdl = timed(true), t_plain = both_pdl ? timed(false) : 0.0;
+    auto pct = [&](double us) { return 100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps; };
+    Row row;
+    row.s("section", section)
+        .s("variant", attention_label(t))
+        .n("q_len", q_len)
+        .n("ctx_tokens", ctx)
+        .n("num_q_heads", num_q_heads)
+        .n("num_kv_heads", 8)
+        .n("head_dim", kHeadDim)
+        .b("cold", true)
+        .b("pdl", true)
+        .s("timing", "captured graph, 32 layers of KV back to back");
+    if (both_pdl) row.n("time_no_pdl_us", t_plain).n("pct_of_floor_no_pdl", pct(t_plain));
+    add_row(row, bytes, t_pdl);
+    std::printf(
+        "attention %-26s ctx=%5d q_len=%2d: graph+pdl %7.2f us %5.2f TB/s (%5.1f%% of %5.2f us)",
+        attention_label(t).c_str(), ctx, q_len, t_pdl, bytes / (t_pdl * 1e-6) / 1e12, pct(t_pdl),
+        bytes / (g_floor_tbps * 1e12) * 1e6);
+    if (both_pdl) std::printf("  graph %7.2f us (%5.1f%%)", t_plain, pct(t_plain));
+    std::printf("\n");
+    TS_CUDA_CHECK(cudaFree(ws));
+    tuning = defaults;
+    return t_pdl;
+  };
+
+  detail::AttentionTuning old_pair = defaults;
+  old_pair.variant = 1;
+  for (const int ctx : {1024, 8192, 32768}) {
+    KvSetup kv = make_kv(layers, ctx, ctx + 16);
+    for (const int q_len : {1, 6, 16}) {
+      measure(kv, ctx, q_len, defaults, "attention", true);
+      measure(kv, ctx, q_len, old_pair, "attention_variant", true);
     }
+    if (ctx == 8192) {
+      // Reference: the floor kernel reading each layer's whole K/V block (33.6 MB) as its own
+      // launch, 32 launches in a graph: the best a plain streaming kernel of this size does.
+      unsigned* sink = nullptr;
+      TS_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+      const size_t layer_bytes = kv_offset(kv.cache, 1, 0, 0) * sizeof(bf16);
+      int sms = 0;
+      TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      const double stream_us =
+          time_graph_us([&](cudaStream_t s) {
+            for (int l = 0; l < layers; ++l) {
+              stream_read_kernel<8><<<sms * 4, 512, 0, s>>>(
+                  reinterpret_cast<const uint4*>(kv.buffer + kv_offset(kv.cache, l, 0, 0)),
+                  layer_bytes / 16, sink);
+              TS_CUDA_CHECK(cudaGetLastError());
+            }
+          }) /
+          layers;
+      TS_CUDA_CHECK(cudaFree(sink));
+      std::printf(
+          "attention reference: stream_read of one layer's K/V (%.1f MB) per launch: %7.2f us "
+          "(%5.1f%% of floor)\n",
+          layer_bytes / 1e6, stream_us,
+          100.0 * layer_bytes / (stream_us * 1e-6) / 1e12 / g_floor_tbps);
+      Row ref;
+      ref.s("section", "attention_variant")
+          .s("variant", "stream_read_per_layer")
+          .n("ctx_tokens", ctx)
+          .b("cold", true)
+          .b("pdl", false)
+          .s("timing", "captured graph, 32 launches of the floor kernel, one layer's K/V each");
+      add_row(ref, static_cast<double>(layer_bytes), stream_us);
+
+      std::vector<detail::AttentionTuning> sweep;
+      for (const auto [stages, ctas, cluster] :
+           {std::tuple{3, 2, 1}, std::tuple{3, 2, 2}, std::tuple{3, 2, 8}, std::tuple{2, 2, 4},
+            std::tuple{2, 3, 4}, std::tuple{4, 1, 4}, std::tuple{2, 4, 4}}) {
+        detail::AttentionTuning t = defaults;
+        t.stages = stages;
+        t.ctas_per_sm = ctas;
+        t.cluster = cluster;
+        sweep.push_back(t);
+      }
+      detail::AttentionTuning no_math = defaults;
+      no_math.skip_math = true;
+      sweep.push_back(no_math);
+      for (const auto& t : sweep)
+        for (const int q_len : {1, 6}) measure(kv, ctx, q_len, t, "attention_variant", false);
+      // The old pair's kernels alone (no PDL), as in earlier rounds.
+      for (const int q_len : {1, 6}) {
+        for (const bool split : {true, false}) {
+          detail::AttentionTuning t = old_pair;
+          t.launch_split = split;
+          t.launch_combine = !split;
+          tuning = t;
+          AttentionShape shape;
+          shape.q_len = q_len;
+          void* ws = nullptr;
+          const size_t ws_bytes = attention_workspace_bytes(shape, kv.cache);
+          TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+          TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));
+          const double us = time_graph_us([&](cudaStream_t s) {
+                              for (int l = 0; l < layers; ++l)
+                                decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, false);
+                            }) /
+                            layers;
+          tuning = defaults;
+          TS_CUDA_CHECK(cudaFree(ws));
+          std::printf("attention two_launch q_len=%2d: %s kernel alone %7.2f us\n", q_len,
+                      split ? "split" : "combine", us);
+          Row row;
+          row.s("section", "attention_variant")
+              .s("variant", split ? "two_launch_split_only" : "two_launch_combine_only")
+              .n("q_len", q_len)
+              .n("ctx_tokens", ctx)
+              .b("cold", true)
+              .b("pdl", false);
+          add_row(row, 2.0 * (ctx + q_len) * 8 * kHeadDim * 2, us);
+        }
+      }
+    }
+    free_kv(kv);
   }
-  tuning.ctas_per_sm = default_ctas;
   TS_CUDA_CHECK(cudaFree(q));
   TS_CUDA_CHECK(cudaFree(out));
-  free_kv(kv);
 }
 
 // One Llama-3-8B decode layer, 32 layers of distinct weights in one graph (cold, like a forward).
@@ -519,6 +617,7 @@ void bench_layer_chain(int m, bool diagnose) {
   shape.q_len = m;
   void* ws = nullptr;
   TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
+  TS_CUDA_CHECK(cudaMemset(ws, 0, attention_workspace_bytes(shape, kv.cache)));  // counters
   const RopeTable rope = llama3_rope_table();
   // mask bit i: PDL on for the i-th launcher of the layer (norm1, qkv, rope, attention, o,
   // norm2, gate_up, down).
@@ -679,7 +778,12 @@ int main(int argc, char** argv) {
     command += (i ? " " : "") + a;
     if (a == "--out" && i + 1 < argc) out_path = argv[i + 1];
     if (a == "--commit" && i + 1 < argc) commit = argv[i + 1];
+    if (a == "--only" && i + 1 < argc) only.push_back(argv[i + 1]);  // repeatable
   }
+  // Sections: gemv (with its variant sweep), attention, layer_chain, moe, lm_head; all by default.
+  auto want = [&](const char* section) {
+    return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
+  };
   cudaDeviceProp prop;
   TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
@@ -711,10 +815,12 @@ int main(int argc, char** argv) {
   auto& tuning = detail::gemv_tuning();
   detail::GemvTuning best = tuning;
   double best_us = 1e30;
-  for (const detail::GemvTuning v :
-       {detail::GemvTuning{256, 100 * 1024, 2}, detail::GemvTuning{256, 100 * 1024, 3, 0, 0},
-        detail::GemvTuning{256, 100 * 1024, 3, 0, 3}, detail::GemvTuning{256, 100 * 1024, 3, 1, 6},
-        detail::GemvTuning{256, 100 * 1024, 3, 0, -1}}) {
+  std::vector<detail::GemvTuning> gemv_sweep = {
+      detail::GemvTuning{256, 100 * 1024, 2}, detail::GemvTuning{256, 100 * 1024, 3, 0, 0},
+      detail::GemvTuning{256, 100 * 1024, 3, 0, 3}, detail::GemvTuning{256, 100 * 1024, 3, 1, 6},
+      detail::GemvTuning{256, 100 * 1024, 3, 0, -1}};
+  if (!want("gemv")) gemv_sweep.clear();
+  for (const detail::GemvTuning v : gemv_sweep) {
     tuning = v;
     double sum = 0;
     for (const Shape& s : shapes)
@@ -726,13 +832,17 @@ int main(int argc, char** argv) {
     }
   }
   tuning = best;
-  std::printf("gemv variant used below: %s\n", gemv_variant().c_str());
-  for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16}, true);
-  bench_attention({2, 3, 4});
-  bench_layer_chain(1, false);
-  bench_layer_chain(6, true);
-  bench_moe();
-  bench_lm_head();
+  if (want("gemv")) {
+    std::printf("gemv variant used below: %s\n", gemv_variant().c_str());
+    for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16}, true);
+  }
+  if (want("attention")) bench_attention();
+  if (want("layer_chain")) {
+    bench_layer_chain(1, false);
+    bench_layer_chain(6, true);
+  }
+  if (want("moe")) bench_moe();
+  if (want("lm_head")) bench_lm_head();
 
   if (!out_path.empty()) {
     std::time_t now = std::time(nullptr);

@@ -1,12 +1,15 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/tuning.h"
 #include "tests/kernels/test_util.h"
 
 namespace twinstep::kernels {
@@ -15,81 +18,87 @@ namespace {
 using test::Bf16Host;
 using test::DeviceBuffer;
 
-struct Case {
-  int num_q_heads, num_kv_heads, q_len;
-  std::vector<int> ctx_lens;
+// Kernel variants under test (detail::attention_tuning()); every test runs against each.
+struct Variant {
+  const char* name;
+  int variant, cluster, stages, ctas_per_sm;
+};
+const Variant kVariants[] = {
+    {"fused_default", 0, 4, 3, 2},     // the shipped default
+    {"fused_nocluster", 0, 1, 3, 2},   // single-level combine: > 12 partials per slice
+    {"fused_c2_s2_3cta", 0, 2, 2, 3},  // 2-deep ring, more splits
+    {"fused_c8_s4_1cta", 0, 8, 4, 1}, {"two_launch", 1, 1, 3, 2},  // the 179ce97 pair
 };
 
-class AttentionCases : public ::testing::TestWithParam<Case> {};
-
-TEST_P(AttentionCases, MatchesCpuReference) {
-  TS_SKIP_WITHOUT_GPU();
-  const Case c = GetParam();
-  const int num_requests = static_cast<int>(c.ctx_lens.size());
-  const int group = c.num_q_heads / c.num_kv_heads;
-  const int num_layers = 2, layer = 1;
-  int capacity = 0;
-  for (int ctx : c.ctx_lens) capacity = std::max(capacity, ctx + c.q_len);
-  capacity += 37;  // slack that must never be read
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-
-  KvCache cache;
-  cache.num_layers = num_layers;
-  cache.num_kv_heads = c.num_kv_heads;
-  cache.capacity_tokens = capacity;
-  const size_t per_request = kv_cache_bytes_per_request(cache) / sizeof(bf16);
-  // Valid tokens random; everything else (other layer, slack) NaN to catch stray reads.
-  std::vector<Bf16Host> caches;
-  std::vector<DeviceBuffer<bf16>*> device_caches;
-  std::vector<bf16*> bases;
-  for (int r = 0; r < num_requests; ++r) {
-    Bf16Host h = test::random_bf16(per_request, rng);
-    for (int kv = 0; kv < 2; ++kv)
-      for (int hd = 0; hd < c.num_kv_heads; ++hd)
-        for (int t = c.ctx_lens[r] + c.q_len; t < capacity; ++t)
-          for (int d = 0; d < kHeadDim; ++d)
-            h.bits[kv_offset(cache, layer, kv, hd) + t * kHeadDim + d] = 0x7fc0;
-    auto* dcache = new DeviceBuffer<bf16>(per_request);
-    dcache->upload(h.bits);
-    caches.push_back(std::move(h));
-    device_caches.push_back(dcache);
-    bases.push_back(dcache->get());
+// Sets the tuning for one test, restores the defaults after.
+class TuningScope {
+ public:
+  explicit TuningScope(const Variant& v) : saved_(detail::attention_tuning()) {
+    auto& t = detail::attention_tuning();
+    t.variant = v.variant;
+    t.cluster = v.cluster;
+    t.stages = v.stages;
+    t.ctas_per_sm = v.ctas_per_sm;
   }
-  DeviceBuffer<bf16*> dbases(num_requests);
-  dbases.upload(bases);
-  cache.request_base = dbases.get();
-  DeviceBuffer<int> dctx(num_requests);
-  dctx.upload(c.ctx_lens);
+  ~TuningScope() { detail::attention_tuning() = saved_; }
 
-  const size_t q_elems = static_cast<size_t>(num_requests) * c.q_len * c.num_q_heads * kHeadDim;
-  const Bf16Host q = test::random_bf16(q_elems, rng);
-  auto dq = test::to_device(q);
-  DeviceBuffer<bf16> out(q_elems);
-  out.poison();
-  AttentionShape shape;
-  shape.num_requests = num_requests;
-  shape.q_len = c.q_len;
-  shape.num_q_heads = c.num_q_heads;
-  DeviceBuffer<unsigned char> workspace(attention_workspace_bytes(shape, cache));
-  decode_attention(dq.get(), cache, layer, dctx.get(), out.get(), shape, workspace.get(), nullptr);
-  const auto got = test::bf16_to_float(out.download<uint16_t>());
+ private:
+  detail::AttentionTuning saved_;
+};
 
-  std::vector<double> ref(q_elems);
-  for (int r = 0; r < num_requests; ++r)
-    for (int j = 0; j < c.q_len; ++j)
-      for (int h = 0; h < c.num_q_heads; ++h) {
-        const int kvh = h / group, keys = c.ctx_lens[r] + j + 1;
-        const size_t qo = ((static_cast<size_t>(r) * c.q_len + j) * c.num_q_heads + h) * kHeadDim;
-        const float* kp = &caches[r].values[kv_offset(cache, layer, 0, kvh)];
-        const float* vp = &caches[r].values[kv_offset(cache, layer, 1, kvh)];
+// Workspace for every shape in `shapes`, zero-filled once (the header's contract).
+DeviceBuffer<unsigned char> make_workspace(const std::vector<AttentionShape>& shapes,
+                                           const KvCache& cache) {
+  size_t bytes = 0;
+  for (const auto& s : shapes) bytes = std::max(bytes, attention_workspace_bytes(s, cache));
+  DeviceBuffer<unsigned char> ws(bytes);
+  TS_CUDA_CHECK(cudaMemset(ws.get(), 0, bytes));
+  return ws;
+}
+
+// One request's KV buffer: valid tokens [0, valid) random; every other element (other layers,
+// tokens past the window) NaN, so a stray read poisons the result.
+struct RequestKv {
+  Bf16Host host;
+  std::unique_ptr<DeviceBuffer<bf16>> device;
+};
+RequestKv make_request_kv(const KvCache& cache, int layer, int valid, std::mt19937_64& rng) {
+  const size_t elems = kv_cache_bytes_per_request(cache) / sizeof(bf16);
+  RequestKv kv{Bf16Host(elems), nullptr};
+  std::fill(kv.host.bits.begin(), kv.host.bits.end(), uint16_t{0x7fc0});
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int part = 0; part < 2; ++part)
+    for (int h = 0; h < cache.num_kv_heads; ++h) {
+      const size_t off = kv_offset(cache, layer, part, h);
+      for (size_t i = 0; i < static_cast<size_t>(valid) * kHeadDim; ++i)
+        kv.host.set(off + i, dist(rng));
+    }
+  kv.device = std::make_unique<DeviceBuffer<bf16>>(elems);
+  kv.device->upload(kv.host.bits);
+  return kv;
+}
+
+// fp64 reference: softmax(q k^T * scale) v over keys 0 .. ctx + j.
+std::vector<double> reference(const std::vector<RequestKv>& kvs, const KvCache& cache, int layer,
+                              const std::vector<int>& ctx_lens, const Bf16Host& q,
+                              const AttentionShape& shape) {
+  const int group = shape.num_q_heads / cache.num_kv_heads;
+  std::vector<double> ref(q.size());
+  for (int r = 0; r < shape.num_requests; ++r)
+    for (int j = 0; j < shape.q_len; ++j)
+      for (int h = 0; h < shape.num_q_heads; ++h) {
+        const int kvh = h / group, keys = ctx_lens[r] + j + 1;
+        const size_t qo =
+            ((static_cast<size_t>(r) * shape.q_len + j) * shape.num_q_heads + h) * kHeadDim;
+        const float* kp = &kvs[r].host.values[kv_offset(cache, layer, 0, kvh)];
+        const float* vp = &kvs[r].host.values[kv_offset(cache, layer, 1, kvh)];
         std::vector<double> s(keys);
         double mx = -INFINITY;
         for (int t = 0; t < keys; ++t) {
           double dot = 0;
           for (int d = 0; d < kHeadDim; ++d)
-            dot += static_cast<double>(q.values[qo + d]) * kp[t * kHeadDim + d];
+            dot +=
+                static_cast<double>(q.values[qo + d]) * kp[static_cast<size_t>(t) * kHeadDim + d];
           s[t] = dot * shape.softmax_scale;
           mx = std::max(mx, s[t]);
         }
@@ -97,68 +106,134 @@ TEST_P(AttentionCases, MatchesCpuReference) {
         for (int t = 0; t < keys; ++t) sum += (s[t] = std::exp(s[t] - mx));
         for (int d = 0; d < kHeadDim; ++d) {
           double acc = 0;
-          for (int t = 0; t < keys; ++t) acc += s[t] * vp[t * kHeadDim + d];
+          for (int t = 0; t < keys; ++t) acc += s[t] * vp[static_cast<size_t>(t) * kHeadDim + d];
           ref[qo + d] = acc / sum;
         }
       }
-  const double err = test::rel_error(got, ref);
-  EXPECT_LT(err, test::kBf16RelTol) << "q_len " << c.q_len;
-  for (auto* d : device_caches) delete d;
+  return ref;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, AttentionCases,
-                         ::testing::Values(Case{8, 2, 1, {0, 5, 1000}},
-                                           Case{8, 2, 3, {63, 64, 700}}, Case{32, 8, 6, {1, 517}},
-                                           Case{8, 2, 16, {300, 2}}, Case{32, 8, 2, {1200}},
-                                           Case{4, 4, 16, {129}}));
+size_t mismatches(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  size_t n = 0;
+  for (size_t i = 0; i < want.size(); ++i) n += got[i] != want[i];
+  return n;
+}
+
+struct Case {
+  int num_q_heads, num_kv_heads, q_len;
+  std::vector<int> ctx_lens;
+};
+
+class AttentionCases : public ::testing::TestWithParam<std::tuple<Case, Variant>> {};
+
+TEST_P(AttentionCases, MatchesCpuReference) {
+  TS_SKIP_WITHOUT_GPU();
+  const auto& [c, variant] = GetParam();
+  TuningScope tuning(variant);
+  const int num_requests = static_cast<int>(c.ctx_lens.size());
+  const int layer = 1;
+  int capacity = 0;
+  for (int ctx : c.ctx_lens) capacity = std::max(capacity, ctx + c.q_len);
+  capacity += 37;  // slack that must never be read
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", variant " + variant.name);
+  std::mt19937_64 rng(seed);
+
+  KvCache cache;
+  cache.num_layers = 2;
+  cache.num_kv_heads = c.num_kv_heads;
+  cache.capacity_tokens = capacity;
+  std::vector<RequestKv> kvs;
+  std::vector<bf16*> bases;
+  for (int r = 0; r < num_requests; ++r) {
+    kvs.push_back(make_request_kv(cache, layer, c.ctx_lens[r] + c.q_len, rng));
+    bases.push_back(kvs.back().device->get());
+  }
+  DeviceBuffer<bf16*> dbases(num_requests);
+  dbases.upload(bases);
+  cache.request_base = dbases.get();
+  DeviceBuffer<int> dctx(num_requests);
+  dctx.upload(c.ctx_lens);
+
+  AttentionShape shape;
+  shape.num_requests = num_requests;
+  shape.q_len = c.q_len;
+  shape.num_q_heads = c.num_q_heads;
+  const size_t q_elems = static_cast<size_t>(num_requests) * c.q_len * c.num_q_heads * kHeadDim;
+  const Bf16Host q = test::random_bf16(q_elems, rng);
+  auto dq = test::to_device(q);
+  DeviceBuffer<bf16> out(q_elems);
+  auto workspace = make_workspace({shape}, cache);
+  const std::vector<double> ref = reference(kvs, cache, layer, c.ctx_lens, q, shape);
+  for (int launch = 0; launch < 2; ++launch) {  // the second launch reuses the counters
+    out.poison();
+    decode_attention(dq.get(), cache, layer, dctx.get(), out.get(), shape, workspace.get(),
+                     nullptr);
+    const double err = test::rel_error(test::bf16_to_float(out.download<uint16_t>()), ref);
+    EXPECT_LT(err, test::kBf16RelTol) << "q_len " << c.q_len << ", launch " << launch;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionCases,
+    ::testing::Combine(
+        ::testing::Values(Case{8, 2, 1, {0, 5, 1000}},      // ctx 0; ctx not a tile multiple
+                          Case{8, 2, 3, {63, 64, 700}},     // tile edges
+                          Case{32, 8, 6, {1, 517}},         // Llama heads, verify width
+                          Case{8, 2, 16, {300, 2}},         // q_len 16: 64 rows
+                          Case{32, 8, 2, {1200}},           //
+                          Case{4, 4, 16, {129}},            // group 1
+                          Case{8, 2, 12, {70, 1500, 333}},  // 48 rows: 3 row tiles (384 threads)
+                          Case{16, 2, 5, {2100}}),          // group 8: 40 rows
+        ::testing::ValuesIn(kVariants)),
+    [](const auto& info) {
+      const Case& c = std::get<0>(info.param);
+      return std::string(std::get<1>(info.param).name) + "_q" + std::to_string(c.num_q_heads) +
+             "_kv" + std::to_string(c.num_kv_heads) + "_len" + std::to_string(c.q_len) + "_" +
+             std::to_string(info.index);
+    });
+
+class AttentionVariants : public ::testing::TestWithParam<Variant> {};
 
 // Speculative verify must match plain decode bit for bit: row j of a 6-query pass at context ctx
 // equals a 1-query pass at context ctx + j over the same cache (Llama-3-8B heads, several splits).
-TEST(Attention, VerifyRowsMatchPlainDecodeBitForBit) {
+// One workspace serves both shapes (launches of different shapes share it serially).
+TEST_P(AttentionVariants, VerifyRowsMatchPlainDecodeBitForBit) {
   TS_SKIP_WITHOUT_GPU();
+  TuningScope tuning(GetParam());
   const int num_q_heads = 32, num_kv_heads = 8, q_len = 6;
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", variant " + GetParam().name);
   std::mt19937_64 rng(seed);
   for (const int ctx : {1, 700, 5000}) {
     KvCache cache;
     cache.num_layers = 1;
     cache.num_kv_heads = num_kv_heads;
     cache.capacity_tokens = 8192;
-    const size_t elems = kv_cache_bytes_per_request(cache) / sizeof(bf16);
-    Bf16Host h = test::random_bf16(elems, rng);
-    for (int kv = 0; kv < 2; ++kv)  // tokens past the verify window are NaN: never read
-      for (int hd = 0; hd < num_kv_heads; ++hd)
-        for (int t = ctx + q_len; t < cache.capacity_tokens; ++t)
-          for (int d = 0; d < kHeadDim; ++d)
-            h.bits[kv_offset(cache, 0, kv, hd) + static_cast<size_t>(t) * kHeadDim + d] = 0x7fc0;
-    auto dcache = test::to_device(h);
+    RequestKv kv = make_request_kv(cache, 0, ctx + q_len, rng);
     DeviceBuffer<bf16*> dbases(1);
-    dbases.upload(std::vector<bf16*>{dcache.get()});
+    dbases.upload(std::vector<bf16*>{kv.device->get()});
     cache.request_base = dbases.get();
     const size_t row_elems = static_cast<size_t>(num_q_heads) * kHeadDim;
     const Bf16Host q = test::random_bf16(q_len * row_elems, rng);
     auto dq = test::to_device(q);
 
-    AttentionShape verify;
+    AttentionShape verify, plain;
     verify.q_len = q_len;
-    verify.num_q_heads = num_q_heads;
+    verify.num_q_heads = plain.num_q_heads = num_q_heads;
+    auto ws = make_workspace({verify, plain}, cache);
     DeviceBuffer<int> dctx(1);
     dctx.upload(std::vector<int>{ctx});
     DeviceBuffer<bf16> out6(q_len * row_elems);
     out6.poison();
-    DeviceBuffer<unsigned char> ws6(attention_workspace_bytes(verify, cache));
-    decode_attention(dq.get(), cache, 0, dctx.get(), out6.get(), verify, ws6.get(), nullptr);
+    decode_attention(dq.get(), cache, 0, dctx.get(), out6.get(), verify, ws.get(), nullptr);
     const auto bits6 = out6.download<uint16_t>();
 
-    AttentionShape plain;
-    plain.num_q_heads = num_q_heads;
-    DeviceBuffer<unsigned char> ws1(attention_workspace_bytes(plain, cache));
     DeviceBuffer<bf16> out1(row_elems);
     for (int j = 0; j < q_len; ++j) {
       dctx.upload(std::vector<int>{ctx + j});
       out1.poison();
-      decode_attention(dq.get() + j * row_elems, cache, 0, dctx.get(), out1.get(), plain, ws1.get(),
+      decode_attention(dq.get() + j * row_elems, cache, 0, dctx.get(), out1.get(), plain, ws.get(),
                        nullptr);
       const auto bits1 = out1.download<uint16_t>();
       for (size_t i = 0; i < row_elems; ++i)
@@ -167,6 +242,73 @@ TEST(Attention, VerifyRowsMatchPlainDecodeBitForBit) {
     }
   }
 }
+
+// A captured graph of back-to-back launches (PDL on, one workspace) replayed several times gives
+// the same bits as an eager launch every time: the counters are back at zero after each launch.
+TEST_P(AttentionVariants, GraphReplaysAreBitIdentical) {
+  TS_SKIP_WITHOUT_GPU();
+  TuningScope tuning(GetParam());
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", variant " + GetParam().name);
+  std::mt19937_64 rng(seed);
+  KvCache cache;
+  cache.num_layers = 2;
+  cache.num_kv_heads = 8;
+  cache.capacity_tokens = 4100;
+  const std::vector<int> ctx_lens = {4000, 1234};
+  std::vector<RequestKv> kvs;
+  std::vector<bf16*> bases;
+  for (int ctx : ctx_lens) {
+    RequestKv kv = make_request_kv(cache, 0, ctx + 6, rng);
+    // Layer 1 gets the same tokens as layer 0 (the graph reads both).
+    std::copy(kv.host.bits.begin(), kv.host.bits.begin() + kv_offset(cache, 1, 0, 0),
+              kv.host.bits.begin() + kv_offset(cache, 1, 0, 0));
+    kv.device->upload(kv.host.bits);
+    bases.push_back(kv.device->get());
+    kvs.push_back(std::move(kv));
+  }
+  DeviceBuffer<bf16*> dbases(2);
+  dbases.upload(bases);
+  cache.request_base = dbases.get();
+  DeviceBuffer<int> dctx(2);
+  dctx.upload(ctx_lens);
+  AttentionShape shape;
+  shape.num_requests = 2;
+  shape.q_len = 6;
+  const size_t elems = 2 * 6 * 32 * kHeadDim;
+  auto dq = test::to_device(test::random_bf16(elems, rng));
+  auto ws = make_workspace({shape}, cache);
+  DeviceBuffer<bf16> eager(elems), out0(elems), out1(elems);
+  eager.poison();
+  decode_attention(dq.get(), cache, 0, dctx.get(), eager.get(), shape, ws.get(), nullptr);
+  const auto want = eager.download<uint16_t>();
+
+  cudaStream_t stream;
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  decode_attention(dq.get(), cache, 0, dctx.get(), out0.get(), shape, ws.get(), stream, true);
+  decode_attention(dq.get(), cache, 1, dctx.get(), out1.get(), shape, ws.get(), stream, true);
+  TS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    out0.poison();
+    out1.poison();
+    TS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(mismatches(out0.download<uint16_t>(), want), 0u)
+        << "replay " << replay << ", layer 0";
+    EXPECT_EQ(mismatches(out1.download<uint16_t>(), want), 0u)
+        << "replay " << replay << ", layer 1";
+  }
+  TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TS_CUDA_CHECK(cudaGraphDestroy(graph));
+  TS_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, AttentionVariants, ::testing::ValuesIn(kVariants),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Attention, RejectsInvalidShapes) {
   KvCache cache;
@@ -189,6 +331,8 @@ TEST(Attention, RejectsInvalidShapes) {
   EXPECT_THROW(decode_attention(q, cache, 0, ctx, out, shape, ws, nullptr), std::invalid_argument);
   shape.num_q_heads = 32;
   EXPECT_THROW(decode_attention(q, cache, 1, ctx, out, shape, ws, nullptr), std::invalid_argument);
+  cache.capacity_tokens = 0;  // < q_len
+  EXPECT_THROW(decode_attention(q, cache, 0, ctx, out, shape, ws, nullptr), std::invalid_argument);
 }
 
 }  // namespace
