@@ -136,17 +136,17 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   const int split = blockIdx.x, head = blockIdx.y, request = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tq = lane % 4;
   const SplitView view(p, split, head, request);
-  const int ctx = view.ctx, t_begin = view.t_begin, t_end = view.t_end;
+  const int ctx = view.ctx, t_begin = view.t_begin;
   const int num_tiles = view.num_tiles;
   auto issue_tile = [&](int tile) {
     view.issue_tile<kThreads>(ring + (tile % kStages) * 2 * kTileElems, tile);
   };
 
-  // Prologue: exactly kStages commit groups (tiles 0 .. kStages - 1; empty past the split).
+  // Prologue: exactly kStages commit groups (tiles 0 .. kStages - 1; empty past the split). Tiles
+  // of tokens older than this step go before the wait: the preceding kernel never writes them.
   int issued = 0;
   while (issued < min(num_tiles, kStages) && t_begin + (issued + 1) * kTileTokens <= ctx) {
-    issue_tile(
-        issued++);  // only tokens older than this step: the preceding kernel never writes them
+    issue_tile(issued++);
     detail::cp_async_commit();
   }
   detail::pdl_wait_and_trigger();
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
     detail::pdl_wait_and_trigger();
     return;
   }
-  const int ctx = view.ctx, t_begin = view.t_begin, t_end = view.t_end;
+  const int ctx = view.ctx, t_begin = view.t_begin;
   const int num_tiles = view.num_tiles;
   auto issue_tile = [&](int tile) {
     view.issue_tile<kThreads>(smem + (tile % kStages) * 2 * kTileElems, tile);
