@@ -61,6 +61,9 @@ struct EngineOptions {
   int32_t max_prefill_tokens = 16384;  // tokens per prefill pass (more are split into passes)
   bool profile_nodes = false;          // decode graphs/launches write a GPU timestamp per kernel
   bool draft = false;  // hold the draft module and run speculative decoding (engine_spec.cc)
+  // Confidence/device drafts in graphs: each step past min_steps behind a conditional IF node
+  // (skipped once every request stopped drafting). Off: every step runs, stopped rows padded.
+  bool draft_early_exit = false;
 };
 
 // One draft launch: `steps` autoregressive draft forwards (1..kMaxDraftTokens). device_stop: a
@@ -182,6 +185,7 @@ class Engine {
   // engine_spec.cc
   void allocate_spec();
   void draft_forward(int bucket, const DraftControl& ctl, bool commit);
+  void draft_step(int bucket, int j, const DraftControl& ctl, cudaStream_t s);
   void verify_forward(int bucket, int width, float threshold, bool commit);
   void extend_forward(int bucket, int width);
   void draft_prefill(int tokens, int chunks, int chunk, const int* d_tok, const int* d_chunk_ctx,
@@ -189,7 +193,7 @@ class Engine {
   void draft_kv(const int* tok, const kernels::bf16* h, int rows, const int* ctx_lens,
                 kernels::bf16* const* bases, int requests, int q_len, bool row_exact);
   void proj_rows(const kernels::bf16* w, const kernels::bf16* x, kernels::bf16* out, int m, int n,
-                 int k);
+                 int k, cudaStream_t s);
   // row_exact: 16-row gemv chunks, each row bit-identical to plain decode's; else proj().
   void project_rows(const kernels::bf16* w, const kernels::bf16* x, kernels::bf16* out, int m,
                     int n, int k, bool row_exact, bool pdl);
@@ -208,6 +212,7 @@ class Engine {
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<Buffers> b_;
   std::unique_ptr<Spec> spec_;
+  bool capturing_spec_ = false;  // a speculative graph is being captured (spec_graph)
   int64_t weight_bytes_ = 0;
   int64_t next_seq_ = 0;  // host mirror of the device launch counter
   int max_bucket_ = 1;

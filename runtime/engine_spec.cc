@@ -91,20 +91,22 @@ void Engine::allocate_spec() {
     for (int q_len : {1, kDraftStride})
       ws = std::max(
           ws, kernels::attention_workspace_bytes({bucket, q_len, c.q_heads, kSoftmaxScale}, cache));
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&sp.side, cudaStreamNonBlocking));
   sp.attn_ws = b.dev<char>(ws);
   TS_CUDA_CHECK(cudaMemset(sp.attn_ws, 0, ws));  // attention.h: zero-filled before first use
 }
 
-void Engine::proj_rows(const bf16* w, const bf16* x, bf16* out, int m, int n, int k) {
+void Engine::proj_rows(const bf16* w, const bf16* x, bf16* out, int m, int n, int k,
+                       cudaStream_t s) {
   for (int r0 = 0; r0 < m; r0 += kernels::kGemvMaxRows)
     kernels::gemv(w, x + size_t(r0) * k, out + size_t(r0) * n,
-                  std::min(kernels::kGemvMaxRows, m - r0), n, k, compute_, false);
+                  std::min(kernels::kGemvMaxRows, m - r0), n, k, s, false);
 }
 
 void Engine::project_rows(const bf16* w, const bf16* x, bf16* out, int m, int n, int k,
                           bool row_exact, bool pdl) {
   if (row_exact)
-    proj_rows(w, x, out, m, n, k);
+    proj_rows(w, x, out, m, n, k, compute_);
   else
     proj(w, x, out, m, n, k, pdl);
 }
@@ -150,41 +152,77 @@ void Engine::draft_prefill(int tokens, int chunks, int chunk, const int* d_tok,
            /*row_exact=*/false);
 }
 
-void Engine::draft_forward(int B, const DraftControl& ctl, bool commit) {
+void Engine::draft_step(int B, int j, const DraftControl& ctl, cudaStream_t s) {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
   Spec& sp = *spec_;
   const DraftWeights& dw = b.draft;
   const int H = int(c.hidden), I = int(c.intermediate), V = int(c.vocab);
   const float eps = float(c.rms_eps);
+  const kernels::KvCache dcache{sp.base_b, c.layers + 1, c.kv_heads, options_.capacity_tokens};
+  const kernels::AttentionShape shape{B, 1, c.q_heads, kSoftmaxScale};
+  const int* step_ctx = sp.step_ctx + size_t(j) * B;
+  kernels::embedding_gather(b.embed, sp.in_tok, b.o, B, V, H, s);
+  // Step 0 reads the target's hidden state of the slot; later steps the draft's own output g.
+  launch_concat_norm(b.o, j == 0 ? sp.hid : b.residual, j == 0 ? sp.h_index : nullptr, dw.enorm,
+                     dw.hnorm, b.gu, B, H, eps, s);
+  proj_rows(dw.eh_proj, b.gu, b.residual, B, H, 2 * H, s);
+  kernels::rmsnorm_residual(nullptr, b.residual, dw.in_norm, b.xn, B, H, eps, s);
+  proj_rows(dw.w_qkv, b.xn, b.qkv, B, int(c.qkv_dim()), H, s);
+  kernels::rope_kv_append(b.qkv, step_ctx, dcache, c.layers, b.q, B, 1, c.q_heads, rope_, s);
+  kernels::decode_attention(b.q, dcache, c.layers, step_ctx, b.attn, shape, sp.attn_ws, s);
+  proj_rows(dw.w_o, b.attn, b.o, B, H, int(c.q_dim()), s);
+  kernels::rmsnorm_residual(b.o, b.residual, dw.post_norm, b.xn, B, H, eps, s);
+  for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
+    kernels::gemv_swiglu(dw.w_gu, b.xn + size_t(r0) * H, b.act + size_t(r0) * I,
+                         std::min(kernels::kGemvMaxRows, B - r0), I, H, s);
+  proj_rows(dw.w_down, b.act, b.mlp, B, H, I, s);
+  // g_j = residual + mlp (kept in residual for the next step), normed by the target's norm.
+  kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s);
+  spec_lm_head(b.lm_head, b.xn, B, V, H, sp.lm_ws, sp.lm_ws_chunk, sp.argmax, sp.top1, sp.sampled,
+               s);
+  launch_draft_step_commit(B, j, sp.argmax, sp.top1, sp.dtok, sp.dconf, sp.in_tok, sp.dlen,
+                           sp.active, ctl.device_stop, ctl.threshold, ctl.min_steps, s);
+}
+
+void Engine::draft_forward(int B, const DraftControl& ctl, bool commit) {
+  Buffers& b = *b_;
+  Spec& sp = *spec_;
   cudaStream_t s = compute_;
   launch_draft_begin(B, ctl.steps, b.batch_slots, b.tokens, b.ctx, b.slot_base, sp.ctx_b, sp.base_b,
                      sp.dtok, sp.in_tok, sp.dlen, sp.active, sp.step_ctx, sp.h_index, s);
-  const kernels::KvCache dcache{sp.base_b, c.layers + 1, c.kv_heads, options_.capacity_tokens};
-  const kernels::AttentionShape shape{B, 1, c.q_heads, kSoftmaxScale};
+  // Early exit (options_.draft_early_exit, graphs only): step j >= max(min_steps, 1) sits in a
+  // conditional IF node whose condition a one-thread kernel sets from the rows' active flags, so
+  // once every row stopped, the remaining steps' kernels are not launched at all.
+  const bool early_exit = capturing_spec_ && ctl.device_stop && options_.draft_early_exit;
   for (int j = 0; j < ctl.steps; ++j) {
-    const int* step_ctx = sp.step_ctx + size_t(j) * B;
-    kernels::embedding_gather(b.embed, sp.in_tok, b.o, B, V, H, s);
-    // Step 0 reads the target's hidden state of the slot; later steps the draft's own output g.
-    launch_concat_norm(b.o, j == 0 ? sp.hid : b.residual, j == 0 ? sp.h_index : nullptr, dw.enorm,
-                       dw.hnorm, b.gu, B, H, eps, s);
-    proj_rows(dw.eh_proj, b.gu, b.residual, B, H, 2 * H);
-    kernels::rmsnorm_residual(nullptr, b.residual, dw.in_norm, b.xn, B, H, eps, s);
-    proj_rows(dw.w_qkv, b.xn, b.qkv, B, int(c.qkv_dim()), H);
-    kernels::rope_kv_append(b.qkv, step_ctx, dcache, c.layers, b.q, B, 1, c.q_heads, rope_, s);
-    kernels::decode_attention(b.q, dcache, c.layers, step_ctx, b.attn, shape, sp.attn_ws, s);
-    proj_rows(dw.w_o, b.attn, b.o, B, H, int(c.q_dim()));
-    kernels::rmsnorm_residual(b.o, b.residual, dw.post_norm, b.xn, B, H, eps, s);
-    for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
-      kernels::gemv_swiglu(dw.w_gu, b.xn + size_t(r0) * H, b.act + size_t(r0) * I,
-                           std::min(kernels::kGemvMaxRows, B - r0), I, H, s);
-    proj_rows(dw.w_down, b.act, b.mlp, B, H, I);
-    // g_j = residual + mlp (kept in residual for the next step), normed by the target's norm.
-    kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s);
-    spec_lm_head(b.lm_head, b.xn, B, V, H, sp.lm_ws, sp.lm_ws_chunk, sp.argmax, sp.top1, sp.sampled,
-                 s);
-    launch_draft_step_commit(B, j, sp.argmax, sp.top1, sp.dtok, sp.dconf, sp.in_tok, sp.dlen,
-                             sp.active, ctl.device_stop, ctl.threshold, ctl.min_steps, s);
+    if (!early_exit || j < std::max(ctl.min_steps, 1)) {
+      draft_step(B, j, ctl, s);
+      continue;
+    }
+    cudaStreamCaptureStatus status;
+    cudaGraph_t graph = nullptr;
+    const cudaGraphNode_t* deps = nullptr;
+    size_t num_deps = 0;
+    TS_CUDA_CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, nullptr, &num_deps));
+    cudaGraphConditionalHandle handle = 0;
+    TS_CUDA_CHECK(cudaGraphConditionalHandleCreate(&handle, graph, 0, cudaGraphCondAssignDefault));
+    launch_set_draft_condition(handle, sp.active, B, s);
+    TS_CUDA_CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, nullptr, &num_deps));
+    cudaGraphNodeParams params = {};
+    params.type = cudaGraphNodeTypeConditional;
+    params.conditional.handle = handle;
+    params.conditional.type = cudaGraphCondTypeIf;
+    params.conditional.size = 1;
+    cudaGraphNode_t node = nullptr;
+    TS_CUDA_CHECK(cudaGraphAddNode(&node, graph, deps, nullptr, num_deps, &params));
+    TS_CUDA_CHECK(cudaStreamUpdateCaptureDependencies(s, &node, nullptr, 1,
+                                                      cudaStreamSetCaptureDependencies));
+    TS_CUDA_CHECK(cudaStreamBeginCaptureToGraph(sp.side, params.conditional.phGraph_out[0], nullptr,
+                                                nullptr, 0, cudaStreamCaptureModeThreadLocal));
+    draft_step(B, j, ctl, sp.side);
+    cudaGraph_t body = nullptr;
+    TS_CUDA_CHECK(cudaStreamEndCapture(sp.side, &body));
   }
   if (commit)
     launch_draft_finish(B, b.batch_slots, options_.max_slots, sp.ctx_b, sp.dtok, sp.dconf, sp.dlen,
@@ -287,7 +325,16 @@ cudaGraphExec_t Engine::spec_graph(SpecPhase phase, int B, int n, const DraftCon
   TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
   cudaGraph_t graph = nullptr;
   TS_CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
-  run_spec_forward(phase, B, n, ctl, /*commit=*/true);
+  capturing_spec_ = true;
+  try {
+    run_spec_forward(phase, B, n, ctl, /*commit=*/true);
+  } catch (...) {
+    capturing_spec_ = false;
+    cudaStreamEndCapture(compute_, &graph);  // abandon the capture; the error propagates
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  capturing_spec_ = false;
   TS_CUDA_CHECK(cudaStreamEndCapture(compute_, &graph));
   cudaGraphExec_t exec = nullptr;
   TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));

@@ -159,6 +159,13 @@ __global__ void verify_commit_kernel(int width, int hidden, const int* batch_slo
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
 }
 
+__global__ void set_draft_condition_kernel(cudaGraphConditionalHandle handle, const int* active,
+                                           int rows) {
+  int any = 0;
+  for (int r = 0; r < rows; ++r) any |= active[r];
+  cudaGraphSetConditional(handle, any ? 1u : 0u);
+}
+
 __global__ void advance_counters_kernel(uint64_t* seq, uint64_t* sample_step) {
   *seq += 1;
   *sample_step += 1;
@@ -238,6 +245,13 @@ void launch_verify_commit(int rows, int width, int hidden, const int* batch_slot
   verify_commit_kernel<<<rows, 128, 0, stream>>>(width, hidden, batch_slots, pad_slot, argmax,
                                                  hidden_rows, dtok, dconf, dlen, threshold, ctx_b,
                                                  tokens, ctx, hid, ext_tok, ring, ring_rows, seq);
+  TS_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_set_draft_condition(cudaGraphConditionalHandle handle, const int* active, int rows,
+                                cudaStream_t stream) {
+  TS_REQUIRE(rows >= 1 && rows <= 1024, "rows outside [1, 1024]");
+  set_draft_condition_kernel<<<1, 1, 0, stream>>>(handle, active, rows);
   TS_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -63,6 +63,11 @@ void launch_verify_commit(int rows, int width, int hidden, const int* batch_slot
                           int* tokens, int* ctx, __nv_bfloat16* hid, int* ext_tok, OutputRow* ring,
                           int ring_rows, const uint64_t* seq, cudaStream_t stream);
 
+// Sets conditional `handle` to 1 when any of the first `rows` active flags is set, else 0 (the
+// IF node around a later draft step; one thread).
+void launch_set_draft_condition(cudaGraphConditionalHandle handle, const int* active, int rows,
+                                cudaStream_t stream);
+
 // ++*seq, ++*sample_step (one thread).
 void launch_advance_counters(uint64_t* seq, uint64_t* sample_step, cudaStream_t stream);
 

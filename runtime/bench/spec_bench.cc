@@ -161,14 +161,24 @@ int main(int argc, char** argv) {
     eo.capacity_tokens = (prompt + 15) / 16 * 16 + output + margin;
     eo.capacity_tokens = (eo.capacity_tokens + 63) / 64 * 64;
     eo.draft = true;
-    auto engine = runtime::Engine::create_synthetic(llama_config_from_spec(model), 1, eo, f);
-    for (const auto& [label, spec] : policies) {
-      rows.push_back(measure(*engine, model, w, spec, label, f));
-      const Row& r = rows.back();
-      std::printf("%9.2f %-26s %9.3f %11.3f %9.3f %7.1f\n", f, label, r.tpot_ms, r.accept_len,
-                  r.step_ms, r.busy_pct);
+    auto print = [&](const Row& r) {
+      std::printf("%9.2f %-26s %9.3f %11.3f %9.3f %7.1f\n", r.fidelity, r.policy.c_str(), r.tpot_ms,
+                  r.accept_len, r.step_ms, r.busy_pct);
       std::fflush(stdout);
+    };
+    {
+      auto engine = runtime::Engine::create_synthetic(llama_config_from_spec(model), 1, eo, f);
+      for (const auto& [label, spec] : policies) {
+        rows.push_back(measure(*engine, model, w, spec, label, f));
+        print(rows.back());
+      }
     }
+    // The same device-mode policy with the draft's later steps behind conditional IF nodes.
+    eo.draft_early_exit = true;
+    auto early = runtime::Engine::create_synthetic(llama_config_from_spec(model), 1, eo, f);
+    rows.push_back(
+        measure(*early, model, w, conf(DraftMode::kDevice), "confidence/device+early_exit", f));
+    print(rows.back());
   }
   std::ofstream js(out_dir + "/spec.json");
   js << "{\n  \"command\": \"twinstep_spec_bench --prompt " << prompt << " --output " << output

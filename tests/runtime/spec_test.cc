@@ -227,6 +227,44 @@ TEST_F(TinySpec, GreedySpeculativeOutputEqualsPlainGreedy) {
   }
 }
 
+// Continuous batching: two requests decoded together. Byte-identity with plain decode holds
+// where the attention split is the same for every batch bucket met (kernels/attention.cu: it
+// depends on the capacity and the bucket); for the tiny model at capacity 512 it is one 64-token
+// tile for buckets 1 and 2, so a request's rows match plain decode whatever its batch.
+TEST_F(TinySpec, ConcurrentRequestsMatchPlainGreedy) {
+  WorkloadSpec w = w_;
+  w.num_requests = 3;
+  w.max_concurrency = 2;
+  w.output_len = {200, 280};
+  const SpecRun plain = run(*engine_, spec_, w, SpecSpec{});
+  for (const SpecSpec& s : {chain(5, 6), confidence(DraftMode::kDevice)}) {
+    const SpecRun r = run(*engine_, spec_, w, s);
+    EXPECT_EQ(r.tokens, plain.tokens) << spec_method_name(s.method);
+    int max_batch = 0;
+    for (const StepSample& st : r.record.steps) max_batch = std::max(max_batch, st.batch);
+    EXPECT_EQ(max_batch, 2);
+    std::printf("tiny concurrency 2 %s: accept length %.3f\n", spec_method_name(s.method),
+                r.accept_len);
+  }
+}
+
+// confidence/device with the draft's later steps behind conditional IF nodes (skipped once every
+// request stopped): the same drafts, so the same tokens and accept lengths as without.
+TEST_F(TinySpec, DeviceEarlyExitChangesNothingButTime) {
+  EngineOptions eo;
+  eo.max_slots = 2;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  eo.draft_early_exit = true;
+  auto early = Engine::create_synthetic(llama_config_from_spec(spec_), 5, eo, 0.85);
+  const SpecSpec s = confidence(DraftMode::kDevice);
+  const SpecRun with = run(*early, spec_, w_, s);
+  const SpecRun without = run(*engine_, spec_, w_, s);
+  EXPECT_EQ(with.tokens, without.tokens);
+  EXPECT_EQ(with.accept_len, without.accept_len);
+  EXPECT_EQ(with.tokens, run(*engine_, spec_, w_, SpecSpec{}).tokens);
+}
+
 TEST_F(TinySpec, AcceptLengthsEqualAcrossReruns) {
   for (const SpecSpec& s : {chain(5, 6), confidence(DraftMode::kDevice)}) {
     const SpecRun a = run(*engine_, spec_, w_, s);
