@@ -14,7 +14,6 @@
 #include "kernels/swiglu.h"
 #include "policies/error.h"
 #include "runtime/engine_internal.h"
-#include "runtime/memory_plan.h"
 #include "runtime/spec_ops.h"
 #include "runtime/synthetic.h"
 
@@ -58,12 +57,6 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
   if (cudaGetDevice(&dev) != cudaSuccess) throw Error("real runtime: no CUDA device");
   // Spin rather than yield in event waits: the host loop is latency-critical.
   if (cudaSetDeviceFlags(cudaDeviceScheduleSpin) != cudaSuccess) (void)cudaGetLastError();
-  // Refuse a model that does not fit before creating or allocating anything (memory_plan.h).
-  size_t free_bytes = 0, total_bytes = 0;
-  TS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  require_fits(plan_engine_memory(c, options.max_slots, options.capacity_tokens,
-                                  options.max_prefill_tokens, options.draft),
-               c, "", dev, free_bytes, total_bytes);
   rope_ = kernels::llama3_rope_table(c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
                                      c.rope_high_freq_factor, c.rope_original_context);
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
@@ -89,6 +82,8 @@ Engine::~Engine() {
   if (copy_) cudaStreamSynchronize(copy_);
   for (cudaEvent_t e : b_->staging_done) cudaEventDestroy(e);
   if (cublas_) cublasDestroy(cublas_);
+  for (void* p : b_->device_allocs) cudaFree(p);
+  for (void* p : b_->host_allocs) cudaFreeHost(p);
   if (b_->aux) cudaStreamDestroy(b_->aux);
   if (compute_) cudaStreamDestroy(compute_);
   if (copy_) cudaStreamDestroy(copy_);
@@ -131,7 +126,7 @@ void Engine::allocate() {
       at_draft.emplace_back(d.name, reserve(n));
     }
   }
-  bf16* w = b.dev<bf16>(size_t(elems), "weights");
+  bf16* w = b.dev<bf16>(size_t(elems));
   weight_bytes_ = elems * 2;
   b.embed = w + at_embed;
   b.final_norm = w + at_norm;
@@ -215,7 +210,7 @@ void Engine::allocate() {
   kernels::KvCache shape{nullptr, c.layers + (options_.draft ? 1 : 0), c.kv_heads,
                          options_.capacity_tokens};
   const size_t per_slot = kernels::kv_cache_bytes_per_request(shape) / sizeof(bf16);
-  bf16* pool = b.dev<bf16>(per_slot * slots, "KV cache");
+  bf16* pool = b.dev<bf16>(per_slot * slots);
   for (int s = 0; s < slots; ++s) b.slot_base_host.push_back(pool + per_slot * s);
   b.slot_base = b.dev<bf16*>(slots);
   TS_CUDA_CHECK(cudaMemcpy(b.slot_base, b.slot_base_host.data(), sizeof(bf16*) * slots,
@@ -266,7 +261,7 @@ void Engine::allocate() {
   for (int n = 1; n <= b.chunks_max; ++n)
     ws = std::max(ws, kernels::attention_workspace_bytes(
                           {n, b.chunk, c.q_heads, 0.08838834764831845f}, cache));
-  b.attn_ws = b.dev<char>(ws, "attention workspace");
+  b.attn_ws = b.dev<char>(ws);
   TS_CUDA_CHECK(cudaMemset(b.attn_ws, 0, ws));  // attention.h: zero-filled before first use
 
   b.ring_rows = out_rows;
