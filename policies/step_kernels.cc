@@ -238,6 +238,17 @@ void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
     e.all_reduce("moe_all_reduce", s.tokens * h * kActBytes);
 }
 
+// The sampled (or drafted) token ids going from the last stage to stage 0: `rows` ids of 4 B;
+// the receive on stage 0, the send on the last stage.
+KernelDesc ids_transfer(const LayoutSpec& l, int32_t stage, int64_t rows) {
+  const int64_t bytes = rows * kIdBytes;
+  if (stage == 0) {
+    return {"pp_ids_recv", KernelClass::kCollective, 0, bytes, 0, CollectiveKind::kSendRecv,
+            l.pp - 1};
+  }
+  return {"pp_ids_send", KernelClass::kCollective, bytes, 0, 0, CollectiveKind::kSendRecv, 0};
+}
+
 // Rows the lm_head computes: every new token, or one per request whose prompt ends here.
 int64_t logit_rows(const StepShape& s) {
   if (s.lm_head_all_tokens) return s.tokens;
@@ -499,19 +510,29 @@ bool pipeline_ids_kernel(const LayoutSpec& l, int32_t rank, std::span<const Step
   for (const StepShape& s : microbatches) {
     rows += logit_rows(dp ? dp_rank_shape(s, w, rank % w) : s);
   }
-  const int64_t bytes = rows * kIdBytes;
-  out =
-      stage == 0
-          ? KernelDesc{"pp_ids_recv",
-                       KernelClass::kCollective,
-                       0,
-                       bytes,
-                       0,
-                       CollectiveKind::kSendRecv,
-                       l.pp - 1}
-          : KernelDesc{
-                "pp_ids_send", KernelClass::kCollective, bytes, 0, 0, CollectiveKind::kSendRecv, 0};
+  out = ids_transfer(l, stage, rows);
   return true;
+}
+
+void draft_module_kernels(const ModelSpec& draft, const StepShape& shape, const LayoutSpec& layout,
+                          int32_t rank, StepKernels& out, std::optional<uint64_t> pass_key) {
+  if (layout.pp <= 1) {
+    step_kernels(draft, shape, layout, rank, out, pass_key);
+    return;
+  }
+  validate_layout(draft, LayoutSpec{layout.tp, 1, layout.dp, layout.ep, layout.cp});
+  if (rank < 0 || rank >= layout.world())
+    throw ConfigError("",
+                      "rank " + std::to_string(rank) + " outside layout " + layout_name(layout));
+  const int32_t w = layout.width();
+  out.kernels.clear();
+  out.runs.clear();
+  if (rank / w != layout.pp - 1) return;
+  LayoutSpec one_stage = layout;
+  one_stage.pp = 1;
+  one_stage.microbatches = 0;
+  one_stage.prefill_chunk_tokens = 0;
+  step_kernels(draft, shape, one_stage, rank % w, out, pass_key);
 }
 
 void pipeline_step_kernels(const ModelSpec& model, std::span<const StepShape> microbatches,

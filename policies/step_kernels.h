@@ -117,6 +117,15 @@ void prefill_microbatch_shapes(const LayoutSpec& l, std::span<const int64_t> pro
 bool pipeline_ids_kernel(const LayoutSpec& l, int32_t rank, std::span<const StepShape> microbatches,
                          KernelDesc& out);
 
+// Speculative decoding under PP: the draft module (nextn_draft) runs on the last stage, which
+// holds the target's final hidden state, sharded over that stage's width as in a one-stage
+// layout; the other stages' lists are empty. The drafts then reach stage 0 (where the next
+// verify starts) as pipeline_ids_kernel over decode_shape(requests, drafts each, 0). Without PP
+// this is step_kernels(draft, shape, layout, rank, out, pass_key).
+void draft_module_kernels(const ModelSpec& draft, const StepShape& shape, const LayoutSpec& layout,
+                          int32_t rank, StepKernels& out,
+                          std::optional<uint64_t> pass_key = std::nullopt);
+
 // Every microbatch's step_kernels in order (microbatch j keyed by splitmix64(*pass_key + j)),
 // then pipeline_ids_kernel, in one list. Runs keep execution order; runs[0] and runs.back() are
 // no longer the only prologue and epilogue.

@@ -642,20 +642,29 @@ class Engine {
       const int64_t gap_ns = node_gap_ns(*is.g);
       const bool eager = is.g->mode == GraphMode::kEager;
       const bool prefill = is.g->phase == Phase::kPrefill;
+      // Under PP the draft module runs on the last stage (draft_module_kernels), whole.
+      const bool draft_on_last = layout.pp > 1 && work.model == &draft_;
       is.microbatches.clear();
-      if (layout.pp == 1) {
+      if (layout.pp == 1 || draft_on_last) {
         is.microbatches.push_back(work.shape);
       } else if (prefill) {
         prefill_microbatch_shapes(layout, lengths_, is.microbatches);
       } else {
         decode_microbatch_shapes(layout, lengths_, work.q_tokens, is.microbatches);
       }
-      const bool has_ids = pipeline_ids_kernel(layout, int32_t(ri), is.microbatches, is.ids);
+      bool has_ids = false;
+      if (!draft_on_last) {
+        has_ids = pipeline_ids_kernel(layout, int32_t(ri), is.microbatches, is.ids);
+      } else if (is.g->phase == Phase::kDraft) {
+        // The drafts (repeat + 1 per request: the first came from the extend) go to stage 0.
+        const StepShape drafted = decode_shape(work.shape.requests, work.repeat + 1, 0);
+        has_ids = pipeline_ids_kernel(layout, int32_t(ri), {&drafted, 1}, is.ids);
+      }
       is.items.clear();
       is.host_begin = r.host_ns;
       is.flow = r.trace ? ++flow_ : 0;
       int64_t bytes = 0;
-      bool affine = !eager && !r.trace && !prefill && !drawn;
+      bool affine = !eager && !r.trace && !prefill && !drawn && !draft_on_last;
       is.templates.clear();
       for (size_t j = 0; affine && j < is.microbatches.size(); ++j) {
         is.templates.push_back(&segment_template(*work.model, is.microbatches[j].requests,
@@ -680,8 +689,12 @@ class Engine {
           if (has_ids) is.items.push_back({0, 0, 0, nullptr, &is.ids});
         }
       } else {
-        pipeline_step_kernels(*work.model, is.microbatches, layout, int32_t(ri), is.kernels,
-                              pass_key);
+        if (draft_on_last) {
+          draft_module_kernels(draft_, work.shape, layout, int32_t(ri), is.kernels, pass_key);
+        } else {
+          pipeline_step_kernels(*work.model, is.microbatches, layout, int32_t(ri), is.kernels,
+                                pass_key);
+        }
         for_each_node(is.kernels, work.repeat, [&](const KernelDesc& k) {
           if (eager) {
             r.host_ns += hw_.eager_launch_ns;
@@ -694,6 +707,7 @@ class Engine {
             bytes += k.bytes_read;
           }
         });
+        if (draft_on_last && has_ids) is.items.push_back({0, 0, 0, "pp_ids", &is.ids});
       }
       if (is.g->phase != Phase::kPrefill) r.sample.bytes_read += bytes;
       if (!eager) r.host_ns += hw_.graph_launch_ns;

@@ -17,8 +17,7 @@ using testing::kUs;
 // One DecodeLoop per rank (rank 0 records), run on the simulator.
 RunRecord simulate_layout(const ModelSpec& model, const LayoutSpec& layout, const WorkloadSpec& w,
                           const HardwareSpec& hw, const HostCostSpec& costs = HostCostSpec{},
-                          int64_t trace_steps = 0) {
-  PolicySpec policy;  // run-ahead, graphs
+                          int64_t trace_steps = 0, const PolicySpec& policy = PolicySpec{}) {
   const std::vector<RequestSpec> requests = generate_requests(w);
   RunRecord record;
   std::vector<RunRecord> shadow(size_t(layout.world()));
@@ -33,6 +32,7 @@ RunRecord simulate_layout(const ModelSpec& model, const LayoutSpec& layout, cons
   SimOptions options;
   options.layout = layout;
   options.trace_steps = trace_steps;
+  options.spec = policy.spec;
   SimBackend backend(model, hw, host, requests, options);
   backend.run(ranks, record);
   return record;
@@ -484,6 +484,45 @@ TEST(ExpertSkew, HotExpertRankIsTheStraggler) {
     differs = skew_prefill(hot, seed, layers).steps[0].idle_dep_ns != a.idle_dep_ns;
   }
   EXPECT_TRUE(differs);
+}
+
+// Speculative decoding under PP2 (run-ahead, NEXTN chain of 3 drafts, one request): the draft
+// module runs on the last stage, 2 forwards (the first draft comes from the extend), and its 3
+// drafts go to stage 0 (α); stage 0 runs its verify layers and hands off (α); the last stage
+// finishes the verify and runs the extend. The last stage never waits for stage 0 otherwise
+// (it holds the logits the next draft starts from), so its round is
+// 3·t_draft + t_verify,0 + t_verify,1 + 2α, every kernel at the floor.
+TEST(Pipeline, SpeculativeRoundRunsTheDraftOnTheLastStage) {
+  const ModelSpec model = eight_layer_llama();
+  const int64_t alpha = 9 * kUs;
+  const HardwareSpec hw = pipeline_machine(alpha);
+  PolicySpec policy;
+  policy.spec.method = SpecMethod::kChain;
+  policy.spec.steps = 3;
+  policy.spec.draft_tokens = 4;
+  const LayoutSpec l = parse_layout("PP2");
+  WorkloadSpec w;
+  w.input_len = {64, 64};
+  w.output_len = {400, 400};
+  w.num_requests = 1;
+  w.max_concurrency = 1;
+  const RunRecord rec = simulate_layout(model, l, w, hw, HostCostSpec{}, 0, policy);
+  StepKernels draft;
+  draft_module_kernels(nextn_draft(model), decode_shape(1, 1, 0), l, 1, draft);
+  const int64_t t_draft = draft.node_count() * kFloorNs;
+  EXPECT_GT(t_draft, 0);
+  draft_module_kernels(nextn_draft(model), decode_shape(1, 1, 0), l, 0, draft);
+  EXPECT_EQ(draft.node_count(), 0);  // stage 0 holds no draft module
+  const StepShape verify = decode_shape(1, 4, 0);
+  const int64_t want = 3 * t_draft + stage_ns(model, l, hw, 0, verify) +
+                       stage_ns(model, l, hw, 1, verify) + 2 * alpha;
+  int checked = 0;
+  for (const StepSample& s : rec.steps) {
+    if (s.rank != 1 || s.step < 5 || s.step > 40) continue;
+    EXPECT_EQ(s.dur_ns, want) << "step " << s.step;
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
 }
 
 }  // namespace
