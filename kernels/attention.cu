@@ -23,6 +23,7 @@ constexpr size_t kTileBytes = 2 * size_t{kTileElems} * sizeof(bf16);  // one K +
 constexpr size_t kCounterBytes = size_t{256} << 10;
 constexpr int kMaxCounters = static_cast<int>(kCounterBytes / sizeof(unsigned));
 constexpr int kFinalBatch = 12;  // cluster partials loaded per batch by the final combine
+constexpr int kMaxCluster = 8;   // splits per thread-block cluster (portable maximum)
 
 struct SplitParams {
   const bf16* q;
@@ -218,18 +219,26 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   for (int i = threadIdx.x; i < p.rows * quads; i += kThreads) {
     const int row = i / quads, d = rank * width + (i % quads) * 4;
     const int o_index = ((row / 16) * kWarpsPerTile * 16 + row % 16) * kHeadDim + d;
+    // All peers' loads first (one DSMEM round trip); an empty split's o is zeros, not added.
+    float2 ml[kMaxCluster];
+    float4 ov[kMaxCluster];
+#pragma unroll
+    for (int peer = 0; peer < kMaxCluster; ++peer) {
+      if (peer < csize) {
+        const float2* peer_ml = csize > 1 ? cluster.map_shared_rank(cta_ml, peer) : cta_ml;
+        const float* peer_o = csize > 1 ? cluster.map_shared_rank(o_smem, peer) : o_smem;
+        ml[peer] = peer_ml[row];
+        ov[peer] = *reinterpret_cast<const float4*>(peer_o + o_index);
+      }
+    }
     float m_max = -INFINITY;
-    for (int peer = 0; peer < csize; ++peer) {
-      const float2* ml = csize > 1 ? cluster.map_shared_rank(cta_ml, peer) : cta_ml;
-      m_max = fmaxf(m_max, ml[row].x);
-    }
+#pragma unroll
+    for (int peer = 0; peer < kMaxCluster; ++peer)
+      if (peer < csize) m_max = fmaxf(m_max, ml[peer].x);
     PartialSum4 sum(m_max);
-    for (int peer = 0; peer < csize; ++peer) {
-      const float2 ml = (csize > 1 ? cluster.map_shared_rank(cta_ml, peer) : cta_ml)[row];
-      if (ml.x == -INFINITY) continue;  // an empty split adds nothing (its o is not read)
-      const float* o = csize > 1 ? cluster.map_shared_rank(o_smem, peer) : o_smem;
-      sum.add(ml, *reinterpret_cast<const float4*>(o + o_index));
-    }
+#pragma unroll
+    for (int peer = 0; peer < kMaxCluster; ++peer)
+      if (peer < csize) sum.add(ml[peer], ov[peer]);
     const size_t slot = slot0 + static_cast<size_t>(cluster_id) * p.rows + row;
     reinterpret_cast<float4*>(p.part_o)[slot * quads + i % quads] = sum.o;
     if (i % quads == 0) p.part_ml[slot] = make_float2(m_max, sum.l);
