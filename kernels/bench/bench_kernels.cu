@@ -483,7 +483,8 @@ void bench_attention() {
     if (both_pdl) row.n("time_no_pdl_us", t_plain).n("pct_of_floor_no_pdl", pct(t_plain));
     add_row(row, bytes, t_pdl);
     std::printf(
-        "attention %-26s ctx=%5d q_len=%2d: graph+pdl %7.2f us %5.2f TB/s (%5.1f%% of %5.2f us)",
+        "attention %-26s ctx=%5d q_len=%2d: graph+pdl %7.2f us %5.2f TB/s (%5.1f%% of floor %5.2f "
+        "us)",
         attention_label(t).c_str(), ctx, q_len, t_pdl, bytes / (t_pdl * 1e-6) / 1e12, pct(t_pdl),
         bytes / (g_floor_tbps * 1e12) * 1e6);
     if (both_pdl) std::printf("  graph %7.2f us (%5.1f%%)", t_plain, pct(t_plain));
