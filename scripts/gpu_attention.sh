@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Decode attention on a machine with a CUDA GPU: build, the attention tests, compute-sanitizer
-# memcheck + racecheck on them, and the attention section of the kernel benchmark.
+# Decode attention on a machine with a CUDA GPU: build, the attention tests, the attention section
+# of the kernel benchmark, then compute-sanitizer memcheck + racecheck on the tests (last: slow).
 #   scripts/gpu_attention.sh OUT_DIR
-# Writes OUT_DIR/{configure,build,tests,memcheck,racecheck,bench}.log, gpu.txt and
+# Writes OUT_DIR/{configure,build,tests,bench,memcheck,racecheck}.log, gpu.txt and
 # attention.json (results/h200/kernels.json format, attention rows only).
 # Env: TWINSTEP_BUILD_DIR (default build-gpu-attn), TWINSTEP_CMAKE_ARGS extra configure flags,
 # TWINSTEP_COMMIT the commit to record when the tree has no .git.
@@ -56,25 +56,27 @@ timeout 180 "$tests" --gtest_filter='*Attention*' 2>&1 | tee "$out/tests.log" |
 test_status=${PIPESTATUS[0]}
 echo "attention tests exit status: $test_status (+$((SECONDS - start)) s)"
 
-timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" \
+bench=$(find "$build" -name twinstep_kernels_bench -type f -perm -u+x | head -1)
+(cd "$root" && timeout 240 "$bench" --only attention --out "$out/attention.json" \
+  ${TWINSTEP_COMMIT:+--commit "$TWINSTEP_COMMIT"}) 2>&1 | tee "$out/bench.log"
+bench_status=${PIPESTATUS[0]}
+echo "bench exit status: $bench_status (+$((SECONDS - start)) s)"
+
+timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" \
   --gtest_filter='*Attention*' >"$out/memcheck.log" 2>&1
 memcheck_status=$?
 echo "memcheck status: $memcheck_status (+$((SECONDS - start)) s)"
 grep -E "ERROR SUMMARY|^\[  (FAILED|PASSED) " "$out/memcheck.log" | tail -4
 # racecheck (shared-memory hazards) is slow: one case per kernel path (cluster of 4 through DSMEM,
 # no cluster, 3 row tiles = 384 threads, the old pair).
-timeout 200 compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
+timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
   --gtest_filter='Cases/AttentionCases.MatchesCpuReference/fused_default_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/fused_default_q8_kv2_len12_*:Cases/AttentionCases.MatchesCpuReference/fused_nocluster_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/two_launch_q32_kv8_len6_*' \
   >"$out/racecheck.log" 2>&1
 racecheck_status=$?
 echo "racecheck status: $racecheck_status (+$((SECONDS - start)) s)"
 grep -E "RACECHECK SUMMARY|ERROR SUMMARY|^\[  (FAILED|PASSED) " "$out/racecheck.log" | tail -4
 
-bench=$(find "$build" -name twinstep_kernels_bench -type f -perm -u+x | head -1)
-(cd "$root" && timeout 240 "$bench" --only attention --out "$out/attention.json" \
-  ${TWINSTEP_COMMIT:+--commit "$TWINSTEP_COMMIT"}) 2>&1 | tee "$out/bench.log"
-bench_status=${PIPESTATUS[0]}
-echo "bench exit status: $bench_status; tests $test_status, memcheck $memcheck_status," \
+echo "status: tests $test_status, bench $bench_status, memcheck $memcheck_status," \
   "racecheck $racecheck_status (+$((SECONDS - start)) s)"
 [ "$test_status" = 0 ] && [ "$memcheck_status" = 0 ] && [ "$racecheck_status" = 0 ] &&
   [ "$bench_status" = 0 ]
