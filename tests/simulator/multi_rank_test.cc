@@ -401,9 +401,11 @@ TEST(Pipeline, OneStageIsUnchanged) {
 
 // ---- Expert-load skew under EP ------------------------------------------------------------------
 
-// Only bytes cost time, 1 B per ns; FLOPs free; no floor, gaps or host costs.
+// Only bytes cost time, 1 B per ns; FLOPs free; no floor, gaps or host costs; collectives cost
+// their α alone (unbounded link bandwidth), so a bigger all-to-all message costs nothing extra.
 HardwareSpec byte_machine() {
   HardwareSpec hw = testing::ideal_machine();
+  hw.interconnect_gbps = 1e12;
   hw.stream_read_tbps = 1e-3;
   hw.mem_efficiency = 1.0;
   hw.kernel_floor_ns = 0;
@@ -416,15 +418,16 @@ ModelSpec small_qwen_moe(int32_t layers) {
   return m;
 }
 
-RunRecord skew_prefill(const ExpertLoad& load, uint64_t seed, int32_t layers) {
-  LayoutSpec l = parse_layout("TP2-EP2");
+RunRecord skew_prefill(const ExpertLoad& load, uint64_t seed, int32_t layers,
+                       const char* layout = "TP2-EP2", int32_t requests = 1) {
+  LayoutSpec l = parse_layout(layout);
   l.expert_load = load;
   l.expert_load.seed = seed;
   WorkloadSpec w;
   w.input_len = {635, 635};
   w.output_len = {2, 2};
-  w.num_requests = 1;
-  w.max_concurrency = 1;
+  w.num_requests = requests;
+  w.max_concurrency = requests;
   return simulate_layout(small_qwen_moe(layers), l, w, byte_machine());
 }
 
@@ -523,6 +526,35 @@ TEST(Pipeline, SpeculativeRoundRunsTheDraftOnTheLastStage) {
     ++checked;
   }
   EXPECT_GT(checked, 20);
+}
+
+// DP attention with EP: two 635-token prompts, one per rank; the experts see both ranks' tokens
+// through the dispatch all-to-all. R = 2 · 635 · 8 = 10160 copies: the capped hot expert serves
+// 1270, each cold one 10160 · 0.875/127 = 70; the hot rank 1270 + 63 · 70 = 5680, the other
+// 64 · 70 = 4480. An extra copy costs 2h + 2i (gate_up) and 2i + 2h (down); the weighted combine
+// reads the rank's own tokens' copies, the same on both. The cold rank waits the difference in
+// the layer's combine all-to-all.
+TEST(ExpertSkew, HotRankStragglesIntoTheCombineAllToAll) {
+  ExpertLoad hot;
+  hot.kind = ExpertLoad::Kind::kHot;
+  hot.hot_experts = 1;
+  hot.hot_fraction = 0.4;
+  const int32_t layers = 12;
+  const int64_t h = 2048, i = 768;
+  const int64_t straggle_ns = (5680 - 4480) * (4 * h + 4 * i);
+  const RunRecord uniform = skew_prefill(ExpertLoad{}, 3, layers, "DP2-EP2", 2);
+  const RunRecord rec = skew_prefill(hot, 3, layers, "DP2-EP2", 2);
+  ASSERT_GE(rec.steps.size(), 2u);
+  const StepSample& a = rec.steps[0];
+  const StepSample& b = rec.steps[1];
+  ASSERT_EQ(a.step, 0);
+  ASSERT_EQ(b.step, 0);
+  EXPECT_EQ(uniform.steps[0].idle_dep_ns, 0);
+  EXPECT_EQ(uniform.steps[1].idle_dep_ns, 0);
+  EXPECT_EQ(a.idle_dep_ns + b.idle_dep_ns, layers * straggle_ns);
+  EXPECT_EQ(a.idle_dep_ns % straggle_ns, 0);
+  EXPECT_EQ(a.end_ns, b.end_ns);
+  EXPECT_EQ(a.dur_ns - uniform.steps[0].dur_ns, layers * (5680 - 5080) * (4 * h + 4 * i));
 }
 
 }  // namespace
