@@ -31,7 +31,9 @@ struct SplitParams {
   int layer;
   const int* ctx_lens;
   int q_len, num_q_heads, group, rows;  // rows = group * q_len
-  int split_tokens, num_splits;
+  // Split s covers tokens [s * split_tokens, (s + 1) * split_tokens), the last real split up to
+  // ctx + q_len; splits >= real_splits are empty.
+  int split_tokens, real_splits, num_splits;
   float scale_log2;  // softmax_scale * log2(e)
   // Two-launch variant: part_o [request][head][split][row][128], unnormalised, relative to
   // part_ml.m; part_ml [request][head][split][row] = (max in log2 units, sum of exp2).
@@ -53,7 +55,7 @@ __device__ __forceinline__ size_t q_offset(const SplitParams& p, int request, in
          kHeadDim;
 }
 
-// A block's split: token range [t_begin, t_end) (t_end clipped to ctx + q_len) and its head's K/V
+// A block's split: token range [t_begin, t_end) (clipped to ctx + q_len) and its head's K/V
 // rows. Reads only ctx_lens and request_base, so it may run before the PDL wait.
 struct SplitView {
   int ctx, t_begin, t_end, num_tiles;
@@ -62,8 +64,11 @@ struct SplitView {
 
   __device__ __forceinline__ SplitView(const SplitParams& p, int split, int head, int request) {
     ctx = p.ctx_lens[request];  // not written by the preceding kernel (contract)
+    const int total = ctx + p.q_len;
     t_begin = split * p.split_tokens;
-    t_end = min(t_begin + p.split_tokens, ctx + p.q_len);
+    t_end = split + 1 < p.real_splits ? min(t_begin + p.split_tokens, total)
+            : split < p.real_splits   ? total
+                                      : t_begin;
     num_tiles = t_end > t_begin ? (t_end - t_begin + kTileTokens - 1) / kTileTokens : 0;
     const bf16* base = p.cache.request_base[request];
     k_base = base + kv_offset(p.cache, p.layer, 0, head);
@@ -451,12 +456,14 @@ int split_tokens_for(const AttentionShape& shape, const KvCache& cache) {
 }
 
 // Partition of the fused variant, from the capacity, the request count and the kv heads only
-// (never q_len or the live lengths): as many splits per (request, head) as fit one wave of
-// ctas_per_sm blocks per SM, rounded down to whole clusters; split length = capacity / splits
-// (any token count >= 64: tiles start at the split's first token), so the blocks of a full cache
-// carry equal work. The cluster size is halved while it exceeds the split count.
+// (never q_len or the live lengths): at most as many splits per (request, head) as fit one wave of
+// ctas_per_sm blocks per SM, rounded down to whole clusters. Splits are whole 64-token tiles with
+// the last one taking the remainder when that costs it at most one more tile (8208 tokens: 31 x
+// 256 + 272), else equal lengths of any size >= 64 (tiles start at the split's first token). The
+// cluster size is halved while it exceeds the split count; the count is rounded up to whole
+// clusters with empty splits.
 struct FusedPartition {
-  int split_tokens, cluster_size, num_clusters;
+  int split_tokens, real_splits, cluster_size, num_clusters;
 };
 FusedPartition fused_partition(const AttentionShape& shape, const KvCache& cache) {
   const detail::AttentionTuning& tuning = detail::attention_tuning();
@@ -465,11 +472,16 @@ FusedPartition fused_partition(const AttentionShape& shape, const KvCache& cache
   int cluster_size = tuning.cluster;
   while (cluster_size > 1 && cluster_size > one_wave) cluster_size /= 2;
   const int max_splits = one_wave / cluster_size * cluster_size;
-  const int split_tokens =
-      std::max(kTileTokens, (cache.capacity_tokens + max_splits - 1) / max_splits);
-  const int splits = (cache.capacity_tokens + split_tokens - 1) / split_tokens;
+  const int capacity = cache.capacity_tokens;
+  const int equal_tokens = std::max(kTileTokens, (capacity + max_splits - 1) / max_splits);
+  int split_tokens = std::max(kTileTokens, equal_tokens / kTileTokens * kTileTokens);
+  int splits = std::max(1, std::min(max_splits, capacity / split_tokens));
+  if (capacity - (splits - 1) * split_tokens > split_tokens + kTileTokens) {
+    split_tokens = equal_tokens;
+    splits = (capacity + split_tokens - 1) / split_tokens;
+  }
   while (cluster_size > 1 && cluster_size > splits) cluster_size /= 2;
-  return {split_tokens, cluster_size, (splits + cluster_size - 1) / cluster_size};
+  return {split_tokens, splits, cluster_size, (splits + cluster_size - 1) / cluster_size};
 }
 
 size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -628,7 +640,7 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   p.part_o = reinterpret_cast<float*>(partials);
   if (tuning.variant == 1) {
     p.split_tokens = split_tokens_for(shape, cache);
-    p.num_splits = (cache.capacity_tokens + p.split_tokens - 1) / p.split_tokens;
+    p.num_splits = p.real_splits = (cache.capacity_tokens + p.split_tokens - 1) / p.split_tokens;
     const size_t slots =
         static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_splits * p.rows;
     p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(slots * kHeadDim * 4));
@@ -637,6 +649,7 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
     return;
   }
   p.split_tokens = part.split_tokens;
+  p.real_splits = part.real_splits;
   p.cluster_size = part.cluster_size;
   p.num_clusters = part.num_clusters;
   p.num_splits = part.cluster_size * part.num_clusters;
