@@ -272,6 +272,10 @@ double draft_layer_scale(double fidelity, int32_t layers) {
   return std::max(2.0 * (1.0 - f) * (1.0 - f) / std::sqrt(2.0 * std::max(layers, 1)), 1e-4);
 }
 
+double bigram_logit_std(int64_t vocab) {
+  return 1.1 * std::sqrt(2.0 * std::log(double(std::max<int64_t>(vocab, 2))));
+}
+
 std::vector<WeightDesc> synthetic_weight_list(const LlamaConfig& c, bool with_draft,
                                               double draft_fidelity) {
   std::vector<WeightDesc> w = llama_weight_list(c);
@@ -283,7 +287,7 @@ std::vector<WeightDesc> synthetic_weight_list(const LlamaConfig& c, bool with_dr
     const double layer_scale = draft_layer_scale(draft_fidelity, c.layers);
     for (WeightDesc& t : w) {
       if (residual_output(t.name)) t.init_std *= layer_scale;
-      if (t.name == "lm_head.weight") t.init_std *= kBigramLogitStd;
+      if (t.name == "lm_head.weight") t.init_std *= bigram_logit_std(c.vocab);
     }
     for (WeightDesc& t : d) {
       if (residual_output(t.name)) t.init_std *= 1e-3;

@@ -67,17 +67,20 @@ std::vector<WeightDesc> draft_weight_list(const LlamaConfig& c);
 // Synthetic weights of a target (and draft, when with_draft). draft_fidelity < 0: the plain
 // random init (llama_weight_list's; the draft random likewise, agreeing by chance). In [0, 1]: a
 // pair whose greedy agreement grows with the fidelity: the target's LM head reads mostly the
-// embedding of the current token (a "bigram" path; LM head std kBigramLogitStd / sqrt(H), so
-// top-1 probabilities spread over (0, 1)), every layer's residual contribution (o_proj, down_proj)
-// scaled by draft_layer_scale(F, layers), and the draft reproduces the bigram path (eh_proj = [I |
-// 0] on the embedding half, its own layer's contributions scaled by 1e-3).
+// embedding of the current token (a "bigram" path; LM head std bigram_logit_std(vocab) / sqrt(H),
+// so top-1 probabilities spread over (0, 1)), every layer's residual contribution (o_proj,
+// down_proj) scaled by draft_layer_scale(F, layers), and the draft reproduces the bigram path
+// (eh_proj = [I | 0] on the embedding half, its own layer's contributions scaled by 1e-3).
 std::vector<WeightDesc> synthetic_weight_list(const LlamaConfig& c, bool with_draft,
                                               double draft_fidelity = -1);
 // Scale of each target layer's residual contribution at fidelity F in [0, 1]:
 // 2 (1 - F)^2 / sqrt(2 layers) (at least 1e-4), so the layers' summed perturbation of the
 // residual stream is ~2 (1 - F)^2 of the embedding term whatever the depth (F = 1: ~none).
 double draft_layer_scale(double fidelity, int32_t layers);
-constexpr double kBigramLogitStd = 4.0;
+// Logit std of the bigram path: 1.1 sqrt(2 ln vocab), about the gap at which the largest of
+// `vocab` such logits stands out, so the top-1 probability varies from token to token (median
+// ~0.4 for vocab 1024 and ~0.35 for 128256, by sampling Gaussian logits).
+double bigram_logit_std(int64_t vocab);
 
 // Synthetic bf16 values of tensor `w`, elements [offset, offset + count), as raw bits.
 void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, uint64_t count,

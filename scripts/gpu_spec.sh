@@ -5,7 +5,8 @@
 #   scripts/gpu_spec.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,cpu_tests,gpu_tests,spec_tests,spec_bench}.log, spec.json.
 # Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS, TWINSTEP_COMMIT,
-# SPEC_FIDELITIES (default 0.5,0.95), SPEC_PROMPT (8192), SPEC_OUTPUT (256), SPEC_REQUESTS (3).
+# SPEC_FIDELITIES (default 0.5,0.95), SPEC_PROMPT (8192), SPEC_OUTPUT (256), SPEC_REQUESTS (3),
+# SPEC_THRESHOLD (confidence threshold, default 0.2).
 # Budget: about 6 minutes of GPU time after the build.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_spec.sh OUT_DIR}
@@ -38,7 +39,8 @@ grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[       OK|Failure|fidelity|accept leng
 
 timeout 420 "$(find_exe twinstep_spec_bench)" --out "$out" --commit "${TWINSTEP_COMMIT:-}" \
   --fidelity "${SPEC_FIDELITIES:-0.5,0.95}" --prompt "${SPEC_PROMPT:-8192}" \
-  --output "${SPEC_OUTPUT:-256}" --requests "${SPEC_REQUESTS:-3}" 2>&1 | tee "$out/spec_bench.log" ||
+  --output "${SPEC_OUTPUT:-256}" --requests "${SPEC_REQUESTS:-3}" \
+  --threshold "${SPEC_THRESHOLD:-0.2}" 2>&1 | tee "$out/spec_bench.log" ||
   status=1
 echo "gpu_spec.sh done in $(( $(date +%s) - start )) s, status $status"
 exit $status

@@ -5,7 +5,7 @@
 // (E2E - TTFT) / (out - 1)), the mean accept length (tokens committed per verified request-step)
 // and the step-time estimate TPOT x accept length, side by side; writes OUT/spec.json.
 //   twinstep_spec_bench --out DIR [--prompt 8192] [--output 256] [--requests 3]
-//                       [--fidelity 0.5,0.95] [--threshold 0.4] [--commit SHA]
+//                       [--fidelity 0.5,0.95] [--threshold 0.2] [--commit SHA]
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -84,7 +84,7 @@ Row measure(runtime::Engine& engine, const ModelSpec& model, const WorkloadSpec&
 int main(int argc, char** argv) {
   std::string out_dir = ".", commit = "", fidelities = "0.5,0.95";
   int prompt = 8192, output = 256, requests = 3;
-  double threshold = 0.4;
+  double threshold = 0.2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
