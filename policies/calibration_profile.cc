@@ -234,20 +234,35 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
     const std::vector<std::string> classes = kernel_class_names();
     for (const auto& [key, v] : r.mapping(*kn, "kernels", classes)) {
       const std::string what = "kernels." + key;
-      const auto m = r.mapping(
-          v, what, {"base_ns", "ns_per_byte", "ns_per_flop", "r2", "max_rel_err", "samples"});
+      const auto m =
+          r.mapping(v, what,
+                    {"base_ns", "ns_per_byte", "ns_per_flop", "r2", "max_rel_err", "samples",
+                     "split_intensity", "wide_base_ns", "wide_ns_per_byte", "wide_ns_per_flop"});
+      const YAML::Node& node = v;  // clang before 16 cannot capture a structured binding
+      auto coefficient = [&](const char* field, double hi) {
+        return r.number(r.require(m, node, field, what), what + "." + field, 0, false, hi);
+      };
       KernelFit fit;
       fit.fitted = true;
-      fit.base_ns = r.number(r.require(m, v, "base_ns", what), what + ".base_ns", 0, false, 1e12);
-      fit.ns_per_byte =
-          r.number(r.require(m, v, "ns_per_byte", what), what + ".ns_per_byte", 0, false, 1e6);
-      fit.ns_per_flop =
-          r.number(r.require(m, v, "ns_per_flop", what), what + ".ns_per_flop", 0, false, 1e6);
+      fit.base_ns = coefficient("base_ns", 1e12);
+      fit.ns_per_byte = coefficient("ns_per_byte", 1e6);
+      fit.ns_per_flop = coefficient("ns_per_flop", 1e6);
       fit.r2 = r.number(r.require(m, v, "r2", what), what + ".r2", -1e300, false, 1);
-      fit.max_rel_err =
-          r.number(r.require(m, v, "max_rel_err", what), what + ".max_rel_err", 0, false);
+      fit.max_rel_err = coefficient("max_rel_err", std::numeric_limits<double>::max());
       fit.samples =
           r.integer(r.require(m, v, "samples", what), what + ".samples", 1, int64_t(1) << 50);
+      if (const YAML::Node* split = Reader::find(m, "split_intensity")) {
+        fit.split_intensity = r.number(*split, what + ".split_intensity", 0, true, 1e12);
+        fit.wide_base_ns = coefficient("wide_base_ns", 1e12);
+        fit.wide_ns_per_byte = coefficient("wide_ns_per_byte", 1e6);
+        fit.wide_ns_per_flop = coefficient("wide_ns_per_flop", 1e6);
+      } else {
+        for (const char* wide : {"wide_base_ns", "wide_ns_per_byte", "wide_ns_per_flop"}) {
+          if (const YAML::Node* n = Reader::find(m, wide)) {
+            r.fail(n->Mark(), what + "." + wide + " needs " + what + ".split_intensity");
+          }
+        }
+      }
       for (int c = 0; c < int(KernelClass::kCount); ++c) {
         if (key == kernel_class_name(KernelClass(c))) p.hw.kernel_fits[size_t(c)] = fit;
       }
@@ -298,7 +313,14 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
     o << "\n  " << kernel_class_name(KernelClass(c)) << ": {base_ns: " << num(f.base_ns)
       << ", ns_per_byte: " << num(f.ns_per_byte) << ", ns_per_flop: " << num(f.ns_per_flop)
       << ", r2: " << num(f.r2) << ", max_rel_err: " << num(f.max_rel_err)
-      << ", samples: " << f.samples << "}";
+      << ", samples: " << f.samples;
+    if (f.split_intensity > 0) {
+      o << ", split_intensity: " << num(f.split_intensity)
+        << ", wide_base_ns: " << num(f.wide_base_ns)
+        << ", wide_ns_per_byte: " << num(f.wide_ns_per_byte)
+        << ", wide_ns_per_flop: " << num(f.wide_ns_per_flop);
+    }
+    o << "}";
   }
   o << (any ? "\n" : " {}\n");
   o << "host_ops:";

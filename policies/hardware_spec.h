@@ -12,12 +12,19 @@ namespace twinstep {
 
 // A kernel-time model fitted by `twinstep calibrate` for one kernel class (simulator/
 // calibration.h): t_ns = base_ns + ns_per_byte · (bytes read + written) + ns_per_flop · flops,
-// every coefficient >= 0. The quality figures are those of the fit on its own samples.
+// every coefficient >= 0. With split_intensity > 0 the class has two regimes: kernels whose
+// flops / bytes exceed it use the wide_* coefficients (a projection's flops / bytes is about its
+// row count, and the runtime switches from GEMV to cuBLAS above 16 rows). The quality figures
+// are those of the fit on its own samples, both regimes together.
 struct KernelFit {
   bool fitted = false;  // false: the class is priced by the roofline below
   double base_ns = 0;
   double ns_per_byte = 0;
   double ns_per_flop = 0;
+  double split_intensity = 0;  // flops per byte; 0: one regime
+  double wide_base_ns = 0;
+  double wide_ns_per_byte = 0;
+  double wide_ns_per_flop = 0;
   double r2 = 0;           // coefficient of determination on the samples
   double max_rel_err = 0;  // max |fit - measured| / measured over the samples
   int64_t samples = 0;

@@ -98,44 +98,61 @@ Eigen::VectorXd nnls(const Eigen::MatrixXd& a, const Eigen::VectorXd& b) {
   return x;
 }
 
-KernelFit fit_kernel_class(std::span<const KernelSample> samples, KernelClass cls) {
-  std::vector<const KernelSample*> s;
-  for (const KernelSample& k : samples) {
-    if (k.cls == cls && k.ns > 0) s.push_back(&k);
-  }
-  KernelFit fit;
-  fit.samples = int64_t(s.size());
-  if (s.size() < 3) return fit;
+namespace {
+
+// Weighted NNLS of t = c0 + c1·bytes + c2·flops over `s` (>= 1 sample): rows weighted by
+// 1 / measured time, columns scaled to unit maximum.
+Eigen::Vector3d fit_coefficients(const std::vector<const KernelSample*>& s) {
   const Eigen::Index m = Eigen::Index(s.size());
   Eigen::MatrixXd a(m, 3);
-  Eigen::VectorXd b(m);
-  for (Eigen::Index i = 0; i < m; ++i) {
-    const KernelSample& k = *s[size_t(i)];
-    a.row(i) << 1.0, k.bytes, k.flops;
-  }
+  for (Eigen::Index i = 0; i < m; ++i) a.row(i) << 1.0, s[size_t(i)]->bytes, s[size_t(i)]->flops;
   Eigen::Vector3d scale = a.cwiseAbs().colwise().maxCoeff().transpose();
   for (int j = 0; j < 3; ++j) scale(j) = scale(j) > 0 ? scale(j) : 1;
   Eigen::MatrixXd aw(m, 3);
   for (Eigen::Index i = 0; i < m; ++i) {
-    const double wi = 1.0 / s[size_t(i)]->ns;
-    for (int j = 0; j < 3; ++j) aw(i, j) = a(i, j) / scale(j) * wi;
-    b(i) = 1.0;  // measured ns · weight
+    for (int j = 0; j < 3; ++j) aw(i, j) = a(i, j) / scale(j) / s[size_t(i)]->ns;
   }
-  const Eigen::VectorXd c = nnls(aw, b).cwiseQuotient(scale);
+  return nnls(aw, Eigen::VectorXd::Ones(m)).cwiseQuotient(scale);  // measured ns · weight = 1
+}
+
+}  // namespace
+
+KernelFit fit_kernel_class(std::span<const KernelSample> samples, KernelClass cls,
+                           double split_intensity) {
+  std::vector<const KernelSample*> all, narrow, wide;
+  for (const KernelSample& k : samples) {
+    if (k.cls != cls || k.ns <= 0) continue;
+    all.push_back(&k);
+    (split_intensity > 0 && k.flops > split_intensity * k.bytes ? wide : narrow).push_back(&k);
+  }
+  KernelFit fit;
+  fit.samples = int64_t(all.size());
+  if (all.size() < 3) return fit;
   fit.fitted = true;
+  const bool split = narrow.size() >= 3 && wide.size() >= 3;
+  const Eigen::Vector3d c = fit_coefficients(split ? narrow : all);
   fit.base_ns = c(0);
   fit.ns_per_byte = c(1);
   fit.ns_per_flop = c(2);
+  Eigen::Vector3d cw = c;
+  if (split) {
+    cw = fit_coefficients(wide);
+    fit.split_intensity = split_intensity;
+    fit.wide_base_ns = cw(0);
+    fit.wide_ns_per_byte = cw(1);
+    fit.wide_ns_per_flop = cw(2);
+  }
   double mean = 0;
-  for (const KernelSample* k : s) mean += k->ns;
-  mean /= double(m);
+  for (const KernelSample* k : all) mean += k->ns;
+  mean /= double(all.size());
   double ss_res = 0, ss_tot = 0;
-  for (Eigen::Index i = 0; i < m; ++i) {
-    const double y = s[size_t(i)]->ns;
-    const double f = a.row(i).dot(c);
-    ss_res += (y - f) * (y - f);
-    ss_tot += (y - mean) * (y - mean);
-    fit.max_rel_err = std::max(fit.max_rel_err, std::abs(f - y) / y);
+  for (const KernelSample* k : all) {
+    const bool is_wide = split && k->flops > split_intensity * k->bytes;
+    const Eigen::Vector3d& cc = is_wide ? cw : c;
+    const double f = cc(0) + cc(1) * k->bytes + cc(2) * k->flops;
+    ss_res += (k->ns - f) * (k->ns - f);
+    ss_tot += (k->ns - mean) * (k->ns - mean);
+    fit.max_rel_err = std::max(fit.max_rel_err, std::abs(f - k->ns) / k->ns);
   }
   // All samples equal: R² is undefined; 1 when the fit reproduces them.
   fit.r2 = ss_tot > 0 ? 1 - ss_res / ss_tot : (ss_res <= 1e-12 * mean * mean ? 1.0 : 0.0);
@@ -194,7 +211,11 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   }
   for (int c = 0; c < int(KernelClass::kCount); ++c) {
     if (KernelClass(c) == KernelClass::kCollective) continue;
-    const KernelFit f = fit_kernel_class(kernels, KernelClass(c));
+    // Projections change implementation above kGemvMaxRows = 16 rows (kernels/gemv.h; cuBLAS
+    // in the runtime's proj()); flops / bytes of a projection is just under its row count
+    // (16 rows: ~15.9, 17: ~16.9 at hidden >= 2048), so 16.5 separates the two.
+    const double split = KernelClass(c) == KernelClass::kGemm ? 16.5 : 0;
+    const KernelFit f = fit_kernel_class(kernels, KernelClass(c), split);
     if (f.fitted) p.hw.kernel_fits[size_t(c)] = f;
   }
   // The floor applies to fitted and roofline classes alike: the shortest kernel measured.
@@ -310,6 +331,12 @@ std::string calibration_report(const CalibrationProfile& p) {
                   kernel_class_name(KernelClass(c)), static_cast<long long>(f.samples), f.r2,
                   f.max_rel_err, f.base_ns, f.ns_per_byte, f.ns_per_flop);
     out += line;
+    if (f.split_intensity > 0) {
+      std::snprintf(line, sizeof line,
+                    "%-14s above %.1f flops/byte: base %.1f ns, %.6g ns/byte, %.4g ns/flop\n", "",
+                    f.split_intensity, f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop);
+      out += line;
+    }
   }
   std::snprintf(
       line, sizeof line,

@@ -29,8 +29,11 @@ struct KernelSample {
 // The fit of one class's samples (those of other classes are ignored). Rows are weighted by
 // 1 / measured time, so the fit minimises relative error (kernels of one class span 1 µs to
 // 1 ms); columns are scaled to unit maximum before solving. Needs >= 3 samples, else the result
-// is not `fitted`. r2 is computed on unweighted times.
-KernelFit fit_kernel_class(std::span<const KernelSample> samples, KernelClass cls);
+// is not `fitted`. With split_intensity > 0 and >= 3 samples on each side of flops / bytes =
+// split_intensity, each side gets its own coefficients (KernelFit::wide_*). r2 is computed on
+// unweighted times.
+KernelFit fit_kernel_class(std::span<const KernelSample> samples, KernelClass cls,
+                           double split_intensity = 0);
 
 // Percentiles with linear interpolation (numpy's default) of `values` (any order).
 Distribution distribution(std::vector<double> values);

@@ -19,7 +19,9 @@ CostModel::CostModel(const HardwareSpec& hw)
   for (size_t c = 0; c < fits_.size(); ++c) {
     const KernelFit& f = hw.kernel_fits[c];
     if (f.fitted && KernelClass(c) != KernelClass::kCollective) {
-      fits_[c] = {true, f.base_ns, f.ns_per_byte, f.ns_per_flop};
+      fits_[c] = {
+          true,           f.base_ns,          f.ns_per_byte,     f.ns_per_flop, f.split_intensity,
+          f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop};
     }
   }
 }
@@ -27,8 +29,12 @@ CostModel::CostModel(const HardwareSpec& hw)
 int64_t CostModel::kernel_ns(const KernelDesc& k) const {
   const LinearFit& f = fits_[size_t(k.cls)];
   if (f.on) {
-    const double ns = f.base_ns + double(k.bytes_read + k.bytes_written) * f.ns_per_byte +
-                      double(k.flops) * f.ns_per_flop;
+    const double bytes = double(k.bytes_read + k.bytes_written);
+    const double flops = double(k.flops);
+    const bool wide = f.split_intensity > 0 && flops > f.split_intensity * bytes;
+    const double ns = wide
+                          ? f.wide_base_ns + bytes * f.wide_ns_per_byte + flops * f.wide_ns_per_flop
+                          : f.base_ns + bytes * f.ns_per_byte + flops * f.ns_per_flop;
     return std::max<int64_t>(floor_ns_, static_cast<int64_t>(ns + 0.5));
   }
   const double mem_ns = double(k.bytes_read + k.bytes_written) * ns_per_byte_;

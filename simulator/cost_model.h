@@ -35,6 +35,10 @@ class CostModel {
     double base_ns = 0;
     double ns_per_byte = 0;
     double ns_per_flop = 0;
+    double split_intensity = 0;  // > 0: flops > split · bytes uses the wide coefficients
+    double wide_base_ns = 0;
+    double wide_ns_per_byte = 0;
+    double wide_ns_per_flop = 0;
   };
   std::array<LinearFit, size_t(KernelClass::kCount)> fits_{};
   double ns_per_byte_;

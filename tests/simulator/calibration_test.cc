@@ -125,6 +125,34 @@ TEST(KernelFit, RecoversKnownCoefficientsUnderOnePercentNoise) {
   EXPECT_LT(f.max_rel_err, 0.03);  // 1% noise plus the fit's own error
 }
 
+TEST(KernelFit, TwoRegimesSplitByIntensityEachRecovered) {
+  // Rows <= 16 (flops / bytes = rows here) follow one line, wider ones another.
+  const auto narrow = synthetic_gemm(2500, 2.4e-4, 3e-6, 0, 4);
+  const auto wide = synthetic_gemm(9000, 3.5e-4, 1e-5, 0, 5);
+  std::vector<KernelSample> s;
+  for (const KernelSample& k : narrow) {
+    if (k.cls == KernelClass::kGemm && k.flops <= 16 * k.bytes) s.push_back(k);
+  }
+  for (const KernelSample& k : wide) {
+    if (k.cls == KernelClass::kGemm && k.flops > 16 * k.bytes) s.push_back(k);
+  }
+  const KernelFit f = fit_kernel_class(s, KernelClass::kGemm, 16.5);
+  ASSERT_TRUE(f.fitted);
+  EXPECT_EQ(f.samples, 35);
+  EXPECT_EQ(f.split_intensity, 16.5);
+  EXPECT_NEAR(f.base_ns, 2500, 1e-6 * 2500);
+  EXPECT_NEAR(f.ns_per_byte, 2.4e-4, 1e-9 * 2.4e-4);
+  EXPECT_NEAR(f.ns_per_flop, 3e-6, 1e-9 * 3e-6);
+  EXPECT_NEAR(f.wide_base_ns, 9000, 1e-6 * 9000);
+  EXPECT_NEAR(f.wide_ns_per_byte, 3.5e-4, 1e-9 * 3.5e-4);
+  EXPECT_NEAR(f.wide_ns_per_flop, 1e-5, 1e-9 * 1e-5);
+  EXPECT_LT(f.max_rel_err, 1e-9);
+  // One line cannot follow both: the same samples fitted as one regime are visibly worse.
+  EXPECT_GT(fit_kernel_class(s, KernelClass::kGemm).max_rel_err, 0.05);
+  // Fewer than three samples on a side: one regime.
+  EXPECT_EQ(fit_kernel_class(s, KernelClass::kGemm, 100).split_intensity, 0);
+}
+
 TEST(KernelFit, CoefficientThatWouldBeNegativeIsHeldAtZero) {
   // Time falls with FLOPs at fixed bytes in these samples; unconstrained least squares would
   // return a negative per-flop cost.
@@ -306,6 +334,10 @@ void expect_same(const KernelFit& a, const KernelFit& b) {
   EXPECT_EQ(a.r2, b.r2);
   EXPECT_EQ(a.max_rel_err, b.max_rel_err);
   EXPECT_EQ(a.samples, b.samples);
+  EXPECT_EQ(a.split_intensity, b.split_intensity);
+  EXPECT_EQ(a.wide_base_ns, b.wide_base_ns);
+  EXPECT_EQ(a.wide_ns_per_byte, b.wide_ns_per_byte);
+  EXPECT_EQ(a.wide_ns_per_flop, b.wide_ns_per_flop);
 }
 
 TEST(CalibrationProfile, WriteThenParseRoundTrips) {
@@ -329,6 +361,7 @@ TEST(CalibrationProfile, WriteThenParseRoundTrips) {
   EXPECT_EQ(q.hw.d2h_latency_ns, p.hw.d2h_latency_ns);
   EXPECT_EQ(q.hw.d2h_gbps, p.hw.d2h_gbps);
   EXPECT_EQ(q.hw.host_wake_ns, p.hw.host_wake_ns);
+  EXPECT_GT(p.hw.kernel_fits[size_t(KernelClass::kGemm)].split_intensity, 0);  // covered
   for (size_t c = 0; c < kKernelFitSlots; ++c)
     expect_same(q.hw.kernel_fits[c], p.hw.kernel_fits[c]);
   ASSERT_EQ(q.host_ops.size(), p.host_ops.size());
@@ -400,6 +433,8 @@ TEST(CalibrationProfile, BadProfilesSayWhereAndWhat) {
   EXPECT_EQ(error_of("format: 1\nname: [x\n"), error_of("format: 1\nname: [x\n"));
   EXPECT_EQ(error_of("format: 1\nname: [x\n").rfind("p.yaml:", 0), 0u);
   EXPECT_NE(error_of("format: 1\nname: [x\n").find("malformed YAML"), std::string::npos);
+  EXPECT_EQ(error_of(replace(kGoodProfile, "samples: 9}", "samples: 9, wide_base_ns: 1}")),
+            "p.yaml:13:117: kernels.gemm.wide_base_ns needs kernels.gemm.split_intensity");
   EXPECT_EQ(error_of(""), "p.yaml:1:1: empty profile");
   EXPECT_EQ(error_of("- 1\n"), "p.yaml:1:1: the profile must be a mapping");
 }
@@ -518,6 +553,17 @@ TEST_F(ProfileDir, ExperimentsNameProfilesLikePresets) {
 
 // ---- the cost model with fits -----------------------------------------------------------------
 
+KernelFit linear_fit(double base_ns, double ns_per_byte, double ns_per_flop) {
+  KernelFit f;
+  f.fitted = true;
+  f.base_ns = base_ns;
+  f.ns_per_byte = ns_per_byte;
+  f.ns_per_flop = ns_per_flop;
+  f.r2 = 1;
+  f.samples = 3;
+  return f;
+}
+
 RunRecord simulate(const HardwareSpec& hw, int32_t concurrency) {
   PolicySpec policy;
   policy.host_schedule = HostSchedule::kRunahead;
@@ -541,7 +587,7 @@ TEST(CostModelFits, FitsEqualToTheRooflineReproduceItExactly) {
   HardwareSpec fitted = roof;
   const double ns_per_byte = 1e9 / (roof.stream_read_tbps * 1e12 * roof.mem_efficiency);
   for (int c = 0; c < int(KernelClass::kCount); ++c) {
-    fitted.kernel_fits[size_t(c)] = {true, 0, ns_per_byte, 0, 1, 0, 1};
+    fitted.kernel_fits[size_t(c)] = linear_fit(0, ns_per_byte, 0);
   }
   // The equivalence holds where every kernel is memory-bound: check that for the shapes run.
   const double ns_per_flop = 1e9 / (roof.bf16_tflops * 1e12 * roof.flop_efficiency);
@@ -579,12 +625,28 @@ TEST(CostModelFits, FitsEqualToTheRooflineReproduceItExactly) {
 TEST(CostModelFits, FittedClassUsesTheLinearModelAndTheFloor) {
   HardwareSpec hw = hardware_preset("h200");
   hw.kernel_floor_ns = 1500;
-  hw.kernel_fits[size_t(KernelClass::kNorm)] = {true, 1000, 0.5, 0.25, 1, 0, 3};
+  hw.kernel_fits[size_t(KernelClass::kNorm)] = linear_fit(1000, 0.5, 0.25);
   const CostModel cost(hw);
   // 1000 + 0.5·(600 + 400) + 0.25·2000 = 2000 ns.
   EXPECT_EQ(cost.kernel_ns({"n", KernelClass::kNorm, 600, 400, 2000}), 2000);
   // 1000 + 0.5·10 = 1005 → the floor.
   EXPECT_EQ(cost.kernel_ns({"n", KernelClass::kNorm, 10, 0, 0}), 1500);
+}
+
+TEST(CostModelFits, TwoRegimeFitPicksTheRegimeByIntensity) {
+  HardwareSpec hw = hardware_preset("h200");
+  hw.kernel_floor_ns = 0;
+  KernelFit f = linear_fit(1000, 0.5, 0);
+  f.split_intensity = 16.5;
+  f.wide_base_ns = 2000;
+  f.wide_ns_per_byte = 1;
+  f.wide_ns_per_flop = 0.125;
+  hw.kernel_fits[size_t(KernelClass::kGemm)] = f;
+  const CostModel cost(hw);
+  // 1600 flops over 100 bytes: 16 per byte, narrow: 1000 + 0.5·100 = 1050.
+  EXPECT_EQ(cost.kernel_ns({"g", KernelClass::kGemm, 80, 20, 1600}), 1050);
+  // 1700 over 100: wide: 2000 + 100 + 0.125·1700 = 2312.5 → 2313 (half up).
+  EXPECT_EQ(cost.kernel_ns({"g", KernelClass::kGemm, 80, 20, 1700}), 2313);
 }
 
 }  // namespace
