@@ -174,6 +174,10 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& file)
     c.head_dim = root.find("head_dim") && root.find("head_dim")->kind != JsonValue::Kind::kNull
                      ? static_cast<int32_t>(positive("head_dim", 4096))
                      : static_cast<int32_t>(c.hidden / c.q_heads);
+    if (c.head_dim < 1)
+      throw CheckpointError(file + ": hidden_size " + std::to_string(c.hidden) +
+                            " / num_attention_heads " + std::to_string(c.q_heads) +
+                            " gives head_dim 0; give \"head_dim\"");
     if (c.q_heads % c.kv_heads != 0)
       throw CheckpointError(file +
                             ": num_attention_heads is not a multiple of num_key_value_heads");
@@ -348,7 +352,11 @@ void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, u
   }
   std::vector<std::pair<std::string, std::string>> meta = {
       {"format", "pt"}, {"twinstep_synthetic_seed", std::to_string(seed)}};
-  if (draft_fidelity >= 0) meta.push_back({"twinstep_draft_fidelity", number_text(draft_fidelity)});
+  if (draft_fidelity >= 0) {
+    std::ostringstream f;
+    f << draft_fidelity;  // 6 significant digits: the value as typed
+    meta.push_back({"twinstep_draft_fidelity", f.str()});
+  }
   if (shards.size() == 1) {
     write_safetensors((fs::path(dir) / "model.safetensors").string(), shards[0], meta);
     return;
