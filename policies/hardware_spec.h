@@ -15,7 +15,8 @@ namespace twinstep {
 // every coefficient >= 0. With split_intensity > 0 the class has two regimes: kernels whose
 // flops / bytes exceed it use the wide_* coefficients (a projection's flops / bytes is about its
 // row count, and the runtime switches from GEMV to cuBLAS above 16 rows). The quality figures
-// are those of the fit on its own samples, both regimes together.
+// are those of the fit on its own samples, both regimes together. kernel_floor_ns does not apply
+// to a fitted class (base_ns is its measured floor).
 struct KernelFit {
   bool fitted = false;  // false: the class is priced by the roofline below
   double base_ns = 0;

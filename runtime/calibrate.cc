@@ -437,7 +437,7 @@ class InSitu {
       if (ts.size() < n + 1) throw Error("calibrate: fewer timestamps than nodes");
       for (size_t k = 0; k < real.size(); ++k) {
         for (size_t j = real[k].first; j < real[k].second; ++j) {
-          cost[k][j - real[k].first].push_back(double(ts[j + 1] - ts[j]) - delta);
+          cost[k][j - real[k].first].push_back(double(int64_t(ts[j + 1]) - int64_t(ts[j])) - delta);
         }
       }
     }

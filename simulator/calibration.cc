@@ -205,10 +205,6 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
       kernels.push_back({class_by_name(s.cls), double(s.bytes), double(s.flops), s.value_ns});
     }
   }
-  double shortest = std::numeric_limits<double>::max();
-  for (const KernelSample& k : kernels) {
-    if (k.ns > 0) shortest = std::min(shortest, k.ns);
-  }
   for (int c = 0; c < int(KernelClass::kCount); ++c) {
     if (KernelClass(c) == KernelClass::kCollective) continue;
     // Projections change implementation above kGemvMaxRows = 16 rows (kernels/gemv.h; cuBLAS
@@ -217,10 +213,6 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     const double split = KernelClass(c) == KernelClass::kGemm ? 16.5 : 0;
     const KernelFit f = fit_kernel_class(kernels, KernelClass(c), split);
     if (f.fitted) p.hw.kernel_fits[size_t(c)] = f;
-  }
-  // The floor applies to fitted and roofline classes alike: the shortest kernel measured.
-  if (!kernels.empty() && shortest < std::numeric_limits<double>::max()) {
-    p.hw.kernel_floor_ns = int64_t(shortest);
   }
 
   auto set_median = [&](const char* kind, const char* mode, int64_t* field) {

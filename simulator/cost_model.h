@@ -1,7 +1,8 @@
 // CostModel: kernel durations from a HardwareSpec. A kernel class with a calibrated fit
 // (HardwareSpec::kernel_fits, from `twinstep calibrate`) costs base + per-byte + per-flop terms;
 // any other class the roofline: the larger of bytes / (stream_read_tbps · mem_efficiency) and
-// flops / (bf16_tflops · flop_efficiency). Both at least kernel_floor_ns, rounded half up.
+// flops / (bf16_tflops · flop_efficiency), at least kernel_floor_ns (a fit's base_ns is its
+// own measured floor). Rounded half up.
 // kernel_ns depends on the KernelDesc alone, so callers may cache sums of it (sim_backend.cc).
 #pragma once
 

@@ -279,8 +279,8 @@ TEST(FitCalibration, FiguresFromTheirSamples) {
   ASSERT_TRUE(gemm.fitted);
   EXPECT_NEAR(gemm.ns_per_byte, 2.4e-4, 1e-9 * 2.4e-4);
   EXPECT_FALSE(p.hw.kernel_fits[size_t(KernelClass::kNorm)].fitted);  // one sample
-  // Floor: the shortest kernel sample (the norm's 3000 ns).
-  EXPECT_EQ(p.hw.kernel_floor_ns, 3000);
+  // The floor stays the base preset's (it prices classes never fitted).
+  EXPECT_EQ(p.hw.kernel_floor_ns, hardware_preset("h200").kernel_floor_ns);
 }
 
 TEST(FitCalibration, UnknownKindThrows) {
@@ -583,7 +583,9 @@ RunRecord simulate(const HardwareSpec& hw, int32_t concurrency) {
 }
 
 TEST(CostModelFits, FitsEqualToTheRooflineReproduceItExactly) {
-  const HardwareSpec roof = hardware_preset("h200");
+  // Fitted classes are not floored (base_ns is their floor): compare without the floor.
+  HardwareSpec roof = hardware_preset("h200");
+  roof.kernel_floor_ns = 0;
   HardwareSpec fitted = roof;
   const double ns_per_byte = 1e9 / (roof.stream_read_tbps * 1e12 * roof.mem_efficiency);
   for (int c = 0; c < int(KernelClass::kCount); ++c) {
@@ -622,15 +624,16 @@ TEST(CostModelFits, FitsEqualToTheRooflineReproduceItExactly) {
   }
 }
 
-TEST(CostModelFits, FittedClassUsesTheLinearModelAndTheFloor) {
+TEST(CostModelFits, FittedClassUsesTheLinearModelNotTheFloor) {
   HardwareSpec hw = hardware_preset("h200");
   hw.kernel_floor_ns = 1500;
   hw.kernel_fits[size_t(KernelClass::kNorm)] = linear_fit(1000, 0.5, 0.25);
   const CostModel cost(hw);
   // 1000 + 0.5·(600 + 400) + 0.25·2000 = 2000 ns.
   EXPECT_EQ(cost.kernel_ns({"n", KernelClass::kNorm, 600, 400, 2000}), 2000);
-  // 1000 + 0.5·10 = 1005 → the floor.
-  EXPECT_EQ(cost.kernel_ns({"n", KernelClass::kNorm, 10, 0, 0}), 1500);
+  // 1000 + 0.5·10 = 1005, below the floor, which prices only unfitted classes.
+  EXPECT_EQ(cost.kernel_ns({"n", KernelClass::kNorm, 10, 0, 0}), 1005);
+  EXPECT_EQ(cost.kernel_ns({"r", KernelClass::kRope, 10, 0, 0}), 1500);
 }
 
 TEST(CostModelFits, TwoRegimeFitPicksTheRegimeByIntensity) {
