@@ -58,7 +58,7 @@ if [ -f "$profile" ]; then
     "$build/twinstep" --db "$db" run -q "$cal" >"$out/$name.run.txt" 2>"$out/$name.err" || status=1
     tail -3 "$out/$name.err"
     "$build/twinstep" --db "$db" compare --experiment "$xname" --sim-vs-real \
-      --metrics tpot_ms_mean,step_ms_mean,gpu_busy_frac | tee "$out/$name.sim_vs_real.txt"
+      --metrics tpot_ms_mean itl_ms_p99 step_ms_mean gpu_busy_frac | tee "$out/$name.sim_vs_real.txt"
   done
 fi
 exit $status
