@@ -14,8 +14,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
+#include <span>
 
 #include "policies/decode_loop.h"
+#include "policies/spec_rules.h"
 #include "runtime/checkpoint.h"
 #include "runtime/engine.h"
 #include "runtime/real_backend.h"
@@ -93,9 +96,16 @@ std::vector<int32_t> prompt_of(int32_t request, int32_t len, int64_t vocab) {
 }
 
 // Drives one request through the engine directly: prefill, then rounds of draft / verify /
-// extend (chain of `steps` drafts), reading each round's rows. Returns the verify rows.
+// extend (drafts of ctl), reading each round's rows. Returns the verify rows.
+DraftControl chain_control(int steps) {
+  DraftControl ctl;
+  ctl.steps = steps;
+  ctl.threshold = 0.5f;
+  return ctl;
+}
+
 std::vector<OutputRow> direct_rounds(Engine& e, const std::vector<int32_t>& prompt, int rounds,
-                                     int steps, int32_t* first_token,
+                                     const DraftControl& ctl, int32_t* first_token,
                                      std::vector<OutputRow>* draft_rows = nullptr) {
   const std::vector<int32_t> slot = {0};
   const std::vector<std::vector<int32_t>> prompts = {prompt};
@@ -104,13 +114,11 @@ std::vector<OutputRow> direct_rounds(Engine& e, const std::vector<int32_t>& prom
   e.enqueue_output_copy(p, 1, s);
   TS_CUDA_CHECK(cudaStreamSynchronize(s));
   *first_token = e.host_outputs(p)[0].token;
-  DraftControl ctl;
-  ctl.steps = steps;
   std::vector<OutputRow> out;
   for (int i = 0; i < rounds; ++i) {
     const int64_t d = e.enqueue_draft(slot, ctl, GraphMode::kCudaGraph);
-    const int64_t v = e.enqueue_verify(slot, steps + 1, 0.5f, GraphMode::kCudaGraph);
-    e.enqueue_extend(slot, steps + 1, GraphMode::kCudaGraph);
+    const int64_t v = e.enqueue_verify(slot, ctl.steps + 1, ctl.threshold, GraphMode::kCudaGraph);
+    e.enqueue_extend(slot, ctl.steps + 1, GraphMode::kCudaGraph);
     e.enqueue_output_copy(d, 1, s);
     e.enqueue_output_copy(v, 1, s);
     TS_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -133,7 +141,8 @@ TEST(SpecTiny, VerifyAcceptanceMatchesCpuReference) {
   const std::vector<int32_t> prompt = prompt_of(0, 40, c.vocab);
   int32_t first = 0;
   const int kSteps = 6, kRounds = 40;
-  const std::vector<OutputRow> rows = direct_rounds(*engine, prompt, kRounds, kSteps, &first);
+  const std::vector<OutputRow> rows =
+      direct_rounds(*engine, prompt, kRounds, chain_control(kSteps), &first);
 
   testing::CpuLlama cpu(c, 11, kFidelity);
   std::vector<float> logits = cpu.prefill(prompt);
@@ -178,6 +187,35 @@ TEST(SpecTiny, VerifyAcceptanceMatchesCpuReference) {
   // Both outcomes exercised (otherwise the comparison above proves little).
   EXPECT_GT(accepted_total, 0);
   EXPECT_GT(rejected_rounds, 0);
+}
+
+// The device's draft-length decision is policies/spec_rules.h's (the simulator's): draft_len and
+// conf_len of every round recomputed on the host from the row's confidences.
+TEST(SpecTiny, DeviceDraftLengthFollowsTheSharedRule) {
+  SKIP_WITHOUT_GPU();
+  const LlamaConfig c = llama_config_from_spec(tiny_runtime_spec());
+  EngineOptions eo;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  auto engine = Engine::create_synthetic(c, 13, eo, 0.8);
+  const SpecSpec spec = confidence(DraftMode::kDevice, 0.5, 2, 8);
+  int32_t first = 0;
+  std::vector<OutputRow> drafts;
+  const std::vector<OutputRow> rows = direct_rounds(
+      *engine, prompt_of(1, 32, c.vocab), 30, runtime::draft_control(spec, 8), &first, &drafts);
+  std::set<int32_t> lengths;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::span<const float> conf(drafts[i].confidence, size_t(runtime::kMaxDraftTokens));
+    const int32_t want = device_draft_len(spec, conf, 8);
+    EXPECT_EQ(drafts[i].draft_len, want) << "round " << i;
+    EXPECT_EQ(rows[i].draft_len, want) << "round " << i;
+    EXPECT_EQ(rows[i].conf_len, confident_prefix(spec, conf, want)) << "round " << i;
+    EXPECT_LE(rows[i].accepted, want);
+    lengths.insert(want);
+  }
+  std::printf("device draft lengths seen:");
+  for (int32_t l : lengths) std::printf(" %d", l);
+  std::printf("\n");
 }
 
 class TinySpec : public ::testing::Test {
@@ -305,8 +343,8 @@ void fidelity_sweep(const LlamaConfig& c, const char* label, int prompt_len, int
     int bucket_judged[5] = {}, bucket_ok[5] = {};
     for (int req = 0; req < 3; ++req) {
       int32_t first = 0;
-      const std::vector<OutputRow> rows =
-          direct_rounds(*engine, prompt_of(req, prompt_len, c.vocab), rounds, kSteps, &first);
+      const std::vector<OutputRow> rows = direct_rounds(
+          *engine, prompt_of(req, prompt_len, c.vocab), rounds, chain_control(kSteps), &first);
       for (const OutputRow& row : rows) {
         sum += row.accepted + 1;
         ++n;
