@@ -133,7 +133,7 @@ constexpr float kTieTolerance = 0.02f;  // as engine_test.cc: bf16 rounding-orde
 TEST(SpecTiny, VerifyAcceptanceMatchesCpuReference) {
   SKIP_WITHOUT_GPU();
   const LlamaConfig c = llama_config_from_spec(tiny_runtime_spec());
-  constexpr double kFidelity = 0.8;  // a mix of accepted and rejected drafts
+  constexpr double kFidelity = 0.6;  // a mix of accepted and rejected drafts (CPU: ~0.8 agree)
   EngineOptions eo;
   eo.capacity_tokens = 512;
   eo.draft = true;
