@@ -35,6 +35,10 @@ struct Emitter {
   AttnSharding attn;
   MoeSharding moe;
   const std::vector<double>* placed = nullptr;  // this layer's drawn expert shares, if any
+  // CP prefill (query-split): `own` is this rank's slice of the new tokens; the MLP runs on every
+  // token of the stage and its partial sums are reduce-scattered back to the slices.
+  bool cp_prefill = false;
+  bool scatter_reduce = false;  // set on the MLP's emitter under cp_prefill
 
   int64_t wgt(int64_t values) const {
     return weight_bytes_in(l.weight_dtype, m.weight_bytes, values);
@@ -63,10 +67,30 @@ struct Emitter {
   void all_reduce(const char* name, int64_t bytes) {
     coll(name, CollectiveKind::kAllReduce, bytes, bytes);
   }
+  // The partial sums of an MLP split over the width: all-reduced, or under CP prefill
+  // reduce-scattered to each rank's token slice — an all-to-all of the partials (each rank sends
+  // the others their slices: (w − 1)/w of the message, a ring reduce-scatter's traffic), the sum
+  // folded into the next norm.
+  void reduce_partials(const char* all_reduce_name, const char* scatter_name, int64_t bytes) {
+    if (!scatter_reduce) {
+      all_reduce(all_reduce_name, bytes);
+      return;
+    }
+    coll(scatter_name, CollectiveKind::kAllToAll, bytes,
+         balanced_share(stage.tokens, w, index) * m.hidden * kActBytes * w);
+  }
+  // CP prefill: every rank's stored keys (its share of the cached context and its new tokens'),
+  // `raw_bytes` per token before kv_compression, are all-gathered so that its queries see all.
+  void cp_kv_gather(int64_t raw_bytes) {
+    if (!cp_prefill) return;
+    const int64_t mine = balanced_share(own.ctx_tokens, w, index) + own.tokens;
+    coll("cp_kv_gather", CollectiveKind::kAllGather, compressed_kv_bytes(l, mine * raw_bytes),
+         compressed_kv_bytes(l, (own.ctx_tokens + stage.tokens) * raw_bytes));
+  }
   // CP: partial outputs (`values` per token, bf16) and one fp32 log-sum-exp per head and token
   // are all-gathered, then merged.
   void cp_exchange(int64_t values, int64_t heads) {
-    if (attn != AttnSharding::kCp) return;
+    if (attn != AttnSharding::kCp || cp_prefill) return;
     const int64_t part = own.tokens * (values * kActBytes + heads * 4);
     coll("cp_exchange", CollectiveKind::kAllGather, part, w * part);
     add("cp_merge", KernelClass::kActivation, w * part, own.tokens * values * kActBytes,
@@ -82,6 +106,11 @@ struct KvShare {
 
 KvShare kv_share(const Emitter& e) {
   if (e.attn != AttnSharding::kCp) return {e.own.ctx_tokens, e.own.tokens, e.own.attn_pairs};
+  if (e.cp_prefill) {
+    // Its query slice attends over every cached key and every new one (gathered): the keys of
+    // the other ranks' new tokens count as context read, its own are appended.
+    return {e.own.ctx_tokens + e.stage.tokens - e.own.tokens, e.own.tokens, e.own.attn_pairs};
+  }
   return {balanced_share(e.own.ctx_tokens, e.w, e.index),
           balanced_share(e.own.tokens, e.w, e.index),
           balanced_share(e.own.attn_pairs, e.w, e.index)};
@@ -105,6 +134,7 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
             s.tokens * (q + kv) * kActBytes, 6 * s.tokens * (q + kv));
       e.add("kv_append", KernelClass::kKvAppend, kv_at.append * 2 * kv * kActBytes,
             compressed_kv_bytes(e.l, kv_at.append * 2 * kv * kvb), 0);
+      e.cp_kv_gather(2 * kv * kvb);
       const int64_t kv_read = compressed_kv_bytes(e.l, (kv_at.ctx + kv_at.append) * 2 * kv * kvb);
       e.add("attention", KernelClass::kAttention, kv_read + s.tokens * q * kActBytes,
             s.tokens * q * kActBytes, 4 * kv_at.pairs * q);
@@ -137,6 +167,7 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
             6 * s.tokens * (heads + 1) * a.qk_rope_head_dim);
       e.add("kv_append", KernelClass::kKvAppend, kv_at.append * latent * kActBytes,
             compressed_kv_bytes(e.l, kv_at.append * latent * kvb), 0);
+      e.cp_kv_gather(latent * kvb);
       e.add("attention", KernelClass::kAttention,
             compressed_kv_bytes(e.l, (kv_at.ctx + kv_at.append) * latent * kvb) +
                 s.tokens * heads * latent * kActBytes,
@@ -178,19 +209,19 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
   if (tp_reduce) e.all_reduce("attn_all_reduce", s.tokens * h * kActBytes);
 }
 
-void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
+// The MLP after its norm, over e.own's tokens.
+void emit_mlp_body(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
   const ModelSpec& m = e.m;
   const LayoutSpec& l = e.l;
   const MlpSpec& p = layer.mlp;
   const StepShape& s = e.own;
   const int64_t h = m.hidden;
   const bool split = mlp_split(l);
-  e.norm("mlp_norm", h, /*residual=*/true);
   if (p.kind == MlpKind::kDense) {
     e.gemm("gate_up_proj", h, 2 * sh.intermediate);
     e.swiglu("swiglu", sh.intermediate);
     e.gemm("down_proj", sh.intermediate, h);
-    if (split) e.all_reduce("mlp_all_reduce", s.tokens * h * kActBytes);
+    if (split) e.reduce_partials("mlp_all_reduce", "mlp_reduce_scatter", s.tokens * h * kActBytes);
     return;
   }
   const int64_t experts = p.num_experts;
@@ -235,7 +266,31 @@ void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
         s.tokens * h * kActBytes, 2 * copies * h);
   // Split experts, or EP over replicated tokens (TP/CP attention): partial sums all-reduced.
   if (e.moe == MoeSharding::kSplit || (ep && !a2a))
-    e.all_reduce("moe_all_reduce", s.tokens * h * kActBytes);
+    e.reduce_partials("moe_all_reduce", "moe_reduce_scatter", s.tokens * h * kActBytes);
+}
+
+void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
+  e.norm("mlp_norm", e.m.hidden, /*residual=*/true);
+  if (!e.cp_prefill) {
+    emit_mlp_body(e, layer, sh);
+    return;
+  }
+  // CP prefill: the MLP is split over the width like TP, so every rank needs every token.
+  e.coll("cp_hidden_gather", CollectiveKind::kAllGather, e.own.tokens * e.m.hidden * kActBytes,
+         e.stage.tokens * e.m.hidden * kActBytes);
+  Emitter all{e.out,
+              e.m,
+              e.l,
+              e.stage,
+              e.stage,
+              e.w,
+              e.index,
+              e.attn,
+              e.moe,
+              e.placed,
+              /*cp_prefill=*/false,
+              /*scatter_reduce=*/true};
+  emit_mlp_body(all, layer, sh);
 }
 
 // The sampled (or drafted) token ids going from the last stage to stage 0: `rows` ids of 4 B;
@@ -247,6 +302,25 @@ KernelDesc ids_transfer(const LayoutSpec& l, int32_t stage, int64_t rows) {
             l.pp - 1};
   }
   return {"pp_ids_send", KernelClass::kCollective, bytes, 0, 0, CollectiveKind::kSendRecv, 0};
+}
+
+bool has_linear_attention(const ModelSpec& m) {
+  for (const LayerSpec& l : m.layers)
+    if (l.attn.kind == AttentionKind::kLinear) return true;
+  return false;
+}
+
+// CP prefill: index `index` of `width` takes a contiguous share of the new tokens (as queries)
+// and of the attention pairs (the causal load balanced, as zig-zag placement does), every cached
+// key, and its share of the prompts that end in the step.
+StepShape cp_prefill_shape(const StepShape& shape, int32_t width, int32_t index) {
+  StepShape s = shape;
+  s.tokens = balanced_share(shape.tokens, width, index);
+  s.attn_pairs = balanced_share(shape.attn_pairs, width, index);
+  const int32_t finishing =
+      shape.finishing_requests >= 0 ? shape.finishing_requests : shape.requests;
+  s.finishing_requests = static_cast<int32_t>(balanced_share(finishing, width, index));
+  return s;
 }
 
 // Rows the lm_head computes: every new token, or one per request whose prompt ends here.
@@ -381,11 +455,18 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
   const int32_t stage = rank / w;
   const int32_t index = rank % w;
   const AttnSharding attn = attention_sharding(l);
-  const StepShape own = attn == AttnSharding::kDp ? dp_rank_shape(shape, w, index) : shape;
+  const bool cp_prefill =
+      attn == AttnSharding::kCp && w > 1 && !shape.lm_head_all_tokens && !has_linear_attention(m);
+  const StepShape own = attn == AttnSharding::kDp ? dp_rank_shape(shape, w, index)
+                        : cp_prefill              ? cp_prefill_shape(shape, w, index)
+                                                  : shape;
   Emitter e{out, m, l, shape, own, w, index, attn, moe_sharding(l)};
+  e.cp_prefill = cp_prefill;
   const int64_t h = m.hidden;
   const int64_t vocab_rows = balanced_share(m.vocab, w, index);
   const bool dp = attn == AttnSharding::kDp;
+  // Token slices (DP requests, CP prefill queries) meet again for the vocab-parallel lm_head.
+  const bool sliced = dp || cp_prefill;
 
   if (stage == 0) {
     // Vocab-parallel embedding: every rank looks up the stage's tokens in its rows, the partial
@@ -443,10 +524,10 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
     const int64_t own_rows = logit_rows(own);
     const int64_t stage_rows = logit_rows(shape);
     e.norm("final_norm", h, /*residual=*/true);
-    if (dp)
+    if (sliced)
       e.coll("lm_head_hidden_gather", CollectiveKind::kAllGather, own_rows * h * kActBytes,
              stage_rows * h * kActBytes);
-    const int64_t rows = dp ? stage_rows : own_rows;
+    const int64_t rows = sliced ? stage_rows : own_rows;
     // LM head with the greedy argmax fused: logits never reach memory; one token id plus its
     // probability per row are written. Vocab-parallel ranks then all-gather their local
     // (argmax, value) pairs: rows · 8 B each, instead of rows · vocab/width logits.

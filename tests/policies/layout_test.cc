@@ -263,6 +263,50 @@ TEST(LayoutKernels, CpExchangesPartialOutputs) {
   EXPECT_EQ(find(s, "cp_exchange")->bytes_read, 4096 * 2 + 32 * 4);
 }
 
+// CP prefill splits the queries: llama-3-8b (hidden 4096, 32 query and 8 KV heads of 128) over
+// CP8, one 8000-token prompt. Each rank projects its 1000 tokens, all-gathers every rank's keys
+// (1000 · 2 · 1024 values of 2 B from each), attends its queries over all 8000 keys with 1/8 of
+// the causal pairs, gathers the hidden states for the split MLP and reduce-scatters the partial
+// sums back; no partial outputs are exchanged. The one logits row is on the rank holding the
+// prompt's last token (index 7).
+TEST(LayoutKernels, CpPrefillSplitsTheQueries) {
+  const ModelSpec& m = model_preset("llama-3-8b");
+  const LayoutSpec l = parse_layout("CP8-TP8");
+  const StepShape prefill = prefill_shape(1, 8000, 8000LL * 8000);
+  int64_t flops = 0;
+  for (int32_t r = 0; r < 8; ++r) {
+    StepKernels s;
+    step_kernels(m, prefill, l, r, s);
+    EXPECT_EQ(find(s, "qkv_proj")->flops, 2LL * 1000 * 4096 * (4096 + 2 * 1024));
+    const KernelDesc* kv = find(s, "cp_kv_gather");
+    ASSERT_NE(kv, nullptr);
+    EXPECT_EQ(kv->coll, CollectiveKind::kAllGather);
+    EXPECT_EQ(kv->bytes_read, 1000LL * 2 * 1024 * 2);
+    EXPECT_EQ(kv->bytes_written, 8000LL * 2 * 1024 * 2);
+    const KernelDesc* attn = find(s, "attention");
+    EXPECT_EQ(attn->bytes_read, 8000LL * 2 * 1024 * 2 + 1000LL * 4096 * 2);
+    flops += attn->flops;
+    EXPECT_EQ(find(s, "cp_exchange"), nullptr);
+    EXPECT_EQ(find(s, "cp_hidden_gather")->bytes_written, 8000LL * 4096 * 2);
+    const KernelDesc* rs = find(s, "mlp_reduce_scatter");
+    ASSERT_NE(rs, nullptr);
+    EXPECT_EQ(rs->coll, CollectiveKind::kAllToAll);
+    EXPECT_EQ(rs->bytes_read, 8000LL * 4096 * 2);
+    EXPECT_EQ(find(s, "gate_up_proj")->flops, 2LL * 8000 * 4096 * 2 * (14336 / 8));
+    EXPECT_EQ(find(s, "mlp_all_reduce"), nullptr);
+    EXPECT_EQ(count(s, 1, CollectiveKind::kAllReduce), 0);
+    EXPECT_EQ(find(s, "lm_head_hidden_gather")->bytes_read, (r == 7 ? 1 : 0) * 4096LL * 2);
+  }
+  // The ranks' attention covers the prompt's 8000 · 8001 / 2 causal pairs once: 4 FLOPs per
+  // pair per query dimension.
+  EXPECT_EQ(flops, 4LL * (8000LL * 8001 / 2) * 4096);
+  // Decode under CP is unchanged (keys split, partial outputs exchanged).
+  StepKernels d;
+  step_kernels(m, decode_shape(1, 1, 8000), l, 0, d);
+  EXPECT_NE(find(d, "cp_exchange"), nullptr);
+  EXPECT_EQ(find(d, "cp_kv_gather"), nullptr);
+}
+
 TEST(LayoutKernels, PipelineStagesSendAndReceive) {
   const ModelSpec& m = model_preset("llama-3-8b");
   StepKernels s0, s1;
