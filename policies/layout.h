@@ -6,10 +6,11 @@
 // - A pipeline stage has width = max(tp, dp, cp, ep) GPUs; every degree > 1 must equal the width,
 //   and max(tp, dp, cp) must too (attention is always spread over the whole stage). world =
 //   pp × width; rank r is stage r / width, index r % width within it.
-// - Attention: CP if cp > 1 (KV split by context over the stage, weights replicated, partial
-//   outputs + log-sum-exp exchanged), else DP if dp > 1 (weights replicated, each rank serves
-//   requests i, i + width, ...), else TP over the width (heads split; GQA KV heads replicated
-//   when num_kv_heads < width; MLA's latent KV and its q_a/kv_a projections on every rank).
+// - Attention: CP if cp > 1 (KV split by context over the stage, weights replicated; decode
+//   exchanges partial outputs + log-sum-exp, prefill splits the queries), else DP if dp > 1
+//   (weights replicated, each rank serves requests i, i + width, ...), else TP over the width
+//   (heads split; GQA KV heads replicated when num_kv_heads < width; MLA's latent KV and its
+//   q_a/kv_a projections on every rank).
 // - Dense MLP and shared experts follow attention: split over the width (TP/CP), replicated (DP).
 // - Routed experts: EP if ep > 1 (contiguous blocks of experts per rank), else split like the
 //   dense MLP (each expert's intermediate over the width; replicated under DP).

@@ -88,10 +88,11 @@ void step_kernels(const ModelSpec& model, const StepShape& shape, StepKernels& o
 // The kernels rank `rank` of `layout` runs for one forward pass, collectives included (placement
 // in docs/layouts.md). `shape` is the whole step as the pipeline sees it (every request of the
 // micro-batch); under DP attention the rank's attention, dense MLP and norms see
-// dp_rank_shape(shape, width, rank % width). With `pass_key` and a skewed ExpertLoad under EP,
-// each MoE layer's experts are placed by placed_expert_probabilities(load, .., *pass_key, layer)
-// (one run per layer); without it the hottest experts sit on the lowest slots. Throws ConfigError
-// for an invalid layout or a rank outside [0, world).
+// dp_rank_shape(shape, width, rank % width); a CP prefill splits the new tokens (queries) over
+// the stage and gathers keys and hidden states (docs/layouts.md). With `pass_key` and a skewed
+// ExpertLoad under EP, each MoE layer's experts are placed by placed_expert_probabilities(load, ..,
+// *pass_key, layer) (one run per layer); without it the hottest experts sit on the lowest slots.
+// Throws ConfigError for an invalid layout or a rank outside [0, world).
 void step_kernels(const ModelSpec& model, const StepShape& shape, const LayoutSpec& layout,
                   int32_t rank, StepKernels& out, std::optional<uint64_t> pass_key = std::nullopt);
 
