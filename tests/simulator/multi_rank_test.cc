@@ -431,6 +431,15 @@ RunRecord skew_prefill(const ExpertLoad& load, uint64_t seed, int32_t layers,
   return simulate_layout(small_qwen_moe(layers), l, w, byte_machine());
 }
 
+// One expert asked for 40 % of the routed copies.
+ExpertLoad one_hot_expert() {
+  ExpertLoad hot;
+  hot.kind = ExpertLoad::Kind::kHot;
+  hot.hot_experts = 1;
+  hot.hot_fraction = 0.4;
+  return hot;
+}
+
 TEST(ExpertSkew, UniformLoadGivesEqualRankTimes) {
   const RunRecord rec = skew_prefill(ExpertLoad{}, 1, 8);
   ASSERT_GE(rec.steps.size(), 2u);
@@ -454,10 +463,7 @@ TEST(ExpertSkew, UniformLoadGivesEqualRankTimes) {
 // and 2h (the weighted combine reads it) bytes, h = 2048, i = 768. The cold rank waits that long
 // in the layer's all-reduce, whichever rank the draw made hot.
 TEST(ExpertSkew, HotExpertRankIsTheStraggler) {
-  ExpertLoad hot;
-  hot.kind = ExpertLoad::Kind::kHot;
-  hot.hot_experts = 1;
-  hot.hot_fraction = 0.4;
+  const ExpertLoad hot = one_hot_expert();
   const int32_t layers = 16;
   const int64_t h = 2048, i = 768;
   const int64_t extra_copies = 2840 - 2240;
@@ -535,10 +541,7 @@ TEST(Pipeline, SpeculativeRoundRunsTheDraftOnTheLastStage) {
 // reads the rank's own tokens' copies, the same on both. The cold rank waits the difference in
 // the layer's combine all-to-all.
 TEST(ExpertSkew, HotRankStragglesIntoTheCombineAllToAll) {
-  ExpertLoad hot;
-  hot.kind = ExpertLoad::Kind::kHot;
-  hot.hot_experts = 1;
-  hot.hot_fraction = 0.4;
+  const ExpertLoad hot = one_hot_expert();
   const int32_t layers = 12;
   const int64_t h = 2048, i = 768;
   const int64_t straggle_ns = (5680 - 4480) * (4 * h + 4 * i);
