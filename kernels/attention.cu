@@ -46,6 +46,7 @@ struct SplitParams {
   bf16* out;
   int cluster_size, num_clusters;  // num_splits = cluster_size * num_clusters
   bool skip_math;                  // benchmark diagnostic: stream K/V, skip the tile math
+  bool full_ring;                  // two-launch variant: all 3 stages in the prologue
 };
 
 // Q row `row` (= j * group + g) of kv head `head`.
@@ -305,13 +306,21 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
 
 // Block = (split, kv head, request), 3-stage cp.async ring of 64-token tiles, the 4 sub-warps of
 // each row tile merged in order; writes the split's partial to the workspace.
-template <int kRowTiles>
+// p.full_ring (AttentionTuning::split_full_ring): the prologue issues all 3 stages (tiles made
+// only of tokens older than ctx before the PDL wait), else 2 (179ce97); the steady state is the
+// same (2 tiles in flight while one is consumed). kQSmem (split_q_smem): Q is staged in shared
+// memory (rows padded to 16 with zeros) and re-read per tile instead of held in 32 registers per
+// thread, which removes the 128-register spill of 8- and 16-warp blocks. Neither changes a bit
+// of the result.
+template <int kRowTiles, bool kQSmem>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
     attention_split_kernel(const SplitParams p) {
   constexpr int kStages = 3;
   constexpr int kThreads = kSplitThreads * kRowTiles;
+  constexpr int kRows = kRowTiles * 16;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw);
+  bf16* q_smem = smem + kStages * 2 * kTileElems;  // kQSmem: [kRows][128], swizzled like K
 
   const int split = blockIdx.x, head = blockIdx.y, request = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -327,42 +336,69 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
     view.issue_tile<kThreads>(smem + (tile % kStages) * 2 * kTileElems, tile);
   };
 
-  // Prologue: tiles made only of tokens older than this step are prefetched before the
-  // dependency wait (the preceding kernel appends tokens >= ctx only).
-  const int prologue_tiles = min(num_tiles, kStages - 1);
-  const bool early = t_begin + prologue_tiles * kTileTokens <= ctx;
-  auto issue_prologue = [&] {
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_tiles) issue_tile(s);
-      detail::cp_async_commit();
-    }
-  };
-  if (early) issue_prologue();
+  // Prologue: `prologue` commit groups (tiles 0 .. prologue - 1; empty past the split). Tiles made
+  // only of tokens older than this step go before the dependency wait (the preceding kernel
+  // appends tokens >= ctx only).
+  const bool full = p.full_ring;
+  const int prologue = full ? kStages : kStages - 1;
+  int issued = 0;
+  while (issued < min(num_tiles, prologue) && t_begin + (issued + 1) * kTileTokens <= ctx) {
+    issue_tile(issued++);
+    detail::cp_async_commit();
+  }
   detail::pdl_wait_and_trigger();
-  if (!early) issue_prologue();
+  for (; issued < prologue; ++issued) {
+    if (issued < num_tiles) issue_tile(issued);
+    detail::cp_async_commit();
+  }
 
   // Query fragments (k-permuted like gemv: lane holds 16 contiguous bytes of its row).
   const int row_tile = warp / kWarpsPerTile, sub = warp % kWarpsPerTile;
   const int row_a = row_tile * 16 + gid, row_b = row_a + 8;
   uint4 qa[4], qb[4];
+  if constexpr (kQSmem) {
+    for (int i = threadIdx.x; i < kRows * 16; i += kThreads) {  // 16 bytes per thread
+      const int row = i / 16, u = i % 16;
+      const uint4 v = row < p.rows ? detail::load_16(p.q + q_offset(p, request, head, row) + u * 8)
+                                   : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(q_smem + smem_index(row, u)) = v;
+    }
+  } else {
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    qa[c] = row_a < p.rows
-                ? detail::load_16(p.q + q_offset(p, request, head, row_a) + c * 32 + tq * 8)
-                : make_uint4(0, 0, 0, 0);
-    qb[c] = row_b < p.rows
-                ? detail::load_16(p.q + q_offset(p, request, head, row_b) + c * 32 + tq * 8)
-                : make_uint4(0, 0, 0, 0);
+    for (int c = 0; c < 4; ++c) {
+      qa[c] = row_a < p.rows
+                  ? detail::load_16(p.q + q_offset(p, request, head, row_a) + c * 32 + tq * 8)
+                  : make_uint4(0, 0, 0, 0);
+      qb[c] = row_b < p.rows
+                  ? detail::load_16(p.q + q_offset(p, request, head, row_b) + c * 32 + tq * 8)
+                  : make_uint4(0, 0, 0, 0);
+    }
   }
   const int limit_a = view.key_limit(p, row_a), limit_b = view.key_limit(p, row_b);
   const int tok_base = sub * kWarpTokens;
   WarpAcc acc;
   warp_acc_init(acc);
   for (int tile = 0; tile < num_tiles; ++tile) {
-    detail::cp_async_wait<kStages - 2>();
-    __syncthreads();
-    if (tile + kStages - 1 < num_tiles) issue_tile(tile + kStages - 1);
-    detail::cp_async_commit();
+    // Tile t is commit group t. 179ce97 ring: groups 0, 1 in the prologue, group t + 2 committed
+    // at iteration t, so one group may stay pending. Full ring: groups 0 .. 2 in the prologue,
+    // group t + 2 at iteration t >= 1, so two may stay pending at t = 0 and one after.
+    if (full && tile == 0)
+      detail::cp_async_wait<kStages - 1>();
+    else
+      detail::cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile visible to all warps; stage (tile - 1) % kStages consumed by all
+    if (!full || tile > 0) {
+      if (tile + kStages - 1 < num_tiles) issue_tile(tile + kStages - 1);
+      detail::cp_async_commit();
+    }
+    if (p.skip_math) continue;
+    if constexpr (kQSmem) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        qa[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_a, 4 * c + tq));
+        qb[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_b, 4 * c + tq));
+      }
+    }
     const bf16* k_smem = smem + (tile % kStages) * 2 * kTileElems;
     attend_tile(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
                 t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
@@ -557,22 +593,34 @@ void run_fused(int row_tiles, const SplitParams& p, dim3 grid, cudaStream_t stre
                fused_smem_bytes(row_tiles, kStages), stream, pdl, p);
 }
 
-void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
-  const size_t smem = std::max(size_t{3} * kTileBytes, warp_partials_bytes(row_tiles));
+template <bool kQSmem>
+void run_split(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
+  const size_t ring =
+      size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
+  const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
   static const bool configured = [] {
-    for (auto kernel : {attention_split_kernel<1>, attention_split_kernel<2>,
-                        attention_split_kernel<3>, attention_split_kernel<4>})
+    for (auto kernel : {attention_split_kernel<1, kQSmem>, attention_split_kernel<2, kQSmem>,
+                        attention_split_kernel<3, kQSmem>, attention_split_kernel<4, kQSmem>})
       TS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
+  void (*kernels[4])(SplitParams) = {
+      attention_split_kernel<1, kQSmem>, attention_split_kernel<2, kQSmem>,
+      attention_split_kernel<3, kQSmem>, attention_split_kernel<4, kQSmem>};
+  detail::launch(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
+                 p);
+}
+
+void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
   const detail::AttentionTuning& tuning = detail::attention_tuning();
-  void (*kernels[4])(SplitParams) = {attention_split_kernel<1>, attention_split_kernel<2>,
-                                     attention_split_kernel<3>, attention_split_kernel<4>};
-  if (tuning.launch_split)
-    detail::launch(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
-                   p);
+  if (tuning.launch_split) {
+    if (tuning.split_q_smem)
+      run_split<true>(p, row_tiles, grid, stream, pdl);
+    else
+      run_split<false>(p, row_tiles, grid, stream, pdl);
+  }
   if (tuning.launch_combine)
     detail::launch(attention_combine_kernel, dim3(p.rows, grid.y, grid.z), dim3(kHeadDim), 0,
                    stream, pdl, p, p.out, detail::kernel_tuning().early_trigger);
@@ -635,6 +683,7 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   p.counters = static_cast<unsigned*>(workspace);
   p.out = out;
   p.skip_math = tuning.skip_math;
+  p.full_ring = tuning.split_full_ring;
   const int row_tiles = (p.rows + 15) / 16;
   unsigned char* partials = static_cast<unsigned char*>(workspace) + kCounterBytes;
   p.part_o = reinterpret_cast<float*>(partials);

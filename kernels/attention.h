@@ -18,8 +18,9 @@
 // PDL (pdl = true): the prologue before the dependency wait reads only ctx_lens, request_base
 //   and KV tokens older than ctx, so none of these may be written by the kernel launched just
 //   before; q, the new tokens, the workspace and out are touched after the wait.
-// One launch (default): the split CTAs merge per thread-block cluster, the last cluster of each
-// (request, kv head) combines; detail::attention_tuning() selects the previous two-launch pair.
+// Default: two launches, a split kernel (partials to the workspace) and a combine kernel;
+// detail::attention_tuning().variant = 0 selects the one-launch kernel (split CTAs merged per
+// thread-block cluster, the last cluster of each (request, kv head) combining), slower on the H200.
 #pragma once
 
 #include <cstddef>

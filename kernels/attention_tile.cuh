@@ -53,6 +53,14 @@ __device__ __forceinline__ void issue_kv_tile(bf16* k_smem, bf16* v_smem, const 
   }
 }
 
+// 2^x with denormal results flushed to zero (one MUFU.EX2; exp2f adds range fix-ups for
+// denormal results, which are < 2^-126 and vanish in the bf16 P and the sums anyway).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // One warp's running softmax state for rows a = gid and b = gid + 8 of its 16-row tile.
 struct WarpAcc {
   float m[2];                // running max, log2 units (-inf: no visible key yet)
@@ -89,20 +97,31 @@ __device__ __forceinline__ void attend_tile(WarpAcc& acc, const uint4 (&qa)[4],
       detail::mma_16816(s[n], qa[c].z, qb[c].z, qa[c].w, qb[c].w, kv.z, kv.w);
     }
 
-  // Mask, scale, online softmax (row a in s[n][0..1], row b in s[n][2..3]).
+  // Mask, scale, online softmax (row a in s[n][0..1], row b in s[n][2..3]). A lane whose 16
+  // tokens are all visible to both its rows (every tile but the causal tail) skips the mask.
   float mx_a = -INFINITY, mx_b = -INFINITY;
+  if (tok_abs + kWarpTokens <= min(limit_a, limit_b)) {
 #pragma unroll
-  for (int n = 0; n < kTokTiles; ++n)
+    for (int n = 0; n < kTokTiles; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int t = tok_abs + n * 8 + 2 * tq + (e & 1);
-      const bool visible = t < (e < 2 ? limit_a : limit_b);
-      s[n][e] = visible ? s[n][e] * scale_log2 : -INFINITY;
-      if (e < 2)
-        mx_a = fmaxf(mx_a, s[n][e]);
-      else
-        mx_b = fmaxf(mx_b, s[n][e]);
+      for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
+      mx_a = fmaxf(mx_a, fmaxf(s[n][0], s[n][1]));
+      mx_b = fmaxf(mx_b, fmaxf(s[n][2], s[n][3]));
     }
+  } else {
+#pragma unroll
+    for (int n = 0; n < kTokTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = tok_abs + n * 8 + 2 * tq + (e & 1);
+        const bool visible = t < (e < 2 ? limit_a : limit_b);
+        s[n][e] = visible ? s[n][e] * scale_log2 : -INFINITY;
+        if (e < 2)
+          mx_a = fmaxf(mx_a, s[n][e]);
+        else
+          mx_b = fmaxf(mx_b, s[n][e]);
+      }
+  }
 #pragma unroll
   for (int offset = 1; offset <= 2; offset *= 2) {
     mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, offset));
@@ -111,27 +130,30 @@ __device__ __forceinline__ void attend_tile(WarpAcc& acc, const uint4 (&qa)[4],
   const float new_a = fmaxf(acc.m[0], mx_a), new_b = fmaxf(acc.m[1], mx_b);
   const float base_a = new_a == -INFINITY ? 0.0f : new_a;
   const float base_b = new_b == -INFINITY ? 0.0f : new_b;
-  const float alpha_a = exp2f(acc.m[0] - base_a), alpha_b = exp2f(acc.m[1] - base_b);
+  const float alpha_a = exp2_ftz(acc.m[0] - base_a), alpha_b = exp2_ftz(acc.m[1] - base_b);
   acc.m[0] = new_a;
   acc.m[1] = new_b;
   float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
   for (int n = 0; n < kTokTiles; ++n) {
-    s[n][0] = exp2f(s[n][0] - base_a);
-    s[n][1] = exp2f(s[n][1] - base_a);
-    s[n][2] = exp2f(s[n][2] - base_b);
-    s[n][3] = exp2f(s[n][3] - base_b);
+    s[n][0] = exp2_ftz(s[n][0] - base_a);
+    s[n][1] = exp2_ftz(s[n][1] - base_a);
+    s[n][2] = exp2_ftz(s[n][2] - base_b);
+    s[n][3] = exp2_ftz(s[n][3] - base_b);
     sum_a += s[n][0] + s[n][1];
     sum_b += s[n][2] + s[n][3];
   }
   acc.l[0] = acc.l[0] * alpha_a + sum_a;
   acc.l[1] = acc.l[1] * alpha_b + sum_b;
+  // Rescale O only when some row's max moved (x * 1.0f == x: the skip changes no bit).
+  if (__any_sync(0xffffffffu, alpha_a != 1.0f || alpha_b != 1.0f)) {
 #pragma unroll
-  for (int d = 0; d < kHeadDim / 8; ++d) {
-    acc.o[d][0] *= alpha_a;
-    acc.o[d][1] *= alpha_a;
-    acc.o[d][2] *= alpha_b;
-    acc.o[d][3] *= alpha_b;
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      acc.o[d][0] *= alpha_a;
+      acc.o[d][1] *= alpha_a;
+      acc.o[d][2] *= alpha_b;
+      acc.o[d][3] *= alpha_b;
+    }
   }
 
   // O += P V: P straight from the S accumulators (A layout), V via ldmatrix.trans.

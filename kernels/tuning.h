@@ -33,15 +33,23 @@ struct GemvTuning {
 GemvTuning& gemv_tuning();
 
 struct AttentionTuning {
+  // 1 (default) = the two-launch split + combine pair of 179ce97: the fastest on the H200 in the
+  // round-4 run, alone (ctx 8192: 16.1 us at q_len 1, 27.4 us at q_len 6) and in the layer chain
+  // (the one-launch kernel made the PDL-on chain slower than PDL off, 206 vs 157 us).
   // 0 = one launch: split CTAs merged per thread-block cluster through DSMEM, the last cluster of
-  // each (request, kv head) combines (workspace counters). 1 = the two-launch split + combine pair
-  // of 179ce97, kept for comparison. See docs/kernels.md.
-  int variant = 0;
+  // each (request, kv head) combines (workspace counters); 24.2 / 35.1 us. See docs/kernels.md.
+  int variant = 1;
   int ctas_per_sm = 2;  // context splits are sized so a full cache gives this many blocks per SM
   int stages = 3;       // variant 0: K/V stage ring depth, 2..4 stages of 32 KB
   int cluster = 4;      // variant 0: splits per cluster, 1, 2, 4 or 8 (1: no cluster)
+  // Variant 1, not yet measured (the benchmark compares them; same bits either way):
+  // split_full_ring: the split kernel's prologue issues all 3 ring stages (96 KB per block, 192 KB
+  // per SM in flight at the start) instead of 2; split_q_smem: Q staged in shared memory instead
+  // of 32 registers per thread (no spill at 8 and 16 warps per block).
+  bool split_full_ring = false;
+  bool split_q_smem = false;
   bool launch_split = true, launch_combine = true;  // variant 1, benchmark only: halves alone
-  bool skip_math = false;  // variant 0, benchmark only: stream K/V, skip the math (wrong output)
+  bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };
 AttentionTuning& attention_tuning();
 

@@ -60,7 +60,7 @@ test_status=${PIPESTATUS[0]}
 echo "attention tests exit status: $test_status (+$((SECONDS - start)) s)"
 
 bench=$(find "$build" -name twinstep_kernels_bench -type f -perm -u+x | head -1)
-(cd "$root" && timeout 240 "$bench" --only attention --out "$out/attention.json" \
+(cd "$root" && timeout 300 "$bench" --only attention --out "$out/attention.json" \
   ${TWINSTEP_COMMIT:+--commit "$TWINSTEP_COMMIT"}) 2>&1 | tee "$out/bench.log"
 bench_status=${PIPESTATUS[0]}
 echo "bench exit status: $bench_status (+$((SECONDS - start)) s)"
@@ -71,9 +71,10 @@ memcheck_status=$?
 echo "memcheck status: $memcheck_status (+$((SECONDS - start)) s)"
 grep -E "ERROR SUMMARY|^\[  (FAILED|PASSED) " "$out/memcheck.log" | tail -4
 # racecheck (shared-memory hazards) is slow: one case per kernel path (cluster of 4 through DSMEM,
-# no cluster, 3 row tiles = 384 threads, the old pair).
-timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-  --gtest_filter='Cases/AttentionCases.MatchesCpuReference/fused_default_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/fused_default_q8_kv2_len12_*:Cases/AttentionCases.MatchesCpuReference/fused_nocluster_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/two_launch_q32_kv8_len6_*' \
+# no cluster, 3 row tiles = 384 threads, the pair (default), the pair with the full ring + Q in
+# shared memory).
+timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
+  --gtest_filter='Cases/AttentionCases.MatchesCpuReference/fused_default_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/fused_default_q8_kv2_len12_*:Cases/AttentionCases.MatchesCpuReference/fused_nocluster_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/two_launch_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/two_launch_full_ring_q_smem_q32_kv8_len6_*' \
   >"$out/racecheck.log" 2>&1
 racecheck_status=$?
 echo "racecheck status: $racecheck_status (+$((SECONDS - start)) s)"

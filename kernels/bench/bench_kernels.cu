@@ -426,18 +426,36 @@ void free_kv(KvSetup& kv) {
 // Attention (Llama-3-8B heads: 32 q / 8 kv, 128 dims) over 32 layers of KV back to back in one
 // captured graph (cold: 32 x the layer's KV bytes >> L2). Bytes = the K and V rows read,
 // 2 x (ctx + q_len) x 8 heads x 256 B. Per context 1024 / 8192 / 32768 and q_len 1 / 6 / 16: the
-// one-launch kernel (default tuning) and the two-launch pair of 179ce97, PDL on and off. At ctx
-// 8192, q_len 1 and 6: a sweep of the one-launch tuning (ring depth, CTAs per SM, cluster size),
-// a stream-only diagnostic (tile math skipped), and the old pair's kernels alone.
-struct AttentionConfig {
-  const char* name;
-  detail::AttentionTuning tuning;
-};
-
+// default tuning (section `attention`: the two-launch pair), the pair with both split options
+// (full ring prologue, Q in shared memory) and the one-launch kernel (clusters of 4 and of 2),
+// PDL on and off. At ctx 8192, q_len 1 and 6: each split option alone, stream-only runs (tile math
+// skipped) of the pair and of the one-launch kernel, a sweep of the one-launch tuning, the split
+// and combine kernels alone, and the floor kernel over one layer's K/V per launch.
 std::string attention_label(const detail::AttentionTuning& t) {
-  if (t.variant == 1) return "two_launch_cps" + std::to_string(t.ctas_per_sm);
-  return "fused_s" + std::to_string(t.stages) + "_cps" + std::to_string(t.ctas_per_sm) + "_c" +
-         std::to_string(t.cluster) + (t.skip_math ? "_nomath" : "");
+  std::string label =
+      t.variant == 1 ? "two_launch_cps" + std::to_string(t.ctas_per_sm) +
+                           (t.split_full_ring ? "_full" : "") + (t.split_q_smem ? "_qsmem" : "")
+                     : "fused_s" + std::to_string(t.stages) + "_cps" +
+                           std::to_string(t.ctas_per_sm) + "_c" + std::to_string(t.cluster);
+  return label + (t.skip_math ? "_nomath" : "");
+}
+
+// The attention tunings compared side by side (attention section and layer chain).
+std::vector<detail::AttentionTuning> attention_contenders(const detail::AttentionTuning& defaults) {
+  detail::AttentionTuning pair = defaults, pair_opt = defaults, fused4 = defaults;
+  pair.variant = pair_opt.variant = 1;
+  pair.split_full_ring = pair.split_q_smem = false;
+  pair_opt.split_full_ring = pair_opt.split_q_smem = true;
+  fused4.variant = 0;
+  fused4.stages = 3;
+  fused4.ctas_per_sm = 2;
+  fused4.cluster = 4;
+  detail::AttentionTuning fused2 = fused4;
+  fused2.cluster = 2;
+  std::vector<detail::AttentionTuning> all = {defaults};
+  for (const auto& t : {pair, pair_opt, fused4, fused2})
+    if (attention_label(t) != attention_label(defaults)) all.push_back(t);
+  return all;
 }
 
 void bench_attention() {
@@ -483,7 +501,7 @@ void bench_attention() {
     if (both_pdl) row.n("time_no_pdl_us", t_plain).n("pct_of_floor_no_pdl", pct(t_plain));
     add_row(row, bytes, t_pdl);
     std::printf(
-        "attention %-26s ctx=%5d q_len=%2d: graph+pdl %7.2f us %5.2f TB/s (%5.1f%% of floor %5.2f "
+        "attention %-32s ctx=%5d q_len=%2d: graph+pdl %7.2f us %5.2f TB/s (%5.1f%% of floor %5.2f "
         "us)",
         attention_label(t).c_str(), ctx, q_len, t_pdl, bytes / (t_pdl * 1e-6) / 1e12, pct(t_pdl),
         bytes / (g_floor_tbps * 1e12) * 1e6);
@@ -494,14 +512,12 @@ void bench_attention() {
     return t_pdl;
   };
 
-  detail::AttentionTuning old_pair = defaults;
-  old_pair.variant = 1;
+  const std::vector<detail::AttentionTuning> contenders = attention_contenders(defaults);
   for (const int ctx : {1024, 8192, 32768}) {
     KvSetup kv = make_kv(layers, ctx, ctx + 16);
-    for (const int q_len : {1, 6, 16}) {
-      measure(kv, ctx, q_len, defaults, "attention", true);
-      measure(kv, ctx, q_len, old_pair, "attention_variant", true);
-    }
+    for (const int q_len : {1, 6, 16})
+      for (size_t i = 0; i < contenders.size(); ++i)
+        measure(kv, ctx, q_len, contenders[i], i == 0 ? "attention" : "attention_variant", true);
     if (ctx == 8192) {
       // Reference: the floor kernel reading each layer's whole K/V block (33.6 MB) as its own
       // launch, 32 launches in a graph: the best a plain streaming kernel of this size does.
@@ -535,51 +551,72 @@ void bench_attention() {
           .s("timing", "captured graph, 32 launches of the floor kernel, one layer's K/V each");
       add_row(ref, static_cast<double>(layer_bytes), stream_us);
 
+      // The pair: each split option alone, and stream-only (math skipped) without and with both.
       std::vector<detail::AttentionTuning> sweep;
+      detail::AttentionTuning pair = defaults;
+      pair.variant = 1;
+      for (const auto [full, qsmem, nomath] :
+           {std::tuple{true, false, false}, std::tuple{false, true, false},
+            std::tuple{false, false, true}, std::tuple{true, true, true}}) {
+        detail::AttentionTuning t = pair;
+        t.split_full_ring = full;
+        t.split_q_smem = qsmem;
+        t.skip_math = nomath;
+        sweep.push_back(t);
+      }
+      // The one-launch kernel: ring depth / CTAs per SM / cluster size, and stream-only.
+      detail::AttentionTuning fused = defaults;
+      fused.variant = 0;
+      fused.stages = 3;
+      fused.ctas_per_sm = 2;
+      fused.cluster = 4;
       for (const auto [stages, ctas, cluster] :
-           {std::tuple{3, 2, 1}, std::tuple{3, 2, 2}, std::tuple{3, 2, 8}, std::tuple{2, 2, 4},
-            std::tuple{2, 3, 4}, std::tuple{4, 1, 4}, std::tuple{2, 4, 4}}) {
-        detail::AttentionTuning t = defaults;
+           {std::tuple{3, 2, 1}, std::tuple{3, 2, 8}, std::tuple{2, 2, 4}, std::tuple{2, 2, 2},
+            std::tuple{2, 3, 4}, std::tuple{4, 1, 4}}) {
+        detail::AttentionTuning t = fused;
         t.stages = stages;
         t.ctas_per_sm = ctas;
         t.cluster = cluster;
         sweep.push_back(t);
       }
-      detail::AttentionTuning no_math = defaults;
-      no_math.skip_math = true;
-      sweep.push_back(no_math);
+      fused.skip_math = true;
+      sweep.push_back(fused);
       for (const auto& t : sweep)
         for (const int q_len : {1, 6}) measure(kv, ctx, q_len, t, "attention_variant", false);
-      // The old pair's kernels alone (no PDL), as in earlier rounds.
-      for (const int q_len : {1, 6}) {
-        for (const bool split : {true, false}) {
-          detail::AttentionTuning t = old_pair;
-          t.launch_split = split;
-          t.launch_combine = !split;
-          tuning = t;
-          AttentionShape shape;
-          shape.q_len = q_len;
-          void* ws = nullptr;
-          const size_t ws_bytes = attention_workspace_bytes(shape, kv.cache);
-          TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-          TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));
-          const double us = time_graph_us([&](cudaStream_t s) {
-                              for (int l = 0; l < layers; ++l)
-                                decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, false);
-                            }) /
-                            layers;
-          tuning = defaults;
-          TS_CUDA_CHECK(cudaFree(ws));
-          std::printf("attention two_launch q_len=%2d: %s kernel alone %7.2f us\n", q_len,
-                      split ? "split" : "combine", us);
-          Row row;
-          row.s("section", "attention_variant")
-              .s("variant", split ? "two_launch_split_only" : "two_launch_combine_only")
-              .n("q_len", q_len)
-              .n("ctx_tokens", ctx)
-              .b("cold", true)
-              .b("pdl", false);
-          add_row(row, 2.0 * (ctx + q_len) * 8 * kHeadDim * 2, us);
+      // The pair's kernels alone (no PDL): default split options and both options on.
+      for (const bool opt : {false, true}) {
+        for (const int q_len : {1, 6}) {
+          for (const bool split : {true, false}) {
+            detail::AttentionTuning t = pair;
+            if (opt) t.split_full_ring = t.split_q_smem = true;
+            t.launch_split = split;
+            t.launch_combine = !split;
+            tuning = t;
+            AttentionShape shape;
+            shape.q_len = q_len;
+            void* ws = nullptr;
+            const size_t ws_bytes = attention_workspace_bytes(shape, kv.cache);
+            TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+            TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));
+            const double us =
+                time_graph_us([&](cudaStream_t s) {
+                  for (int l = 0; l < layers; ++l)
+                    decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, false);
+                }) /
+                layers;
+            tuning = defaults;
+            TS_CUDA_CHECK(cudaFree(ws));
+            std::printf("attention %s q_len=%2d: %s kernel alone %7.2f us\n",
+                        attention_label(t).c_str(), q_len, split ? "split" : "combine", us);
+            Row row;
+            row.s("section", "attention_variant")
+                .s("variant", attention_label(t) + (split ? "_split_only" : "_combine_only"))
+                .n("q_len", q_len)
+                .n("ctx_tokens", ctx)
+                .b("cold", true)
+                .b("pdl", false);
+            add_row(row, 2.0 * (ctx + q_len) * 8 * kHeadDim * 2, us);
+          }
         }
       }
     }
@@ -617,8 +654,17 @@ void bench_layer_chain(int m, bool diagnose) {
   AttentionShape shape;
   shape.q_len = m;
   void* ws = nullptr;
-  TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
-  TS_CUDA_CHECK(cudaMemset(ws, 0, attention_workspace_bytes(shape, kv.cache)));  // counters
+  size_t ws_bytes = 0;  // enough for every attention contender timed below
+  {
+    const detail::AttentionTuning saved = detail::attention_tuning();
+    for (const auto& t : attention_contenders(saved)) {
+      detail::attention_tuning() = t;
+      ws_bytes = std::max(ws_bytes, attention_workspace_bytes(shape, kv.cache));
+    }
+    detail::attention_tuning() = saved;
+  }
+  TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+  TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));  // counters
   const RopeTable rope = llama3_rope_table();
   // mask bit i: PDL on for the i-th launcher of the layer (norm1, qkv, rope, attention, o,
   // norm2, gate_up, down).
@@ -641,9 +687,40 @@ void bench_layer_chain(int m, bool diagnose) {
   const double kv_bytes = 2.0 * (ctx + m) * 8 * kHeadDim * 2;
   const double bytes = weight_bytes + kv_bytes;
   const double floor_us = bytes / (g_floor_tbps * 1e12) * 1e6;
-  double t[2];
-  for (int pdl = 0; pdl < 2; ++pdl)
-    t[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u); }, 7) / layers;
+  // Each attention contender (attention_contenders: the default first), PDL off and on; the
+  // diagnostics below use the default.
+  auto& attn_tuning = detail::attention_tuning();
+  const detail::AttentionTuning attn_defaults = attn_tuning;
+  const std::vector<detail::AttentionTuning> contenders = attention_contenders(attn_defaults);
+  double t[2] = {0, 0};
+  for (size_t v = 0; v < contenders.size(); ++v) {
+    attn_tuning = contenders[v];
+    double tv[2];
+    for (int pdl = 0; pdl < 2; ++pdl)
+      tv[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u); }, 7) / layers;
+    attn_tuning = attn_defaults;
+    if (v == 0) {
+      t[0] = tv[0];
+      t[1] = tv[1];
+    }
+    std::printf(
+        "  layer chain m=%d attention %-32s: pdl off %7.2f us, pdl on %7.2f us (%.3fx / %.3fx of "
+        "floor)%s\n",
+        m, attention_label(contenders[v]).c_str(), tv[0], tv[1], tv[0] / floor_us, tv[1] / floor_us,
+        v == 0 ? "  [default]" : "");
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      Row row;
+      row.s("section", v == 0 ? "layer_chain_attention_default" : "layer_chain_attention_variant")
+          .s("attention_variant", attention_label(contenders[v]))
+          .n("m", m)
+          .n("ctx_tokens", ctx)
+          .b("cold", true)
+          .b("pdl", pdl == 1)
+          .n("time_over_floor", tv[pdl] / floor_us);
+      add_row(row, bytes, tv[pdl]);
+    }
+  }
+
   if (diagnose) {  // PDL off for one launcher at a time, and early triggers off
     const char* names[8] = {"norm1", "qkv", "rope", "attention", "o", "norm2", "gate_up", "down"};
     for (int i = 0; i < 8; ++i) {
@@ -668,6 +745,7 @@ void bench_layer_chain(int m, bool diagnose) {
     Row row;
     row.s("section", "layer_chain")
         .s("model", "llama3-8b")
+        .s("attention_variant", attention_label(attn_defaults))
         .n("m", m)
         .n("ctx_tokens", ctx)
         .n("layers_in_graph", layers)

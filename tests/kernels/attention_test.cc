@@ -22,12 +22,16 @@ using test::DeviceBuffer;
 struct Variant {
   const char* name;
   int variant, cluster, stages, ctas_per_sm;
+  bool split_full_ring = false, split_q_smem = false;  // two-launch options
 };
 const Variant kVariants[] = {
-    {"fused_default", 0, 4, 3, 2},     // the shipped default
+    {"fused_default", 0, 4, 3, 2},     // one launch at its own defaults (cluster 4, 3 stages)
     {"fused_nocluster", 0, 1, 3, 2},   // single-level combine: > 12 partials per slice
     {"fused_c2_s2_3cta", 0, 2, 2, 3},  // 2-deep ring, more splits
-    {"fused_c8_s4_1cta", 0, 8, 4, 1}, {"two_launch", 1, 1, 3, 2},  // the 179ce97 pair
+    {"fused_c8_s4_1cta", 0, 8, 4, 1},  //
+    {"two_launch", 1, 4, 3, 2},        // the shipped default: the 179ce97 pair
+    {"two_launch_full_ring_q_smem", 1, 4, 3, 2, true, true},
+    {"two_launch_q_smem", 1, 4, 3, 2, false, true},
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -39,6 +43,8 @@ class TuningScope {
     t.cluster = v.cluster;
     t.stages = v.stages;
     t.ctas_per_sm = v.ctas_per_sm;
+    t.split_full_ring = v.split_full_ring;
+    t.split_q_smem = v.split_q_smem;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
