@@ -692,7 +692,8 @@ void bench_layer_chain(int m, bool diagnose) {
   auto& attn_tuning = detail::attention_tuning();
   const detail::AttentionTuning attn_defaults = attn_tuning;
   const std::vector<detail::AttentionTuning> contenders = attention_contenders(attn_defaults);
-  double t[2] = {0, 0};
+  double t[2] = {0, 0}, best_us = 1e30;
+  size_t best = 0;
   for (size_t v = 0; v < contenders.size(); ++v) {
     attn_tuning = contenders[v];
     double tv[2];
@@ -702,6 +703,10 @@ void bench_layer_chain(int m, bool diagnose) {
     if (v == 0) {
       t[0] = tv[0];
       t[1] = tv[1];
+    }
+    if (tv[1] < best_us) {
+      best_us = tv[1];
+      best = v;
     }
     std::printf(
         "  layer chain m=%d attention %-32s: pdl off %7.2f us, pdl on %7.2f us (%.3fx / %.3fx of "
@@ -720,6 +725,13 @@ void bench_layer_chain(int m, bool diagnose) {
       add_row(row, bytes, tv[pdl]);
     }
   }
+
+  const detail::AttentionTuning& b = contenders[best];
+  std::printf(
+      "  layer chain m=%d fastest attention with PDL on: %s (%.2f us; kernels/tuning.h "
+      "AttentionTuning: variant %d, split_full_ring %d, split_q_smem %d, stages %d, cluster %d)\n",
+      m, attention_label(b).c_str(), best_us, b.variant, b.split_full_ring ? 1 : 0,
+      b.split_q_smem ? 1 : 0, b.stages, b.cluster);
 
   if (diagnose) {  // PDL off for one launcher at a time, and early triggers off
     const char* names[8] = {"norm1", "qkv", "rope", "attention", "o", "norm2", "gate_up", "down"};
