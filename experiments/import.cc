@@ -1,6 +1,7 @@
 #include "experiments/import.h"
 
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "policies/error.h"
@@ -127,6 +128,21 @@ std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, c
     }
     matches.emplace_back(&v, found);
   }
+  // Metrics of every match, also before anything is written: a number out of double range or
+  // two fields that give one metric (tpot_ms and tpot_ms_mean) refuse the whole record.
+  std::vector<std::vector<Metric>> metrics;
+  for (const auto& [v, row] : matches) {
+    const std::string where = "record " + path + ", row " + std::to_string(row) + ": ";
+    try {
+      metrics.push_back(row_metrics(rows->items[row]));
+    } catch (const JsonError& err) {
+      throw Error(where + err.what());
+    }
+    std::set<std::string> keys;
+    for (const Metric& m : metrics.back()) {
+      if (!keys.insert(m.key).second) throw Error(where + "two fields give metric '" + m.key + "'");
+    }
+  }
   const bool dirty = commit.size() > 6 && commit.substr(commit.size() - 6) == "-dirty";
   const std::string sha = dirty ? commit.substr(0, commit.size() - 6) : commit;
   const QueryResult already = db.query_params(
@@ -142,7 +158,8 @@ std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, c
 
   const BuildInfo build{sha, dirty, kImportedCompiler, "unknown", "unknown", "unknown"};
   std::vector<ImportedRun> out;
-  for (const auto& [v, row] : matches) {
+  for (size_t i = 0; i < matches.size(); ++i) {
+    const auto& [v, row] = matches[i];
     RunInfo info;
     info.experiment_name = e.name;
     info.yaml_text = e.yaml_text;
@@ -155,7 +172,7 @@ std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, c
     info.gpu_name = gpu;
     info.build = &build;
     const int64_t id = db.begin_run(info);
-    db.finish_run(id, RunRecord{}, row_metrics(rows->items[row]), 0.0);
+    db.finish_run(id, RunRecord{}, metrics[i], 0.0);
     out.push_back({id, v->index, row});
   }
   return out;
