@@ -1,0 +1,199 @@
+// Communicator (runtime/comm.h): NCCL in non-blocking mode, every call checked, every wait with
+// a deadline that ends in ncclCommAbort and a CommError naming the operation and the rank.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "runtime/comm.h"
+
+namespace twinstep {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point deadline_after(double s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+ncclDataType_t nccl_type(CommType t) {
+  switch (t) {
+    case CommType::kBF16:
+      return ncclBfloat16;
+    case CommType::kF32:
+      return ncclFloat32;
+    case CommType::kI32:
+      return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+size_t type_bytes(CommType t) { return t == CommType::kBF16 ? 2 : 4; }
+
+}  // namespace
+
+std::string Communicator::new_unique_id() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) throw CommError(std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
+  return std::string(reinterpret_cast<const char*>(&id), sizeof id);
+}
+
+std::unique_ptr<Communicator> Communicator::create_world(const CommOptions& options) {
+  const int rank = world_rank(), size = world_size();
+  const std::string id = bootstrap_world(&Communicator::new_unique_id, options.join_timeout_s);
+  return create(id, rank, size, options);
+}
+
+std::unique_ptr<Communicator> Communicator::create(const std::string& unique_id, int rank, int size,
+                                                   const CommOptions& options) {
+  const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(size);
+  if (unique_id.size() != sizeof(ncclUniqueId))
+    throw CommError("NCCL init on " + who + ": the unique id has " +
+                    std::to_string(unique_id.size()) + " bytes, expected " +
+                    std::to_string(sizeof(ncclUniqueId)));
+  if (size < 1 || rank < 0 || rank >= size) throw CommError("NCCL init: invalid " + who);
+  if (!(options.join_timeout_s > 0) || !(options.op_timeout_s > 0))
+    throw CommError("NCCL init: timeouts must be > 0 s");
+  ncclUniqueId id;
+  std::memcpy(&id, unique_id.data(), sizeof id);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // init and collectives return at once; wait_ready polls with a deadline
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    throw CommError("NCCL init on " + who + ": " + ncclGetErrorString(r));
+  }
+  std::unique_ptr<Communicator> c(new Communicator(comm, rank, size, options));
+  c->wait_ready("NCCL init", options.join_timeout_s);
+  return c;
+}
+
+Communicator::~Communicator() {
+  if (aborted_ || comm_ == nullptr) return;
+  // Finalize flushes outstanding work; in non-blocking mode it may return in progress. A
+  // finalize that does not settle within the deadline is aborted (a destructor never hangs).
+  ncclResult_t r = ncclCommFinalize(comm_);
+  const Clock::time_point deadline = deadline_after(options_.op_timeout_s);
+  ncclResult_t state = r;
+  while (r == ncclSuccess || r == ncclInProgress) {
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if ((r == ncclSuccess || r == ncclInProgress) && state == ncclSuccess)
+    ncclCommDestroy(comm_);
+  else
+    ncclCommAbort(comm_);
+}
+
+void Communicator::fail(const std::string& what, const std::string& why) {
+  if (!aborted_) {
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+  throw CommError(what + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+                  ": " + why + "; communicator aborted");
+}
+
+void Communicator::wait_ready(const std::string& what, double timeout_s) {
+  const Clock::time_point deadline = deadline_after(timeout_s);
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess)
+      fail(what, std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r));
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress)
+      fail(what, std::string(ncclGetErrorString(state)) + " (" + ncclGetLastError(comm_) + ")");
+    if (Clock::now() >= deadline)
+      fail(what, "did not complete within " + seconds_text(timeout_s) +
+                     " s (a rank did not join or is stuck)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Checks an enqueueing call: in progress is waited for (non-blocking mode), errors throw.
+#define TS_NCCL_ENQUEUE(expr, what)                                                      \
+  do {                                                                                   \
+    if (aborted_) throw CommError(std::string(what) + ": the communicator was aborted"); \
+    const ncclResult_t ts_r_ = (expr);                                                   \
+    if (ts_r_ == ncclInProgress)                                                         \
+      wait_ready(what, options_.op_timeout_s);                                           \
+    else if (ts_r_ != ncclSuccess)                                                       \
+      fail(what, std::string(#expr) + ": " + ncclGetErrorString(ts_r_) + " (" +          \
+                     ncclGetLastError(comm_) + ")");                                     \
+  } while (0)
+
+void Communicator::all_reduce_sum(const void* send, void* recv, size_t count, CommType type,
+                                  cudaStream_t stream) {
+  TS_NCCL_ENQUEUE(ncclAllReduce(send, recv, count, nccl_type(type), ncclSum, comm_, stream),
+                  "all_reduce_sum of " + std::to_string(count) + " elements");
+}
+
+void Communicator::all_to_all(const void* send, void* recv, size_t count, CommType type,
+                              cudaStream_t stream) {
+  const std::string what = "all_to_all of " + std::to_string(count) + " elements per rank";
+  const size_t bytes = count * type_bytes(type);
+  TS_NCCL_ENQUEUE(ncclGroupStart(), what);
+  for (int p = 0; p < size_; ++p) {
+    // Inside a group the calls only record the operation; ncclGroupEnd launches them.
+    TS_NCCL_ENQUEUE(ncclSend(static_cast<const char*>(send) + size_t(p) * bytes, count,
+                             nccl_type(type), p, comm_, stream),
+                    what);
+    TS_NCCL_ENQUEUE(ncclRecv(static_cast<char*>(recv) + size_t(p) * bytes, count, nccl_type(type),
+                             p, comm_, stream),
+                    what);
+  }
+  TS_NCCL_ENQUEUE(ncclGroupEnd(), what);
+}
+
+void Communicator::send(const void* buf, size_t count, CommType type, int peer,
+                        cudaStream_t stream) {
+  const std::string what =
+      "send of " + std::to_string(count) + " elements to rank " + std::to_string(peer);
+  if (peer < 0 || peer >= size_)
+    throw CommError(what + ": no such rank (size " + std::to_string(size_) + ")");
+  TS_NCCL_ENQUEUE(ncclSend(buf, count, nccl_type(type), peer, comm_, stream), what);
+}
+
+void Communicator::recv(void* buf, size_t count, CommType type, int peer, cudaStream_t stream) {
+  const std::string what =
+      "recv of " + std::to_string(count) + " elements from rank " + std::to_string(peer);
+  if (peer < 0 || peer >= size_)
+    throw CommError(what + ": no such rank (size " + std::to_string(size_) + ")");
+  TS_NCCL_ENQUEUE(ncclRecv(buf, count, nccl_type(type), peer, comm_, stream), what);
+}
+
+void Communicator::synchronize(cudaStream_t stream, const std::string& what) {
+  if (aborted_) throw CommError(what + ": the communicator was aborted");
+  const Clock::time_point deadline = deadline_after(options_.op_timeout_s);
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess)
+      fail(what, std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r));
+    if (state != ncclSuccess && state != ncclInProgress)
+      fail(what, std::string(ncclGetErrorString(state)) + " (" + ncclGetLastError(comm_) + ")");
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) fail(what, std::string("CUDA: ") + cudaGetErrorString(q));
+    if (Clock::now() >= deadline)
+      fail(what, "did not complete within " + seconds_text(options_.op_timeout_s) +
+                     " s (a rank is missing or stuck)");
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace twinstep

@@ -1,0 +1,98 @@
+#include "runtime/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace twinstep {
+namespace {
+
+int64_t pad128(int64_t elements) { return (elements + 127) / 128 * 128; }
+int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", double(bytes) / double(int64_t{1} << 30));
+  return buf;
+}
+
+}  // namespace
+
+EngineMemoryPlan plan_engine_memory(const LlamaConfig& c, int32_t max_slots,
+                                    int32_t capacity_tokens, int32_t max_prefill_tokens,
+                                    bool draft) {
+  const int64_t H = c.hidden, I = c.intermediate, V = c.vocab;
+  EngineMemoryPlan p;
+  // Weights, as Engine::allocate lays them out: embedding, per layer [input norm, qkv, o,
+  // post norm, gate_up, down], final norm, lm_head unless tied.
+  int64_t elements = pad128(V * H) + pad128(H);
+  elements += int64_t{c.layers} * (pad128(H) + pad128(c.qkv_dim() * H) + pad128(H * c.q_dim()) +
+                                   pad128(H) + pad128(2 * I * H) + pad128(H * I));
+  if (!c.tie_embeddings) elements += pad128(V * H);
+  if (draft) {
+    for (const WeightDesc& d : draft_weight_list(c)) {
+      int64_t n = 1;
+      for (const int64_t dim : d.shape) n *= dim;
+      elements += pad128(n);
+    }
+  }
+  p.weight_bytes = 2 * elements;
+
+  // KV cache (kernels/kv_cache.h): [layer][K, V][kv_head][token][head_dim] bf16 per slot.
+  p.kv_slots = max_slots + 1;
+  p.capacity_tokens = capacity_tokens;
+  const int64_t kv_layers = c.layers + (draft ? 1 : 0);
+  p.kv_bytes = int64_t{p.kv_slots} * capacity_tokens * kv_layers * 2 * c.kv_heads * c.head_dim * 2;
+
+  // Activations: rows of the widest pass (prefill of max(max_prefill, capacity) tokens in
+  // chunks, or the largest decode bucket).
+  int32_t bucket = 1;
+  while (bucket < max_slots) bucket *= 2;
+  const int64_t group = c.q_heads / std::max(c.kv_heads, 1);
+  const int64_t chunk =
+      std::min<int64_t>(16, std::max<int64_t>(1, 64 / std::max<int64_t>(group, 1)));
+  const int64_t prefill_rows = align_up(std::max(max_prefill_tokens, capacity_tokens), chunk);
+  // A verify pass of a bucket takes kMaxDraftTokens + 1 = 16 rows per request (device_ops.h).
+  const int64_t rows = std::max<int64_t>(prefill_rows, int64_t{bucket} * (draft ? 16 : 1));
+  const int64_t row_elements = 4 * H + c.qkv_dim() + 2 * c.q_dim() + 3 * I;
+  int64_t buffers = 2 * rows * row_elements;
+  // Last-row residual and MLP outputs and the output ring of every slot.
+  const int64_t out_rows = std::max<int64_t>(bucket, max_slots);
+  buffers += 2 * 2 * out_rows * H + 64 * out_rows * 8;
+  // Attention workspace of the widest prefill: one split of float partials (head_dim floats plus
+  // max and sum) per query row and head, the count when the chunks alone fill the GPU.
+  buffers += prefill_rows * c.q_heads * (int64_t{c.head_dim} * 4 + 8);
+  buffers += int64_t{32} << 20;  // cuBLAS workspace (engine.cc kCublasWorkspaceBytes)
+  p.buffer_bytes = buffers + EngineMemoryPlan::kAllowanceBytes;
+  return p;
+}
+
+std::string describe_shortfall(const EngineMemoryPlan& p, const LlamaConfig& c,
+                               const std::string& model, int device, uint64_t free_bytes,
+                               uint64_t total_bytes) {
+  const std::string who = model.empty() ? "a model of " + std::to_string(c.layers) +
+                                              " layers, hidden " + std::to_string(c.hidden) + ","
+                                        : "model " + model;
+  return who + " needs " + gib(p.total_bytes()) + " (weights " + gib(p.weight_bytes) + ", KV " +
+         gib(p.kv_bytes) + " for " + std::to_string(p.kv_slots - 1) + " slots (+1 padding) x " +
+         std::to_string(p.capacity_tokens) + " tokens, buffers " + gib(p.buffer_bytes) +
+         ") but GPU " + std::to_string(device) + " has " + gib(int64_t(free_bytes)) + " free of " +
+         gib(int64_t(total_bytes));
+}
+
+void require_fits(const EngineMemoryPlan& plan, const LlamaConfig& config, const std::string& model,
+                  int device, uint64_t free_bytes, uint64_t total_bytes) {
+  if (uint64_t(plan.total_bytes()) > free_bytes)
+    throw OutOfMemoryError(
+        describe_shortfall(plan, config, model, device, free_bytes, total_bytes));
+}
+
+std::string describe_bytes(uint64_t bytes) {
+  char buf[64];
+  if (bytes >= (uint64_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(uint64_t{1} << 30));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / double(uint64_t{1} << 20));
+  return std::string(buf) + " (" + std::to_string(bytes) + " bytes)";
+}
+
+}  // namespace twinstep

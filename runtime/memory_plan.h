@@ -1,0 +1,57 @@
+// What a runtime Engine allocates on its GPU, computed before it allocates anything, so a model
+// that does not fit is refused up front with what it needs and what the GPU has, rather than by
+// a cudaMalloc failing halfway through. Pure arithmetic over the config and the engine options
+// (CPU-testable: the free and total figures are passed in).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "policies/error.h"
+#include "runtime/checkpoint.h"
+
+namespace twinstep {
+
+// The model does not fit the GPU's free memory (or an allocation failed for lack of memory).
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct EngineMemoryPlan {
+  int64_t weight_bytes = 0;  // every weight in one allocation, tensors padded to 128 elements
+  int64_t kv_bytes = 0;      // K and V of every layer for kv_slots x capacity_tokens positions
+  int32_t kv_slots = 0;      // max_slots + the padding slot of batch buckets
+  int32_t capacity_tokens = 0;
+  // Activations of the widest prefill pass, attention/lm-head/cuBLAS workspaces, relay, output
+  // ring and staging; includes kAllowanceBytes for what depends on the device (attention split
+  // counts follow the SM count) and what the CUDA runtime allocates for graphs and cuBLAS.
+  int64_t buffer_bytes = 0;
+  int64_t total_bytes() const { return weight_bytes + kv_bytes + buffer_bytes; }
+
+  static constexpr int64_t kAllowanceBytes = int64_t{256} << 20;
+};
+
+// The plan of an Engine with these options (engine.h: EngineOptions; the same arithmetic as
+// Engine::allocate). `draft`: the speculative draft module (draft_weight_list's tensors in the
+// weight allocation, one more KV layer per slot, verify rows of every bucket; its small
+// per-row state is within the allowance). Sizes are computed in 64 bits; configs come from
+// parse_llama_config or a ModelSpec, whose ranges keep every product far below 2^63.
+EngineMemoryPlan plan_engine_memory(const LlamaConfig& config, int32_t max_slots,
+                                    int32_t capacity_tokens, int32_t max_prefill_tokens,
+                                    bool draft = false);
+
+// "model M needs X GiB (weights W, KV K for N slots x C tokens, buffers B) but GPU D has F GiB
+// free of T". `model` names the model ("llama-3-70b"); empty: its shape is described instead.
+std::string describe_shortfall(const EngineMemoryPlan& plan, const LlamaConfig& config,
+                               const std::string& model, int device, uint64_t free_bytes,
+                               uint64_t total_bytes);
+
+// Throws OutOfMemoryError with describe_shortfall's message when plan.total_bytes() > free_bytes.
+void require_fits(const EngineMemoryPlan& plan, const LlamaConfig& config, const std::string& model,
+                  int device, uint64_t free_bytes, uint64_t total_bytes);
+
+// A size for messages: "1.50 GiB (1610612736 bytes)", "16.0 MiB (16777216 bytes)".
+std::string describe_bytes(uint64_t bytes);
+
+}  // namespace twinstep
