@@ -155,19 +155,42 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
       }
       e.gemm("kv_a_proj", h, latent);
       e.norm("kv_a_norm", a.kv_lora_rank, /*residual=*/false);
-      // Absorbed decode: q_nope is mapped into the latent space (W_UK), attention runs as MQA
-      // over the cached latent, and the output is mapped back per head (W_UV).
-      e.add("q_absorb", KernelClass::kGemm,
-            e.wgt(heads * a.qk_nope_head_dim * a.kv_lora_rank) +
-                s.tokens * heads * a.qk_nope_head_dim * kActBytes,
-            s.tokens * heads * a.kv_lora_rank * kActBytes,
-            2 * s.tokens * heads * a.qk_nope_head_dim * a.kv_lora_rank);
+      const bool absorbed = s.lm_head_all_tokens;  // decode-like steps; prefill: see below
+      if (absorbed) {
+        // Absorbed decode: q_nope is mapped into the latent space (W_UK), attention runs as MQA
+        // over the cached latent, and the output is mapped back per head (W_UV).
+        e.add("q_absorb", KernelClass::kGemm,
+              e.wgt(heads * a.qk_nope_head_dim * a.kv_lora_rank) +
+                  s.tokens * heads * a.qk_nope_head_dim * kActBytes,
+              s.tokens * heads * a.kv_lora_rank * kActBytes,
+              2 * s.tokens * heads * a.qk_nope_head_dim * a.kv_lora_rank);
+      }
       e.add("rope", KernelClass::kRope, s.tokens * (heads + 1) * a.qk_rope_head_dim * kActBytes,
             s.tokens * (heads + 1) * a.qk_rope_head_dim * kActBytes,
             6 * s.tokens * (heads + 1) * a.qk_rope_head_dim);
       e.add("kv_append", KernelClass::kKvAppend, kv_at.append * latent * kActBytes,
             compressed_kv_bytes(e.l, kv_at.append * latent * kvb), 0);
       e.cp_kv_gather(latent * kvb);
+      if (!absorbed) {
+        // Prefill runs the non-absorbed form (as FlashAttention-based MLA prefill does): the
+        // latent of every key read is up-projected to per-head k_nope and v (W_UK, W_UV), and
+        // attention runs as MHA with qk_head-wide keys and v_head-wide values.
+        const int64_t keys = kv_at.ctx + kv_at.append;
+        const int64_t kv_up = heads * (int64_t{a.qk_nope_head_dim} + a.v_head_dim);
+        e.add("kv_b_proj", KernelClass::kGemm,
+              e.wgt(a.kv_lora_rank * kv_up) +
+                  compressed_kv_bytes(e.l, keys * int64_t{a.kv_lora_rank} * kvb),
+              keys * kv_up * kActBytes, 2 * keys * a.kv_lora_rank * kv_up);
+        e.add("attention", KernelClass::kAttention,
+              keys * kv_up * kActBytes +
+                  compressed_kv_bytes(e.l, keys * int64_t{a.qk_rope_head_dim} * kvb) +
+                  s.tokens * heads * qk_head * kActBytes,
+              s.tokens * heads * a.v_head_dim * kActBytes,
+              2 * kv_at.pairs * heads * (qk_head + a.v_head_dim));
+        e.cp_exchange(heads * a.v_head_dim, heads);
+        e.gemm("o_proj", heads * a.v_head_dim, h);
+        break;
+      }
       e.add("attention", KernelClass::kAttention,
             compressed_kv_bytes(e.l, (kv_at.ctx + kv_at.append) * latent * kvb) +
                 s.tokens * heads * latent * kActBytes,

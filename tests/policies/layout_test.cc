@@ -307,6 +307,25 @@ TEST(LayoutKernels, CpPrefillSplitsTheQueries) {
   EXPECT_EQ(find(d, "cp_kv_gather"), nullptr);
 }
 
+// MLA prefill runs the non-absorbed form: DeepSeek-V3 (128 heads, qk 128 + 64 rope, v 128,
+// latent 512) up-projects the 1000 prompt keys' latents to k_nope and v (2 · 1000 · 512 · 128 ·
+// 256 FLOPs) and attends as MHA, 2 · (192 + 128) FLOPs per pair and head over the 1000 · 1001 / 2
+// causal pairs; decode keeps the absorbed form (q_absorb, MQA over the latent, v_up).
+TEST(LayoutKernels, MlaPrefillIsNotAbsorbed) {
+  const ModelSpec& m = model_preset("deepseek-like");
+  StepKernels s;
+  step_kernels(m, prefill_shape(1, 1000, 1000LL * 1000), s);
+  EXPECT_EQ(find(s, "q_absorb"), nullptr);
+  EXPECT_EQ(find(s, "v_up"), nullptr);
+  EXPECT_EQ(find(s, "kv_b_proj")->flops, 2LL * 1000 * 512 * 128 * 256);
+  EXPECT_EQ(find(s, "attention")->flops, 2LL * (1000LL * 1001 / 2) * 128 * (192 + 128));
+  step_kernels(m, decode_shape(1, 1, 1000), s);
+  EXPECT_NE(find(s, "q_absorb"), nullptr);
+  EXPECT_NE(find(s, "v_up"), nullptr);
+  EXPECT_EQ(find(s, "kv_b_proj"), nullptr);
+  EXPECT_EQ(find(s, "attention")->flops, 2LL * (1000 + 1) * 128 * (576 + 512));
+}
+
 TEST(LayoutKernels, PipelineStagesSendAndReceive) {
   const ModelSpec& m = model_preset("llama-3-8b");
   StepKernels s0, s1;
