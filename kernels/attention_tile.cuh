@@ -23,6 +23,9 @@ constexpr int kTokTiles = kWarpTokens / 8;                // n8 mma tiles per wa
 constexpr int kTileElems = kTileTokens * kHeadDim;        // one of K or V, bf16
 constexpr int kThreadsPerRowTile = 32 * kWarpsPerTile;    // 128
 constexpr float kLog2e = 1.4426950408889634f;
+// Online softmax: the running base may trail the running max by this much (log2 units) before
+// O and l are rescaled; P stays <= 256, far from any fp32 or bf16 limit.
+constexpr float kRescaleSlack = 8.0f;
 
 // Shared-memory tiles are [token][16 units of 16 bytes]; unit u of token t sits at
 // u ^ swizzle(t), so ldmatrix (8 tokens, one unit) and the k-permuted 16-byte reads
@@ -63,8 +66,8 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 
 // One warp's running softmax state for rows a = gid and b = gid + 8 of its 16-row tile.
 struct WarpAcc {
-  float m[2];                // running max, log2 units (-inf: no visible key yet)
-  float l[2];                // running sum of exp2(s - m), this lane's columns only
+  float m[2];  // running base, log2 units: max - kRescaleSlack <= m <= max (-inf: no key yet)
+  float l[2];  // running sum of exp2(s - m), this lane's columns only
   float o[kHeadDim / 8][4];  // mma C fragments: o[d][0..1] row a, o[d][2..3] row b
 };
 
@@ -127,12 +130,18 @@ __device__ __forceinline__ void attend_tile(WarpAcc& acc, const uint4 (&qa)[4],
     mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, offset));
     mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, offset));
   }
-  const float new_a = fmaxf(acc.m[0], mx_a), new_b = fmaxf(acc.m[1], mx_b);
-  const float base_a = new_a == -INFINITY ? 0.0f : new_a;
-  const float base_b = new_b == -INFINITY ? 0.0f : new_b;
-  const float alpha_a = exp2_ftz(acc.m[0] - base_a), alpha_b = exp2_ftz(acc.m[1] - base_b);
-  acc.m[0] = new_a;
-  acc.m[1] = new_b;
+  // Lazy rescale: a row keeps its base acc.m while the tile's max stays within kRescaleSlack of
+  // it (so P <= 2^kRescaleSlack); only a larger max moves the base to that max and rescales l and
+  // O. A row decides from its own keys alone (row r gives the same bits for any row count), and
+  // l and O are always relative to the stored base, which is what the merges read as the max.
+  const bool move_a = mx_a > acc.m[0] + kRescaleSlack;  // false while the tile has no visible key
+  const bool move_b = mx_b > acc.m[1] + kRescaleSlack;
+  const float alpha_a = move_a ? exp2_ftz(acc.m[0] - mx_a) : 1.0f;  // 0 from -inf
+  const float alpha_b = move_b ? exp2_ftz(acc.m[1] - mx_b) : 1.0f;
+  if (move_a) acc.m[0] = mx_a;
+  if (move_b) acc.m[1] = mx_b;
+  const float base_a = acc.m[0] == -INFINITY ? 0.0f : acc.m[0];
+  const float base_b = acc.m[1] == -INFINITY ? 0.0f : acc.m[1];
   float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
   for (int n = 0; n < kTokTiles; ++n) {
@@ -145,8 +154,7 @@ __device__ __forceinline__ void attend_tile(WarpAcc& acc, const uint4 (&qa)[4],
   }
   acc.l[0] = acc.l[0] * alpha_a + sum_a;
   acc.l[1] = acc.l[1] * alpha_b + sum_b;
-  // Rescale O only when some row's max moved (x * 1.0f == x: the skip changes no bit).
-  if (__any_sync(0xffffffffu, alpha_a != 1.0f || alpha_b != 1.0f)) {
+  if (__any_sync(0xffffffffu, move_a || move_b)) {  // alpha is exactly 1 for a row that stays
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d) {
       acc.o[d][0] *= alpha_a;
