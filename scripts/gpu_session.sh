@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A whole GPU session in one command: build the project once, then run the named stages in
+# order, each under its own time limit, with its logs in OUT/<stage>/ and one status line in
+# OUT/summary.txt. At the end every log is packed into OUT/logs.tgz and the loose files are
+# removed (the remote-device tool brings back only a few files).
+#   scripts/gpu_session.sh OUT STAGE[:SECONDS] ...
+# Stages (each is scripts/gpu_<stage>.sh OUT/<stage>, except `tests`):
+#   tests        every ctest suite labelled gpu (they skip where a GPU is missing)
+#   spec calibrate nccl tp attention kernels reliability runtime sanitize all
+# Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS; an unpacked libsqlite3-dev in
+# .device-deps/root (from .device-deps/*.deb, unpacked here when present) provides SQLite.
+set -uo pipefail
+out=${1:?usage: scripts/gpu_session.sh OUT STAGE[:SECONDS] ...}
+shift
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/.." && pwd)
+export TWINSTEP_BUILD_DIR=${TWINSTEP_BUILD_DIR:-$root/build}
+deps="$root/.device-deps/root"
+if [ ! -f "$deps/usr/include/sqlite3.h" ] && compgen -G "$root/.device-deps/*.deb" >/dev/null; then
+  for f in "$root"/.device-deps/*.deb; do dpkg -x "$f" "$deps"; done
+fi
+if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
+  export TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
+fi
+export TWINSTEP_COMMIT=${TWINSTEP_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}
+summary="$out/summary.txt"
+start=$(date +%s)
+note() { echo "$*" | tee -a "$summary"; }
+
+note "commit $TWINSTEP_COMMIT, $(nvidia-smi -L 2>/dev/null | wc -l) GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+cmake -S "$root" -B "$TWINSTEP_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES=90 ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 &&
+  cmake --build "$TWINSTEP_BUILD_DIR" -j"$(nproc)" >"$out/build.log" 2>&1
+build_status=$?
+note "build: status $build_status at +$(( $(date +%s) - start )) s"
+[ $build_status = 0 ] || grep -E "error|Error" "$out/configure.log" "$out/build.log" | head -30 | tee -a "$summary"
+
+for arg in "$@"; do
+  stage=${arg%%:*}
+  secs=${arg#*:}
+  [ "$secs" = "$arg" ] && secs=300
+  dir="$out/$stage"
+  mkdir -p "$dir"
+  if [ "$stage" = tests ]; then
+    (cd "$TWINSTEP_BUILD_DIR" && timeout "$secs" ctest -L gpu --output-on-failure) >"$dir/ctest.log" 2>&1
+  else
+    timeout "$secs" bash "$root/scripts/gpu_$stage.sh" "$dir" >"$dir/run.txt" 2>&1
+  fi
+  st=$?
+  note "$stage: status $st$([ $st = 124 ] && echo ' (time limit)') at +$(( $(date +%s) - start )) s"
+done
+
+tar -C "$out" -czf "$out/logs.tgz.tmp" --exclude=logs.tgz.tmp . && mv "$out/logs.tgz.tmp" "$out/logs.tgz"
+find "$out" -mindepth 1 -maxdepth 1 ! -name logs.tgz ! -name summary.txt -exec rm -rf {} +
+cat "$summary"
