@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# NCCL collective calibration on every GPU of this machine (docs/calibration.md "Collectives"):
+# builds twinstep and the NCCL calibration tests, runs the CPU fit test and the 1-rank GPU loop
+# test, then `mpirun -np GPUS twinstep calibrate-nccl`: all-reduce, all-gather, all-to-all and
+# send/recv from 8 KB to 256 MB, eager and in captured graphs, fitted into a profile. About a
+# minute of GPU time on 2 H200s after the build.
+#   scripts/gpu_nccl.sh OUT_DIR
+# Writes OUT_DIR/{configure,build,fit_test,gpu_test,nccl}.log, OUT_DIR/gpu.txt and
+# OUT_DIR/nccl.yaml (the profile; install it as results/profiles/NAME.yaml).
+# Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS extra configure flags (an
+# unpacked libsqlite3-dev under .device-deps/root is used as scripts/gpu_all.sh does);
+# TWINSTEP_NCCL_PROFILE a calibrated profile in results/profiles to extend (its name is kept;
+# default: none, the GPU's datasheet preset, profile name h200-nccl); TWINSTEP_NCCL_QUICK=1 for
+# x4 size steps; TWINSTEP_MPIRUN_ARGS extra mpirun flags.
+set -uo pipefail
+out=${1:?usage: scripts/gpu_nccl.sh OUT_DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${TWINSTEP_BUILD_DIR:-$root/build}
+deps="$root/.device-deps/root"
+if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
+  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
+fi
+step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
+status=0
+# NVLink multicast stays off (the lent machines' rule; NCCL would use it for all-reduce).
+export NCCL_NVLS_ENABLE=0
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+
+step configure
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+grep -E "twinstep:" "$out/configure.log"
+step build
+cmake --build "$build" -j16 --target twinstep runtime_nccl_fit_test \
+  runtime_nccl_calibrate_gpu_test >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+nvidia-smi topo -m >"$out/topo.txt" 2>&1 || true
+gpus=$(nvidia-smi -L | wc -l)
+
+step "fit test (CPU)"
+"$build/tests/runtime/runtime_nccl_fit_test" >"$out/fit_test.log" 2>&1 || status=1
+tail -n 3 "$out/fit_test.log"
+step "1-rank loop test (GPU)"
+"$build/tests/runtime/runtime_nccl_calibrate_gpu_test" >"$out/gpu_test.log" 2>&1 || status=1
+tail -n 3 "$out/gpu_test.log"
+if grep -q "SKIPPED \]" "$out/gpu_test.log"; then echo "FAILED: the GPU test skipped"; status=1; fi
+
+args=(calibrate-nccl --out "$out/nccl.yaml")
+if [ -n "${TWINSTEP_NCCL_PROFILE:-}" ]; then
+  args+=(--profile "$TWINSTEP_NCCL_PROFILE" --name "$TWINSTEP_NCCL_PROFILE")
+else
+  args+=(--name h200-nccl)
+fi
+[ "${TWINSTEP_NCCL_QUICK:-0}" = 1 ] && args+=(--quick)
+
+step "calibrate-nccl on $gpus GPU(s)"
+if [ "$gpus" -gt 1 ]; then
+  if ! command -v mpirun >/dev/null; then
+    echo "FAILED: mpirun is not on PATH (Open MPI: openmpi-bin, and libopenmpi-dev to build)"
+    exit 1
+  fi
+  if ! grep -q "MPI (distributed sweeps) ON" "$out/configure.log"; then
+    echo "FAILED: twinstep was configured without MPI (libopenmpi-dev); $gpus ranks need it"
+    exit 1
+  fi
+  # One rank per GPU (rank r takes GPU r: its local rank), no oversubscription, no core
+  # binding (NCCL's proxy threads need cores of their own); the environment NCCL reads goes
+  # to every rank.
+  # shellcheck disable=SC2086
+  timeout 300 mpirun --allow-run-as-root -np "$gpus" --bind-to none \
+    -x NCCL_NVLS_ENABLE -x NCCL_DEBUG ${TWINSTEP_MPIRUN_ARGS:-} \
+    "$build/twinstep" "${args[@]}" >"$out/nccl.log" 2>&1 || status=1
+else
+  timeout 300 "$build/twinstep" "${args[@]}" >"$out/nccl.log" 2>&1 || status=1
+fi
+sed -n '/^fit:/,$p' "$out/nccl.log"
+[ -s "$out/nccl.yaml" ] || { echo "FAILED: no $out/nccl.yaml (see nccl.log)"; status=1; }
+echo "commit $(git -C "$root" rev-parse HEAD 2>/dev/null)$(git -C "$root" diff --quiet 2>/dev/null || echo -dirty)" \
+  | tee -a "$out/gpu.txt"
+exit $status
