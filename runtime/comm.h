@@ -40,8 +40,8 @@ int world_size();
 // returns it. Point-to-point messages polled with MPI_Test (not a blocking broadcast) so rank 0
 // knows who is missing and no rank blocks past the deadline: a rank that has not joined within
 // timeout_s makes every rank throw CommError "rank R of N did not join within T s" (rank 0
-// first; the others when rank 0's verdict reaches them, or at 2 x timeout_s when rank 0 itself
-// is missing). A world of one returns make_payload() at once.
+// first; the others, a rank that joins late included, when rank 0's verdict reaches them, or at
+// 2 x timeout_s when rank 0 itself is missing). A world of one returns make_payload() at once.
 std::string bootstrap_world(const std::function<std::string()>& make_payload, double timeout_s);
 
 // Element types of the collectives (NCCL's, for the runtime's buffers).

@@ -88,12 +88,12 @@ std::string bootstrap_root(int size, const std::function<std::string()>& make_pa
     }
   }
   if (!error.empty()) verdict.assign(1, 'E').append(error);
-  // Every joined rank waits for the verdict; the messages are small (sent eagerly), and a rank
-  // that died after joining is not waited for past the deadline.
+  // Every rank gets the verdict, a missing one too (if it joins late it learns why the job
+  // failed instead of waiting for rank 0). The messages are small (sent eagerly), and a rank
+  // that never receives is not waited for past the deadline.
   auto* buffer = new std::string(verdict);
   std::vector<MPI_Request> sends;
   for (int r = 1; r < size; ++r) {
-    if (!joined[size_t(r)]) continue;
     sends.emplace_back();
     MPI_Isend(buffer->data(), int(buffer->size()), MPI_CHAR, r, kTagVerdict, MPI_COMM_WORLD,
               &sends.back());

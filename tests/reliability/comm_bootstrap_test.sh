@@ -40,6 +40,10 @@ cat "$out"
 check "rank 0 names rank 2 of 3" grep -qx "rank 0: bootstrap: rank 2 of 3 did not join within 1 s" "$out"
 check "rank 1 gets rank 0's verdict" grep -qx "rank 1: bootstrap: rank 2 of 3 did not join within 1 s" "$out"
 
+mpi 2 "$probe" 1 1 late >"$out" 2>&1
+cat "$out"
+check "a rank joining after the deadline learns why" grep -qx "rank 1: bootstrap: rank 1 of 2 did not join within 1 s" "$out"
+
 mpi 2 "$probe" 1 0 >"$out" 2>&1
 cat "$out"
 check "a missing rank 0 is named by the others" grep -qx "rank 1: bootstrap: rank 0 of 2 did not join within 2 s" "$out"
