@@ -14,8 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "policies/error.h"
 #include "results/build_info.h"
@@ -253,6 +255,23 @@ std::string utc_now() {
   return date;
 }
 
+// Every collective and size on this rank (the points are the same on every rank).
+std::vector<NcclPoint> measure_rank(const NcclCalibrateOptions& o, Communicator& comm,
+                                    RawComm& raw) {
+  const int ops = o.ops > 0 ? o.ops : (o.quick ? 10 : 20);
+  const int reps = o.reps > 0 ? o.reps : (o.quick ? 8 : 25);
+  const int64_t step = o.quick ? 4 : 2;
+  std::vector<NcclPoint> points;
+  Bench bench(comm, raw, o.max_bytes);
+  for (NcclCollective c : o.collectives) {
+    for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= step) {
+      points.push_back(bench.measure(c, bytes, false, ops, reps, o.warmup));
+      if (o.graphs) points.push_back(bench.measure(c, bytes, true, ops, reps, o.warmup));
+    }
+  }
+  return points;
+}
+
 }  // namespace
 
 NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
@@ -283,25 +302,45 @@ NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
   CommOptions co;
   co.join_timeout_s = o.timeout_s;
   co.op_timeout_s = o.timeout_s;
-  std::unique_ptr<Communicator> comm = Communicator::create_world(co);
-  RawComm raw(bootstrap_world(&Communicator::new_unique_id, o.timeout_s), comm->rank(),
-              comm->size());
-
-  const int ops = o.ops > 0 ? o.ops : (o.quick ? 10 : 20);
-  const int reps = o.reps > 0 ? o.reps : (o.quick ? 8 : 25);
-  const int64_t step = o.quick ? 4 : 2;
-  Bench bench(*comm, raw, o.max_bytes);
-  for (NcclCollective c : o.collectives) {
-    for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= step) {
-      run.points.push_back(bench.measure(c, bytes, false, ops, reps, o.warmup));
-      if (o.graphs) run.points.push_back(bench.measure(c, bytes, true, ops, reps, o.warmup));
-    }
+  if (o.threads <= 0) {
+    std::unique_ptr<Communicator> comm = Communicator::create_world(co);
+    RawComm raw(bootstrap_world(&Communicator::new_unique_id, o.timeout_s), comm->rank(),
+                comm->size());
+    run.points = measure_rank(o, *comm, raw);
+    return run;
   }
+
+  // One process, one thread per rank on GPU rank % devices: the same communicators, made
+  // from ids this process holds (Communicator::create), for machines without MPI.
+  if (run.ranks > 1) throw Error("calibrate-nccl: --single-process is not for mpirun");
+  run.ranks = o.threads;
+  const std::string id = Communicator::new_unique_id();
+  const std::string raw_id = Communicator::new_unique_id();
+  std::vector<std::vector<NcclPoint>> points(size_t(o.threads));
+  std::vector<std::exception_ptr> errors(size_t(o.threads));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < o.threads; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        TS_CUDA(cudaSetDevice(r % devices));
+        std::unique_ptr<Communicator> comm = Communicator::create(id, r, o.threads, co);
+        RawComm raw(raw_id, r, o.threads);
+        points[size_t(r)] = measure_rank(o, *comm, raw);
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  run.points = std::move(points[0]);
   return run;
 }
 
 int calibrate_nccl_command(const std::string& out_path, const std::string& profile_name,
-                           const std::string& base_profile, bool quick,
+                           const std::string& base_profile, bool quick, bool single_process,
                            const std::string& command) {
   const std::string stem = std::filesystem::path(out_path).stem().string();
   if (std::filesystem::path(out_path).extension() != ".yaml" || stem.empty()) {
@@ -323,6 +362,11 @@ int calibrate_nccl_command(const std::string& out_path, const std::string& profi
   }
   NcclCalibrateOptions o;
   o.quick = quick;
+  if (single_process) {
+    int devices = 0;
+    TS_CUDA(cudaGetDeviceCount(&devices));
+    o.threads = devices;
+  }
   const NcclCalibrationRun run = run_nccl_calibration(o);
   if (run.rank != 0) return 0;
 

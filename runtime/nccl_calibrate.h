@@ -111,6 +111,9 @@ struct NcclCalibrateOptions {
   bool graphs = true;
   std::vector<NcclCollective> collectives{std::begin(kNcclCollectives), std::end(kNcclCollectives)};
   double timeout_s = 120;  // every wait on the other ranks (runtime/comm.h deadlines)
+  // > 0: not under mpirun: this one process runs `threads` ranks, one thread each, on GPUs
+  // rank % device count (for machines without MPI; same communicators, same loop).
+  int threads = 0;
 };
 
 struct NcclCalibrationRun {
@@ -124,18 +127,21 @@ struct NcclCalibrationRun {
 };
 
 // Collective over the MPI world (initialised by the caller, experiments/distributed.h; a
-// world of one without mpirun): each rank takes GPU local rank % device count, joins an NCCL
-// communicator (runtime/comm.h) and times every collective and size. NCCL_NVLS_ENABLE defaults
-// to 0 (NVLink multicast stays off unless the environment says otherwise). Throws Error/
-// CommError on CUDA or NCCL failures and on a rank that does not join or hangs (deadlines).
+// world of one without mpirun), or over options.threads threads of this process: each rank takes
+// GPU local rank % device count, joins an NCCL communicator (runtime/comm.h) and times every
+// collective and size. NCCL_NVLS_ENABLE defaults to 0 (NVLink multicast stays off unless the
+// environment says otherwise). Throws Error/ CommError on CUDA or NCCL failures and on a rank that
+// does not join or hangs (deadlines).
 NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& options);
 
 // `twinstep calibrate-nccl` after MPI is up: measures, and on rank 0 prints the table and the
 // fits, builds the profile (the calibrated profile `base_profile` from
 // calibration_profile_dir() when not empty, else the detected GPU's datasheet preset), applies
-// the calibration and writes `out_path` (a .yaml file). The profile is named `name`, or the
+// the calibration and writes `out_path` (a .yaml file). single_process: one thread per visible
+// GPU instead of mpirun's processes. The profile is named `name`, or the
 // file's stem when empty; install it as <profile dir>/NAME.yaml. Returns the exit status.
 int calibrate_nccl_command(const std::string& out_path, const std::string& name,
-                           const std::string& base_profile, bool quick, const std::string& command);
+                           const std::string& base_profile, bool quick, bool single_process,
+                           const std::string& command);
 
 }  // namespace twinstep

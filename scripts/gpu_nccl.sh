@@ -6,7 +6,8 @@
 # minute of GPU time on 2 H200s after the build.
 #   scripts/gpu_nccl.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,fit_test,gpu_test,nccl}.log, OUT_DIR/gpu.txt and
-# OUT_DIR/nccl.yaml (the profile; install it as results/profiles/NAME.yaml).
+# OUT_DIR/nccl.yaml (the profile; install it as results/profiles/NAME.yaml). Without mpirun or
+# an MPI build it falls back to `calibrate-nccl --single-process` (one thread per GPU).
 # Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS extra configure flags (an
 # unpacked libsqlite3-dev under .device-deps/root is used as scripts/gpu_all.sh does);
 # TWINSTEP_NCCL_PROFILE a calibrated profile in results/profiles to extend (its name is kept;
@@ -56,15 +57,15 @@ fi
 [ "${TWINSTEP_NCCL_QUICK:-0}" = 1 ] && args+=(--quick)
 
 step "calibrate-nccl on $gpus GPU(s)"
-if [ "$gpus" -gt 1 ]; then
-  if ! command -v mpirun >/dev/null; then
-    echo "FAILED: mpirun is not on PATH (Open MPI: openmpi-bin, and libopenmpi-dev to build)"
-    exit 1
-  fi
-  if ! grep -q "MPI (distributed sweeps) ON" "$out/configure.log"; then
-    echo "FAILED: twinstep was configured without MPI (libopenmpi-dev); $gpus ranks need it"
-    exit 1
-  fi
+mpi=1
+if ! command -v mpirun >/dev/null; then
+  echo "note: mpirun is not on PATH (openmpi-bin): falling back to one process, one thread per GPU"
+  mpi=0
+elif ! grep -q "MPI (distributed sweeps) ON" "$out/configure.log"; then
+  echo "note: twinstep was configured without MPI (libopenmpi-dev): one process, one thread per GPU"
+  mpi=0
+fi
+if [ "$gpus" -gt 1 ] && [ $mpi = 1 ]; then
   # One rank per GPU (rank r takes GPU r: its local rank), no oversubscription, no core
   # binding (NCCL's proxy threads need cores of their own); the environment NCCL reads goes
   # to every rank.
@@ -72,6 +73,8 @@ if [ "$gpus" -gt 1 ]; then
   timeout 300 mpirun --allow-run-as-root -np "$gpus" --bind-to none \
     -x NCCL_NVLS_ENABLE -x NCCL_DEBUG ${TWINSTEP_MPIRUN_ARGS:-} \
     "$build/twinstep" "${args[@]}" >"$out/nccl.log" 2>&1 || status=1
+elif [ "$gpus" -gt 1 ]; then
+  timeout 300 "$build/twinstep" "${args[@]}" --single-process >"$out/nccl.log" 2>&1 || status=1
 else
   timeout 300 "$build/twinstep" "${args[@]}" >"$out/nccl.log" 2>&1 || status=1
 fi

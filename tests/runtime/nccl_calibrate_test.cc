@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "runtime/nccl_calibrate.h"
 
 namespace twinstep {
@@ -56,6 +58,39 @@ TEST(NcclCalibrate, OneRankLoopRunsEagerAndInGraphs) {
   apply_nccl_calibration(profile, run.points, fits);
   EXPECT_EQ(profile.hw.allreduce_alpha_ns, alpha);
   EXPECT_FALSE(profile.measurements.empty());
+}
+
+// The single-process path (one thread per rank, for machines without MPI): every visible GPU
+// up to 2. With 2 GPUs the ranks exchange over the link, so the fitted bandwidth is positive.
+TEST(NcclCalibrate, OneThreadPerGpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  NcclCalibrateOptions o;
+  o.quick = true;
+  o.min_bytes = 32 << 10;
+  o.max_bytes = 8 << 20;  // 32K, 128K, 512K, 2M, 8M
+  o.ops = 4;
+  o.reps = 3;
+  o.warmup = 2;
+  o.timeout_s = 60;
+  o.collectives = {NcclCollective::kAllReduce, NcclCollective::kSendRecv};
+  o.threads = std::min(devices, 2);
+  const NcclCalibrationRun run = run_nccl_calibration(o);
+  EXPECT_EQ(run.ranks, o.threads);
+  ASSERT_EQ(run.points.size(), 2u * 5u * 2u);
+  for (const NcclPoint& p : run.points) {
+    EXPECT_EQ(p.ranks, o.threads);
+    EXPECT_GT(p.min_ns, 0);
+    EXPECT_LE(p.median_ns, p.p90_ns);
+  }
+  std::printf("%s", nccl_table(run.points).c_str());
+  if (o.threads == 2) {
+    for (const CollectiveFit& f : fit_collectives(run.points)) {
+      EXPECT_TRUE(f.fitted);
+      EXPECT_GT(f.beta_gbps, 0) << nccl_collective_name(f.coll) << " " << f.mode;
+    }
+  }
 }
 
 }  // namespace
