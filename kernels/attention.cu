@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "kernels/attention.h"
 #include "kernels/attention_tile.cuh"
@@ -550,29 +551,39 @@ size_t fused_smem_bytes(int row_tiles, int stages) {
   return std::max(ring, merge);
 }
 
-// cudaLaunchKernelEx with PDL (optional) and a 1D cluster along x (cluster_size > 1).
-void launch_fused(void (*kernel)(SplitParams), dim3 grid, dim3 block, size_t smem,
-                  cudaStream_t stream, bool pdl, const SplitParams& p) {
+// cudaLaunchKernelEx with PDL (optional), a 1D cluster along x (cluster > 1) and, with
+// AttentionTuning::carveout_max_shared, the largest shared-memory carveout: every attention kernel
+// then runs in the configuration the split kernel needs (~200 KB per SM), so the combine's blocks
+// (and the next split's, under PDL) can be resident beside the previous kernel's instead of
+// waiting for the SM to drain and switch its L1 / shared split.
+template <typename... KernelArgs, typename... Args>
+void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, bool pdl, int cluster, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attributes[2];
+  cudaLaunchAttribute attributes[3];
   int count = 0;
   if (pdl) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[count++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (p.cluster_size > 1) {
+  if (cluster > 1) {
     attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = p.cluster_size;
+    attributes[count].val.clusterDim.x = cluster;
     attributes[count].val.clusterDim.y = 1;
     attributes[count++].val.clusterDim.z = 1;
   }
+  if (detail::attention_tuning().carveout_max_shared) {
+    attributes[count].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attributes[count++].val.sharedMemCarveout =
+        static_cast<unsigned>(cudaSharedmemCarveoutMaxShared);
+  }
   config.attrs = attributes;
   config.numAttrs = count;
-  TS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  TS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -589,8 +600,8 @@ void run_fused(int row_tiles, const SplitParams& p, dim3 grid, cudaStream_t stre
   void (*kernels[4])(SplitParams) = {
       attention_fused_kernel<1, kStages>, attention_fused_kernel<2, kStages>,
       attention_fused_kernel<3, kStages>, attention_fused_kernel<4, kStages>};
-  launch_fused(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles),
-               fused_smem_bytes(row_tiles, kStages), stream, pdl, p);
+  launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles),
+                   fused_smem_bytes(row_tiles, kStages), stream, pdl, p.cluster_size, p);
 }
 
 template <bool kQSmem>
@@ -609,8 +620,8 @@ void run_split(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stre
   void (*kernels[4])(SplitParams) = {
       attention_split_kernel<1, kQSmem>, attention_split_kernel<2, kQSmem>,
       attention_split_kernel<3, kQSmem>, attention_split_kernel<4, kQSmem>};
-  detail::launch(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
-                 p);
+  launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
+                   1, p);
 }
 
 void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
@@ -622,8 +633,8 @@ void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t
       run_split<false>(p, row_tiles, grid, stream, pdl);
   }
   if (tuning.launch_combine)
-    detail::launch(attention_combine_kernel, dim3(p.rows, grid.y, grid.z), dim3(kHeadDim), 0,
-                   stream, pdl, p, p.out, detail::kernel_tuning().early_trigger);
+    launch_attention(attention_combine_kernel, dim3(p.rows, grid.y, grid.z), dim3(kHeadDim), 0,
+                     stream, pdl, 1, p, p.out, detail::kernel_tuning().early_trigger);
 }
 
 }  // namespace

@@ -48,6 +48,10 @@ struct AttentionTuning {
   // of 32 registers per thread (no spill at 8 and 16 warps per block).
   bool split_full_ring = false;
   bool split_q_smem = false;
+  // Every attention launch asks for the largest shared-memory carveout (the split kernel's
+  // configuration), so the small combine can be resident beside the split kernel under PDL
+  // (round 5, not yet measured; false = the driver's choice per kernel, as measured in round 4).
+  bool carveout_max_shared = true;
   bool launch_split = true, launch_combine = true;  // variant 1, benchmark only: halves alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };

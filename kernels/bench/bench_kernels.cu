@@ -426,18 +426,19 @@ void free_kv(KvSetup& kv) {
 // Attention (Llama-3-8B heads: 32 q / 8 kv, 128 dims) over 32 layers of KV back to back in one
 // captured graph (cold: 32 x the layer's KV bytes >> L2). Bytes = the K and V rows read,
 // 2 x (ctx + q_len) x 8 heads x 256 B. Per context 1024 / 8192 / 32768 and q_len 1 / 6 / 16: the
-// default tuning (section `attention`: the two-launch pair), the pair with both split options
-// (full ring prologue, Q in shared memory) and the one-launch kernel (clusters of 4 and of 2),
-// PDL on and off. At ctx 8192, q_len 1 and 6: each split option alone, stream-only runs (tile math
-// skipped) of the pair and of the one-launch kernel, a sweep of the one-launch tuning, the split
-// and combine kernels alone, and the floor kernel over one layer's K/V per launch.
+// default tuning (section `attention`: the two-launch pair), the pair with the driver's carveout,
+// the pair with both split options (full ring prologue, Q in shared memory) and the one-launch
+// kernel (clusters of 4 and of 2), PDL on and off. At ctx 8192, q_len 1 and 6: each split option
+// alone, stream-only runs (tile math skipped) of the pair and of the one-launch kernel, a sweep of
+// the one-launch tuning, the split and combine kernels alone, and the floor kernel over one layer's
+// K/V per launch.
 std::string attention_label(const detail::AttentionTuning& t) {
   std::string label =
       t.variant == 1 ? "two_launch_cps" + std::to_string(t.ctas_per_sm) +
                            (t.split_full_ring ? "_full" : "") + (t.split_q_smem ? "_qsmem" : "")
                      : "fused_s" + std::to_string(t.stages) + "_cps" +
                            std::to_string(t.ctas_per_sm) + "_c" + std::to_string(t.cluster);
-  return label + (t.skip_math ? "_nomath" : "");
+  return label + (t.carveout_max_shared ? "" : "_carvedrv") + (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -452,8 +453,10 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   fused4.cluster = 4;
   detail::AttentionTuning fused2 = fused4;
   fused2.cluster = 2;
+  detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
+  pair_drv.carveout_max_shared = false;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {pair, pair_opt, fused4, fused2})
+  for (const auto& t : {pair, pair_drv, pair_opt, fused4, fused2})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
@@ -729,9 +732,10 @@ void bench_layer_chain(int m, bool diagnose) {
   const detail::AttentionTuning& b = contenders[best];
   std::printf(
       "  layer chain m=%d fastest attention with PDL on: %s (%.2f us; kernels/tuning.h "
-      "AttentionTuning: variant %d, split_full_ring %d, split_q_smem %d, stages %d, cluster %d)\n",
+      "AttentionTuning: variant %d, split_full_ring %d, split_q_smem %d, carveout_max_shared %d, "
+      "stages %d, cluster %d)\n",
       m, attention_label(b).c_str(), best_us, b.variant, b.split_full_ring ? 1 : 0,
-      b.split_q_smem ? 1 : 0, b.stages, b.cluster);
+      b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0, b.stages, b.cluster);
 
   if (diagnose) {  // PDL off for one launcher at a time, and early triggers off
     const char* names[8] = {"norm1", "qkv", "rope", "attention", "o", "norm2", "gate_up", "down"};
