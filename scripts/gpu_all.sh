@@ -35,6 +35,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu
 db="$out/twinstep.db"
 for exp in "$root"/experiments/validation/*.yaml; do
   name=$(basename "$exp" .yaml)
+  case $name in *_tp[0-9]*) continue ;; esac  # multi-GPU: under mpirun (scripts/gpu_tp.sh)
   step "validation $name"
   "$build/twinstep" --db "$db" run -q --csv "$exp" >"$out/$name.compare.csv" 2>"$out/$name.err" || status=1
   tail -3 "$out/$name.err"

@@ -49,6 +49,7 @@ if [ -f "$profile" ]; then
   mkdir -p "$out/experiments"
   for exp in "$root"/experiments/validation/*.yaml; do
     name=$(basename "$exp" .yaml)
+    case $name in *_tp[0-9]*) continue ;; esac  # multi-GPU: under mpirun (scripts/gpu_tp.sh)
     cal="$out/experiments/$name-calibrated.yaml"
     sed -e 's/^hardware: h200$/hardware: h200-calibrated/' \
         -e 's/^name: \(.*\)$/name: \1-calibrated/' "$exp" >"$cal"

@@ -1,0 +1,265 @@
+#include "experiments/tp_run.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "experiments/runner.h"
+#include "policies/error.h"
+#include "policies/layout.h"
+#ifdef TWINSTEP_HAVE_RUNTIME
+#include <cuda_runtime.h>
+
+#include "runtime/comm.h"
+#include "runtime/engine.h"
+#include "runtime/real_backend.h"
+#include "runtime/tensor_parallel.h"
+#endif
+
+namespace twinstep {
+namespace {
+
+bool has_real(const Experiment& e) {
+  for (BackendKind b : e.backends)
+    if (b == BackendKind::kReal) return true;
+  return false;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+// Ranks of this job on this node (the launcher's, else all of them: one node).
+int local_ranks() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (int n = env_int(name, 0); n > 0) return n;
+  return launcher_world_size();
+}
+
+}  // namespace
+
+bool needs_tensor_parallel(const Experiment& e) {
+  std::string why;
+  if (!has_real(e) || !real_backend_available(&why)) return false;  // real skipped: a sweep
+  for (const Variant& v : e.variants)
+    if (v.layout.world() > 1) return true;
+  return false;
+}
+
+void check_real_tensor_parallel(const Variant& v) {
+  const LayoutSpec& l = v.layout;
+  const std::string name = "variant " + std::to_string(v.index) + " '" + v.label + "': layout " +
+                           layout_name(l) + " on the real backend";
+  if (l.world() == 1) return;
+  if (l.pp != 1 || l.dp != 1 || l.ep != 1 || l.cp != 1 || l.tp != l.world())
+    throw Error(name +
+                ": the multi-GPU runtime does tensor parallelism only (tp > 1, every "
+                "other degree 1); PP, DP, EP and CP run in the simulator");
+  if (v.policy.spec.method != SpecMethod::kNone)
+    throw Error(name + ": speculative decoding with tensor parallelism is not implemented yet");
+  if (v.workload.arrival_rate_per_s > 0)
+    throw Error(name +
+                ": open-loop arrivals are admitted by each rank's own clock, so the "
+                "ranks' plans could differ; real TP runs need a closed loop (arrival_rate 0)");
+  if (!mpi_built())
+    throw Error(name +
+                " needs one process per GPU under mpirun, and this twinstep was built "
+                "without MPI");
+#ifndef TWINSTEP_HAVE_NCCL
+  throw Error(name + " needs NCCL, and this twinstep was built without it");
+#endif
+  const int world = launcher_world_size();
+  if (world != l.tp)
+    throw Error(name + " needs one process per GPU: run it under `mpirun -np " +
+                std::to_string(l.tp) + "` (this is " +
+                (world == 1 ? std::string("a single process")
+                            : "one of " + std::to_string(world) + " ranks") +
+                ")");
+#ifdef TWINSTEP_HAVE_RUNTIME
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+    (void)cudaGetLastError();
+    devices = 0;
+  }
+  if (devices < local_ranks())
+    throw Error(name + ": " + std::to_string(local_ranks()) + " ranks on this node but " +
+                std::to_string(devices) + " visible GPU(s); one GPU per rank is needed");
+#endif
+}
+
+void check_real_layouts(const Experiment& e) {
+  if (!has_real(e)) return;
+  std::string why;
+  if (!real_backend_available(&why)) return;  // the real backend is skipped with a warning
+  bool any_tp = false;
+  for (const Variant& v : e.variants) {
+    check_real_tensor_parallel(v);
+    any_tp = any_tp || v.layout.world() > 1;
+  }
+  if (!any_tp) return;
+  // Under mpirun every real run is collective, so every real variant needs all ranks.
+  for (const Variant& v : e.variants)
+    if (v.layout.world() != launcher_world_size())
+      throw Error("variant " + std::to_string(v.index) + " '" + v.label + "': layout " +
+                  layout_name(v.layout) + " on the real backend in a job of " +
+                  std::to_string(launcher_world_size()) +
+                  " ranks: under mpirun every real variant of an experiment must use all ranks "
+                  "(split tp1 and tp" +
+                  std::to_string(launcher_world_size()) + " variants into separate experiments)");
+}
+
+#ifdef TWINSTEP_HAVE_RUNTIME
+namespace {
+
+// FNV-1a over the step sequence: what every rank's DecodeLoop decided.
+uint64_t plan_fingerprint(const RunRecord& r) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&](int64_t x) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= uint64_t(x >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ULL;
+    }
+  };
+  mix(int64_t(r.steps.size()));
+  for (const StepSample& s : r.steps) {
+    mix(s.step);
+    mix(s.batch);
+    mix(s.prefills);
+    mix(s.tokens);
+  }
+  return h;
+}
+
+// Every rank's `values` (same length), gathered through an NCCL sum over rank-owned slots.
+std::vector<float> gather_floats(Communicator& comm, const std::vector<float>& values,
+                                 cudaStream_t stream) {
+  const size_t k = values.size(), n = k * size_t(comm.size());
+  std::vector<float> all(n, 0.0f);
+  for (size_t i = 0; i < k; ++i) all[size_t(comm.rank()) * k + i] = values[i];
+  void* d = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&d, n * 4));
+  TS_CUDA_CHECK(cudaMemcpyAsync(d, all.data(), n * 4, cudaMemcpyHostToDevice, stream));
+  comm.all_reduce_sum(d, d, n, CommType::kF32, stream);
+  comm.synchronize(stream, "gathering per-rank metrics");
+  TS_CUDA_CHECK(cudaMemcpy(all.data(), d, n * 4, cudaMemcpyDeviceToHost));
+  cudaFree(d);
+  return all;
+}
+
+double metric_value(const std::vector<Metric>& m, const std::string& key) {
+  for (const Metric& x : m)
+    if (x.key == key) return x.value;
+  return -1;
+}
+
+}  // namespace
+#endif
+
+DistributedOutcome run_experiment_tp(DistributedSession& session, const Experiment& e,
+                                     ResultsDb* db, Progress& progress,
+                                     const std::atomic<bool>& stop) {
+#ifndef TWINSTEP_HAVE_RUNTIME
+  (void)session, (void)e, (void)db, (void)progress, (void)stop;
+  throw Error("tensor-parallel real runs need the CUDA runtime, which this build lacks");
+#else
+  check_real_layouts(e);
+  const bool root = session.rank() == 0;
+  const std::vector<BackendKind> backends = runnable_backends(e, progress);
+  // Selects this rank's GPU and joins the NCCL communicator (collective).
+  Communicator& comm = runtime::tp_world_communicator();
+  cudaStream_t stream = nullptr;
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DistributedOutcome out;
+  const int64_t total = int64_t(e.variants.size() * backends.size());
+  int64_t done = 0;
+  for (const Variant& v : e.variants) {
+    for (BackendKind b : backends) {
+      if (b == BackendKind::kSim) {  // rank 0 alone
+        if (root && !stop.load()) {
+          progress.update(done, total, v.label + " [sim]");
+          const int64_t id = db->begin_run(make_run_info(e, v, b));
+          const FinishedRun run = execute_run(v, b);
+          if (!run.error.empty()) {
+            db->fail_run(id, "failed", run.error);
+            out.failures.push_back("variant " + std::to_string(v.index) + " '" + v.label +
+                                   "' [sim]: " + run.error);
+          } else {
+            db->finish_run(id, run.record, run.metrics, run.wall_s);
+            out.stored.push_back({id, v.index, b});
+          }
+        }
+        ++done;
+        continue;
+      }
+      // Real: all ranks together. A stop on any rank stops every rank (else the others would
+      // wait in the collectives forever).
+      const std::vector<float> stops = gather_floats(comm, {stop.load() ? 1.0f : 0.0f}, stream);
+      bool any_stop = false;
+      for (float s : stops) any_stop = any_stop || s != 0;
+      if (any_stop) {
+        out.interrupted = true;
+        if (root)
+          progress.message("interrupted: " + std::to_string(done) + " of " + std::to_string(total) +
+                           " runs done, the rest not started");
+        TS_CUDA_CHECK(cudaStreamDestroy(stream));
+        return out;
+      }
+      progress.update(done, total, v.label + " [real, " + layout_name(v.layout) + "]");
+      int64_t id = 0;
+      if (root) id = db->begin_run(make_run_info(e, v, b));
+      FinishedRun run = execute_run(v, b);
+      if (!run.error.empty()) {
+        // The other ranks may be waiting in a collective of this run: end the job.
+        if (root) db->fail_run(id, "failed", run.error);
+        throw Error("variant " + std::to_string(v.index) + " '" + v.label +
+                    "' [real] failed on rank " + std::to_string(session.rank()) + ": " + run.error);
+      }
+      // Ranks agree on the step sequence; per-rank figures; the all-reduce of the decode message.
+      const uint64_t fp = plan_fingerprint(run.record);
+      const double tpot = metric_value(run.metrics, "tpot_ms_mean");
+      const std::vector<std::string> keys = {"gpu_busy_frac", "idle_host_frac", "idle_launch_frac",
+                                             "tpot_ms_mean"};
+      std::vector<float> mine = {float(fp & 0xffffff), float((fp >> 24) & 0xffffff)};
+      for (const std::string& k : keys) mine.push_back(float(metric_value(run.metrics, k)));
+      const std::vector<float> all = gather_floats(comm, mine, stream);
+      const size_t K = mine.size();
+      for (int r = 1; r < comm.size(); ++r)
+        if (all[size_t(r) * K] != all[0] || all[size_t(r) * K + 1] != all[1]) {
+          const std::string why = "ranks diverged: rank " + std::to_string(r) +
+                                  "'s step sequence differs from rank 0's";
+          if (root) db->fail_run(id, "failed", why);
+          throw Error("variant " + std::to_string(v.index) + " '" + v.label + "' [real]: " + why);
+        }
+      const int64_t rows = runtime::Engine::bucket_for(std::max(1, v.workload.max_concurrency));
+      const double ar_ns =
+          runtime::time_graph_all_reduce_ns(comm, rows * v.model.hidden, 2 * 8, 20, stream);
+      if (root) {
+        for (int r = 0; r < comm.size(); ++r)
+          for (size_t i = 0; i < keys.size(); ++i)
+            run.metrics.push_back({"rank" + std::to_string(r) + "_" + keys[i],
+                                   double(all[size_t(r) * K + 2 + i]),
+                                   keys[i] == "tpot_ms_mean" ? "ms" : "fraction"});
+        run.metrics.push_back({"tp_all_reduce_us", ar_ns / 1e3, "us"});
+        run.metrics.push_back({"tp_all_reduce_layer_us", 2 * ar_ns / 1e3, "us"});
+        db->finish_run(id, run.record, run.metrics, run.wall_s);
+        out.stored.push_back({id, v.index, b});
+        progress.message("real " + layout_name(v.layout) + " " + v.label + ": TPOT " +
+                         std::to_string(tpot) + " ms, all-reduce of " + std::to_string(rows) +
+                         " x " + std::to_string(v.model.hidden) + " bf16 " +
+                         std::to_string(ar_ns / 1e3) + " us (in a graph), ranks agree");
+      }
+      ++done;
+    }
+  }
+  progress.update(done, total, "done");
+  progress.finish();
+  TS_CUDA_CHECK(cudaStreamDestroy(stream));
+  runtime::tp_release_world_communicator();  // before MPI_Finalize
+  return out;
+#endif
+}
+
+}  // namespace twinstep

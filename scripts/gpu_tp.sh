@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Tensor parallelism on two GPUs (runtime/tensor_parallel.h, issues 7 and 11): build, run the TP
+# test suite as one process (slicing, the tp = 1 path) and under mpirun with one rank per GPU
+# (ranks agree; Llama-3-8B TP2 vs TP1 over 256 tokens; tiny TP2 vs the CPU reference), then the
+# validation experiment experiments/validation/h200_tp2.yaml on both backends into OUT/tp2.db
+# and `twinstep compare --sim-vs-real` of it.
+#   scripts/gpu_tp.sh OUT_DIR
+# Writes OUT_DIR/{configure,build,tp_test_1rank,tp_test_2ranks,tp2_run}.log, OUT_DIR/tp2.db,
+# OUT_DIR/tp2.sim_vs_real.txt, OUT_DIR/tp2.metrics.csv.
+# Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2).
+set -uo pipefail
+out=${1:?usage: scripts/gpu_tp.sh OUT_DIR}
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${TWINSTEP_BUILD_DIR:-$root/build}
+np=${NP:-2}
+deps="$root/.device-deps/root"
+if [ ! -f "$deps/usr/include/sqlite3.h" ] && ls "$root"/.device-deps/*.deb >/dev/null 2>&1; then
+  for f in "$root"/.device-deps/*.deb; do dpkg -x "$f" "$deps"; done
+fi
+if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
+  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
+fi
+status=0
+step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
+mpi="mpirun --allow-run-as-root -np $np"
+
+step configure
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+grep -E "MPI|NCCL" "$out/configure.log"
+step build
+cmake --build "$build" -j16 --target twinstep runtime_tp_gpu_test >"$out/build.log" 2>&1 ||
+  { tail -30 "$out/build.log"; exit 1; }
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+
+step "tp tests, one process"
+timeout 600 "$build/tests/runtime/runtime_tp_gpu_test" >"$out/tp_test_1rank.log" 2>&1 || status=1
+grep -E "OK \]|FAILED|SKIPPED|PASSED" "$out/tp_test_1rank.log"
+
+step "tp tests, $np ranks"
+timeout 900 $mpi "$build/tests/runtime/runtime_tp_gpu_test" >"$out/tp_test_2ranks.log" 2>&1 || status=1
+grep -E "TP2|tiny TP2|OK \]|FAILED \]|SKIPPED \]|diverge|ranks sampled" "$out/tp_test_2ranks.log"
+
+step "validation h200_tp2 ($np ranks)"
+db="$out/tp2.db"
+rm -f "$db"
+timeout 900 $mpi "$build/twinstep" --db "$db" run -q "$root/experiments/validation/h200_tp2.yaml" \
+  >"$out/tp2_run.log" 2>&1 || status=1
+tail -8 "$out/tp2_run.log"
+"$build/twinstep" --db "$db" compare --experiment validation-h200-tp2 --sim-vs-real \
+  --metrics tpot_ms_mean step_ms_mean ttft_ms_mean gpu_busy_frac output_throughput_tok_s |
+  tee "$out/tp2.sim_vs_real.txt" || status=1
+"$build/twinstep" --db "$db" query --csv "SELECT r.id, r.variant_label, r.backend, r.status,
+  m.key, m.value, m.unit FROM run r JOIN metric m ON m.run_id = r.id
+  WHERE m.key LIKE 'rank%' OR m.key LIKE 'tp_%' OR m.key IN ('tpot_ms_mean', 'gpu_busy_frac',
+  'idle_host_frac', 'idle_launch_frac') ORDER BY r.id, m.key" | tee "$out/tp2.metrics.csv"
+exit $status
