@@ -167,10 +167,16 @@ class Bench {
   }
 
   // A tiny all-reduce: every rank's stream leaves it at about the same GPU time, so the timed
-  // section after it starts aligned across ranks.
-  void align() {
-    TS_NCCL(ncclAllReduce(sync_.get(), sync_.get(), 1, ncclFloat32, ncclSum, raw_.get(),
-                          stream_.get()));
+  // section after it starts aligned across ranks. On the communicator that `c` runs on: NCCL
+  // warns that graphs of several communicators launched from one thread can deadlock, so no
+  // repetition mixes two.
+  void align(NcclCollective c) {
+    if (c == NcclCollective::kAllReduce || c == NcclCollective::kAllToAll) {
+      comm_.all_reduce_sum(sync_.get(), sync_.get(), 1, CommType::kF32, stream_.get());
+    } else {
+      TS_NCCL(ncclAllReduce(sync_.get(), sync_.get(), 1, ncclFloat32, ncclSum, raw_.get(),
+                            stream_.get()));
+    }
   }
 
   void wait(const std::string& what) { comm_.synchronize(stream_.get(), what); }
@@ -213,7 +219,7 @@ class Bench {
     wait("warm-up of " + what);
     std::vector<double> per_rep;
     for (int rep = 0; rep < reps; ++rep) {
-      align();
+      align(c);
       TS_CUDA(cudaEventRecord(start_.get(), s));
       if (graph) {
         TS_CUDA(cudaGraphLaunch(g.exec_, s));
