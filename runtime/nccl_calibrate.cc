@@ -16,6 +16,7 @@
 #include <ctime>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -345,9 +346,9 @@ NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
   return run;
 }
 
-int calibrate_nccl_command(const std::string& out_path, const std::string& profile_name,
-                           const std::string& base_profile, bool quick, bool single_process,
-                           const std::string& command) {
+int calibrate_nccl_command(const std::string& out_path, const std::string& json_path,
+                           const std::string& profile_name, const std::string& base_profile,
+                           bool quick, bool single_process, const std::string& command) {
   const std::string stem = std::filesystem::path(out_path).stem().string();
   if (std::filesystem::path(out_path).extension() != ".yaml" || stem.empty()) {
     throw ConfigError("", "--out must name a .yaml file, got '" + out_path + "'");
@@ -415,6 +416,19 @@ int calibrate_nccl_command(const std::string& out_path, const std::string& profi
         "(interconnect_gbps, *_alpha_ns); loading %s gives the base preset's. The fitted values "
         "are in its measurements as nccl.profile.*\n",
         out_path.c_str());
+  }
+  if (!json_path.empty()) {
+    ProfileHeader h = profile.header;
+    h.command = command;
+    h.commit = commit;
+    h.gpu = run.gpu_name;
+    h.driver = run.driver;
+    h.date = utc_now();
+    std::ofstream j(json_path, std::ios::binary | std::ios::trunc);
+    j << nccl_record_json(h, run.nccl_version, run.points, fits);
+    j.close();
+    if (!j) throw Error("cannot write " + json_path);
+    std::printf("wrote %s\n", json_path.c_str());
   }
   std::printf("wrote %s (profile '%s'; hardware: %s once it is %s/%s.yaml)\n", out_path.c_str(),
               name.c_str(), name.c_str(), calibration_profile_dir().c_str(), name.c_str());

@@ -92,6 +92,14 @@ std::string nccl_fit_report(std::span<const CollectiveFit> fits);
 std::string apply_nccl_calibration(CalibrationProfile& profile, std::span<const NcclPoint> points,
                                    std::span<const CollectiveFit> fits);
 
+// A measurement record (DESIGN.md "Benchmark and calibration records", results/<gpu>/*.json):
+// command, commit, gpu, date, ranks, nccl, rows (one per point: collective, mode, ranks, bytes,
+// ops, reps, median_us, p90_us, min_us, algbw_gbps, busbw_gbps, and beside them fit_us and
+// fit_rel_err, the point's own collective and mode fit) and fits (one per fit).
+std::string nccl_record_json(const ProfileHeader& header, const std::string& nccl_version,
+                             std::span<const NcclPoint> points,
+                             std::span<const CollectiveFit> fits);
+
 // The datasheet preset for a GPU name ("NVIDIA H200" -> h200); empty when none matches.
 std::string preset_for_gpu(const std::string& gpu_name);
 
@@ -138,10 +146,11 @@ NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& options);
 // fits, builds the profile (the calibrated profile `base_profile` from
 // calibration_profile_dir() when not empty, else the detected GPU's datasheet preset), applies
 // the calibration and writes `out_path` (a .yaml file). single_process: one thread per visible
-// GPU instead of mpirun's processes. The profile is named `name`, or the
-// file's stem when empty; install it as <profile dir>/NAME.yaml. Returns the exit status.
-int calibrate_nccl_command(const std::string& out_path, const std::string& name,
-                           const std::string& base_profile, bool quick, bool single_process,
-                           const std::string& command);
+// GPU instead of mpirun's processes. json_path (when not empty): nccl_record_json's record. The
+// profile is named `name`, or the file's stem when empty; install it as <profile dir>/NAME.yaml.
+// Returns the exit status.
+int calibrate_nccl_command(const std::string& out_path, const std::string& json_path,
+                           const std::string& name, const std::string& base_profile, bool quick,
+                           bool single_process, const std::string& command);
 
 }  // namespace twinstep

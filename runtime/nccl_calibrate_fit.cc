@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "policies/error.h"
+#include "results/json.h"
 #include "runtime/nccl_calibrate.h"
 #include "simulator/calibration.h"
 
@@ -266,6 +267,59 @@ std::string apply_nccl_calibration(CalibrationProfile& profile, std::span<const 
   return out;
 }
 
+std::string nccl_record_json(const ProfileHeader& header, const std::string& nccl_version,
+                             std::span<const NcclPoint> points,
+                             std::span<const CollectiveFit> fits) {
+  auto num = [](double v) { return std::isfinite(v) ? format_double_exact(v) : "null"; };
+  int ranks = 0;
+  for (const NcclPoint& p : points) ranks = std::max(ranks, p.ranks);
+  std::string o = "{\n";
+  o += " \"command\": " + json_quote(header.command) + ",\n";
+  o += " \"commit\": " + json_quote(header.commit) + ",\n";
+  o += " \"gpu\": " + json_quote(header.gpu) + ",\n";
+  o += " \"date\": " + json_quote(header.date) + ",\n";
+  o += " \"driver\": " + json_quote(header.driver) + ",\n";
+  o += " \"nccl\": " + json_quote(nccl_version) + ",\n";
+  o += " \"ranks\": " + std::to_string(ranks) + ",\n";
+  o += " \"rows\": [";
+  bool first = true;
+  for (const NcclPoint& p : points) {
+    const CollectiveFit* fit = nullptr;
+    for (const CollectiveFit& f : fits) {
+      if (f.coll == p.coll && f.mode == p.mode && f.fitted) fit = &f;
+    }
+    const double fit_ns =
+        fit ? fit->alpha_ns + (fit->beta_gbps > 0 ? p.bus_bytes() / fit->beta_gbps : 0) : 0;
+    o += first ? "\n" : ",\n";
+    first = false;
+    o += "  {\"collective\": " + json_quote(nccl_collective_name(p.coll)) +
+         ", \"mode\": " + json_quote(p.mode) + ", \"ranks\": " + std::to_string(p.ranks) +
+         ", \"bytes\": " + std::to_string(p.bytes) + ", \"ops\": " + std::to_string(p.ops) +
+         ", \"reps\": " + std::to_string(p.reps) + ", \"median_us\": " + num(p.median_ns / 1e3) +
+         ", \"p90_us\": " + num(p.p90_ns / 1e3) + ", \"min_us\": " + num(p.min_ns / 1e3) +
+         ", \"algbw_gbps\": " + num(p.algbw_gbps()) + ", \"busbw_gbps\": " + num(p.busbw_gbps());
+    if (fit != nullptr) {
+      o += ", \"fit_us\": " + num(fit_ns / 1e3) +
+           ", \"fit_rel_err\": " + num((fit_ns - p.median_ns) / p.median_ns);
+    }
+    o += "}";
+  }
+  o += "\n ],\n \"fits\": [";
+  first = true;
+  for (const CollectiveFit& f : fits) {
+    if (!f.fitted) continue;
+    o += first ? "\n" : ",\n";
+    first = false;
+    o += "  {\"collective\": " + json_quote(nccl_collective_name(f.coll)) +
+         ", \"mode\": " + json_quote(f.mode) + ", \"alpha_us\": " + num(f.alpha_ns / 1e3) +
+         ", \"beta_gbps\": " + num(f.beta_gbps) + ", \"r2\": " + num(f.r2) +
+         ", \"max_rel_err\": " + num(f.max_rel_err) + ", \"points\": " + std::to_string(f.samples) +
+         "}";
+  }
+  o += "\n ]\n}\n";
+  return o;
+}
+
 std::string preset_for_gpu(const std::string& gpu_name) {
   std::string gpu = gpu_name;
   for (char& c : gpu) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -278,9 +332,11 @@ std::string preset_for_gpu(const std::string& gpu_name) {
 void write_profile_file(const CalibrationProfile& profile, const std::string& path) {
   const std::string text = write_calibration_profile(profile);
   const std::filesystem::path target(path);
-  const std::filesystem::path tmp =
-      target.parent_path() /
-      ("." + target.filename().string() + ".tmp." + std::to_string(long(::getpid())));
+  std::string tmp_name = ".";  // appended piecewise: GCC 12 misreports "." + string (-Wrestrict)
+  tmp_name += target.filename().string();
+  tmp_name += ".tmp.";
+  tmp_name += std::to_string(long(::getpid()));
+  const std::filesystem::path tmp = target.parent_path() / tmp_name;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << text;

@@ -6,7 +6,8 @@
 # minute of GPU time on 2 H200s after the build.
 #   scripts/gpu_nccl.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,fit_test,gpu_test,nccl}.log, OUT_DIR/gpu.txt and
-# OUT_DIR/nccl.yaml (the profile; install it as results/profiles/NAME.yaml). Without mpirun or
+# OUT_DIR/nccl.yaml (the profile; install it as results/profiles/NAME.yaml) and OUT_DIR/nccl.json
+# (the table and fits as a record for results/h200/). Without mpirun or
 # an MPI build it falls back to `calibrate-nccl --single-process` (one thread per GPU).
 # Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS extra configure flags (an
 # unpacked libsqlite3-dev under .device-deps/root is used as scripts/gpu_all.sh does);
@@ -48,7 +49,7 @@ step "1-rank loop test (GPU)"
 tail -n 3 "$out/gpu_test.log"
 if grep -q "SKIPPED \]" "$out/gpu_test.log"; then echo "FAILED: the GPU test skipped"; status=1; fi
 
-args=(calibrate-nccl --out "$out/nccl.yaml")
+args=(calibrate-nccl --out "$out/nccl.yaml" --json "$out/nccl.json")
 if [ -n "${TWINSTEP_NCCL_PROFILE:-}" ]; then
   args+=(--profile "$TWINSTEP_NCCL_PROFILE" --name "$TWINSTEP_NCCL_PROFILE")
 else
@@ -79,7 +80,9 @@ else
   timeout 300 "$build/twinstep" "${args[@]}" >"$out/nccl.log" 2>&1 || status=1
 fi
 sed -n '/^fit:/,$p' "$out/nccl.log"
-[ -s "$out/nccl.yaml" ] || { echo "FAILED: no $out/nccl.yaml (see nccl.log)"; status=1; }
+for f in nccl.yaml nccl.json; do
+  [ -s "$out/$f" ] || { echo "FAILED: no $out/$f (see nccl.log)"; status=1; }
+done
 echo "commit $(git -C "$root" rev-parse HEAD 2>/dev/null)$(git -C "$root" diff --quiet 2>/dev/null || echo -dirty)" \
   | tee -a "$out/gpu.txt"
 exit $status

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "policies/hardware_spec.h"
+#include "runtime/json_lite.h"
 #include "runtime/nccl_calibrate.h"
 
 namespace twinstep {
@@ -213,6 +214,26 @@ TEST(NcclFit, OneRankLeavesTheFiguresAlone) {
   EXPECT_EQ(p.hw.interconnect_gbps, before.interconnect_gbps);
   EXPECT_EQ(p.hw.allreduce_alpha_ns, before.allreduce_alpha_ns);
   EXPECT_EQ(measurement(p, "nccl.ranks"), 1);
+}
+
+TEST(NcclFit, RecordJson) {
+  const std::vector<NcclPoint> pts = two_gpu_graph_points();
+  const std::vector<CollectiveFit> fits = fit_collectives(pts);
+  const ProfileHeader h = {"mpirun -np 2 twinstep calibrate-nccl --out \"x\".yaml", "abc-dirty",
+                           "NVIDIA H200", "CUDA driver API 13.0", "2026-11-29T00:00:00Z"};
+  const JsonValue doc = parse_json(nccl_record_json(h, "2.27.3", pts, fits));
+  EXPECT_EQ(doc.find("command")->as_string("command"), h.command);
+  EXPECT_EQ(doc.find("gpu")->as_string("gpu"), "NVIDIA H200");
+  EXPECT_EQ(doc.find("ranks")->as_i64("ranks"), 2);
+  const JsonValue* rows = doc.find("rows");
+  ASSERT_NE(rows, nullptr);
+  ASSERT_EQ(rows->items.size(), pts.size());
+  const JsonValue& r0 = rows->items[0];
+  EXPECT_EQ(r0.find("collective")->as_string("c"), "all_reduce");
+  EXPECT_EQ(r0.find("bytes")->as_i64("bytes"), 8192);
+  EXPECT_NEAR(r0.find("median_us")->as_double("m"), (7000 + 8192 / 350.0) / 1e3, 1e-12);
+  EXPECT_NEAR(r0.find("fit_rel_err")->as_double("e"), 0, 1e-9);
+  EXPECT_EQ(doc.find("fits")->items.size(), fits.size());
 }
 
 TEST(NcclFit, PresetForGpu) {
