@@ -384,6 +384,15 @@ int calibrate_nccl_command(const std::string& out_path, const std::string& json_
   std::printf("%s\n", nccl_fit_report(fits).c_str());
 
   const std::string commit = build_info().git_sha + (build_info().git_dirty ? "-dirty" : "");
+  // The record first: the raw measurements survive a profile that cannot be written.
+  if (!json_path.empty()) {
+    const ProfileHeader h = {command, commit, run.gpu_name, run.driver, utc_now()};
+    std::ofstream j(json_path, std::ios::binary | std::ios::trunc);
+    j << nccl_record_json(h, run.nccl_version, run.points, fits);
+    j.close();
+    if (!j) throw Error("cannot write " + json_path);
+    std::printf("wrote %s\n", json_path.c_str());
+  }
   if (from_profile) {
     profile.header.command += "; collectives: " + command + " (commit " + commit + ", " +
                               run.nccl_version + ", " + utc_now() + ")";
@@ -416,19 +425,6 @@ int calibrate_nccl_command(const std::string& out_path, const std::string& json_
         "(interconnect_gbps, *_alpha_ns); loading %s gives the base preset's. The fitted values "
         "are in its measurements as nccl.profile.*\n",
         out_path.c_str());
-  }
-  if (!json_path.empty()) {
-    ProfileHeader h = profile.header;
-    h.command = command;
-    h.commit = commit;
-    h.gpu = run.gpu_name;
-    h.driver = run.driver;
-    h.date = utc_now();
-    std::ofstream j(json_path, std::ios::binary | std::ios::trunc);
-    j << nccl_record_json(h, run.nccl_version, run.points, fits);
-    j.close();
-    if (!j) throw Error("cannot write " + json_path);
-    std::printf("wrote %s\n", json_path.c_str());
   }
   std::printf("wrote %s (profile '%s'; hardware: %s once it is %s/%s.yaml)\n", out_path.c_str(),
               name.c_str(), name.c_str(), calibration_profile_dir().c_str(), name.c_str());
