@@ -12,6 +12,7 @@
 #include "policies/hardware_spec.h"
 #include "runtime/json_lite.h"
 #include "runtime/nccl_calibrate.h"
+#include "simulator/cost_model.h"
 
 namespace twinstep {
 namespace {
@@ -203,6 +204,42 @@ TEST(NcclFit, ProfileGetsGraphFitsAndMeasurements) {
   for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
   EXPECT_EQ(files, 1u);  // no temporary left behind
   std::filesystem::remove_all(dir);
+}
+
+// The simulator, given the calibrated profile, prices each collective as the measurement did:
+// nccl-tests' bytes and bus factors are the cost model's messages and algorithm bytes.
+TEST(NcclFit, CostModelPricesTheCalibratedCollectivesAsMeasured) {
+  CalibrationProfile p = base_profile();
+  const std::vector<NcclPoint> pts = two_gpu_graph_points();
+  apply_nccl_calibration(p, pts, fit_collectives(pts));
+  const CostModel cost(p.hw);
+  for (const NcclPoint& pt : pts) {
+    if (pt.mode != "graph") continue;
+    const int64_t s = pt.bytes;
+    KernelDesc k{"collective", KernelClass::kCollective, s, s, 0, CollectiveKind::kNone, 2};
+    switch (pt.coll) {
+      case NcclCollective::kAllReduce:
+        k.coll = CollectiveKind::kAllReduce;
+        break;
+      case NcclCollective::kAllGather:  // this rank's share in, everyone's out
+        k.coll = CollectiveKind::kAllGather;
+        k.bytes_read = s / 2;
+        break;
+      case NcclCollective::kAllToAll:
+        k.coll = CollectiveKind::kAllToAll;
+        break;
+      case NcclCollective::kSendRecv:
+        k.coll = CollectiveKind::kSendRecv;
+        break;
+    }
+    const double sim = double(cost.collective_ns(k));
+    if (pt.coll == NcclCollective::kAllGather) {
+      // Priced with the all-reduce alpha (7000 ns here, measured 6500).
+      EXPECT_NEAR(sim, pt.median_ns + 500, 1.0) << pt.bytes;
+    } else {
+      EXPECT_NEAR(sim, pt.median_ns, 1.0) << nccl_collective_name(pt.coll) << " " << pt.bytes;
+    }
+  }
 }
 
 TEST(NcclFit, OneRankLeavesTheFiguresAlone) {
