@@ -49,45 +49,58 @@ bool needs_tensor_parallel(const Experiment& e) {
   return false;
 }
 
-void check_real_tensor_parallel(const Variant& v) {
+std::string real_layout_problem(const Variant& v, const RealLayoutEnv& env) {
   const LayoutSpec& l = v.layout;
+  if (l.world() == 1) return "";
   const std::string name = "variant " + std::to_string(v.index) + " '" + v.label + "': layout " +
                            layout_name(l) + " on the real backend";
-  if (l.world() == 1) return;
   if (l.pp != 1 || l.dp != 1 || l.ep != 1 || l.cp != 1 || l.tp != l.world())
-    throw Error(name +
-                ": the multi-GPU runtime does tensor parallelism only (tp > 1, every "
-                "other degree 1); PP, DP, EP and CP run in the simulator");
+    return name +
+           ": the multi-GPU runtime does tensor parallelism only (tp > 1, every other degree "
+           "1); PP, DP, EP and CP run in the simulator";
   if (v.policy.spec.method != SpecMethod::kNone)
-    throw Error(name + ": speculative decoding with tensor parallelism is not implemented yet");
+    return name + ": speculative decoding with tensor parallelism is not implemented yet";
   if (v.workload.arrival_rate_per_s > 0)
-    throw Error(name +
-                ": open-loop arrivals are admitted by each rank's own clock, so the "
-                "ranks' plans could differ; real TP runs need a closed loop (arrival_rate 0)");
-  if (!mpi_built())
-    throw Error(name +
-                " needs one process per GPU under mpirun, and this twinstep was built "
-                "without MPI");
-#ifndef TWINSTEP_HAVE_NCCL
-  throw Error(name + " needs NCCL, and this twinstep was built without it");
+    return name +
+           ": open-loop arrivals are admitted by each rank's own clock, so the ranks' plans "
+           "could differ; real TP runs need a closed loop (arrival_rate 0)";
+  if (!env.mpi)
+    return name +
+           " needs one process per GPU under mpirun, and this twinstep was built without MPI";
+  if (!env.nccl) return name + " needs NCCL, and this twinstep was built without it";
+  if (env.world != l.tp)
+    return name + " needs one process per GPU: run it under `mpirun -np " + std::to_string(l.tp) +
+           "` (this is " +
+           (env.world == 1 ? std::string("a single process")
+                           : "one of " + std::to_string(env.world) + " ranks") +
+           ")";
+  if (env.devices < env.local_ranks)
+    return name + ": " + std::to_string(env.local_ranks) + " ranks on this node but " +
+           std::to_string(env.devices) + " visible GPU(s); one GPU per rank is needed";
+  return "";
+}
+
+RealLayoutEnv real_layout_env() {
+  RealLayoutEnv env;
+  env.world = launcher_world_size();
+  env.local_ranks = local_ranks();
+  env.mpi = mpi_built();
+#ifdef TWINSTEP_HAVE_NCCL
+  env.nccl = true;
 #endif
-  const int world = launcher_world_size();
-  if (world != l.tp)
-    throw Error(name + " needs one process per GPU: run it under `mpirun -np " +
-                std::to_string(l.tp) + "` (this is " +
-                (world == 1 ? std::string("a single process")
-                            : "one of " + std::to_string(world) + " ranks") +
-                ")");
 #ifdef TWINSTEP_HAVE_RUNTIME
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+  if (cudaGetDeviceCount(&env.devices) != cudaSuccess) {
     (void)cudaGetLastError();
-    devices = 0;
+    env.devices = 0;
   }
-  if (devices < local_ranks())
-    throw Error(name + ": " + std::to_string(local_ranks()) + " ranks on this node but " +
-                std::to_string(devices) + " visible GPU(s); one GPU per rank is needed");
 #endif
+  return env;
+}
+
+void check_real_tensor_parallel(const Variant& v) {
+  if (v.layout.world() == 1) return;
+  if (const std::string why = real_layout_problem(v, real_layout_env()); !why.empty())
+    throw Error(why);
 }
 
 void check_real_layouts(const Experiment& e) {

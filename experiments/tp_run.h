@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <string>
 
 #include "experiments/distributed.h"
 #include "experiments/experiment.h"
@@ -32,6 +33,16 @@ bool needs_tensor_parallel(const Experiment& e);
 void check_real_layouts(const Experiment& e);
 // The same checks for one variant (measure_variant's guard).
 void check_real_tensor_parallel(const Variant& v);
+
+// What those checks read from the process: launcher ranks, ranks on this node, visible GPUs,
+// MPI and NCCL in the build.
+struct RealLayoutEnv {
+  int world = 1, local_ranks = 1, devices = 0;
+  bool mpi = false, nccl = false;
+};
+RealLayoutEnv real_layout_env();
+// Why variant `v` cannot run on the real backend in `env` ("" when it can; always "" for one GPU).
+std::string real_layout_problem(const Variant& v, const RealLayoutEnv& env);
 
 // Runs `e` under mpirun with tensor-parallel real variants: the simulated runs on rank 0, every
 // real run on all ranks together; rank 0 stores each run (db non-null on rank 0 only) with extra

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <functional>
 
+#include "experiments/tp_run.h"
 #include "policies/decode_loop.h"
 #include "policies/model_spec.h"
 #include "runtime/checkpoint.h"
@@ -140,6 +141,44 @@ TEST(TensorParallel, ShardsTileTheFullTensors) {
   EXPECT_EQ(shard.kv_heads, 1);
   EXPECT_EQ(shard.intermediate, 512);
   EXPECT_THROW(runtime::tp_shard_config(full, 4), ConfigError);  // 2 KV heads over 4 ranks
+}
+
+// CPU: which real multi-GPU variants the runner refuses, and the error says why.
+TEST(TensorParallel, RealLayoutChecks) {
+  Variant v;
+  v.label = "base";
+  v.layout.tp = 2;
+  RealLayoutEnv ok;
+  ok.world = 2;
+  ok.local_ranks = 2;
+  ok.devices = 2;
+  ok.mpi = ok.nccl = true;
+  EXPECT_EQ(real_layout_problem(v, ok), "");
+  auto problem = [&](const Variant& x, const RealLayoutEnv& env) {
+    return real_layout_problem(x, env);
+  };
+  RealLayoutEnv one = ok;
+  one.world = 1;
+  EXPECT_NE(problem(v, one).find("mpirun -np 2` (this is a single process)"), std::string::npos)
+      << problem(v, one);
+  RealLayoutEnv few = ok;
+  few.devices = 1;
+  EXPECT_NE(problem(v, few).find("1 visible GPU(s)"), std::string::npos) << problem(v, few);
+  RealLayoutEnv nompi = ok;
+  nompi.mpi = false;
+  EXPECT_NE(problem(v, nompi).find("without MPI"), std::string::npos);
+  Variant pp = v;
+  pp.layout.pp = 2;
+  EXPECT_NE(problem(pp, ok).find("tensor parallelism only"), std::string::npos);
+  Variant spec = v;
+  spec.policy.spec.method = SpecMethod::kChain;
+  EXPECT_NE(problem(spec, ok).find("speculative"), std::string::npos);
+  Variant open = v;
+  open.workload.arrival_rate_per_s = 5;
+  EXPECT_NE(problem(open, ok).find("closed loop"), std::string::npos);
+  Variant single = v;
+  single.layout.tp = 1;
+  EXPECT_EQ(problem(single, one), "");
 }
 
 // One GPU: tp = 1 through the tensor-parallel path (sliced init, an NCCL all-reduce of one rank
