@@ -218,6 +218,7 @@ DistributedOutcome run_experiment_tp(DistributedSession& session, const Experime
           progress.message("interrupted: " + std::to_string(done) + " of " + std::to_string(total) +
                            " runs done, the rest not started");
         TS_CUDA_CHECK(cudaStreamDestroy(stream));
+        runtime::tp_release_world_communicator();
         return out;
       }
       progress.update(done, total, v.label + " [real, " + layout_name(v.layout) + "]");
