@@ -72,6 +72,11 @@ constexpr Figure kFigures[] = {
     {"d2h_latency_ns", &HardwareSpec::d2h_latency_ns, nullptr, false},
     {"d2h_gbps", nullptr, &HardwareSpec::d2h_gbps, true},
     {"host_wake_ns", &HardwareSpec::host_wake_ns, nullptr, false},
+    // Collectives (`twinstep calibrate-nccl`): alpha + algorithm bytes / interconnect_gbps.
+    {"interconnect_gbps", nullptr, &HardwareSpec::interconnect_gbps, true},
+    {"allreduce_alpha_ns", &HardwareSpec::allreduce_alpha_ns, nullptr, false},
+    {"alltoall_alpha_ns", &HardwareSpec::alltoall_alpha_ns, nullptr, false},
+    {"p2p_alpha_ns", &HardwareSpec::p2p_alpha_ns, nullptr, false},
 };
 
 // ---- reading ----------------------------------------------------------------------------------

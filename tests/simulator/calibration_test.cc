@@ -343,6 +343,10 @@ void expect_same(const KernelFit& a, const KernelFit& b) {
 TEST(CalibrationProfile, WriteThenParseRoundTrips) {
   CalibrationProfile p = fit_calibration(synthetic_session(), "h200-test", "h200", kHeader);
   p.header.command = "twinstep calibrate --out \"a b\\c\".yaml";  // quoting survives
+  p.hw.interconnect_gbps = 361.25;  // collective figures, as calibrate-nccl sets them
+  p.hw.allreduce_alpha_ns = 7123;
+  p.hw.alltoall_alpha_ns = 9876;
+  p.hw.p2p_alpha_ns = 5432;
   const CalibrationProfile q = parse_calibration_profile(write_calibration_profile(p), "mem");
   EXPECT_EQ(q.name, p.name);
   EXPECT_EQ(q.base, p.base);
@@ -361,6 +365,10 @@ TEST(CalibrationProfile, WriteThenParseRoundTrips) {
   EXPECT_EQ(q.hw.d2h_latency_ns, p.hw.d2h_latency_ns);
   EXPECT_EQ(q.hw.d2h_gbps, p.hw.d2h_gbps);
   EXPECT_EQ(q.hw.host_wake_ns, p.hw.host_wake_ns);
+  EXPECT_EQ(q.hw.interconnect_gbps, 361.25);
+  EXPECT_EQ(q.hw.allreduce_alpha_ns, 7123);
+  EXPECT_EQ(q.hw.alltoall_alpha_ns, 9876);
+  EXPECT_EQ(q.hw.p2p_alpha_ns, 5432);
   EXPECT_GT(p.hw.kernel_fits[size_t(KernelClass::kGemm)].split_intensity, 0);  // covered
   for (size_t c = 0; c < kKernelFitSlots; ++c)
     expect_same(q.hw.kernel_fits[c], p.hw.kernel_fits[c]);
@@ -427,7 +435,8 @@ TEST(CalibrationProfile, BadProfilesSayWhereAndWhat) {
   EXPECT_EQ(error_of(replace(kGoodProfile, "graph_node_gap_ns", "node_gap_ns")),
             "p.yaml:11:3: unknown field 'node_gap_ns' in figures; known: stream_read_tbps, "
             "kernel_floor_ns, eager_launch_ns, graph_launch_ns, graph_node_gap_ns, "
-            "pdl_node_gap_ns, d2h_latency_ns, d2h_gbps, host_wake_ns");
+            "pdl_node_gap_ns, d2h_latency_ns, d2h_gbps, host_wake_ns, interconnect_gbps, "
+            "allreduce_alpha_ns, alltoall_alpha_ns, p2p_alpha_ns");
   EXPECT_EQ(error_of(replace(kGoodProfile, "format: 1", "format: 2")),
             "p.yaml:1:9: format 2 is not supported (this twinstep reads 1)");
   EXPECT_EQ(error_of("format: 1\nname: [x\n"), error_of("format: 1\nname: [x\n"));
