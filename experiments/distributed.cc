@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "experiments/tp_run.h"
 #include "policies/error.h"
 
 #ifdef TWINSTEP_HAVE_MPI
@@ -235,6 +236,8 @@ std::string run_name(const Experiment& e, int32_t variant_index, BackendKind b) 
 DistributedOutcome run_experiment_distributed(DistributedSession& session, const Experiment& e,
                                               ResultsDb* db, Progress& progress,
                                               const std::atomic<bool>& stop) {
+  // Real multi-GPU variants: every rank runs each of them together (experiments/tp_run.h).
+  if (needs_tensor_parallel(e)) return run_experiment_tp(session, e, db, progress, stop);
   const int rank = session.rank();
   const int size = session.size();
   const std::vector<BackendKind> backends = runnable_backends(e, progress);

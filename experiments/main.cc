@@ -6,9 +6,11 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -21,15 +23,24 @@
 #include "experiments/progress.h"
 #include "experiments/report.h"
 #include "experiments/runner.h"
+#include "policies/calibration_profile.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
 #include "policies/layout.h"
+#include "results/build_info.h"
 #include "results/compare.h"
 #include "results/db.h"
 #include "results/format.h"
 #include "results/trace.h"
 #include "runtime/checkpoint.h"
+#include "simulator/calibration.h"
 #include "simulator/sim_backend.h"
+#ifdef TWINSTEP_HAVE_RUNTIME
+#include "runtime/calibrate.h"
+#endif
+#ifdef TWINSTEP_HAVE_NCCL_CALIBRATE
+#include "runtime/nccl_calibrate.h"
+#endif
 
 namespace twinstep {
 namespace {
@@ -79,8 +90,8 @@ int cmd_hardware(OutputFormat f, bool sources) {
   QueryResult t = table({"hardware", "hbm_gb", "hbm_tbps", "stream_read_tbps", "bf16_tflops", "sms",
                          "eager_launch_us", "graph_node_gap_us"});
   if (sources) t.columns.push_back("source");
-  for (const std::string& name : hardware_preset_names()) {
-    const HardwareSpec& h = hardware_preset(name);
+  for (const std::string& name : hardware_names()) {  // presets, then calibrated profiles
+    const HardwareSpec h = hardware_by_name(name);
     std::vector<Cell> row = {name,
                              double(h.hbm_bytes) / 1e9,
                              h.hbm_tbps,
@@ -427,6 +438,98 @@ int cmd_bench_sim(int32_t requests) {
   return 0;
 }
 
+// `twinstep calibrate` (docs/calibration.md): measure this GPU (or, with fit_only, take the
+// latest calibration session stored in the database), fit, write the profile, print the fit.
+int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool quick,
+                  bool fit_only, std::string base, const std::vector<std::string>& models,
+                  const std::string& command) {
+  const std::string name = std::filesystem::path(out_path).stem().string();
+  if (std::filesystem::path(out_path).extension() != ".yaml" || name.empty()) {
+    throw ConfigError(
+        "", "--out must name a .yaml file (its stem is the profile name), got '" + out_path + "'");
+  }
+  ResultsDb db = open_db(db_path);
+  std::vector<CalibrationSample> samples;
+  ProfileHeader header;
+  if (fit_only) {
+    samples = db.calibration_samples(0, &header);
+    header.command += "; refit: " + command;
+  } else {
+#ifdef TWINSTEP_HAVE_RUNTIME
+    runtime::CalibrateOptions o;
+    o.quick = quick;
+    if (!models.empty()) o.models = models;
+    runtime::CalibrationRun run = runtime::run_calibration(o);
+    samples = std::move(run.samples);
+    const std::time_t t = std::time(nullptr);
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    header = {command, build_info().git_sha + (build_info().git_dirty ? "-dirty" : ""),
+              run.gpu_name, run.driver, date};
+    const int64_t session = db.store_calibration(header, quick, samples);
+    std::fprintf(stderr, "twinstep: %zu calibration samples stored in %s (session %lld)\n",
+                 samples.size(), db_path.c_str(), static_cast<long long>(session));
+#else
+    (void)quick;
+    (void)models;
+    throw Error(
+        "calibrate needs the CUDA runtime (this build has none); --fit-only refits "
+        "samples already in a database");
+#endif
+  }
+  if (base.empty()) {
+    // The datasheet preset of the measured GPU: "NVIDIA H200" -> h200.
+    std::string gpu = header.gpu;
+    for (char& c : gpu) c = char(std::tolower(static_cast<unsigned char>(c)));
+    for (const char* p : {"h200", "h100", "h20", "b200", "b300"}) {
+      if (gpu.find(p) != std::string::npos) {
+        base = p;
+        break;
+      }
+    }
+    if (base.empty()) {
+      throw ConfigError(
+          "", "no datasheet preset matches GPU '" + header.gpu +
+                  "'; give --base with a hardware preset name (twinstep hardware lists them)");
+    }
+  }
+  const CalibrationProfile profile = fit_calibration(samples, name, base, header);
+  std::ofstream out(out_path);
+  out << write_calibration_profile(profile);
+  out.close();
+  if (!out) throw Error("cannot write " + out_path);
+  std::printf("%s", calibration_report(profile).c_str());
+  std::printf(
+      "wrote %s (profile '%s' over preset %s; load it with hardware: %s once it is in %s)\n",
+      out_path.c_str(), name.c_str(), base.c_str(), name.c_str(),
+      calibration_profile_dir().c_str());
+  return 0;
+}
+
+// `twinstep calibrate-nccl` (docs/calibration.md "Collectives"), one process per GPU under
+// mpirun: NCCL collective times against message size, fitted into a calibration profile.
+int cmd_calibrate_nccl(const std::string& out_path, const std::string& json_path,
+                       const std::string& name, const std::string& profile, bool quick,
+                       bool single_process, const std::string& command) {
+#ifdef TWINSTEP_HAVE_NCCL_CALIBRATE
+  DistributedSession session;  // MPI up under mpirun; refused without MPI in the build
+  try {
+    return calibrate_nccl_command(out_path, json_path, name, profile, quick, single_process,
+                                  command);
+  } catch (const std::exception& ex) {
+    if (!session.distributed()) throw;
+    std::fflush(stdout);
+    std::fprintf(stderr, "twinstep: rank %d of %d: %s\n", session.rank(), session.size(),
+                 ex.what());
+    session.abort(1);
+  }
+#else
+  (void)out_path, (void)json_path, (void)name, (void)profile, (void)quick, (void)single_process,
+      (void)command;
+  throw Error("calibrate-nccl needs a CUDA + NCCL + MPI build (this twinstep has no NCCL)");
+#endif
+}
+
 }  // namespace
 }  // namespace twinstep
 
@@ -549,6 +652,35 @@ int main(int argc, char** argv) {
   hardware->add_flag("--sources", sources, "show where each preset's numbers come from");
   add_format(hardware);
 
+  std::string cal_out, cal_base;
+  bool cal_quick = false, cal_fit_only = false;
+  std::vector<std::string> cal_models;
+  CLI::App* calibrate = app.add_subcommand(
+      "calibrate", "measure this GPU and fit a calibrated hardware profile (docs/calibration.md)");
+  calibrate->add_option("--out", cal_out, "profile to write, NAME.yaml")->required();
+  calibrate->add_option("--db", db_path, "results database for the raw samples")
+      ->capture_default_str();
+  calibrate->add_flag("--quick", cal_quick, "a small grid (tests the pipeline)");
+  calibrate->add_flag("--fit-only", cal_fit_only,
+                      "refit the latest calibration session in --db; no GPU needed");
+  calibrate->add_option("--base", cal_base, "datasheet preset (default: from the GPU name)");
+  calibrate->add_option("--models", cal_models, "dense model presets to measure")->delimiter(',');
+
+  std::string nccl_out, nccl_json, nccl_name, nccl_profile;
+  bool nccl_quick = false, nccl_single = false;
+  CLI::App* calibrate_nccl = app.add_subcommand(
+      "calibrate-nccl",
+      "time NCCL collectives vs message size (mpirun -np GPUS) and fit them into a profile");
+  calibrate_nccl->add_option("--out", nccl_out, "profile file to write (.yaml)")->required();
+  calibrate_nccl->add_option("--json", nccl_json,
+                             "also write the table and fits as a results/<gpu>/*.json record");
+  calibrate_nccl->add_option("--name", nccl_name, "profile name (default: --out's stem)");
+  calibrate_nccl->add_option("--profile", nccl_profile,
+                             "calibrated profile to extend (default: the GPU's datasheet preset)");
+  calibrate_nccl->add_flag("--quick", nccl_quick, "x4 size steps, fewer repetitions");
+  calibrate_nccl->add_flag("--single-process", nccl_single,
+                           "no mpirun: one thread per visible GPU in this process");
+
   int32_t bench_requests = 1000;
   CLI::App* bench =
       app.add_subcommand("bench-sim", "simulator speed benchmark (wall time, memory)");
@@ -572,6 +704,18 @@ int main(int argc, char** argv) {
     if (*models) return cmd_models(f);
     if (*hardware) return cmd_hardware(f, sources);
     if (*bench) return cmd_bench_sim(bench_requests);
+    if (*calibrate) {
+      std::string command = "twinstep";
+      for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+      return cmd_calibrate(cal_out, db_path, cal_quick, cal_fit_only, cal_base, cal_models,
+                           command);
+    }
+    if (*calibrate_nccl) {
+      std::string command = "twinstep";
+      for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+      return cmd_calibrate_nccl(nccl_out, nccl_json, nccl_name, nccl_profile, nccl_quick,
+                                nccl_single, command);
+    }
     if (*capacity) return cmd_capacity(cap_model, cap_hardware, cap_layouts, cap_seed004, f);
     if (*import) return cmd_import(import_records, import_as, db_path);
     if (*make_ckpt)

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 
+#include "experiments/tp_run.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
 #include "policies/rng.h"
@@ -28,10 +29,8 @@ bool real_backend_available(std::string* why) {
 // Runs one variant on this machine's GPU with the same policy objects the simulator runs.
 RunRecord measure_variant(const Variant& v) {
 #ifdef TWINSTEP_HAVE_RUNTIME
-  if (v.layout.world() > 1) {
-    throw Error("the real backend runs on one GPU; layout " + layout_name(v.layout) +
-                " needs the multi-GPU runtime (NCCL), which is not built yet");
-  }
+  // Tensor parallelism (experiments/tp_run.h): every rank runs this with its own shard.
+  check_real_tensor_parallel(v);
   // Speculation runs on the real backend with a synthetic draft of fidelity
   // kRealDraftFidelity (runtime/real_factory.h); v.acceptance is the simulator's model only.
   const std::vector<RequestSpec> requests = generate_requests(v.workload);
@@ -134,6 +133,7 @@ int64_t store_run(const Experiment& e, const FinishedRun& run, ResultsDb& db) {
 }
 
 void check_backends_available(const Experiment& e) {
+  check_real_layouts(e);  // multi-GPU real variants: mpirun, GPUs (experiments/tp_run.h)
   std::string why;
   for (BackendKind b : e.backends) {
     if (b == BackendKind::kSim || real_backend_available(&why)) return;

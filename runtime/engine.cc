@@ -14,6 +14,7 @@
 #include "kernels/swiglu.h"
 #include "policies/error.h"
 #include "runtime/engine_internal.h"
+#include "runtime/memory_plan.h"
 #include "runtime/spec_ops.h"
 #include "runtime/synthetic.h"
 
@@ -57,6 +58,12 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
   if (cudaGetDevice(&dev) != cudaSuccess) throw Error("real runtime: no CUDA device");
   // Spin rather than yield in event waits: the host loop is latency-critical.
   if (cudaSetDeviceFlags(cudaDeviceScheduleSpin) != cudaSuccess) (void)cudaGetLastError();
+  // Refuse a model that does not fit before creating or allocating anything (memory_plan.h).
+  size_t free_bytes = 0, total_bytes = 0;
+  TS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  require_fits(plan_engine_memory(c, options.max_slots, options.capacity_tokens,
+                                  options.max_prefill_tokens, options.draft),
+               c, "", dev, free_bytes, total_bytes);
   rope_ = kernels::llama3_rope_table(c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
                                      c.rope_high_freq_factor, c.rope_original_context);
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
@@ -82,8 +89,6 @@ Engine::~Engine() {
   if (copy_) cudaStreamSynchronize(copy_);
   for (cudaEvent_t e : b_->staging_done) cudaEventDestroy(e);
   if (cublas_) cublasDestroy(cublas_);
-  for (void* p : b_->device_allocs) cudaFree(p);
-  for (void* p : b_->host_allocs) cudaFreeHost(p);
   if (b_->aux) cudaStreamDestroy(b_->aux);
   if (compute_) cudaStreamDestroy(compute_);
   if (copy_) cudaStreamDestroy(copy_);
@@ -126,7 +131,7 @@ void Engine::allocate() {
       at_draft.emplace_back(d.name, reserve(n));
     }
   }
-  bf16* w = b.dev<bf16>(size_t(elems));
+  bf16* w = b.dev<bf16>(size_t(elems), "weights");
   weight_bytes_ = elems * 2;
   b.embed = w + at_embed;
   b.final_norm = w + at_norm;
@@ -210,7 +215,7 @@ void Engine::allocate() {
   kernels::KvCache shape{nullptr, c.layers + (options_.draft ? 1 : 0), c.kv_heads,
                          options_.capacity_tokens};
   const size_t per_slot = kernels::kv_cache_bytes_per_request(shape) / sizeof(bf16);
-  bf16* pool = b.dev<bf16>(per_slot * slots);
+  bf16* pool = b.dev<bf16>(per_slot * slots, "KV cache");
   for (int s = 0; s < slots; ++s) b.slot_base_host.push_back(pool + per_slot * s);
   b.slot_base = b.dev<bf16*>(slots);
   TS_CUDA_CHECK(cudaMemcpy(b.slot_base, b.slot_base_host.data(), sizeof(bf16*) * slots,
@@ -261,7 +266,7 @@ void Engine::allocate() {
   for (int n = 1; n <= b.chunks_max; ++n)
     ws = std::max(ws, kernels::attention_workspace_bytes(
                           {n, b.chunk, c.q_heads, 0.08838834764831845f}, cache));
-  b.attn_ws = b.dev<char>(ws);
+  b.attn_ws = b.dev<char>(ws, "attention workspace");
   TS_CUDA_CHECK(cudaMemset(b.attn_ws, 0, ws));  // attention.h: zero-filled before first use
 
   b.ring_rows = out_rows;
@@ -338,6 +343,7 @@ void Engine::upload(const Checkpoint& ck) {
 std::unique_ptr<Engine> Engine::create_synthetic(const LlamaConfig& config, uint64_t seed,
                                                  const EngineOptions& options,
                                                  double draft_fidelity) {
+  if (options.tp.active()) return create_synthetic_tp(config, seed, options, draft_fidelity);
   std::unique_ptr<Engine> e(new Engine(config, options));
   e->init_synthetic(seed, draft_fidelity);
   return e;
@@ -345,6 +351,8 @@ std::unique_ptr<Engine> Engine::create_synthetic(const LlamaConfig& config, uint
 
 std::unique_ptr<Engine> Engine::create_from_checkpoint(const Checkpoint& ck,
                                                        const EngineOptions& options) {
+  if (options.tp.active())
+    throw ConfigError("", "tensor parallelism: checkpoints are not sharded yet (synthetic only)");
   std::unique_ptr<Engine> e(new Engine(ck.config(), options));
   e->upload(ck);
   return e;
@@ -408,6 +416,7 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     kernels::decode_attention(b.q, cache, l, ctx_lens, b.attn, shape, attn_ws, s, pdl);
     node("o_proj");
     project(b.w_o[l], b.attn, b.o, B, H, int(c.q_dim()));
+    tp_all_reduce(b.o, B, "o_all_reduce");
     node("mlp_norm");
     kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, B, H, eps, s, pdl);
     if (B <= kernels::kGemvMaxRows || row_exact) {
@@ -423,6 +432,7 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     }
     node("down_proj");
     project(b.w_down[l], b.act, b.mlp, B, H, I);
+    tp_all_reduce(b.mlp, B, "down_all_reduce");
   }
 }
 
@@ -590,10 +600,12 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     kernels::rope_kv_append(b.qkv, d_chunk_ctx, cache, l, b.q, C, b.chunk, c.q_heads, rope_, s);
     kernels::decode_attention(b.q, cache, l, d_chunk_ctx, b.attn, shape, b.attn_ws, s);
     proj(b.w_o[l], b.attn, b.o, T, H, int(c.q_dim()), false);
+    tp_all_reduce(b.o, T, "o_all_reduce");
     kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, T, H, eps, s);
     proj(b.w_gu[l], b.xn, b.gu, T, 2 * I, H, false);
     kernels::swiglu(b.gu, b.act, T, I, s);
     proj(b.w_down[l], b.act, b.mlp, T, H, I, false);
+    tp_all_reduce(b.mlp, T, "down_all_reduce");
   }
   if (options_.draft) {
     // The draft needs every position's pre-norm hidden state: complete the residual stream of

@@ -34,6 +34,7 @@
 #include "policies/policy_spec.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_ops.h"
+#include "runtime/tensor_parallel.h"
 
 #define TS_CUBLAS_CHECK(expr)                                                     \
   do {                                                                            \
@@ -64,6 +65,10 @@ struct EngineOptions {
   // Confidence/device drafts in graphs: each step past min_steps behind a conditional IF node
   // (skipped once every request stopped drafting). Off: every step runs, stopped rows padded.
   bool draft_early_exit = false;
+  // Tensor parallelism (runtime/tensor_parallel.h): with a communicator, create_synthetic builds
+  // this rank's shard of the model it is given and the forwards all-reduce after o_proj and
+  // down_proj. Plain decode only (no draft); checkpoints are not sharded yet.
+  TensorParallel tp;
 };
 
 // One draft launch: `steps` autoregressive draft forwards (1..kMaxDraftTokens). device_stop: a
@@ -169,6 +174,13 @@ class Engine {
   void allocate();
   void init_synthetic(uint64_t seed, double draft_fidelity);
   void upload(const Checkpoint& checkpoint);
+  // tensor_parallel.cc: the shard of `full` (options.tp), its sliced synthetic init, and the
+  // all-reduce (bf16 sum, in place, rows x hidden) after a row-parallel projection.
+  static std::unique_ptr<Engine> create_synthetic_tp(const LlamaConfig& full, uint64_t seed,
+                                                     const EngineOptions& options,
+                                                     double draft_fidelity);
+  void init_synthetic_tp(const LlamaConfig& full, uint64_t seed, double draft_fidelity);
+  void tp_all_reduce(kernels::bf16* x, int rows, const char* name);
   // The decode forward of bucket B on compute_ (eager or under capture). commit = false runs
   // the forward without touching the relay or the counters (warm-up before capture).
   void decode_forward(int bucket, bool pdl, bool commit);

@@ -13,6 +13,7 @@
 
 #include "kernels/common.h"
 #include "runtime/engine.h"
+#include "runtime/memory_plan.h"
 
 namespace twinstep::runtime {
 
@@ -77,10 +78,29 @@ struct Engine::Buffers {
   int chunk = 16;  // prefill query chunk (pseudo-request length)
   int chunks_max = 0;
 
+  // Freed here rather than in ~Engine, so a constructor that throws halfway leaves nothing.
+  ~Buffers() {
+    for (void* p : device_allocs) cudaFree(p);
+    for (void* p : host_allocs) cudaFreeHost(p);
+  }
+
+  // A device allocation of `count` T; out of memory throws OutOfMemoryError naming `what` and
+  // the size (memory_plan.h checked the total first, so this is fragmentation or another
+  // process taking memory meanwhile).
   template <typename T>
-  T* dev(size_t count) {
+  T* dev(size_t count, const char* what = "an engine buffer") {
     void* p = nullptr;
-    TS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 16)));
+    const size_t bytes = std::max<size_t>(count * sizeof(T), 16);
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+      throw OutOfMemoryError("cudaMalloc of " + describe_bytes(bytes) + " for " + what +
+                             " failed: out of memory (" + describe_bytes(free_bytes) + " free of " +
+                             describe_bytes(total_bytes) + ")");
+    }
+    TS_CUDA_CHECK(err);
     device_allocs.push_back(p);
     return static_cast<T*>(p);
   }

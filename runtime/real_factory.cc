@@ -22,6 +22,8 @@ class OwningRealBackend final : public Backend {
       need = std::max(need,
                       (r.input_len + 15) / 16 * 16 + r.output_len + spec_kv_margin(v.policy.spec));
     runtime::EngineOptions eo;
+    // Tensor parallelism: this rank's GPU and shard (runtime/tensor_parallel.h).
+    if (v.layout.tp > 1) eo.tp = runtime::tp_world(v.layout.tp);
     eo.max_slots = std::max(1, v.workload.max_concurrency);
     eo.capacity_tokens = (need + 63) / 64 * 64;
     eo.draft = spec;
