@@ -22,6 +22,8 @@ fi
 if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
   export TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
 fi
+# The device copy of a working tree may carry a stale .git: pass TWINSTEP_COMMIT from the
+# machine that has the real history.
 export TWINSTEP_COMMIT=${TWINSTEP_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}
 summary="$out/summary.txt"
 start=$(date +%s)
@@ -50,6 +52,11 @@ for arg in "$@"; do
   note "$stage: status $st$([ $st = 124 ] && echo ' (time limit)') at +$(( $(date +%s) - start )) s"
 done
 
-tar -C "$out" -czf "$out/logs.tgz.tmp" --exclude=logs.tgz.tmp . && mv "$out/logs.tgz.tmp" "$out/logs.tgz"
-find "$out" -mindepth 1 -maxdepth 1 ! -name logs.tgz ! -name summary.txt -exec rm -rf {} +
+pack=$(mktemp -d)
+if tar -C "$out" -czf "$pack/logs.tgz" . ; then
+  find "$out" -mindepth 1 -maxdepth 1 ! -name summary.txt -exec rm -rf {} +
+  mv "$pack/logs.tgz" "$out/logs.tgz"
+else
+  echo "packing the logs failed: left them unpacked" | tee -a "$summary"
+fi
 cat "$summary"
