@@ -108,6 +108,10 @@ void Communicator::fail(const std::string& what, const std::string& why) {
 }
 
 void Communicator::wait_ready(const std::string& what, double timeout_s) {
+  // An enqueue on a non-blocking communicator usually settles within microseconds: spin (with
+  // yields) for the first 2 ms, then back off to 100 us sleeps. A fixed 1 ms sleep made every
+  // eager collective cost over a millisecond (measured on 2 H200s: all-reduce alpha 1.1 ms).
+  const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = deadline_after(timeout_s);
   for (;;) {
     ncclResult_t state = ncclSuccess;
@@ -120,7 +124,10 @@ void Communicator::wait_ready(const std::string& what, double timeout_s) {
     if (Clock::now() >= deadline)
       fail(what, "did not complete within " + seconds_text(timeout_s) +
                      " s (a rank did not join or is stuck)");
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (Clock::now() - start < std::chrono::milliseconds(2))
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
 
