@@ -42,15 +42,17 @@ struct AttentionTuning {
   int ctas_per_sm = 2;  // context splits are sized so a full cache gives this many blocks per SM
   int stages = 3;       // variant 0: K/V stage ring depth, 2..4 stages of 32 KB
   int cluster = 4;      // variant 0: splits per cluster, 1, 2, 4 or 8 (1: no cluster)
-  // Variant 1, not yet measured (the benchmark compares them; same bits either way):
-  // split_full_ring: the split kernel's prologue issues all 3 ring stages (96 KB per block, 192 KB
-  // per SM in flight at the start) instead of 2; split_q_smem: Q staged in shared memory instead
-  // of 32 registers per thread (no spill at 8 and 16 warps per block).
+  // Variant 1 options (same bits either way). split_full_ring: the split kernel's prologue issues
+  // all 3 ring stages (96 KB per block, 192 KB per SM in flight at the start) instead of 2;
+  // split_q_smem: Q staged in shared memory instead of 32 registers per thread (no spill at 8 and
+  // 16 warps per block). Measured on the H200 at ctx 8192, graph+PDL (results/h200/attention.json,
+  // 1550db9): default 14.98 / 25.16 us (q_len 1 / 6), q_smem 14.51 / 22.41, full ring 15.88 /
+  // 25.47, both 15.68 / 23.38: q_smem alone is the default.
   bool split_full_ring = false;
-  bool split_q_smem = false;
+  bool split_q_smem = true;
   // Every attention launch asks for the largest shared-memory carveout (the split kernel's
-  // configuration), so the small combine can be resident beside the split kernel under PDL
-  // (round 5, not yet measured; false = the driver's choice per kernel, as measured in round 4).
+  // configuration), so the small combine can be resident beside the split kernel under PDL.
+  // Measured (1550db9): 14.98 us at q_len 1 vs 16.10 us with the driver's choice.
   bool carveout_max_shared = true;
   bool launch_split = true, launch_combine = true;  // variant 1, benchmark only: halves alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
