@@ -85,4 +85,9 @@ for f in nccl.yaml nccl.json; do
 done
 echo "commit $(git -C "$root" rev-parse HEAD 2>/dev/null)$(git -C "$root" diff --quiet 2>/dev/null || echo -dirty)" \
   | tee -a "$out/gpu.txt"
+# The profile under its own name in OUT/profiles, ready for TWINSTEP_PROFILES (gpu_tp.sh: TP_PROFILES).
+if [ -f "$out/nccl.yaml" ]; then
+  mkdir -p "$out/profiles"
+  cp "$out/nccl.yaml" "$out/profiles/${TWINSTEP_NCCL_PROFILE:-h200-nccl}.yaml"
+fi
 exit $status

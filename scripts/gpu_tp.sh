@@ -45,10 +45,19 @@ grep -E "TP2|tiny TP2|OK \]|FAILED \]|SKIPPED \]|diverge|ranks sampled" "$out/tp
 step "validation h200_tp2 ($np ranks)"
 db="$out/tp2.db"
 rm -f "$db"
-timeout 900 $mpi "$build/twinstep" --db "$db" run -q "$root/experiments/validation/h200_tp2.yaml" \
-  >"$out/tp2_run.log" 2>&1 || status=1
+exp="$root/experiments/validation/h200_tp2.yaml"
+xname=validation-h200-tp2
+# TP_HARDWARE=NAME (with TP_PROFILES=DIR holding NAME.yaml): simulate with that profile instead.
+if [ -n "${TP_HARDWARE:-}" ]; then
+  [ -n "${TP_PROFILES:-}" ] && export TWINSTEP_PROFILES="$TP_PROFILES"
+  xname="$xname-$TP_HARDWARE"
+  sed -e "s/^hardware: h200$/hardware: $TP_HARDWARE/" -e "s/^name: .*$/name: $xname/" "$exp" \
+    >"$out/h200_tp2-$TP_HARDWARE.yaml"
+  exp="$out/h200_tp2-$TP_HARDWARE.yaml"
+fi
+timeout 900 $mpi "$build/twinstep" --db "$db" run -q "$exp" >"$out/tp2_run.log" 2>&1 || status=1
 tail -8 "$out/tp2_run.log"
-"$build/twinstep" --db "$db" compare --experiment validation-h200-tp2 --sim-vs-real \
+"$build/twinstep" --db "$db" compare --experiment "$xname" --sim-vs-real \
   --metrics tpot_ms_mean step_ms_mean ttft_ms_mean gpu_busy_frac output_throughput_tok_s |
   tee "$out/tp2.sim_vs_real.txt" || status=1
 "$build/twinstep" --db "$db" query --csv "SELECT r.id, r.variant_label, r.backend, r.status,
