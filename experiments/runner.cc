@@ -17,7 +17,6 @@
 #endif
 
 namespace twinstep {
-namespace {
 
 #ifndef TWINSTEP_HAVE_RUNTIME
 bool real_backend_available(std::string* why) {
@@ -25,6 +24,8 @@ bool real_backend_available(std::string* why) {
   return false;
 }
 #endif
+
+namespace {
 
 // Runs one variant on this machine's GPU with the same policy objects the simulator runs.
 RunRecord measure_variant(const Variant& v) {

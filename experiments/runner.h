@@ -18,6 +18,11 @@ namespace twinstep {
 // gives a byte-identical record.
 RunRecord simulate_variant(const Variant& variant);
 
+// True when this process can run the real backend (a CUDA device is visible); otherwise *why
+// says what is missing. Defined by runtime/real_backend.cc, or by runner.cc in a build without
+// the CUDA runtime (always false there).
+bool real_backend_available(std::string* why);
+
 // One finished unit of work (a variant on a backend), ready to store. `error` non-empty: the
 // run failed and record/metrics are empty.
 struct FinishedRun {
