@@ -188,10 +188,54 @@ Distribution read_distribution(Reader& r, const YAML::Node& n, const std::string
   return d;
 }
 
+// One fit: {base_ns, ns_per_byte, ns_per_flop, r2, max_rel_err, samples[, split_intensity,
+// wide_*]} (kernels.<class> and kernel_names.<name>).
+KernelFit read_fit(Reader& r, const YAML::Node& node, const std::string& what) {
+  const auto m = r.mapping(
+      node, what,
+      {"base_ns", "ns_per_byte", "ns_per_flop", "r2", "max_rel_err", "samples", "split_intensity",
+       "split_bytes", "wide_base_ns", "wide_ns_per_byte", "wide_ns_per_flop"});
+  auto coefficient = [&](const char* field, double hi) {
+    return r.number(r.require(m, node, field, what), what + "." + field, 0, false, hi);
+  };
+  KernelFit fit;
+  fit.fitted = true;
+  fit.base_ns = coefficient("base_ns", 1e12);
+  fit.ns_per_byte = coefficient("ns_per_byte", 1e6);
+  fit.ns_per_flop = coefficient("ns_per_flop", 1e6);
+  fit.r2 = r.number(r.require(m, node, "r2", what), what + ".r2", -1e300, false, 1);
+  fit.max_rel_err = coefficient("max_rel_err", std::numeric_limits<double>::max());
+  fit.samples =
+      r.integer(r.require(m, node, "samples", what), what + ".samples", 1, int64_t(1) << 50);
+  const YAML::Node* split = Reader::find(m, "split_intensity");
+  const YAML::Node* split_bytes = Reader::find(m, "split_bytes");
+  if (split != nullptr && split_bytes != nullptr) {
+    r.fail(split_bytes->Mark(), what + ": split_intensity and split_bytes are exclusive");
+  }
+  if (split != nullptr || split_bytes != nullptr) {
+    if (split != nullptr) {
+      fit.split_intensity = r.number(*split, what + ".split_intensity", 0, true, 1e12);
+    } else {
+      fit.split_bytes = r.number(*split_bytes, what + ".split_bytes", 0, true, 1e18);
+    }
+    fit.wide_base_ns = coefficient("wide_base_ns", 1e12);
+    fit.wide_ns_per_byte = coefficient("wide_ns_per_byte", 1e6);
+    fit.wide_ns_per_flop = coefficient("wide_ns_per_flop", 1e6);
+  } else {
+    for (const char* wide : {"wide_base_ns", "wide_ns_per_byte", "wide_ns_per_flop"}) {
+      if (const YAML::Node* n = Reader::find(m, wide)) {
+        r.fail(n->Mark(), what + "." + wide + " needs " + what + ".split_intensity or " + what +
+                              ".split_bytes");
+      }
+    }
+  }
+  return fit;
+}
+
 CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
-  const auto top = r.mapping(
-      doc, "the profile",
-      {"format", "name", "base", "header", "figures", "kernels", "host_ops", "measurements"});
+  const auto top = r.mapping(doc, "the profile",
+                             {"format", "name", "base", "header", "figures", "kernels",
+                              "kernel_names", "pdl_node_gap_by_rows", "host_ops", "measurements"});
   CalibrationProfile p;
   const YAML::Node& format = r.require(top, doc, "format", "the profile");
   if (r.integer(format, "format", 0, 1000000) != kFormat) {
@@ -238,38 +282,32 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
   if (const YAML::Node* kn = Reader::find(top, "kernels")) {
     const std::vector<std::string> classes = kernel_class_names();
     for (const auto& [key, v] : r.mapping(*kn, "kernels", classes)) {
-      const std::string what = "kernels." + key;
-      const auto m =
-          r.mapping(v, what,
-                    {"base_ns", "ns_per_byte", "ns_per_flop", "r2", "max_rel_err", "samples",
-                     "split_intensity", "wide_base_ns", "wide_ns_per_byte", "wide_ns_per_flop"});
-      const YAML::Node& node = v;  // clang before 16 cannot capture a structured binding
-      auto coefficient = [&](const char* field, double hi) {
-        return r.number(r.require(m, node, field, what), what + "." + field, 0, false, hi);
-      };
-      KernelFit fit;
-      fit.fitted = true;
-      fit.base_ns = coefficient("base_ns", 1e12);
-      fit.ns_per_byte = coefficient("ns_per_byte", 1e6);
-      fit.ns_per_flop = coefficient("ns_per_flop", 1e6);
-      fit.r2 = r.number(r.require(m, v, "r2", what), what + ".r2", -1e300, false, 1);
-      fit.max_rel_err = coefficient("max_rel_err", std::numeric_limits<double>::max());
-      fit.samples =
-          r.integer(r.require(m, v, "samples", what), what + ".samples", 1, int64_t(1) << 50);
-      if (const YAML::Node* split = Reader::find(m, "split_intensity")) {
-        fit.split_intensity = r.number(*split, what + ".split_intensity", 0, true, 1e12);
-        fit.wide_base_ns = coefficient("wide_base_ns", 1e12);
-        fit.wide_ns_per_byte = coefficient("wide_ns_per_byte", 1e6);
-        fit.wide_ns_per_flop = coefficient("wide_ns_per_flop", 1e6);
-      } else {
-        for (const char* wide : {"wide_base_ns", "wide_ns_per_byte", "wide_ns_per_flop"}) {
-          if (const YAML::Node* n = Reader::find(m, wide)) {
-            r.fail(n->Mark(), what + "." + wide + " needs " + what + ".split_intensity");
-          }
-        }
-      }
+      const KernelFit fit = read_fit(r, v, "kernels." + key);
       for (int c = 0; c < int(KernelClass::kCount); ++c) {
         if (key == kernel_class_name(KernelClass(c))) p.hw.kernel_fits[size_t(c)] = fit;
+      }
+    }
+  }
+  if (const YAML::Node* kn = Reader::find(top, "kernel_names")) {
+    for (const auto& [key, v] : r.mapping(*kn, "kernel_names", {})) {
+      p.hw.kernel_name_fits.emplace_back(key, read_fit(r, v, "kernel_names." + key));
+    }
+  }
+  if (const YAML::Node* gn = Reader::find(top, "pdl_node_gap_by_rows")) {
+    for (const auto& [model, mv] : r.mapping(*gn, "pdl_node_gap_by_rows", {})) {
+      const std::string mwhat = "pdl_node_gap_by_rows." + model;
+      int64_t prev = 0;
+      for (const auto& [key, v] : r.mapping(mv, mwhat, {})) {
+        const std::string what = mwhat + "." + key;
+        int64_t rows = 0;
+        const auto res = std::from_chars(key.data(), key.data() + key.size(), rows);
+        if (key.empty() || res.ec != std::errc() || res.ptr != key.data() + key.size() ||
+            rows <= prev || rows > (int64_t(1) << 30)) {
+          r.fail(v.Mark(), what + ": keys must be row counts in [1, 2^30], ascending");
+        }
+        prev = rows;
+        p.hw.pdl_node_gap_by_rows.push_back(
+            {model, rows, r.integer(v, what, -(int64_t(1) << 40), int64_t(1) << 40)});
       }
     }
   }
@@ -309,25 +347,53 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
   }
   o << "# Per kernel class: t_ns = base_ns + ns_per_byte * (bytes read + written) + ns_per_flop "
        "* flops;\n# r2, max_rel_err and samples describe the fit on its own samples.\n";
+  auto write_fit = [&](const std::string& key, const KernelFit& f) {
+    o << "\n  " << key << ": {base_ns: " << num(f.base_ns)
+      << ", ns_per_byte: " << num(f.ns_per_byte) << ", ns_per_flop: " << num(f.ns_per_flop)
+      << ", r2: " << num(f.r2) << ", max_rel_err: " << num(f.max_rel_err)
+      << ", samples: " << f.samples;
+    if (f.split_intensity > 0 || f.split_bytes > 0) {
+      o << (f.split_intensity > 0 ? ", split_intensity: " : ", split_bytes: ")
+        << num(f.split_intensity > 0 ? f.split_intensity : f.split_bytes)
+        << ", wide_base_ns: " << num(f.wide_base_ns)
+        << ", wide_ns_per_byte: " << num(f.wide_ns_per_byte)
+        << ", wide_ns_per_flop: " << num(f.wide_ns_per_flop);
+    }
+    o << "}";
+  };
   o << "kernels:";
   bool any = false;
   for (int c = 0; c < int(KernelClass::kCount); ++c) {
     const KernelFit& f = p.hw.kernel_fits[size_t(c)];
     if (!f.fitted) continue;
     any = true;
-    o << "\n  " << kernel_class_name(KernelClass(c)) << ": {base_ns: " << num(f.base_ns)
-      << ", ns_per_byte: " << num(f.ns_per_byte) << ", ns_per_flop: " << num(f.ns_per_flop)
-      << ", r2: " << num(f.r2) << ", max_rel_err: " << num(f.max_rel_err)
-      << ", samples: " << f.samples;
-    if (f.split_intensity > 0) {
-      o << ", split_intensity: " << num(f.split_intensity)
-        << ", wide_base_ns: " << num(f.wide_base_ns)
-        << ", wide_ns_per_byte: " << num(f.wide_ns_per_byte)
-        << ", wide_ns_per_flop: " << num(f.wide_ns_per_flop);
-    }
-    o << "}";
+    write_fit(kernel_class_name(KernelClass(c)), f);
   }
   o << (any ? "\n" : " {}\n");
+  if (!p.hw.kernel_name_fits.empty()) {
+    o << "# Per kernel name (KernelDesc::name), the same model; a name listed here is priced by "
+         "its own fit,\n# any other kernel by its class's.\n";
+    o << "kernel_names:";
+    for (const auto& [name, f] : p.hw.kernel_name_fits) write_fit(quoted(name), f);
+    o << "\n";
+  }
+  if (!p.hw.pdl_node_gap_by_rows.empty()) {
+    o << "# PDL node gap (ns, signed: negative = overlap) per model and decode rows; a step of R "
+         "rows uses\n# the model's first entry with rows >= R, its last above it; other models "
+         "pdl_node_gap_ns.\n";
+    o << "pdl_node_gap_by_rows:";
+    const std::string* model = nullptr;
+    for (const HardwareSpec::PdlGap& g : p.hw.pdl_node_gap_by_rows) {
+      if (model == nullptr || *model != g.model) {
+        o << (model != nullptr ? "}" : "") << "\n  " << quoted(g.model) << ": {";
+        model = &g.model;
+      } else {
+        o << ", ";
+      }
+      o << g.rows << ": " << g.gap_ns;
+    }
+    o << "}\n";
+  }
   o << "host_ops:";
   for (const auto& [name, d] : p.host_ops) {
     o << "\n  " << quoted(name) << ": {n: " << d.n << ", mean_ns: " << num(d.mean_ns)

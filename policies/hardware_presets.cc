@@ -135,3 +135,17 @@ std::vector<std::string> hardware_preset_names() {
 }
 
 }  // namespace twinstep
+
+namespace twinstep {
+
+int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {
+  const HardwareSpec::PdlGap* last = nullptr;
+  for (const HardwareSpec::PdlGap& g : hw.pdl_node_gap_by_rows) {
+    if (g.model != model) continue;
+    if (rows <= g.rows) return g.gap_ns;
+    last = &g;
+  }
+  return last != nullptr ? last->gap_ns : hw.pdl_node_gap_ns;
+}
+
+}  // namespace twinstep

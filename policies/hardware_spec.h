@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace twinstep {
@@ -23,6 +24,10 @@ struct KernelFit {
   double ns_per_byte = 0;
   double ns_per_flop = 0;
   double split_intensity = 0;  // flops per byte; 0: one regime
+  // Bytes (read + written); > 0: kernels moving more use the wide_* coefficients (attention:
+  // small kernels are latency-bound, large ones stream at a higher marginal bandwidth). At most
+  // one of split_intensity and split_bytes is set.
+  double split_bytes = 0;
   double wide_base_ns = 0;
   double wide_ns_per_byte = 0;
   double wide_ns_per_flop = 0;
@@ -70,7 +75,29 @@ struct HardwareSpec {
   // Calibrated per-class kernel times; a class without a fit uses the roofline. Collectives
   // always use the alpha-beta model above.
   std::array<KernelFit, kKernelFitSlots> kernel_fits{};
+  // Calibrated per-kernel-name fits (KernelDesc::name: "qkv_proj", "lm_head", ...): a kernel
+  // whose name has one is priced by it, any other by its class's fit (kernel_fits) or the
+  // roofline. Projections of one class differ in efficiency (shape, cuBLAS algorithm), so a
+  // name fit is closer; a new model's kernels carry the same names.
+  std::vector<std::pair<std::string, KernelFit>> kernel_name_fits;
+  // Measured PDL node gap per model and rows (tokens) of the decode step, for the models
+  // measured: a step of R rows uses the model's entry of the smallest rows >= R (the runtime pads
+  // a batch to the next power of two), its last entry above it. Signed: a negative gap is an
+  // overlap (PDL lets a kernel's prologue run under its predecessor's tail), which shortens the
+  // busy time instead of adding idle. The overlap depends on the kernel mix (by batch it goes
+  // from -1 us to +9.5 us per node on Llama-3-8B), so a model never measured uses
+  // pdl_node_gap_ns, the gap alone.
+  struct PdlGap {
+    std::string model;
+    int64_t rows = 0;
+    int64_t gap_ns = 0;
+  };
+  std::vector<PdlGap> pdl_node_gap_by_rows;  // grouped by model, rows ascending in a model
 };
+
+// The PDL node gap of a step of `model` with `rows` rows (pdl_node_gap_by_rows, else
+// pdl_node_gap_ns).
+int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows);
 
 // Presets by name: h100, h200, h20, b200, b300. Throws ConfigError for an unknown name.
 const HardwareSpec& hardware_preset(const std::string& name);

@@ -5,8 +5,11 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
+#include <tuple>
 
 #include "policies/error.h"
+#include "policies/model_spec.h"
 
 namespace twinstep {
 namespace {
@@ -102,42 +105,70 @@ namespace {
 
 // Weighted NNLS of t = c0 + c1·bytes + c2·flops over `s` (>= 1 sample): rows weighted by
 // 1 / measured time, columns scaled to unit maximum.
-Eigen::Vector3d fit_coefficients(const std::vector<const KernelSample*>& s) {
+// With `fixed_base` >= 0 the base is held at that value and only the byte and FLOP terms are
+// fitted (to t − base, still weighted by 1 / t).
+Eigen::Vector3d fit_coefficients(const std::vector<const KernelSample*>& s,
+                                 double fixed_base = -1) {
   const Eigen::Index m = Eigen::Index(s.size());
+  const bool fixed = fixed_base >= 0;
+  const int first = fixed ? 1 : 0;
+  const int n = 3 - first;
   Eigen::MatrixXd a(m, 3);
   for (Eigen::Index i = 0; i < m; ++i) a.row(i) << 1.0, s[size_t(i)]->bytes, s[size_t(i)]->flops;
   Eigen::Vector3d scale = a.cwiseAbs().colwise().maxCoeff().transpose();
   for (int j = 0; j < 3; ++j) scale(j) = scale(j) > 0 ? scale(j) : 1;
-  Eigen::MatrixXd aw(m, 3);
+  Eigen::MatrixXd aw(m, n);
+  Eigen::VectorXd bw(m);
   for (Eigen::Index i = 0; i < m; ++i) {
-    for (int j = 0; j < 3; ++j) aw(i, j) = a(i, j) / scale(j) / s[size_t(i)]->ns;
+    for (int j = first; j < 3; ++j) aw(i, j - first) = a(i, j) / scale(j) / s[size_t(i)]->ns;
+    bw(i) = fixed ? 1.0 - fixed_base / s[size_t(i)]->ns : 1.0;  // measured ns · weight = 1
   }
-  return nnls(aw, Eigen::VectorXd::Ones(m)).cwiseQuotient(scale);  // measured ns · weight = 1
+  const Eigen::VectorXd x = nnls(aw, bw);
+  Eigen::Vector3d c;
+  c(0) = fixed ? fixed_base : x(0) / scale(0);
+  for (int j = 1; j < 3; ++j) c(j) = x(j - first) / scale(j);
+  return c;
 }
 
 }  // namespace
 
 KernelFit fit_kernel_class(std::span<const KernelSample> samples, KernelClass cls,
                            double split_intensity) {
+  return fit_kernel_class_with_base(samples, cls, split_intensity, -1, -1);
+}
+
+namespace {
+
+// The fit with the regimes split by intensity (split_intensity > 0) or by bytes (split_bytes
+// > 0), each regime with >= 3 samples; else one regime. Also returns the mean squared relative
+// error over the class's samples in *msre when given.
+KernelFit fit_regimes(std::span<const KernelSample> samples, KernelClass cls,
+                      double split_intensity, double split_bytes, double base_ns,
+                      double wide_base_ns, double* msre = nullptr) {
+  auto is_wide = [&](const KernelSample& k) {
+    return (split_intensity > 0 && k.flops > split_intensity * k.bytes) ||
+           (split_bytes > 0 && k.bytes > split_bytes);
+  };
   std::vector<const KernelSample*> all, narrow, wide;
   for (const KernelSample& k : samples) {
     if (k.cls != cls || k.ns <= 0) continue;
     all.push_back(&k);
-    (split_intensity > 0 && k.flops > split_intensity * k.bytes ? wide : narrow).push_back(&k);
+    (is_wide(k) ? wide : narrow).push_back(&k);
   }
   KernelFit fit;
   fit.samples = int64_t(all.size());
   if (all.size() < 3) return fit;
   fit.fitted = true;
   const bool split = narrow.size() >= 3 && wide.size() >= 3;
-  const Eigen::Vector3d c = fit_coefficients(split ? narrow : all);
+  const Eigen::Vector3d c = fit_coefficients(split ? narrow : all, base_ns);
   fit.base_ns = c(0);
   fit.ns_per_byte = c(1);
   fit.ns_per_flop = c(2);
   Eigen::Vector3d cw = c;
   if (split) {
-    cw = fit_coefficients(wide);
+    cw = fit_coefficients(wide, wide_base_ns);
     fit.split_intensity = split_intensity;
+    fit.split_bytes = split_intensity > 0 ? 0 : split_bytes;
     fit.wide_base_ns = cw(0);
     fit.wide_ns_per_byte = cw(1);
     fit.wide_ns_per_flop = cw(2);
@@ -145,18 +176,54 @@ KernelFit fit_kernel_class(std::span<const KernelSample> samples, KernelClass cl
   double mean = 0;
   for (const KernelSample* k : all) mean += k->ns;
   mean /= double(all.size());
-  double ss_res = 0, ss_tot = 0;
+  double ss_res = 0, ss_tot = 0, ss_rel = 0;
   for (const KernelSample* k : all) {
-    const bool is_wide = split && k->flops > split_intensity * k->bytes;
-    const Eigen::Vector3d& cc = is_wide ? cw : c;
+    const Eigen::Vector3d& cc = split && is_wide(*k) ? cw : c;
     const double f = cc(0) + cc(1) * k->bytes + cc(2) * k->flops;
     ss_res += (k->ns - f) * (k->ns - f);
     ss_tot += (k->ns - mean) * (k->ns - mean);
+    ss_rel += (f - k->ns) * (f - k->ns) / (k->ns * k->ns);
     fit.max_rel_err = std::max(fit.max_rel_err, std::abs(f - k->ns) / k->ns);
   }
   // All samples equal: R² is undefined; 1 when the fit reproduces them.
   fit.r2 = ss_tot > 0 ? 1 - ss_res / ss_tot : (ss_res <= 1e-12 * mean * mean ? 1.0 : 0.0);
+  if (msre != nullptr) *msre = ss_rel / double(all.size());
   return fit;
+}
+
+}  // namespace
+
+KernelFit fit_kernel_class_with_base(std::span<const KernelSample> samples, KernelClass cls,
+                                     double split_intensity, double base_ns, double wide_base_ns) {
+  return fit_regimes(samples, cls, split_intensity, 0, base_ns, wide_base_ns);
+}
+
+KernelFit fit_kernel_class_split_bytes(std::span<const KernelSample> samples, KernelClass cls,
+                                       int min_distinct) {
+  double one_err = 0;
+  KernelFit best = fit_regimes(samples, cls, 0, 0, -1, -1, &one_err);
+  // A split must earn its three extra coefficients: at least 10% less error than one line.
+  double best_err = 0.9 * one_err;
+  if (one_err <= 1e-12) return best;  // one line reproduces the samples (to 1e-6 relative)
+  std::vector<double> bytes;
+  for (const KernelSample& k : samples) {
+    if (k.cls == cls && k.ns > 0) bytes.push_back(k.bytes);
+  }
+  std::sort(bytes.begin(), bytes.end());
+  bytes.erase(std::unique(bytes.begin(), bytes.end()), bytes.end());
+  // Candidate splits: geometric midpoints between consecutive distinct byte counts, leaving
+  // min_distinct distinct byte counts on each side (so neither line rests on a single shape).
+  for (size_t i = size_t(std::max(1, min_distinct)); i + size_t(min_distinct) <= bytes.size();
+       ++i) {
+    const double split = std::sqrt(bytes[i - 1] * bytes[i]);
+    double err = 0;
+    const KernelFit f = fit_regimes(samples, cls, 0, split, -1, -1, &err);
+    if (f.split_bytes > 0 && err < best_err) {
+      best_err = err;
+      best = f;
+    }
+  }
+  return best;
 }
 
 Distribution distribution(std::vector<double> v) {
@@ -180,6 +247,97 @@ Distribution distribution(std::vector<double> v) {
   return d;
 }
 
+namespace {
+
+// The median of the values grouped under each key.
+template <typename Key>
+std::map<Key, double> medians(const std::map<Key, std::vector<double>>& m) {
+  std::map<Key, double> out;
+  for (const auto& [k, v] : m) out[k] = median(v);
+  return out;
+}
+
+}  // namespace
+
+std::vector<ResidualSample> residual_kernel_samples(const std::vector<CalibrationSample>& samples,
+                                                    double graph_gap_ns) {
+  // Per in-situ grid point (model, batch, ctx per request): the unprofiled graph-mode step
+  // median, the kernel samples' sum and the names measured.
+  using Point = std::tuple<std::string, int64_t, int64_t>;
+  std::map<Point, std::vector<double>> steps;
+  std::map<Point, double> kernel_sum;
+  std::map<Point, std::set<std::string>> names;
+  for (const CalibrationSample& s : samples) {
+    const Point key{s.model, s.batch, s.ctx_tokens};
+    if (s.kind == "step" && s.mode == "graph") steps[key].push_back(s.value_ns);
+    if (s.kind == "kernel" && s.mode == "graph") {
+      kernel_sum[key] += s.value_ns;
+      names[key].insert(s.name);
+    }
+  }
+  std::vector<ResidualSample> out;
+  for (const auto& [key, step_ns] : medians(steps)) {
+    auto it = kernel_sum.find(key);
+    if (it == kernel_sum.end()) continue;
+    const auto& [model, batch, ctx] = key;
+    const std::vector<std::string> presets = model_preset_names();
+    if (batch < 1 || std::find(presets.begin(), presets.end(), model) == presets.end()) continue;
+    StepKernels sk;
+    step_kernels(model_preset(model), decode_shape(int32_t(batch), 1, ctx * batch), sk);
+    // Step kernels without a sample at this point (one instance each, e.g. lm_head).
+    std::vector<const KernelDesc*> missing;
+    bool layer_kernel_lost = false;  // a per-layer kernel without samples: no residual
+    for (const LayerRun& run : sk.runs) {
+      for (int32_t i = run.first; i < run.first + run.count; ++i) {
+        const KernelDesc& k = sk.kernels[size_t(i)];
+        if (names[key].count(k.name) == 0 && k.cls != KernelClass::kCollective) {
+          layer_kernel_lost |= run.repeat != 1;
+          missing.push_back(&k);
+        }
+      }
+    }
+    if (missing.size() == 1 && !layer_kernel_lost) {
+      const double ns = step_ns - it->second - double(sk.node_count()) * graph_gap_ns;
+      if (ns > 0) {
+        const KernelDesc& k = *missing.front();
+        out.push_back(
+            {k.name, {k.cls, double(k.bytes_read + k.bytes_written), double(k.flops), ns}});
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationSample>& samples,
+                                                  double graph_gap_ns) {
+  // Unprofiled step medians per (model, batch) and mode, in context order: the PDL pass of a
+  // grid point runs right after its graph pass, so the i-th contexts of the two modes pair up.
+  using Key = std::pair<std::string, int64_t>;
+  std::map<Key, std::map<int64_t, std::vector<double>>> graph, pdl;
+  for (const CalibrationSample& s : samples) {
+    if (s.kind != "step") continue;
+    if (s.mode == "graph") graph[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
+    if (s.mode == "pdl") pdl[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
+  }
+  std::map<Key, std::vector<double>> gaps;  // by model and batch (rows: one token per request)
+  const std::vector<std::string> presets = model_preset_names();
+  for (const auto& [key, g] : graph) {
+    auto it = pdl.find(key);
+    if (it == pdl.end() || it->second.size() != g.size()) continue;
+    if (std::find(presets.begin(), presets.end(), key.first) == presets.end()) continue;
+    auto gi = g.begin();
+    for (auto pi = it->second.begin(); pi != it->second.end(); ++pi, ++gi) {
+      StepKernels sk;
+      step_kernels(model_preset(key.first), decode_shape(int32_t(key.second), 1, 0), sk);
+      const double nodes = double(sk.node_count());
+      gaps[key].push_back(graph_gap_ns + (median(pi->second) - median(gi->second)) / nodes);
+    }
+  }
+  std::vector<HardwareSpec::PdlGap> out;
+  for (const auto& [key, v] : gaps) out.push_back({key.first, key.second, std::llround(median(v))});
+  return out;
+}
+
 CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples,
                                    const std::string& name, const std::string& base,
                                    const ProfileHeader& header) {
@@ -196,6 +354,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
                 ", commit " + header.commit + ") over preset " + base;
 
   std::vector<KernelSample> kernels;
+  std::vector<std::string> kernel_names;  // parallel to `kernels`
   for (const CalibrationSample& s : samples) {
     if (std::find_if(std::begin(kKinds), std::end(kKinds),
                      [&](const char* k) { return s.kind == k; }) == std::end(kKinds)) {
@@ -203,17 +362,82 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     }
     if (s.kind == "kernel") {
       kernels.push_back({class_by_name(s.cls), double(s.bytes), double(s.flops), s.value_ns});
+      kernel_names.push_back(s.name);
     }
   }
+  const double graph_gap = [&] {
+    const std::vector<double> v = values(samples, "node_gap", "graph");
+    return v.empty() ? double(p.hw.graph_node_gap_ns) : median(v);
+  }();
+  for (const ResidualSample& r : residual_kernel_samples(samples, graph_gap)) {
+    kernels.push_back(r.sample);
+    kernel_names.push_back(r.name);
+  }
+  // Projections change implementation above kGemvMaxRows = 16 rows (kernels/gemv.h; cuBLAS
+  // in the runtime's proj()); flops / bytes of a projection is just under its row count
+  // (16 rows: ~15.9, 17: ~16.9 at hidden >= 2048), so 16.5 separates the two.
+  // Classes fitted as two lines split by bytes, the split chosen by the least mean squared
+  // relative error, each line resting on at least this many distinct byte counts (0: one line
+  // or the intensity split). Attention moves from latency-bound (small contexts and batches) to
+  // streaming (large). The activation runs fused into the gate/up projection's node up to 16
+  // rows (its in-situ samples there are a byte share of that node, near zero) and as its own
+  // node above: its rows, hence bytes, tell the two apart (two batch sizes above 16 measured).
+  auto min_distinct_of = [](KernelClass c) {
+    return c == KernelClass::kAttention ? 4 : c == KernelClass::kActivation ? 2 : 0;
+  };
+  auto split_of = [](KernelClass c) {
+    return c == KernelClass::kGemm || c == KernelClass::kLmHead ? 16.5 : 0.0;
+  };
+  // Per class over the samples of every name of the class; where all of a class's samples
+  // read the same bytes (one model, one kernel: lm_head), the base and the byte term cannot be
+  // told apart, and the base is held at the gemm fit's (the same GEMV / GEMM kernels).
+  std::map<std::string, std::vector<KernelSample>> by_name;
+  for (size_t i = 0; i < kernels.size(); ++i) by_name[kernel_names[i]].push_back(kernels[i]);
+  // Bytes spanning less than 2x (the weights dominate, only the activations change) do not
+  // separate a base from the byte term.
+  auto bytes_vary = [](std::span<const KernelSample> v) {
+    double lo = v.front().bytes, hi = lo;
+    for (const KernelSample& k : v) lo = std::min(lo, k.bytes), hi = std::max(hi, k.bytes);
+    return hi > 2 * lo;
+  };
   for (int c = 0; c < int(KernelClass::kCount); ++c) {
     if (KernelClass(c) == KernelClass::kCollective) continue;
-    // Projections change implementation above kGemvMaxRows = 16 rows (kernels/gemv.h; cuBLAS
-    // in the runtime's proj()); flops / bytes of a projection is just under its row count
-    // (16 rows: ~15.9, 17: ~16.9 at hidden >= 2048), so 16.5 separates the two.
-    const double split = KernelClass(c) == KernelClass::kGemm ? 16.5 : 0;
-    const KernelFit f = fit_kernel_class(kernels, KernelClass(c), split);
+    const KernelClass cls = KernelClass(c);
+    KernelFit f = min_distinct_of(cls) > 0
+                      ? fit_kernel_class_split_bytes(kernels, cls, min_distinct_of(cls))
+                      : fit_kernel_class(kernels, cls, split_of(cls));
+    const KernelFit& gemm = p.hw.kernel_fits[size_t(KernelClass::kGemm)];
+    if (f.fitted && cls == KernelClass::kLmHead && gemm.fitted) {
+      std::vector<KernelSample> own;
+      for (const KernelSample& k : kernels) {
+        if (k.cls == cls) own.push_back(k);
+      }
+      if (!bytes_vary(own)) {
+        f = fit_kernel_class_with_base(own, cls, split_of(cls), gemm.base_ns,
+                                       gemm.split_intensity > 0 ? gemm.wide_base_ns : gemm.base_ns);
+      }
+    }
     if (f.fitted) p.hw.kernel_fits[size_t(c)] = f;
   }
+  // Per kernel name: that name's samples alone. Where its bytes span less than 2x (a projection
+  // of the one model measured: the weights dominate) the base is held at its class fit's, so
+  // that a new model's shapes scale by bytes and FLOPs; otherwise all three are fitted.
+  for (const auto& [name, v] : by_name) {
+    const KernelFit& cf = p.hw.kernel_fits[size_t(v.front().cls)];
+    if (!cf.fitted) continue;
+    const bool hold = !bytes_vary(v);
+    if (min_distinct_of(v.front().cls) > 0) {
+      const KernelFit f =
+          fit_kernel_class_split_bytes(v, v.front().cls, min_distinct_of(v.front().cls));
+      if (f.fitted) p.hw.kernel_name_fits.emplace_back(name, f);
+      continue;
+    }
+    const KernelFit f = fit_kernel_class_with_base(
+        v, v.front().cls, split_of(v.front().cls), hold ? cf.base_ns : -1,
+        hold ? (cf.split_intensity > 0 ? cf.wide_base_ns : cf.base_ns) : -1);
+    if (f.fitted) p.hw.kernel_name_fits.emplace_back(name, f);
+  }
+  p.hw.pdl_node_gap_by_rows = pdl_gap_by_rows(samples, graph_gap);
 
   auto set_median = [&](const char* kind, const char* mode, int64_t* field) {
     const std::vector<double> v = values(samples, kind, mode);
@@ -316,19 +540,33 @@ std::string calibration_report(const CalibrationProfile& p) {
   std::snprintf(line, sizeof line, "%-14s %8s %10s %12s %14s %16s\n", "kernel_class", "samples",
                 "r2", "max_rel_err", "base_ns", "ns_per_byte");
   out += line;
-  for (int c = 0; c < int(KernelClass::kCount); ++c) {
-    const KernelFit& f = p.hw.kernel_fits[size_t(c)];
-    if (!f.fitted) continue;
+  auto fit_lines = [&](const std::string& key, const KernelFit& f) {
     std::snprintf(line, sizeof line, "%-14s %8lld %10.5f %12.4f %14.1f %16.6g  ns/flop %.4g\n",
-                  kernel_class_name(KernelClass(c)), static_cast<long long>(f.samples), f.r2,
-                  f.max_rel_err, f.base_ns, f.ns_per_byte, f.ns_per_flop);
+                  key.c_str(), static_cast<long long>(f.samples), f.r2, f.max_rel_err, f.base_ns,
+                  f.ns_per_byte, f.ns_per_flop);
     out += line;
     if (f.split_intensity > 0) {
       std::snprintf(line, sizeof line,
                     "%-14s above %.1f flops/byte: base %.1f ns, %.6g ns/byte, %.4g ns/flop\n", "",
                     f.split_intensity, f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop);
       out += line;
+    } else if (f.split_bytes > 0) {
+      std::snprintf(line, sizeof line,
+                    "%-14s above %.4g bytes: base %.1f ns, %.6g ns/byte, %.4g ns/flop\n", "",
+                    f.split_bytes, f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop);
+      out += line;
     }
+  };
+  for (int c = 0; c < int(KernelClass::kCount); ++c) {
+    const KernelFit& f = p.hw.kernel_fits[size_t(c)];
+    if (f.fitted) fit_lines(kernel_class_name(KernelClass(c)), f);
+  }
+  if (!p.hw.kernel_name_fits.empty()) out += "per kernel name:\n";
+  for (const auto& [name, f] : p.hw.kernel_name_fits) fit_lines(name, f);
+  for (const HardwareSpec::PdlGap& g : p.hw.pdl_node_gap_by_rows) {
+    std::snprintf(line, sizeof line, "pdl node gap %s rows %lld: %lld ns\n", g.model.c_str(),
+                  static_cast<long long>(g.rows), static_cast<long long>(g.gap_ns));
+    out += line;
   }
   std::snprintf(
       line, sizeof line,

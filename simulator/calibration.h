@@ -7,6 +7,7 @@
 #include <Eigen/Dense>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "policies/calibration_profile.h"
@@ -35,6 +36,19 @@ struct KernelSample {
 KernelFit fit_kernel_class(std::span<const KernelSample> samples, KernelClass cls,
                            double split_intensity = 0);
 
+// The same with the base held: base_ns for the narrow regime (or the only one), wide_base_ns for
+// the wide one; only ns_per_byte and ns_per_flop are fitted (to t − base, weighted by 1 / t). A
+// negative base means "fit it" (fit_kernel_class).
+KernelFit fit_kernel_class_with_base(std::span<const KernelSample> samples, KernelClass cls,
+                                     double split_intensity, double base_ns, double wide_base_ns);
+
+// Two regimes split by bytes (KernelFit::split_bytes): every geometric midpoint between
+// consecutive distinct byte counts that leaves >= min_distinct distinct counts on each side is
+// tried, and the fit with the least mean squared relative error over the samples wins; a split
+// only where it has at least 10% less error than one line.
+KernelFit fit_kernel_class_split_bytes(std::span<const KernelSample> samples, KernelClass cls,
+                                       int min_distinct);
+
 // Percentiles with linear interpolation (numpy's default) of `values` (any order).
 Distribution distribution(std::vector<double> values);
 
@@ -44,6 +58,25 @@ Distribution distribution(std::vector<double> values);
 CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples,
                                    const std::string& name, const std::string& base,
                                    const ProfileHeader& header);
+
+// Kernel samples of step kernels the in-situ measurement lost (a kernel whose every sample was
+// dropped, e.g. the last node of a step), recovered per grid point where exactly one
+// single-instance kernel (prologue or epilogue) has no sample: its time is the unprofiled
+// graph-mode step median less the point's kernel samples and one node gap per step kernel
+// (Σ kernels + nodes · gap = step, docs/calibration.md). Bytes and FLOPs from step_kernels() of
+// the model preset. Points of unknown models are skipped.
+struct ResidualSample {
+  std::string name;
+  KernelSample sample;
+};
+std::vector<ResidualSample> residual_kernel_samples(const std::vector<CalibrationSample>& samples,
+                                                    double graph_gap_ns);
+
+// The PDL node gap per model and decode batch (rows), signed: per grid point measured in both
+// modes, gap_graph + (T_pdl − T_graph) / step_kernels' node count, the median over the contexts
+// of a batch. By model, rows ascending (HardwareSpec::pdl_node_gap_by_rows).
+std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationSample>& samples,
+                                                  double graph_gap_ns);
 
 // Human-readable fit summary: per class R², max relative error and sample count; the figures.
 std::string calibration_report(const CalibrationProfile& profile);

@@ -19,23 +19,37 @@ CostModel::CostModel(const HardwareSpec& hw)
   for (size_t c = 0; c < fits_.size(); ++c) {
     const KernelFit& f = hw.kernel_fits[c];
     if (f.fitted && KernelClass(c) != KernelClass::kCollective) {
-      fits_[c] = {
-          true,           f.base_ns,          f.ns_per_byte,     f.ns_per_flop, f.split_intensity,
-          f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop};
+      fits_[c] = {true,           f.base_ns,          f.ns_per_byte,
+                  f.ns_per_flop,  f.split_intensity,  f.split_bytes,
+                  f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop};
     }
+  }
+  for (const auto& [name, f] : hw.kernel_name_fits) {
+    if (!f.fitted) continue;
+    name_fits_.emplace_back(
+        name, LinearFit{true, f.base_ns, f.ns_per_byte, f.ns_per_flop, f.split_intensity,
+                        f.split_bytes, f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop});
   }
 }
 
+double CostModel::price(const LinearFit& f, const KernelDesc& k) {
+  const double bytes = double(k.bytes_read + k.bytes_written);
+  const double flops = double(k.flops);
+  const bool wide = (f.split_intensity > 0 && flops > f.split_intensity * bytes) ||
+                    (f.split_bytes > 0 && bytes > f.split_bytes);
+  return wide ? f.wide_base_ns + bytes * f.wide_ns_per_byte + flops * f.wide_ns_per_flop
+              : f.base_ns + bytes * f.ns_per_byte + flops * f.ns_per_flop;
+}
+
 int64_t CostModel::kernel_ns(const KernelDesc& k) const {
+  if (k.cls != KernelClass::kCollective && k.name != nullptr) {
+    for (const auto& [name, f] : name_fits_) {
+      if (name == k.name) return static_cast<int64_t>(price(f, k) + 0.5);
+    }
+  }
   const LinearFit& f = fits_[size_t(k.cls)];
   if (f.on) {
-    const double bytes = double(k.bytes_read + k.bytes_written);
-    const double flops = double(k.flops);
-    const bool wide = f.split_intensity > 0 && flops > f.split_intensity * bytes;
-    const double ns = wide
-                          ? f.wide_base_ns + bytes * f.wide_ns_per_byte + flops * f.wide_ns_per_flop
-                          : f.base_ns + bytes * f.ns_per_byte + flops * f.ns_per_flop;
-    return static_cast<int64_t>(ns + 0.5);  // base_ns is the class's own measured floor
+    return static_cast<int64_t>(price(f, k) + 0.5);  // base_ns is the class's own measured floor
   }
   const double mem_ns = double(k.bytes_read + k.bytes_written) * ns_per_byte_;
   const double flop_ns = double(k.flops) * ns_per_flop_;

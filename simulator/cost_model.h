@@ -1,5 +1,6 @@
-// CostModel: kernel durations from a HardwareSpec. A kernel class with a calibrated fit
-// (HardwareSpec::kernel_fits, from `twinstep calibrate`) costs base + per-byte + per-flop terms;
+// CostModel: kernel durations from a HardwareSpec. A kernel with a calibrated fit for its name
+// (HardwareSpec::kernel_name_fits) or else its class (HardwareSpec::kernel_fits, both from
+// `twinstep calibrate`) costs base + per-byte + per-flop terms;
 // any other class the roofline: the larger of bytes / (stream_read_tbps · mem_efficiency) and
 // flops / (bf16_tflops · flop_efficiency), at least kernel_floor_ns (a fit's base_ns is its
 // own measured floor). Rounded half up.
@@ -8,6 +9,9 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "policies/hardware_spec.h"
 #include "policies/step_kernels.h"
@@ -37,11 +41,15 @@ class CostModel {
     double ns_per_byte = 0;
     double ns_per_flop = 0;
     double split_intensity = 0;  // > 0: flops > split · bytes uses the wide coefficients
+    double split_bytes = 0;      // > 0: bytes > split_bytes uses the wide coefficients
     double wide_base_ns = 0;
     double wide_ns_per_byte = 0;
     double wide_ns_per_flop = 0;
   };
+  static double price(const LinearFit& f, const KernelDesc& k);
   std::array<LinearFit, size_t(KernelClass::kCount)> fits_{};
+  // Per-kernel-name fits (HardwareSpec::kernel_name_fits), looked up by name; few entries.
+  std::vector<std::pair<std::string, LinearFit>> name_fits_;
   double ns_per_byte_;
   double ns_per_flop_;
   int64_t floor_ns_;

@@ -451,8 +451,12 @@ class Engine {
     }
   }
 
-  int64_t node_gap_ns(const GraphLaunch& g) const {
-    return g.mode == GraphMode::kCudaGraphPdl ? hw_.pdl_node_gap_ns : hw_.graph_node_gap_ns;
+  // The GPU time between consecutive nodes of launch `g` running `w`. PDL: by model and rows
+  // where the profile measured it (pdl_node_gap_for); it may be negative (an overlap of a
+  // kernel's prologue with its predecessor's tail), which shortens the launch's span.
+  int64_t node_gap_ns(const GraphLaunch& g, const DeviceWork& w) const {
+    return g.mode == GraphMode::kCudaGraphPdl ? pdl_node_gap_for(hw_, w.model->name, w.shape.tokens)
+                                              : hw_.graph_node_gap_ns;
   }
 
   // One rank alone: the graph is priced as a whole where nothing observes its nodes.
@@ -479,18 +483,22 @@ class Engine {
     StreamState& s = r.streams[static_cast<size_t>(op.stream)];
     const int64_t host_begin = r.host_ns;
     const int64_t flow = trace ? ++flow_ : 0;
-    const int64_t gap_ns = node_gap_ns(g);
+    const int64_t gap_ns = node_gap_ns(g, work);
 
     if (g.mode != GraphMode::kEager) {
       r.host_ns += hw_.graph_launch_ns;
       sample.host_launch_ns += hw_.graph_launch_ns;
       const int64_t start = std::max({s.free_ns, r.host_ns, s.dep_ns});
       const IdleSplit idle = split_idle(s.free_ns, start, host_begin, r.host_ns);
+      // GPU busy is the launch's span on the GPU, its node gaps included (docs/calibration.md,
+      // "GPU busy inside a graph": what the real backend measures with one event pair per
+      // launch). A negative gap (PDL overlap) shortens the span.
+      const int64_t span_ns = std::max<int64_t>(0, cost.busy_ns + cost.nodes * gap_ns);
       sample.idle_host_ns += idle.host;
-      sample.idle_launch_ns += idle.launch + cost.nodes * gap_ns;
+      sample.idle_launch_ns += idle.launch;
       sample.idle_dep_ns += idle.dep;
-      sample.gpu_busy_ns += cost.busy_ns;
-      const int64_t end = start + cost.busy_ns + cost.nodes * gap_ns;
+      sample.gpu_busy_ns += span_ns;
+      const int64_t end = start + span_ns;
       if (trace) {
         span(rank_id, Lane::kHost, "launch_graph", plan.step, host_begin, r.host_ns - host_begin,
              flow);
@@ -639,7 +647,9 @@ class Engine {
       is.g = &r.plan.launches[size_t(op.graph)];
       if (layout.pp > 1) pipeline_lengths(r, *is.g);  // before device_execute moves contexts
       const DeviceWork work = device_execute(r, r.plan, *is.g, *r.out, r.sample);
-      const int64_t gap_ns = node_gap_ns(*is.g);
+      // Multi-rank launches keep node-by-node timing: an overlap (negative PDL gap) is not
+      // modelled there, the gap is at least 0.
+      const int64_t gap_ns = std::max<int64_t>(0, node_gap_ns(*is.g, work));
       const bool eager = is.g->mode == GraphMode::kEager;
       const bool prefill = is.g->phase == Phase::kPrefill;
       // Under PP the draft module runs on the last stage (draft_module_kernels), whole.
@@ -754,7 +764,10 @@ class Engine {
             // The compute part: eager items wait for their launch; the gap is launch-bound.
             const int64_t begin = std::max(is.t, item.ready_ns);
             r.sample.idle_launch_ns += begin - is.t;
-            r.sample.idle_launch_ns += item.gap_ns;
+            // A graph's node gaps are part of its launch span: GPU busy (docs/calibration.md,
+            // "GPU busy inside a graph"); an eager kernel's gap is launch-bound idle.
+            (is.g->mode == GraphMode::kEager ? r.sample.idle_launch_ns : r.sample.gpu_busy_ns) +=
+                item.gap_ns;
             r.sample.gpu_busy_ns += item.compute_ns;
             if (r.trace && item.name != nullptr && item.coll == nullptr) {
               span(int32_t(ri), Lane::kCompute, item.name, r.plan.step, begin + item.gap_ns,

@@ -335,6 +335,7 @@ void expect_same(const KernelFit& a, const KernelFit& b) {
   EXPECT_EQ(a.max_rel_err, b.max_rel_err);
   EXPECT_EQ(a.samples, b.samples);
   EXPECT_EQ(a.split_intensity, b.split_intensity);
+  EXPECT_EQ(a.split_bytes, b.split_bytes);
   EXPECT_EQ(a.wide_base_ns, b.wide_base_ns);
   EXPECT_EQ(a.wide_ns_per_byte, b.wide_ns_per_byte);
   EXPECT_EQ(a.wide_ns_per_flop, b.wide_ns_per_flop);
@@ -443,7 +444,8 @@ TEST(CalibrationProfile, BadProfilesSayWhereAndWhat) {
   EXPECT_EQ(error_of("format: 1\nname: [x\n").rfind("p.yaml:", 0), 0u);
   EXPECT_NE(error_of("format: 1\nname: [x\n").find("malformed YAML"), std::string::npos);
   EXPECT_EQ(error_of(replace(kGoodProfile, "samples: 9}", "samples: 9, wide_base_ns: 1}")),
-            "p.yaml:13:117: kernels.gemm.wide_base_ns needs kernels.gemm.split_intensity");
+            "p.yaml:13:117: kernels.gemm.wide_base_ns needs kernels.gemm.split_intensity or "
+            "kernels.gemm.split_bytes");
   EXPECT_EQ(error_of(""), "p.yaml:1:1: empty profile");
   EXPECT_EQ(error_of("- 1\n"), "p.yaml:1:1: the profile must be a mapping");
 }
@@ -513,8 +515,8 @@ TEST_F(ProfileDir, BrokenProfileGivesItsPositionAndTheAvailableProfiles) {
   EXPECT_EQ(error_of_name("broken"),
             path +
                 ":3:1: unknown field 'extra' in the profile; known: format, name, base, "
-                "header, figures, kernels, host_ops, measurements (presets: b200, b300, h100, "
-                "h20, h200; calibrated profiles in " +
+                "header, figures, kernels, kernel_names, pdl_node_gap_by_rows, host_ops, "
+                "measurements (presets: b200, b300, h100, h20, h200; calibrated profiles in " +
                 dir_.string() + ": broken, h200-test)");
   write("renamed", kGoodProfile);
   EXPECT_NE(error_of_name("renamed").find("profile name 'h200-test' does not match its file name "
@@ -659,6 +661,231 @@ TEST(CostModelFits, TwoRegimeFitPicksTheRegimeByIntensity) {
   EXPECT_EQ(cost.kernel_ns({"g", KernelClass::kGemm, 80, 20, 1600}), 1050);
   // 1700 over 100: wide: 2000 + 100 + 0.125·1700 = 2312.5 → 2313 (half up).
   EXPECT_EQ(cost.kernel_ns({"g", KernelClass::kGemm, 80, 20, 1700}), 2313);
+}
+
+// ---- per-name fits, residual kernels, PDL gaps by rows (docs/calibration.md) -------------------
+
+TEST(KernelFit, HeldBaseRecoversTheByteAndFlopTerms) {
+  // t = 3000 + 0.00025·bytes + 1.5e-6·flops; with the base held at 3000 the other two are exact.
+  std::vector<KernelSample> s;
+  for (int i = 1; i <= 8; ++i) {
+    const double bytes = 1e8 + 1e6 * i, flops = 2e8 * i;
+    s.push_back({KernelClass::kGemm, bytes, flops, 3000 + 0.00025 * bytes + 1.5e-6 * flops});
+  }
+  const KernelFit f = fit_kernel_class_with_base(s, KernelClass::kGemm, 0, 3000, 3000);
+  ASSERT_TRUE(f.fitted);
+  EXPECT_EQ(f.base_ns, 3000);
+  EXPECT_NEAR(f.ns_per_byte, 0.00025, 1e-10);
+  EXPECT_NEAR(f.ns_per_flop, 1.5e-6, 1e-12);
+  EXPECT_NEAR(f.max_rel_err, 0, 1e-9);
+  // A negative base means "fit it": the same as fit_kernel_class.
+  const KernelFit g = fit_kernel_class_with_base(s, KernelClass::kGemm, 0, -1, -1);
+  const KernelFit h = fit_kernel_class(s, KernelClass::kGemm);
+  EXPECT_EQ(g.base_ns, h.base_ns);
+  EXPECT_EQ(g.ns_per_byte, h.ns_per_byte);
+}
+
+TEST(KernelFit, TwoLinesSplitByBytesRecoveredWithTheSplitBetweenThem) {
+  // Below 1e7 bytes: 9000 + 3e-4·bytes; above: 15000 + 2.4e-4·bytes (eight shapes each side).
+  std::vector<KernelSample> s;
+  for (int i = 0; i < 8; ++i) {
+    const double small = 1e5 * std::pow(1.8, i), large = 2e7 * std::pow(1.8, i);
+    s.push_back({KernelClass::kAttention, small, small, 9000 + 3e-4 * small});
+    s.push_back({KernelClass::kAttention, large, large, 15000 + 2.4e-4 * large});
+  }
+  const KernelFit f = fit_kernel_class_split_bytes(s, KernelClass::kAttention, 4);
+  ASSERT_TRUE(f.fitted);
+  EXPECT_GT(f.split_bytes, 1e5 * std::pow(1.8, 7));
+  EXPECT_LT(f.split_bytes, 2e7);
+  EXPECT_EQ(f.split_intensity, 0);
+  EXPECT_NEAR(f.base_ns, 9000, 1e-3);
+  EXPECT_NEAR(f.ns_per_byte, 3e-4, 1e-12);
+  EXPECT_NEAR(f.wide_base_ns, 15000, 1e-2);
+  EXPECT_NEAR(f.wide_ns_per_byte, 2.4e-4, 1e-12);
+  EXPECT_NEAR(f.max_rel_err, 0, 1e-9);
+  // The cost model picks the line by bytes.
+  HardwareSpec hw = hardware_preset("h200");
+  hw.kernel_fits[size_t(KernelClass::kAttention)] = f;
+  const CostModel m(hw);
+  EXPECT_EQ(m.kernel_ns({"attention", KernelClass::kAttention, 1000000, 0, 0}), 9300);
+  EXPECT_EQ(m.kernel_ns({"attention", KernelClass::kAttention, 100000000, 0, 0}), 39000);
+  // One line fits better than any split: no split.
+  std::vector<KernelSample> one;
+  for (int i = 0; i < 16; ++i) {
+    const double b = 1e5 * std::pow(1.8, i);
+    one.push_back({KernelClass::kAttention, b, b, 9000 + 3e-4 * b});
+  }
+  EXPECT_EQ(fit_kernel_class_split_bytes(one, KernelClass::kAttention, 4).split_bytes, 0);
+}
+
+// In-situ samples of one model at one grid point: every step kernel but `lost` with a known
+// time, and the graph step that Σ kernels + nodes · gap gives with `lost` costing lost_ns.
+std::vector<CalibrationSample> grid_point(const std::string& lost, double lost_ns, double gap,
+                                          int32_t batch, int64_t ctx) {
+  StepKernels sk;
+  step_kernels(model_preset("llama-3-8b"), decode_shape(batch, 1, ctx * batch), sk);
+  std::vector<CalibrationSample> out;
+  double sum = 0;
+  for (const LayerRun& run : sk.runs) {
+    for (int32_t r = 0; r < run.repeat; ++r) {
+      for (int32_t i = run.first; i < run.first + run.count; ++i) {
+        const KernelDesc& k = sk.kernels[size_t(i)];
+        const double ns = 1000 + double(k.bytes_read + k.bytes_written) * 2.5e-4;
+        if (k.name == lost) {
+          sum += lost_ns;
+          continue;
+        }
+        CalibrationSample x;
+        x.kind = "kernel";
+        x.name = k.name;
+        x.cls = kernel_class_name(k.cls);
+        x.model = "llama-3-8b";
+        x.mode = "graph";
+        x.batch = batch;
+        x.ctx_tokens = ctx;
+        x.bytes = k.bytes_read + k.bytes_written;
+        x.flops = k.flops;
+        x.value_ns = ns;
+        sum += ns;
+        out.push_back(x);
+      }
+    }
+  }
+  CalibrationSample step;
+  step.kind = "step";
+  step.model = "llama-3-8b";
+  step.mode = "graph";
+  step.batch = batch;
+  step.ctx_tokens = ctx;
+  step.value_ns = sum + double(sk.node_count()) * gap;
+  out.push_back(step);
+  return out;
+}
+
+TEST(ResidualKernels, TheOneLostEpilogueKernelIsTheStepLessTheRest) {
+  const std::vector<CalibrationSample> s = grid_point("lm_head", 290000, 500, 4, 1000);
+  const std::vector<ResidualSample> r = residual_kernel_samples(s, 500);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].name, "lm_head");
+  EXPECT_EQ(r[0].sample.cls, KernelClass::kLmHead);
+  EXPECT_NEAR(r[0].sample.ns, 290000, 1e-3);
+  EXPECT_GT(r[0].sample.bytes, 1e9);  // the vocabulary projection's weights
+  // Nothing lost: no residual. A per-layer kernel lost: none either (no single instance).
+  EXPECT_TRUE(residual_kernel_samples(grid_point("none", 0, 500, 4, 1000), 500).empty());
+  EXPECT_TRUE(residual_kernel_samples(grid_point("o_proj", 9000, 500, 4, 1000), 500).empty());
+}
+
+TEST(ResidualKernels, FitCalibrationFitsTheLostClassFromThem) {
+  std::vector<CalibrationSample> s;
+  for (const int32_t b : {1, 2, 4, 8}) {
+    for (const CalibrationSample& x : grid_point("lm_head", 280000 + 1000 * b, 500, b, 1000)) {
+      s.push_back(x);
+    }
+  }
+  const CalibrationProfile p = fit_calibration(s, "t", "h200", ProfileHeader{});
+  const KernelFit& lm = p.hw.kernel_fits[size_t(KernelClass::kLmHead)];
+  ASSERT_TRUE(lm.fitted);
+  EXPECT_EQ(lm.samples, 4);
+  EXPECT_LT(lm.max_rel_err, 0.01);
+  // Its weights' bytes barely vary: the base is the gemm fit's, the byte term carries the rest.
+  EXPECT_EQ(lm.base_ns, p.hw.kernel_fits[size_t(KernelClass::kGemm)].base_ns);
+  EXPECT_GT(lm.ns_per_byte, 0);
+  // Per-name fits exist for every name measured, lm_head included.
+  bool has_lm = false, has_qkv = false;
+  for (const auto& [name, f] : p.hw.kernel_name_fits) {
+    has_lm |= name == "lm_head" && f.fitted;
+    has_qkv |= name == "qkv_proj" && f.fitted;
+  }
+  EXPECT_TRUE(has_lm);
+  EXPECT_TRUE(has_qkv);
+}
+
+TEST(PdlGap, ByRowsFromGraphAndPdlStepPairs) {
+  StepKernels sk;
+  step_kernels(model_preset("llama-3-8b"), decode_shape(1, 1, 0), sk);
+  const double nodes = double(sk.node_count());
+  std::vector<CalibrationSample> s;
+  auto step = [&](const char* mode, int64_t batch, int64_t ctx, double ns) {
+    CalibrationSample x;
+    x.kind = "step";
+    x.model = "llama-3-8b";
+    x.mode = mode;
+    x.batch = batch;
+    x.ctx_tokens = ctx;
+    x.value_ns = ns;
+    s.push_back(x);
+  };
+  // PDL steps faster than the graph steps by a known amount per step_kernels node.
+  for (const int64_t ctx : {128, 2048}) {
+    step("graph", 1, ctx, 4e6);
+    step("pdl", 1, ctx + 18, 4e6 - 600 * nodes);  // gap 500 − 600 = −100 (an overlap)
+    step("graph", 32, ctx, 6e6);
+    step("pdl", 32, ctx + 18, 6e6 - 300 * nodes);  // 500 − 300 = 200
+  }
+  const std::vector<HardwareSpec::PdlGap> g = pdl_gap_by_rows(s, 500);
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_EQ(g[0].model, "llama-3-8b");
+  EXPECT_EQ(g[0].rows, 1);
+  EXPECT_EQ(g[0].gap_ns, -100);
+  EXPECT_EQ(g[1].rows, 32);
+  EXPECT_EQ(g[1].gap_ns, 200);
+
+  HardwareSpec hw = hardware_preset("h200");
+  hw.pdl_node_gap_ns = 50;
+  hw.pdl_node_gap_by_rows = g;
+  EXPECT_EQ(pdl_node_gap_for(hw, "llama-3-8b", 1), -100);
+  EXPECT_EQ(pdl_node_gap_for(hw, "llama-3-8b", 3), 200);    // the next measured bucket
+  EXPECT_EQ(pdl_node_gap_for(hw, "llama-3-8b", 100), 200);  // above the last: the last
+  EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 1), 50);   // a model never measured
+}
+
+TEST(CalibrationProfile, NameFitsAndPdlGapsRoundTrip) {
+  CalibrationProfile p = fit_calibration(synthetic_session(), "h200-test", "h200", kHeader);
+  KernelFit f;
+  f.fitted = true;
+  f.base_ns = 2500.5;
+  f.ns_per_byte = 2.5e-4;
+  f.ns_per_flop = 1e-6;
+  f.r2 = 0.99;
+  f.max_rel_err = 0.05;
+  f.samples = 12;
+  p.hw.kernel_name_fits = {{"qkv_proj", f}, {"lm_head", f}, {"attention", f}};
+  p.hw.kernel_name_fits[2].second.split_bytes = 3.5e7;
+  p.hw.kernel_name_fits[2].second.wide_ns_per_byte = 2.4e-4;
+  p.hw.kernel_name_fits[1].second.split_intensity = 16.5;
+  p.hw.kernel_name_fits[1].second.wide_base_ns = 4000;
+  p.hw.pdl_node_gap_by_rows = {{"llama-3-8b", 1, -966}, {"llama-3-8b", 16, 9516}, {"other", 4, 0}};
+  const CalibrationProfile q = parse_calibration_profile(write_calibration_profile(p), "mem");
+  ASSERT_EQ(q.hw.kernel_name_fits.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(q.hw.kernel_name_fits[i].first, p.hw.kernel_name_fits[i].first);
+    expect_same(q.hw.kernel_name_fits[i].second, p.hw.kernel_name_fits[i].second);
+  }
+  ASSERT_EQ(q.hw.pdl_node_gap_by_rows.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(q.hw.pdl_node_gap_by_rows[i].model, p.hw.pdl_node_gap_by_rows[i].model);
+    EXPECT_EQ(q.hw.pdl_node_gap_by_rows[i].rows, p.hw.pdl_node_gap_by_rows[i].rows);
+    EXPECT_EQ(q.hw.pdl_node_gap_by_rows[i].gap_ns, p.hw.pdl_node_gap_by_rows[i].gap_ns);
+  }
+  EXPECT_THROW(parse_calibration_profile(
+                   "format: 1\nname: x\nbase: h200\nheader: {command: c, commit: c, gpu: g, "
+                   "driver: d, date: d}\npdl_node_gap_by_rows: {m: {4: 1, 2: 1}}\n",
+                   "mem"),
+               ConfigError);  // rows not ascending
+}
+
+TEST(CostModelFits, NameFitWinsOverTheClassFitAndOthersFallBack) {
+  HardwareSpec hw = hardware_preset("h200");
+  KernelFit cls;
+  cls.fitted = true;
+  cls.base_ns = 1000;
+  hw.kernel_fits[size_t(KernelClass::kGemm)] = cls;
+  KernelFit named = cls;
+  named.base_ns = 7000;
+  hw.kernel_name_fits = {{"o_proj", named}};
+  const CostModel m(hw);
+  EXPECT_EQ(m.kernel_ns({"o_proj", KernelClass::kGemm, 100, 0, 0}), 7000);
+  EXPECT_EQ(m.kernel_ns({"qkv_proj", KernelClass::kGemm, 100, 0, 0}), 1000);
 }
 
 }  // namespace

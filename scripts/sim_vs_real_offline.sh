@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sim-vs-real without a GPU (docs/calibration.md, "Sim vs real, offline"): copies a database that
+# holds measured runs of the validation experiments, re-runs only their simulated side with the
+# profiles in PROFILE_DIR (the real backend is skipped where no GPU is present; the experiment
+# YAML text, hence its hash, is the stored one, so the new simulated runs pair with the stored
+# real ones), and writes `compare --sim-vs-real` per experiment as CSV, each block after a line
+# "experiment,NAME".
+#   scripts/sim_vs_real_offline.sh SESSION_DB PROFILE_DIR OUT_PREFIX [TWINSTEP]
+# writes OUT_PREFIX.db and OUT_PREFIX.csv.
+set -euo pipefail
+db=$1 profiles=$2 out=$3 twinstep=${4:-build/twinstep}
+cp "$db" "$out.db"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+names=$(sqlite3 "$out.db" "SELECT DISTINCT e.name FROM experiment e JOIN run r ON r.experiment_id = e.id WHERE r.backend = 'real' ORDER BY e.id")
+for name in $names; do
+  # The stored YAML text, byte for byte (sqlite3's output adds one newline; strip it back).
+  sqlite3 "$out.db" "SELECT yaml_text FROM experiment WHERE name = '$name' ORDER BY id DESC LIMIT 1" |
+    head -c -1 > "$tmp/$name.yaml"
+  TWINSTEP_PROFILES=$profiles "$twinstep" --db "$out.db" run -q "$tmp/$name.yaml" > /dev/null
+done
+for name in $names; do
+  echo "experiment,$name"
+  "$twinstep" --db "$out.db" compare --experiment "$name" --sim-vs-real \
+    --metrics tpot_ms_mean itl_ms_p99 gpu_busy_frac --csv
+done > "$out.csv"
+echo "wrote $out.csv ($(grep -c tpot_ms_mean "$out.csv") variants)"
