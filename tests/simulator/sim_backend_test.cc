@@ -28,9 +28,11 @@ struct SimRun {
 };
 
 SimRun simulate(HostSchedule schedule, const HostCostSpec& costs, const HardwareSpec& hw,
-                bool seq_lens_sync = false, int32_t output_len = 200) {
+                bool seq_lens_sync = false, int32_t output_len = 200,
+                GraphMode graph_mode = GraphMode::kCudaGraph) {
   PolicySpec policy;
   policy.host_schedule = schedule;
+  policy.graph_mode = graph_mode;
   policy.seq_lens_sync = seq_lens_sync;
   WorkloadSpec w;
   w.input_len = {64, 64};
@@ -127,6 +129,30 @@ TEST(SimBackend, GraphNodeGapsArePartOfTheLaunchSpanAndBusy) {
     EXPECT_EQ(st.gpu_busy_ns, kGpuStepNs + 23 * kUs);
     EXPECT_EQ(st.gpu_busy_ns + st.idle_host_ns + st.idle_launch_ns + st.idle_dep_ns, st.dur_ns);
   }
+}
+
+TEST(SimBackend, PdlGapByModelAndRowsAndANegativeGapShortensTheSpan) {
+  // tiny-llama's decode step: 23 nodes, one request (1 row).
+  HardwareSpec hw = ideal_machine();
+  hw.pdl_node_gap_ns = 2 * kUs;
+  auto steady_pdl = [&] {
+    return simulate(HostSchedule::kRunahead, host_costs(0, 0, 0), hw, false, 200,
+                    GraphMode::kCudaGraphPdl)
+        .steady();
+  };
+  for (const StepSample& st : steady_pdl()) {  // no table: the scalar gap
+    EXPECT_EQ(st.dur_ns, kGpuStepNs + 23 * 2 * kUs);
+    EXPECT_EQ(st.gpu_busy_ns, st.dur_ns);
+  }
+  hw.pdl_node_gap_by_rows = {{"other-model", 1, 5 * kUs}, {"tiny-llama", 1, -100}};
+  for (const StepSample& st : steady_pdl()) {  // its own entry: an overlap of 100 ns a node
+    EXPECT_EQ(st.dur_ns, kGpuStepNs - 23 * 100);
+    EXPECT_EQ(st.gpu_busy_ns, kGpuStepNs - 23 * 100);
+    EXPECT_EQ(st.idle_launch_ns, 0);
+  }
+  hw.pdl_node_gap_by_rows = {{"tiny-llama", 1, -100}};
+  hw.pdl_node_gap_by_rows.front().rows = 0;  // 1 row is above the last entry: the last applies
+  for (const StepSample& st : steady_pdl()) EXPECT_EQ(st.dur_ns, kGpuStepNs - 23 * 100);
 }
 
 TEST(SimBackend, EagerLaunchSlowerThanKernelsIsLaunchBound) {
