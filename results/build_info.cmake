@@ -3,7 +3,11 @@
 # Inputs: SOURCE_DIR, OUT, GIT, COMPILER_ID, CUDA_VERSION, NCCL_VERSION, VERSION.
 set(sha "unknown")
 set(dirty "false")
-if(GIT)
+# A copy of a working tree whose .git is not its history (the remote GPU machine's) names its
+# commit through the environment: TWINSTEP_COMMIT=<sha> at build time wins over git.
+if(DEFINED ENV{TWINSTEP_COMMIT} AND NOT "$ENV{TWINSTEP_COMMIT}" STREQUAL "")
+  set(sha "$ENV{TWINSTEP_COMMIT}")
+elseif(GIT)
   execute_process(COMMAND "${GIT}" -C "${SOURCE_DIR}" rev-parse HEAD
                   OUTPUT_VARIABLE out RESULT_VARIABLE rc ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(rc EQUAL 0 AND out)
