@@ -7,6 +7,7 @@
 #include "policies/error.h"
 #include "runtime/checkpoint.h"
 #include "runtime/engine.h"
+#include "runtime/memory_plan.h"
 
 namespace twinstep {
 namespace {
@@ -27,21 +28,18 @@ class OwningRealBackend final : public Backend {
     eo.max_slots = std::max(1, v.workload.max_concurrency);
     eo.capacity_tokens = (need + 63) / 64 * 64;
     eo.draft = spec;
-    // The draft adds one layer of KV per slot (and one layer of weights, below).
-    const int64_t kv_bytes = int64_t(eo.max_slots + 1) * eo.capacity_tokens *
-                             model_.kv_bytes_per_token() * (config.layers + (spec ? 1 : 0)) /
-                             config.layers;
-    size_t free_bytes = 0, total_bytes = 0;
-    TS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    // Draft weights: about one decoder layer plus eh_proj (2 H^2 bf16).
-    const int64_t draft_bytes =
-        spec ? model_.weight_bytes_total() / config.layers + 4 * config.hidden * config.hidden : 0;
-    const int64_t want = model_.weight_bytes_total() + kv_bytes + draft_bytes;
-    if (double(want) > 0.92 * double(free_bytes))
-      throw Error("real backend: " + model_.name + " needs " + std::to_string(want >> 20) +
-                  " MiB (weights + KV for " + std::to_string(eo.max_slots) + " x " +
-                  std::to_string(eo.capacity_tokens) + " tokens), the GPU has " +
-                  std::to_string(free_bytes >> 20) + " MiB free");
+    // Before any allocation: the engine's full memory plan against what the GPU has, with the
+    // model's name in the message (runtime/memory_plan.h). A TP rank's shard is checked by the
+    // engine itself, against its shard's plan.
+    if (v.layout.tp <= 1) {
+      size_t free_bytes = 0, total_bytes = 0;
+      TS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      int device = 0;
+      TS_CUDA_CHECK(cudaGetDevice(&device));
+      require_fits(
+          plan_engine_memory(config, eo.max_slots, eo.capacity_tokens, eo.max_prefill_tokens, spec),
+          config, model_.name, device, free_bytes, total_bytes);
+    }
     engine_ =
         runtime::Engine::create_synthetic(config, v.seed, eo, spec ? kRealDraftFidelity : -1.0);
     RealOptions ro;
