@@ -7,17 +7,12 @@
 # Writes OUT_DIR/{configure,build,tests}.log, OUT_DIR/twinstep.db and, per validation
 # experiment, OUT_DIR/<name>.compare.csv (sim beside real) and OUT_DIR/<name>.runs.csv.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build).
-# An unpacked libsqlite3-dev under .device-deps/root is used when the machine lacks SQLite's
-# header (for f in .device-deps/*.deb; do dpkg -x $f .device-deps/root; done).
+# SQLite's header where the machine lacks it: scripts/gpu_env.sh (.device-deps).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_all.sh OUT_DIR}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
-deps="$root/.device-deps/root"
-if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
-  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
-fi
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 

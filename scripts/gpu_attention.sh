@@ -11,16 +11,9 @@
 set -uo pipefail
 out=${1:?usage: scripts/gpu_attention.sh OUT_DIR}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build-gpu-attn}
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
-deps="$root/.device-deps/root"
-if [ ! -f "$deps/usr/include/sqlite3.h" ] && compgen -G "$root/.device-deps/*.deb" >/dev/null; then
-  for f in "$root"/.device-deps/*.deb; do dpkg -x "$f" "$deps"; done  # libsqlite3-dev, unpacked
-fi
-if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
-  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.so | head -1)"
-fi
 start=$SECONDS
 
 if cmake -S "$root" -B "$build" "${cmake_args[@]}" ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1; then

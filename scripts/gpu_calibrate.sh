@@ -15,12 +15,8 @@ set -uo pipefail
 out=${1:?usage: scripts/gpu_calibrate.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build-calib}
-deps="$root/.device-deps/root"
-if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
-  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
-fi
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 

@@ -10,16 +10,9 @@
 set -uo pipefail
 out=${1:?usage: scripts/gpu_kernels.sh OUT_DIR}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
-# The device image lacks the SQLite headers the whole project needs: use an unpacked
-# libsqlite3-dev under .device-deps/root when one is there (for f in .device-deps/*.deb; do
-# dpkg -x $f .device-deps/root; done).
-deps="$root/.device-deps/root"
-if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
-  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.so | head -1)"
-fi
 
 if cmake -S "$root" -B "$build" "${cmake_args[@]}" ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1; then
   echo "configured the whole project"

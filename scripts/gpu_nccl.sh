@@ -10,7 +10,7 @@
 # (the table and fits as a record for results/h200/). Without mpirun or
 # an MPI build it falls back to `calibrate-nccl --single-process` (one thread per GPU).
 # Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS extra configure flags (an
-# unpacked libsqlite3-dev under .device-deps/root is used as scripts/gpu_all.sh does);
+# unpacked libsqlite3-dev from .device-deps is used (scripts/gpu_env.sh));
 # TWINSTEP_NCCL_PROFILE a calibrated profile in results/profiles to extend (its name is kept;
 # default: none, the GPU's datasheet preset, profile name h200-nccl); TWINSTEP_NCCL_QUICK=1 for
 # x4 size steps; TWINSTEP_MPIRUN_ARGS extra mpirun flags.
@@ -18,12 +18,8 @@ set -uo pipefail
 out=${1:?usage: scripts/gpu_nccl.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
-deps="$root/.device-deps/root"
-if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
-  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
-fi
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 status=0
 # NVLink multicast stays off (the lent machines' rule; NCCL would use it for all-reduce).

@@ -10,16 +10,12 @@
 #   scripts/gpu_reliability.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,memory_plan,gpu_faults,comm}.log and OUT_DIR/summary.txt.
 # Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS extra configure flags; an
-# unpacked libsqlite3-dev under .device-deps/root is used as scripts/gpu_all.sh does.
+# unpacked libsqlite3-dev from .device-deps is used (scripts/gpu_env.sh).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_reliability.sh OUT_DIR}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
-deps="$root/.device-deps/root"
-if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
-  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
-fi
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 status=0
 

@@ -10,7 +10,7 @@
 set -uo pipefail
 out=${1:?usage: scripts/gpu_runtime.sh OUT_DIR}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
 start=$(date +%s)

@@ -9,13 +9,9 @@
 set -uo pipefail
 out=${1:?usage: scripts/gpu_sanitize.sh OUT_DIR}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 limit=${TWINSTEP_SANITIZE_SECONDS:-90}
-deps="$root/.device-deps/root"
-if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
-  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
-fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
 cmake --build "$build" -j"$(nproc)" --target kernels_test runtime_gpu_test >"$out/build.log" 2>&1 ||

@@ -13,15 +13,8 @@ set -uo pipefail
 out=${1:?usage: scripts/gpu_session.sh OUT STAGE[:SECONDS] ...}
 shift
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 export TWINSTEP_BUILD_DIR=${TWINSTEP_BUILD_DIR:-$root/build}
-deps="$root/.device-deps/root"
-if [ ! -f "$deps/usr/include/sqlite3.h" ] && compgen -G "$root/.device-deps/*.deb" >/dev/null; then
-  for f in "$root"/.device-deps/*.deb; do dpkg -x "$f" "$deps"; done
-fi
-if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
-  export TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
-fi
 # The device copy of a working tree may carry a stale .git: pass TWINSTEP_COMMIT from the
 # machine that has the real history.
 export TWINSTEP_COMMIT=${TWINSTEP_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}

@@ -11,7 +11,7 @@
 set -uo pipefail
 out=${1:?usage: scripts/gpu_spec.sh OUT_DIR}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 start=$(date +%s)
 

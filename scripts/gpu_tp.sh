@@ -11,16 +11,9 @@
 set -uo pipefail
 out=${1:?usage: scripts/gpu_tp.sh OUT_DIR}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 np=${NP:-2}
-deps="$root/.device-deps/root"
-if [ ! -f "$deps/usr/include/sqlite3.h" ] && ls "$root"/.device-deps/*.deb >/dev/null 2>&1; then
-  for f in "$root"/.device-deps/*.deb; do dpkg -x "$f" "$deps"; done
-fi
-if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; then
-  TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
-fi
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 mpi="mpirun --allow-run-as-root -np $np"
