@@ -112,7 +112,7 @@ const char* intern_span_name(std::string_view name) {
 }
 
 // Every member of RunRecord must travel: a new one must be added to both functions below.
-static_assert(sizeof(RunRecord) == 4 * sizeof(std::vector<int>) + sizeof(int64_t),
+static_assert(sizeof(RunRecord) == 5 * sizeof(std::vector<int>) + sizeof(int64_t),
               "RunRecord changed: update encode_finished_run / decode_finished_run");
 
 std::string encode_finished_run(const FinishedRun& run) {
@@ -139,6 +139,14 @@ std::string encode_finished_run(const FinishedRun& run) {
   w.pod(static_cast<uint32_t>(names.size()));
   for (std::string_view n : names) w.str(n);
   w.vec(spans);
+  w.pod(static_cast<uint64_t>(run.record.rounds.size()));
+  for (const DraftRound& d : run.record.rounds) {
+    w.pod(d.request);
+    w.pod(d.step);
+    w.pod(d.draft_len);
+    w.pod(d.accepted);
+    w.vec(d.confidence);
+  }
   w.pod(static_cast<uint32_t>(run.metrics.size()));
   for (const Metric& m : run.metrics) {
     w.str(m.key);
@@ -171,6 +179,16 @@ FinishedRun decode_finished_run(std::string_view bytes) {
     if (s.name >= names.size()) throw Error("distributed run: span name index out of range");
     run.record.timeline.push_back(
         {s.rank, s.lane, names[s.name], s.step, s.start_ns, s.dur_ns, s.flow});
+  }
+  const uint64_t rounds = r.pod<uint64_t>();
+  if (rounds > bytes.size()) throw Error("distributed run: draft round count out of range");
+  run.record.rounds.resize(rounds);
+  for (DraftRound& d : run.record.rounds) {
+    d.request = r.pod<int32_t>();
+    d.step = r.pod<int64_t>();
+    d.draft_len = r.pod<int32_t>();
+    d.accepted = r.pod<int32_t>();
+    r.vec(d.confidence);
   }
   run.metrics.resize(r.pod<uint32_t>());
   for (Metric& m : run.metrics) {

@@ -86,12 +86,20 @@
 //                                  placements drawn per step from the run seed; rules in
 //                                  docs/layouts.md
 //
-//   acceptance:                    optional; simulator draft/target agreement (AcceptanceSpec)
+//   acceptance:                    optional; draft/target agreement (AcceptanceSpec)
+//     draft_fidelity: 0.9          real backend: the synthetic draft's agreement dial, 0..1
+//                                  (make-checkpoint --draft-fidelity); default 0.9
+//     the simulator's model, parametric (the default):
 //     accept_rate: 0.7             per-position acceptance, 0..1; or instead
 //     chain_accept_len: 3.25       the mean tokens per verify of a chain of chain_draft tokens
 //     chain_draft: 5               (default 5; only with chain_accept_len)
 //     decay: 1.0                   position i accepts with accept_rate * decay^(i-1)
 //     confidence_signal: 0.4       0 (confidence is noise) .. 1 (a perfect predictor)
+//     or calibrated (replaces the parametric keys): the verify rounds of a measured chain run
+//     in the results database, replayed (policies/acceptance_spec.h)
+//     calibrated: {experiment: NAME, variant: LABEL}   the newest complete real run of that
+//                                  experiment (and variant label, optional), or {run: ID};
+//                                  db: PATH (optional; default the database being written)
 //
 //   host:                          optional; an absent op costs 0
 //     schedule | prepare_prefill | prepare_decode | process_outputs:
@@ -720,11 +728,55 @@ LayoutSpec parse_layout_node(const Context& ctx, const Node& node, const ModelSp
   return l;
 }
 
-// acceptance: {accept_rate | chain_accept_len + chain_draft, decay, confidence_signal}.
+// acceptance.calibrated: {experiment, variant} or {run}, optional db.
+std::shared_ptr<const AcceptanceSource> parse_calibrated(const Context& ctx, const Node& node) {
+  MapReader m(ctx, node, "acceptance.calibrated", {"experiment", "variant", "run", "db"});
+  auto s = std::make_shared<AcceptanceSource>();
+  s->where = yaml::where(ctx.source, node.mark);
+  if (m.has("run") == m.has("experiment")) {
+    ctx.fail(node.mark,
+             "acceptance.calibrated needs exactly one of experiment (with an optional variant) "
+             "or run (a run id)");
+  }
+  if (const Node* n = m.get("run")) {
+    s->run_id = read_int(ctx, *n, "acceptance.calibrated.run", 1, int64_t{1} << 62);
+    if (m.has("variant")) {
+      ctx.fail(m.key_mark("variant"), "acceptance.calibrated.variant goes with experiment");
+    }
+  }
+  if (const Node* n = m.get("experiment")) {
+    s->experiment = read_string(ctx, *n, "acceptance.calibrated.experiment");
+    if (s->experiment.empty()) ctx.fail(n->mark, "acceptance.calibrated.experiment is empty");
+  }
+  if (const Node* n = m.get("variant")) {
+    s->variant = read_string(ctx, *n, "acceptance.calibrated.variant");
+  }
+  if (const Node* n = m.get("db")) s->db = read_string(ctx, *n, "acceptance.calibrated.db");
+  return s;
+}
+
+// acceptance: {accept_rate | chain_accept_len + chain_draft, decay, confidence_signal} or
+// {calibrated}, and draft_fidelity.
 AcceptanceSpec parse_acceptance(const Context& ctx, const Node& node) {
   MapReader m(ctx, node, "acceptance",
-              {"accept_rate", "chain_accept_len", "chain_draft", "decay", "confidence_signal"});
+              {"accept_rate", "chain_accept_len", "chain_draft", "decay", "confidence_signal",
+               "calibrated", "draft_fidelity"});
   AcceptanceSpec a;
+  if (const Node* n = m.get("draft_fidelity")) {
+    a.draft_fidelity = read_double(ctx, *n, "acceptance.draft_fidelity", 0, 1, false);
+  }
+  if (const Node* n = m.get("calibrated")) {
+    for (const char* k :
+         {"accept_rate", "chain_accept_len", "chain_draft", "decay", "confidence_signal"}) {
+      if (m.has(k)) {
+        ctx.fail(m.key_mark(k), std::string("acceptance.") + k +
+                                    " is a parametric setting; acceptance.calibrated replaces "
+                                    "the parametric model");
+      }
+    }
+    a.calibrated_from = parse_calibrated(ctx, *n);
+    return a;
+  }
   if (m.has("accept_rate") && m.has("chain_accept_len")) {
     ctx.fail(m.key_mark("chain_accept_len"),
              "give acceptance.accept_rate or acceptance.chain_accept_len, not both");

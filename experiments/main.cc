@@ -139,8 +139,9 @@ void print_run_summary(const Experiment& e, ResultsDb& db, const std::string& db
 int cmd_run(const std::string& file, const std::string& db_path, bool quiet, bool resume,
             OutputFormat f) {
   // Validate everything before the database is touched.
-  const Experiment e = load_experiment_file(file);
+  Experiment e = load_experiment_file(file);
   check_backends_available(e);
+  resolve_calibrated_acceptance(e, db_path);
   DistributedSession session;  // refuses a multi-rank launch in a build without MPI
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -224,9 +225,28 @@ constexpr int kToleranceExceeded = 3;
 
 int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
                 const std::string& db_path, OutputFormat f, bool sim_real, bool ops,
-                double tolerance_pct, const std::vector<std::string>& metrics) {
+                double tolerance_pct, const std::vector<std::string>& metrics, bool accept,
+                double accept_tolerance) {
   ResultsDb db = open_db(db_path);
   const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
+  if (accept || accept_tolerance >= 0) {
+    double worst = 0;
+    const QueryResult table = sim_vs_real_accept(db, ids, &worst);
+    if (table.rows.empty()) {
+      throw Error(
+          "no variant has a simulated and a measured run that both stored verify rounds among "
+          "these runs (a speculative policy, run on both backends)");
+    }
+    print_table(table, f);
+    if (accept_tolerance >= 0 && worst > accept_tolerance) {
+      std::fprintf(stderr,
+                   "twinstep: simulated vs measured mean accept length differ by up to %.3f "
+                   "tokens, over the tolerance of %.3f\n",
+                   worst, accept_tolerance);
+      return kToleranceExceeded;
+    }
+    if (!sim_real && tolerance_pct < 0 && !ops) return 0;
+  }
   if (ops) {
     const QueryResult table = sim_vs_real_ops(db, ids);
     if (table.rows.empty()) {
@@ -587,6 +607,15 @@ int main(int argc, char** argv) {
                       "than this many percent (implies --sim-vs-real)");
   compare->add_option("--metrics", compare_metrics, "metrics for --sim-vs-real / --tolerance")
       ->capture_default_str();
+  bool compare_accept = false;
+  double compare_accept_tolerance = -1;
+  compare->add_flag("--accept", compare_accept,
+                    "speculative decoding: simulated against measured accept-length "
+                    "distribution per variant (fraction of verify rounds per tokens committed, "
+                    "mean, total variation)");
+  compare->add_option("--accept-tolerance", compare_accept_tolerance,
+                      "fail (exit 3) when a simulated mean accept length is off the measured one "
+                      "by more than this many tokens (implies --accept)");
   add_format(compare);
 
   int64_t trace_run = 0;
@@ -696,7 +725,8 @@ int main(int argc, char** argv) {
     if (*query) return cmd_query(sql, db_path, f);
     if (*compare) {
       return cmd_compare(run_ids, experiment, db_path, f, compare_sim_real, compare_ops,
-                         compare_tolerance, compare_metrics);
+                         compare_tolerance, compare_metrics, compare_accept,
+                         compare_accept_tolerance);
     }
     if (*trace) return cmd_trace(trace_run, trace_out, db_path);
     if (*plot) return cmd_plot(run_ids, experiment, plot_out, db_path);

@@ -1,14 +1,18 @@
 #include "experiments/runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <tuple>
 
 #include "experiments/tp_run.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
 #include "policies/rng.h"
+#include "results/acceptance.h"
 #include "simulator/sim_backend.h"
 #ifdef TWINSTEP_HAVE_RUNTIME
 #include <cuda_runtime_api.h>
@@ -33,7 +37,8 @@ RunRecord measure_variant(const Variant& v) {
   // Tensor parallelism (experiments/tp_run.h): every rank runs this with its own shard.
   check_real_tensor_parallel(v);
   // Speculation runs on the real backend with a synthetic draft of fidelity
-  // kRealDraftFidelity (runtime/real_factory.h); v.acceptance is the simulator's model only.
+  // v.acceptance.draft_fidelity (runtime/real_factory.h); the rest of v.acceptance is the
+  // simulator's model only.
   const std::vector<RequestSpec> requests = generate_requests(v.workload);
   RunRecord record;
   DecodeLoop loop(v.policy, v.workload, requests, &record);
@@ -141,6 +146,38 @@ void check_backends_available(const Experiment& e) {
   }
   throw Error("experiment '" + e.name + "' asks only for the real backend, but " + why +
               "; nothing was run or written");
+}
+
+void resolve_calibrated_acceptance(Experiment& e, const std::string& db_path) {
+  if (std::find(e.backends.begin(), e.backends.end(), BackendKind::kSim) == e.backends.end()) {
+    return;
+  }
+  // One load per distinct source.
+  std::map<std::tuple<std::string, std::string, std::string, int64_t>,
+           std::shared_ptr<const AcceptanceTable>>
+      loaded;
+  for (Variant& v : e.variants) {
+    const AcceptanceSource* s = v.acceptance.calibrated_from.get();
+    if (s == nullptr || v.acceptance.calibrated) continue;
+    const std::string path = s->db.empty() ? db_path : s->db;
+    auto& table = loaded[{path, s->experiment, s->variant, s->run_id}];
+    if (!table) {
+      if (path != ":memory:" && !std::filesystem::exists(path)) {
+        throw Error(s->where + ": calibrated acceptance: results database " + path +
+                    " does not exist");
+      }
+      ResultsDb db = ResultsDb::open(path);
+      table = std::make_shared<const AcceptanceTable>(load_acceptance_table(db, *s));
+    }
+    const int32_t needs = v.policy.spec.method == SpecMethod::kNone ? 0 : v.policy.spec.max_draft();
+    if (needs > table->draft_len) {
+      throw Error(s->where + ": calibrated acceptance from " + table->source + " measured " +
+                  std::to_string(table->draft_len) + "-token drafts, but variant '" + v.label +
+                  "' drafts up to " + std::to_string(needs) +
+                  " (calibrate with a chain at least that long)");
+    }
+    v.acceptance.calibrated = table;
+  }
 }
 
 std::vector<BackendKind> runnable_backends(const Experiment& e, Progress& progress) {

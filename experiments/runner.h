@@ -68,6 +68,12 @@ std::vector<RunOutcome> run_experiment(const Experiment& experiment, ResultsDb& 
                                        Progress& progress, const std::atomic<bool>& stop,
                                        bool resume = false);
 
+// Loads the calibrated acceptance tables (acceptance.calibrated) of every variant the simulator
+// will run, from the database each names (default `db_path`, the one being written). A run
+// executes nothing before this; throws Error (with the YAML position) when a source is missing
+// or unusable. No-op for experiments without calibrated acceptance or the sim backend.
+void resolve_calibrated_acceptance(Experiment& experiment, const std::string& db_path);
+
 // Throws Error if none of the experiment's backends can run here (checked before the database
 // is opened).
 void check_backends_available(const Experiment& experiment);

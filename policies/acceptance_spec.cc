@@ -1,5 +1,6 @@
 #include "policies/acceptance_spec.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace twinstep {
@@ -17,6 +18,13 @@ double rate_for_chain_accept_len(double accept_len, int32_t draft) {
     (chain_accept_len(mid, draft) < accept_len ? lo : hi) = mid;
   }
   return 0.5 * (lo + hi);
+}
+
+double AcceptanceTable::chain_accept_len(int32_t draft) const {
+  if (accepted.empty()) return 1.0;
+  int64_t sum = 0;
+  for (const int32_t a : accepted) sum += std::min(a, draft) + 1;
+  return double(sum) / double(accepted.size());
 }
 
 }  // namespace twinstep

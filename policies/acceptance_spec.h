@@ -1,18 +1,62 @@
-// How a draft agrees with its target, for the simulator (a real run measures it instead).
+// How a draft agrees with its target. The simulator draws agreement from an AcceptanceSpec; a real
+// run measures it (and takes only draft_fidelity, the synthetic draft's agreement dial).
+//
 // Parametric: draft position i (1-based) is accepted, given every earlier one was, with
 // probability p_i = accept_rate · decay^(i-1). The draft's confidence in position i is
 // c_i = (1 − signal)·v + signal·[accepted], v ~ U(0, 1): signal 0 makes confidence noise,
 // signal 1 makes it a perfect predictor; acceptance rates do not depend on it.
+//
+// Calibrated: the verify rounds of a real chain run (RunRecord::rounds, the database's
+// draft_round table), each a full draft of the same length with its per-position confidences and
+// accepted count. A simulated round replays one of them (the rounds of a run take the table's
+// rows in turn from a seeded start): position i's confidence is the recorded one and it is
+// accepted iff i <= the recorded count.
+// Greedy drafts are autoregressive, so a shorter draft from the same state proposes the same
+// leading tokens with the same confidences: any draft up to the recorded length is exact.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 namespace twinstep {
 
+// Verify rounds measured with a fixed draft length (a chain run), for calibrated acceptance.
+struct AcceptanceTable {
+  int32_t draft_len = 0;          // every round drafted this many tokens
+  std::vector<int32_t> accepted;  // per round: leading draft tokens the target accepted
+  std::vector<float> confidence;  // per round, draft_len values: draft token i's top-1 prob
+  std::string source;             // where the rounds came from (for messages and reports)
+
+  size_t rounds() const { return accepted.size(); }
+  // Mean tokens committed per verify of a draft of `draft` tokens (<= draft_len):
+  // mean over rounds of min(accepted, draft) + 1.
+  double chain_accept_len(int32_t draft) const;
+};
+
+// Which measured run a calibrated acceptance comes from: the newest complete real run of
+// `experiment` (and `variant`, its label, when given) or run `run_id`, in the results database
+// at `db` (empty: the database the run writes to). Resolved when the run starts; `where` is the
+// YAML position for messages.
+struct AcceptanceSource {
+  std::string db;
+  std::string experiment;
+  std::string variant;
+  int64_t run_id = 0;
+  std::string where;
+};
+
 struct AcceptanceSpec {
+  // parametric
   double accept_rate = 0.7;
   double decay = 1.0;
   double confidence_signal = 0.4;
+  // calibrated (when `calibrated` is set it replaces the parametric model)
+  std::shared_ptr<const AcceptanceSource> calibrated_from;
+  std::shared_ptr<const AcceptanceTable> calibrated;
+  // The real backend's synthetic draft module: make-checkpoint --draft-fidelity.
+  double draft_fidelity = 0.9;
 };
 
 // The mean tokens committed per verify of a chain of `draft` tokens with per-position rate a

@@ -52,6 +52,17 @@ struct StepSample {
   int64_t host_wait_ns = 0;                     // host time blocked on events
 };
 
+// One verify round of one request under speculative decoding: the draft's proposal and what
+// the target accepted of it. Rank 0's view (every rank of a sharded model agrees).
+struct DraftRound {
+  static constexpr int32_t kMaxPositions = 64;
+  int32_t request = 0;
+  int64_t step = 0;               // the step whose verify decided it
+  int32_t draft_len = 0;          // draft tokens proposed (<= kMaxPositions)
+  int32_t accepted = 0;           // leading draft tokens the target agreed with (<= draft_len)
+  std::vector<float> confidence;  // draft token i's top-1 probability, draft_len values
+};
+
 enum class Lane : uint8_t { kHost = 0, kCompute = 1, kCopy = 2 };
 
 // A span on a lane; `name` has static storage. flow > 0 links a host launch to the GPU work it
@@ -71,7 +82,8 @@ struct RunRecord {
   std::vector<ChunkSample> chunks;
   std::vector<StepSample> steps;
   std::vector<TimelineSpan> timeline;
-  int64_t end_ns = 0;  // backend clock when the run ended
+  std::vector<DraftRound> rounds;  // speculative runs: every verify round, in commit order
+  int64_t end_ns = 0;              // backend clock when the run ended
 };
 
 }  // namespace twinstep

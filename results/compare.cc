@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "policies/error.h"
+#include "results/acceptance.h"
 
 namespace twinstep {
 
@@ -247,6 +248,30 @@ QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids) 
            any ? Cell(op.start_err_ns / n / 1e3) : Cell(), op.sim_only, op.real_only});
     }
   }
+  return out;
+}
+
+QueryResult sim_vs_real_accept(ResultsDb& db, const std::vector<int64_t>& run_ids,
+                               double* worst_mean_diff) {
+  QueryResult out;
+  out.columns = {"variant", "tokens", "sim", "real", "diff"};
+  double worst = 0;
+  for (const auto& [index, p] : sim_real_pairs(db, run_ids)) {
+    if (p.sim < 0 || p.real < 0) continue;
+    const AcceptHistogram sim = accept_histogram(load_draft_rounds(db, p.sim));
+    const AcceptHistogram real = accept_histogram(load_draft_rounds(db, p.real));
+    if (sim.rounds() == 0 || real.rounds() == 0) continue;
+    for (size_t k = 0; k < std::max(sim.count.size(), real.count.size()); ++k) {
+      out.rows.push_back({p.label, std::to_string(k + 1), sim.fraction(k), real.fraction(k),
+                          sim.fraction(k) - real.fraction(k)});
+    }
+    const double diff = sim.mean() - real.mean();
+    worst = std::max(worst, std::fabs(diff));
+    out.rows.push_back({p.label, std::string("mean"), sim.mean(), real.mean(), diff});
+    out.rows.push_back(
+        {p.label, std::string("tv_distance"), total_variation(sim, real), Cell(), Cell()});
+  }
+  if (worst_mean_diff) *worst_mean_diff = worst;
   return out;
 }
 

@@ -41,6 +41,15 @@ QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
 // Rows: by variant index, then by the real run's total matched time, largest first.
 QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids);
 
+// Accept lengths (speculative decoding): for each variant with a sim and a real run among
+// `run_ids` that both stored verify rounds, one row per tokens-per-verify value k (1 .. the
+// largest seen) with the fraction of rounds committing k tokens in each run, then a row "mean"
+// (mean tokens per verify) and a row "tv_distance" (total variation between the two
+// distributions, in sim). Columns: variant, tokens, sim, real, diff (sim − real).
+// *worst_mean_diff (if given) receives the largest |sim mean − real mean| (0 with no pair).
+QueryResult sim_vs_real_accept(ResultsDb& db, const std::vector<int64_t>& run_ids,
+                               double* worst_mean_diff);
+
 // The complete runs of the most recent invocation of experiment `name`: the experiment version
 // (name + YAML hash) of the latest complete run with that name, and within it the latest complete
 // run per (variant_index, backend). Ordered by variant_index, then sim before real.

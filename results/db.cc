@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -240,9 +241,27 @@ void migrate_v1_to_v2(sqlite3* db) {
   exec(db, "ALTER TABLE step_sample ADD COLUMN collective_ns INTEGER NOT NULL DEFAULT 0");
 }
 
+// Version 3: speculative decoding's verify rounds (RunRecord::rounds). `idx` numbers a request's
+// rounds from 0 in commit order; `confidence` is a JSON array of draft_len numbers (draft token
+// i's top-1 probability), readable with json_each.
+void migrate_v2_to_v3(sqlite3* db) {
+  exec(db, R"sql(
+CREATE TABLE draft_round (
+  run_id     INTEGER NOT NULL REFERENCES run(id) ON DELETE CASCADE,
+  request_id INTEGER NOT NULL,
+  idx        INTEGER NOT NULL,
+  step       INTEGER NOT NULL,
+  draft_len  INTEGER NOT NULL CHECK (draft_len BETWEEN 1 AND 64),
+  accepted   INTEGER NOT NULL CHECK (accepted BETWEEN 0 AND draft_len),
+  confidence TEXT NOT NULL,
+  PRIMARY KEY (run_id, request_id, idx)
+) WITHOUT ROWID;
+)sql");
+}
+
 // Migration i takes the schema from version i to i + 1. Append, never edit.
 using MigrationFn = void (*)(sqlite3*);
-constexpr MigrationFn kMigrations[] = {&create_schema_v1, &migrate_v1_to_v2};
+constexpr MigrationFn kMigrations[] = {&create_schema_v1, &migrate_v1_to_v2, &migrate_v2_to_v3};
 static_assert(std::size(kMigrations) == ResultsDb::kSchemaVersion);
 
 void migrate(sqlite3* db, const std::string& path) {
@@ -618,6 +637,35 @@ void ResultsDb::finish_run(int64_t run_id, const RunRecord& record,
     span.bind(1, run_id).bind(2, t.rank).bind(3, lane_name(t.lane)).bind(4, t.name ? t.name : "");
     span.bind(5, t.step).bind(6, t.start_ns).bind(7, t.dur_ns).bind(8, t.flow);
     span.run();
+  }
+
+  Stmt round(db_,
+             "INSERT INTO draft_round (run_id, request_id, idx, step, draft_len, accepted, "
+             "confidence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+  std::vector<int32_t> round_idx;  // per request: rounds stored so far
+  for (const DraftRound& d : record.rounds) {
+    if (d.request < 0 || d.draft_len < 1 || d.draft_len > DraftRound::kMaxPositions ||
+        d.accepted < 0 || d.accepted > d.draft_len || d.confidence.size() != size_t(d.draft_len)) {
+      throw Error("run record: draft round of request " + std::to_string(d.request) + " at step " +
+                  std::to_string(d.step) + " is inconsistent (draft_len " +
+                  std::to_string(d.draft_len) + ", accepted " + std::to_string(d.accepted) + ", " +
+                  std::to_string(d.confidence.size()) + " confidences)");
+    }
+    if (size_t(d.request) >= round_idx.size()) round_idx.resize(size_t(d.request) + 1, 0);
+    std::string conf = "[";
+    for (size_t i = 0; i < d.confidence.size(); ++i) {
+      if (!std::isfinite(d.confidence[i])) {
+        throw Error("run record: draft round of request " + std::to_string(d.request) +
+                    " has a non-finite confidence");
+      }
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%s%.9g", i ? "," : "", double(d.confidence[i]));
+      conf += buf;
+    }
+    conf += "]";
+    round.bind(1, run_id).bind(2, d.request).bind(3, round_idx[size_t(d.request)]++);
+    round.bind(4, d.step).bind(5, d.draft_len).bind(6, d.accepted).bind(7, conf);
+    round.run();
   }
 
   Stmt metric(db_, "INSERT INTO metric (run_id, key, value, unit) VALUES (?1, ?2, ?3, ?4)");

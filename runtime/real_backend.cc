@@ -465,6 +465,11 @@ struct RealBackend::State {
             if (int32_t(toks.size()) < out_len)
               toks.push_back(j < row.accepted ? row.draft[j] : row.token);
           outputs.push_back({r, row.accepted + 1, row.draft_len, row.conf_len});
+          if (row.draft_len > 0) {
+            const int32_t d = std::min(row.draft_len, runtime::kMaxDraftTokens);
+            record.rounds.push_back({r, op.payload_step, d, std::min(row.accepted, d),
+                                     std::vector<float>(row.confidence, row.confidence + d)});
+          }
           committed += row.accepted + 1;
           longest = std::max(longest, row.draft_len);
           continue;

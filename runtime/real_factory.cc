@@ -40,8 +40,8 @@ class OwningRealBackend final : public Backend {
           plan_engine_memory(config, eo.max_slots, eo.capacity_tokens, eo.max_prefill_tokens, spec),
           config, model_.name, device, free_bytes, total_bytes);
     }
-    engine_ =
-        runtime::Engine::create_synthetic(config, v.seed, eo, spec ? kRealDraftFidelity : -1.0);
+    engine_ = runtime::Engine::create_synthetic(config, v.seed, eo,
+                                                spec ? v.acceptance.draft_fidelity : -1.0);
     RealOptions ro;
     ro.trace_first_step = v.trace.first_step;
     ro.trace_steps = v.trace.step_count;

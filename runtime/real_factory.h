@@ -16,12 +16,10 @@ namespace twinstep {
 // the longest request, decode graphs of v.policy.graph_mode captured before the run, host costs
 // drawn from v.host_costs with seed v.seed (as simulate_variant does), prompts from
 // v.workload.seed, greedy sampling. With speculation (v.policy.spec), the engine holds a synthetic
-// draft module built at fidelity kRealDraftFidelity (checkpoint.h synthetic_weight_list; the
-// target's weights then follow that construction too). `requests` must outlive the backend.
-// Throws ConfigError when
-// the model is outside the runtime's scope (dense GQA, head_dim 128) and Error when it does not
-// fit the GPU's memory.
-constexpr double kRealDraftFidelity = 0.9;
+// draft module built at fidelity v.acceptance.draft_fidelity (checkpoint.h
+// synthetic_weight_list; the target's weights then follow that construction too). `requests`
+// must outlive the backend. Throws ConfigError when the model is outside the runtime's scope
+// (dense GQA, head_dim 128) and Error when it does not fit the GPU's memory.
 
 std::unique_ptr<Backend> make_real_backend(const Variant& v,
                                            const std::vector<RequestSpec>& requests);

@@ -105,6 +105,14 @@ class Engine {
 
   void run(std::span<HostProgram* const> programs) {
     const int32_t world = options_.layout.world();
+    if (options_.spec.method != SpecMethod::kNone &&
+        options_.spec.max_draft() > acceptance_.max_position()) {
+      throw Error("simulator: the calibrated acceptance from " +
+                  options_.acceptance.calibrated->source + " measured drafts of " +
+                  std::to_string(acceptance_.max_position()) + " tokens, but this policy drafts " +
+                  "up to " + std::to_string(options_.spec.max_draft()) +
+                  "; calibrate with a chain at least that long");
+    }
     if (world > 1 && int32_t(programs.size()) != world) {
       throw Error("simulator: layout " + layout_name(options_.layout) + " has " +
                   std::to_string(world) + " ranks but " + std::to_string(programs.size()) +
@@ -416,11 +424,16 @@ class Engine {
           const auto id = static_cast<size_t>(ids[i]);
           const int32_t d = std::min(r.draft_len[id], g.q_tokens - 1);
           bool agrees[kMaxDraft];
+          const bool keep = sample.rank == 0 && d > 0;
+          if (keep) record_.rounds.push_back({ids[i], sample.step, d, 0, {}});
           for (int32_t p = 0; p < d; ++p) {
-            agrees[p] = acceptance_.draw(ids[i], r.rounds[id], p + 1).agrees;
+            const AcceptanceModel::Draw draw = acceptance_.draw(ids[i], r.rounds[id], p + 1);
+            agrees[p] = draw.agrees;
+            if (keep) record_.rounds.back().confidence.push_back(draw.confidence);
           }
           const int32_t committed =
               accepted_prefix(std::span<const bool>(agrees, size_t(d)), d) + 1;
+          if (keep) record_.rounds.back().accepted = committed - 1;
           r.device_ctx[id] += committed;
           ++r.rounds[id];
           out.outputs.push_back({ids[i], committed, d, r.conf_len[id]});

@@ -132,6 +132,32 @@ check "compare --ops without timelines exits 1" test $? -eq 1
 check "compare --ops says how to get timelines" grep -q "add \`trace:" "$work/ops.err"
 check "sim-vs-real rows carry the error" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode --sim-vs-real --csv | head -1 | grep -q 'variant,metric,sim,real,error_pct'"
 
+# Calibrated acceptance: simulated policies replay the verify rounds of a measured chain run. A
+# simulated chain stands in for the measurement here (its runs relabelled 'real' with sqlite3).
+db6=$work/f.db
+"$bin" --db "$db6" run -q "$src/tests/cli/spec/calibration.yaml" >/dev/null 2>&1
+check "calibration stand-in stores its verify rounds" test "$(q "$db6" "SELECT count(*) > 500 FROM draft_round")" = 1
+python3 -c "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute(\"UPDATE run SET backend = 'real'\"); c.commit()" "$db6"
+"$bin" --db "$db6" run -q "$src/tests/cli/spec/spec.yaml" >/dev/null 2>"$work/spec.err"
+check "calibrated simulation runs" test $? -eq 0
+calib=$(q "$db6" "SELECT r.id FROM run r JOIN experiment e ON e.id=r.experiment_id WHERE e.name='cli-spec-calibration' AND r.variant_label LIKE '%0.9'")
+chain=$(q "$db6" "SELECT r.id FROM run r JOIN experiment e ON e.id=r.experiment_id WHERE e.name='cli-spec' AND r.variant_index=0")
+# A chain of 5 replaying 8-draft rounds commits min(accepted, 5) + 1 of each: computed in SQL.
+table=$(q "$db6" "SELECT avg(min(accepted, 5) + 1) FROM draft_round WHERE run_id=$calib")
+sim=$(q "$db6" "SELECT avg(accepted + 1) FROM draft_round WHERE run_id=$chain")
+check "simulated chain(5) accept length is the table's ($sim vs $table)" python3 -c "import sys; sys.exit(0 if abs($sim - $table) < 0.03 else 1)"
+check "simulated drafts never pass the measured 8" test "$(q "$db6" "SELECT max(draft_len) FROM draft_round r JOIN run x ON x.id=r.run_id JOIN experiment e ON e.id=x.experiment_id WHERE e.name='cli-spec'")" = 8
+"$bin" --db "$db6" run -q "$src/tests/cli/spec/too_long.yaml" >/dev/null 2>"$work/long.err"
+check "a policy longer than the calibration is refused" test $? -ne 0
+check "the refusal names the YAML position and the lengths" grep -q "too_long.yaml:9:15: calibrated acceptance from run .* measured 8-token drafts, but variant 'base' drafts up to 9" "$work/long.err"
+# Paired by variant index: the simulated chain(5) against calibration variant 0's chain of 8.
+calib0=$(q "$db6" "SELECT r.id FROM run r JOIN experiment e ON e.id=r.experiment_id WHERE e.name='cli-spec-calibration' AND r.variant_index=0")
+"$bin" --db "$db6" compare --accept "$chain" "$calib0" --accept-tolerance 5 >"$work/accept.out" 2>&1
+check "compare --accept prints the distribution" grep -q "tv_distance" "$work/accept.out"
+"$bin" --db "$db6" compare --accept "$chain" "$calib0" --accept-tolerance 0.01 >/dev/null 2>"$work/accept.err"
+check "compare --accept-tolerance exits 3 when exceeded" test $? -eq 3
+check "compare --accept-tolerance says by how much" grep -q "mean accept length differ by up to" "$work/accept.err"
+
 # models / hardware list presets.
 check "models lists llama-3-8b" bash -c "'$bin' models | grep -q 'llama-3-8b .* 8.0303'"
 check "hardware lists h200" bash -c "'$bin' hardware | grep -q '^h200 '"

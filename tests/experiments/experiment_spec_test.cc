@@ -315,6 +315,29 @@ TEST(ExperimentGood, FullSchemaExampleLoads) {
   EXPECT_EQ(v.host_costs.ops[static_cast<int>(HostOp::kPreparePrefill)].mean_ns, 1'000'000);
 }
 
+// acceptance.calibrated names a source, resolved at run time (the loader never opens a
+// database); draft_fidelity goes to the real backend.
+TEST(ExperimentGood, CalibratedAcceptanceSource) {
+  const Experiment exp = load_experiment_text(
+      std::string(kMinimal) +
+          "acceptance:\n  draft_fidelity: 0.55\n"
+          "  calibrated: {experiment: calib, variant: \"f=0.55\", db: other.db}\n",
+      "c.yaml");
+  const AcceptanceSpec& a = exp.variants[0].acceptance;
+  EXPECT_DOUBLE_EQ(a.draft_fidelity, 0.55);
+  ASSERT_TRUE(a.calibrated_from);
+  EXPECT_FALSE(a.calibrated);
+  EXPECT_EQ(a.calibrated_from->experiment, "calib");
+  EXPECT_EQ(a.calibrated_from->variant, "f=0.55");
+  EXPECT_EQ(a.calibrated_from->db, "other.db");
+  EXPECT_EQ(a.calibrated_from->run_id, 0);
+  EXPECT_EQ(a.calibrated_from->where, "c.yaml:7:15");
+  const Experiment by_id = load_experiment_text(
+      std::string(kMinimal) + "acceptance: {calibrated: {run: 12}}\n", "c.yaml");
+  EXPECT_EQ(by_id.variants[0].acceptance.calibrated_from->run_id, 12);
+  EXPECT_DOUBLE_EQ(by_id.variants[0].acceptance.draft_fidelity, 0.9);  // the default
+}
+
 TEST(ExperimentGood, DurationsRoundToNanoseconds) {
   const std::string base = std::string(kMinimal) + "host:\n  schedule: ";
   auto schedule_ns = [&](const std::string& d) {

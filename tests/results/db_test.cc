@@ -185,14 +185,14 @@ TEST(ResultsDb, SchemaVersionAndPragmas) {
   {
     auto db = ResultsDb::open(path);
     EXPECT_EQ(db.schema_version(), ResultsDb::kSchemaVersion);
-    EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 2);
+    EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 3);
     EXPECT_EQ(std::get<std::string>(db.query("PRAGMA journal_mode", true).rows.at(0).at(0)), "wal");
     EXPECT_EQ(scalar_int(db, "PRAGMA foreign_keys"), 1);
     EXPECT_EQ(scalar_text(db,
                           "SELECT group_concat(name, ',') FROM (SELECT name FROM "
                           "sqlite_schema WHERE type = 'table' ORDER BY name)"),
-              "build,chunk_sample,experiment,host,metric,request_sample,run,step_sample,"
-              "timeline_span");
+              "build,chunk_sample,draft_round,experiment,host,metric,request_sample,run,"
+              "step_sample,timeline_span");
     db.begin_run(sample_info());
   }
   // Reopening an up-to-date database keeps its data (no migration re-run).
@@ -225,9 +225,11 @@ TEST(ResultsDb, MigratesVersion1) {
   TempDir dir;
   const std::string path = dir.file("v1.db");
   ResultsDb::open(path).begin_run(sample_info());
-  raw_exec(path, "ALTER TABLE step_sample DROP COLUMN collective_ns; PRAGMA user_version = 1;");
+  raw_exec(path,
+           "DROP TABLE draft_round; ALTER TABLE step_sample DROP COLUMN collective_ns; "
+           "PRAGMA user_version = 1;");
   auto db = ResultsDb::open(path);
-  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 2);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 3);
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 1);
   RunRecord record = hand_record();
   record.steps[0].collective_ns = 1234;
@@ -237,6 +239,62 @@ TEST(ResultsDb, MigratesVersion1) {
       scalar_int(db, "SELECT collective_ns FROM step_sample WHERE run_id = " + std::to_string(id) +
                          " AND step = " + std::to_string(record.steps[0].step)),
       1234);
+}
+
+// A version-2 database (no draft_round) gains the table on open, keeping its runs.
+TEST(ResultsDb, MigratesVersion2) {
+  TempDir dir;
+  const std::string path = dir.file("v2.db");
+  ResultsDb::open(path).begin_run(sample_info());
+  raw_exec(path, "DROP TABLE draft_round; PRAGMA user_version = 2;");
+  auto db = ResultsDb::open(path);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 3);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 1);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM draft_round"), 0);
+}
+
+// Verify rounds are stored one row per round, numbered per request in record order, with the
+// confidences as a JSON array that json_each expands by position.
+TEST(ResultsDb, StoresDraftRounds) {
+  auto db = ResultsDb::open(":memory:");
+  RunRecord record = hand_record();
+  record.rounds = {
+      {0, 3, 2, 1, {0.75f, 0.25f}}, {1, 3, 3, 3, {0.5f, 0.125f, 1.0f}}, {0, 4, 1, 0, {0.0625f}}};
+  const int64_t id = db.begin_run(sample_info());
+  db.finish_run(id, record, {}, 0.1);
+  const std::string where = " FROM draft_round WHERE run_id = " + std::to_string(id);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*)" + where), 3);
+  EXPECT_EQ(scalar_text(db, "SELECT group_concat(idx || ':' || step || ':' || accepted, ' ')" +
+                                where + " AND request_id = 0 ORDER BY idx"),
+            "0:3:1 1:4:0");
+  EXPECT_EQ(scalar_text(db, "SELECT confidence" + where + " AND request_id = 1"), "[0.5,0.125,1]");
+  // Position 2's confidence over all rounds that drafted it.
+  EXPECT_EQ(scalar_text(db,
+                        "SELECT group_concat(j.value, ',') FROM draft_round r, "
+                        "json_each(r.confidence) j WHERE j.key = 1 ORDER BY r.request_id"),
+            "0.25,0.125");
+}
+
+// An inconsistent round (more confidences than drafted tokens, or accepted > draft_len) fails
+// the whole run's write: nothing of it is stored.
+TEST(ResultsDb, RejectsInconsistentDraftRounds) {
+  auto db = ResultsDb::open(":memory:");
+  for (const DraftRound& bad : {DraftRound{0, 1, 2, 1, {0.5f}}, DraftRound{0, 1, 1, 2, {0.5f}},
+                                DraftRound{0, 1, 0, 0, {}}}) {
+    RunRecord record = hand_record();
+    record.rounds = {bad};
+    const int64_t id = db.begin_run(sample_info());
+    try {
+      db.finish_run(id, record, {}, 0.1);
+      ADD_FAILURE() << "accepted a draft round of length " << bad.draft_len;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("inconsistent"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(
+        scalar_int(db, "SELECT count(*) FROM step_sample WHERE run_id = " + std::to_string(id)), 0);
+    EXPECT_EQ(scalar_text(db, "SELECT status FROM run WHERE id = " + std::to_string(id)),
+              "running");
+  }
 }
 
 TEST(ResultsDb, RejectsNewerSchema) {

@@ -57,11 +57,12 @@ struct SpecRun {
   RunRecord record;
   std::vector<std::vector<int32_t>> tokens;
   double accept_len = 0;  // tokens committed per verified request-step
+  int64_t committed = 0;  // tokens committed by verifies, from the step samples
 };
 
 SpecRun run(Engine& engine, const ModelSpec& model, const WorkloadSpec& w, const SpecSpec& spec,
-            HostSchedule schedule = HostSchedule::kRunahead,
-            GraphMode mode = GraphMode::kCudaGraph) {
+            HostSchedule schedule = HostSchedule::kRunahead, GraphMode mode = GraphMode::kCudaGraph,
+            float temperature = 0.0f) {
   PolicySpec p;
   p.host_schedule = schedule;
   p.graph_mode = mode;
@@ -75,6 +76,8 @@ SpecRun run(Engine& engine, const ModelSpec& model, const WorkloadSpec& w, const
   ro.prepare_max_batch = w.max_concurrency;
   ro.prompt_seed = 3;
   ro.spec = spec;
+  ro.temperature = temperature;
+  ro.sampling_seed = 77;
   RealBackend backend(engine, model, host, requests, ro);
   HostProgram* ranks[] = {&loop};
   backend.run(ranks, r.record);
@@ -86,6 +89,7 @@ SpecRun run(Engine& engine, const ModelSpec& model, const WorkloadSpec& w, const
     verified += s.batch;
   }
   r.accept_len = verified ? double(committed) / double(verified) : 0;
+  r.committed = committed;
   return r;
 }
 
@@ -261,6 +265,15 @@ TEST_F(TinySpec, GreedySpeculativeOutputEqualsPlainGreedy) {
     const SpecRun r = run(*engine_, spec_, w_, k.spec, k.schedule, k.mode);
     EXPECT_EQ(r.tokens, plain.tokens) << k.label;
     EXPECT_GE(r.accept_len, 1.0) << k.label;
+    // The recorded verify rounds (the database's draft_round) account for every commit.
+    int64_t from_rounds = 0;
+    for (const DraftRound& d : r.record.rounds) {
+      EXPECT_GE(d.draft_len, 1) << k.label;
+      EXPECT_LE(d.accepted, d.draft_len) << k.label;
+      EXPECT_EQ(d.confidence.size(), size_t(d.draft_len)) << k.label;
+      from_rounds += d.accepted + 1;
+    }
+    EXPECT_EQ(from_rounds, r.committed) << k.label;
     std::printf("tiny %-26s accept length %.3f\n", k.label, r.accept_len);
   }
 }
@@ -313,6 +326,31 @@ TEST_F(TinySpec, AcceptLengthsEqualAcrossReruns) {
     EXPECT_EQ(ca, cb);
     EXPECT_EQ(a.accept_len, b.accept_len);
     EXPECT_EQ(a.tokens, b.tokens);
+  }
+}
+
+// The seed's gate: temperature-sampled requests (plain decode, the engine's sampling graphs)
+// between two greedy speculative runs on the same engine change nothing of the second: the
+// draft state, KV slots and relay hold no leftovers.
+TEST_F(TinySpec, GreedyRerunAfterSampledRequestsIsIdentical) {
+  for (const SpecSpec& s : {chain(5, 6), confidence(DraftMode::kDevice)}) {
+    const SpecRun a = run(*engine_, spec_, w_, s);
+    WorkloadSpec ws = w_;
+    ws.num_requests = 3;
+    ws.max_concurrency = 2;
+    ws.output_len = {30, 120};
+    const SpecRun sampled =
+        run(*engine_, spec_, ws, SpecSpec{}, HostSchedule::kRunahead, GraphMode::kCudaGraph, 0.9f);
+    // Request 0 has the same prompt: sampling must have changed its tokens.
+    ASSERT_GE(sampled.tokens[0].size(), 30u);
+    EXPECT_NE(std::vector<int32_t>(sampled.tokens[0].begin(), sampled.tokens[0].begin() + 30),
+              std::vector<int32_t>(a.tokens[0].begin(), a.tokens[0].begin() + 30));
+    const SpecRun b = run(*engine_, spec_, w_, s);
+    EXPECT_EQ(b.tokens, a.tokens) << spec_method_name(s.method);
+    std::vector<int32_t> ca, cb;  // the accept sequence as the host saw it
+    for (const ChunkSample& c : a.record.chunks) ca.push_back(c.tokens);
+    for (const ChunkSample& c : b.record.chunks) cb.push_back(c.tokens);
+    EXPECT_EQ(ca, cb) << spec_method_name(s.method);
   }
 }
 

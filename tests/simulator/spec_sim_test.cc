@@ -1,7 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <memory>
+
 #include "policies/acceptance_spec.h"
 #include "policies/decode_loop.h"
+#include "policies/error.h"
+#include "policies/rng.h"
 #include "simulator/sim_backend.h"
 #include "tests/support/sim_fixtures.h"
 
@@ -131,6 +136,125 @@ TEST(SpecSim, ChainStepCostCountsForwards) {
   const Result r = simulate(chain(5), {.accept_rate = 0.5}, HostSchedule::kRunahead,
                             testing::ideal_machine(), none, 4, 200);
   EXPECT_NEAR(r.step_ns, double((4 * 16 + 23 + 16) * kFloorNs), 1.0);
+}
+
+// Calibrated acceptance, hand-worked: two measured rounds of 4 drafts, A (all accepted, every
+// confidence 0.9) and B (one accepted, confidences 0.9, 0.2, 0.9, 0.9).
+AcceptanceSpec two_round_table() {
+  auto t = std::make_shared<AcceptanceTable>();
+  t->draft_len = 4;
+  t->accepted = {4, 1};
+  t->confidence = {0.9f, 0.9f, 0.9f, 0.9f, 0.9f, 0.2f, 0.9f, 0.9f};
+  t->source = "a hand-made table";
+  AcceptanceSpec a;
+  a.calibrated = t;
+  return a;
+}
+
+// A chain of 3 replays A as 3 accepted drafts (4 tokens) and B as 1 (2 tokens): every simulated
+// round is one of the two, and they come up about equally often.
+TEST(SpecSim, CalibratedChainReplaysMeasuredRounds) {
+  const HostCostSpec none = testing::fixed_host_costs(0, 0, 0);
+  const Result r = simulate(chain(3), two_round_table(), HostSchedule::kRunahead,
+                            testing::ideal_machine(), none, 20, 400);
+  int64_t a = 0, b = 0;
+  for (const DraftRound& d : r.record.rounds) {
+    ASSERT_EQ(d.draft_len, 3);
+    ASSERT_EQ(d.confidence.size(), 3u);
+    if (d.accepted == 3) {
+      EXPECT_EQ(d.confidence, (std::vector<float>{0.9f, 0.9f, 0.9f}));
+      ++a;
+    } else {
+      ASSERT_EQ(d.accepted, 1);
+      EXPECT_EQ(d.confidence, (std::vector<float>{0.9f, 0.2f, 0.9f}));
+      ++b;
+    }
+  }
+  const double n = double(a + b);
+  ASSERT_GT(n, 1000);
+  EXPECT_NEAR(double(a) / n, 0.5, 4 * 0.5 / std::sqrt(n));  // binomial, 4 sigma
+  // The step samples count the same commits: mean tokens per verify = (4a + 2b) / n.
+  EXPECT_NEAR(r.accept_len, (4.0 * double(a) + 2.0 * double(b)) / n, 0.02);
+}
+
+// Confidence-scheduled with threshold 0.5: A drafts all 4 (5 tokens), B stops after the 0.2
+// (2 drafts proposed, 1 accepted: 2 tokens). Deterministic for the seed.
+TEST(SpecSim, CalibratedConfidenceStopsWhereTheMeasuredConfidenceFalls) {
+  const HostCostSpec none = testing::fixed_host_costs(0, 0, 0);
+  const Result r = simulate(confidence(DraftMode::kDevice, 4, 0.5), two_round_table(),
+                            HostSchedule::kRunahead, testing::ideal_machine(), none, 8, 200);
+  ASSERT_FALSE(r.record.rounds.empty());
+  for (const DraftRound& d : r.record.rounds) {
+    if (d.draft_len == 4) {
+      EXPECT_EQ(d.accepted, 4);
+    } else {
+      EXPECT_EQ(d.draft_len, 2);
+      EXPECT_EQ(d.accepted, 1);
+    }
+  }
+  const Result again = simulate(confidence(DraftMode::kDevice, 4, 0.5), two_round_table(),
+                                HostSchedule::kRunahead, testing::ideal_machine(), none, 8, 200);
+  ASSERT_EQ(again.record.rounds.size(), r.record.rounds.size());
+  for (size_t i = 0; i < r.record.rounds.size(); ++i) {
+    EXPECT_EQ(again.record.rounds[i].accepted, r.record.rounds[i].accepted);
+    EXPECT_EQ(again.record.rounds[i].request, r.record.rounds[i].request);
+  }
+}
+
+// Property: over a random measured table, a simulated chain of d commits, per verify, the
+// table's mean of min(accepted, d) + 1 (AcceptanceTable::chain_accept_len), for every d up to
+// the measured length; the walk over the table leaves no sampling noise beyond partial coverage.
+TEST(SpecSim, CalibratedChainMeanIsTheTableMean) {
+  const HostCostSpec none = testing::fixed_host_costs(0, 0, 0);
+  auto t = std::make_shared<AcceptanceTable>();
+  t->draft_len = 8;
+  for (uint64_t k = 0; k < 300; ++k) {
+    t->accepted.push_back(int32_t(rng_key(5, 1, k) % 9));
+    for (int32_t i = 0; i < 8; ++i) t->confidence.push_back(float(rng_uniform(5, 2, k * 8 + i)));
+  }
+  AcceptanceSpec acc;
+  acc.calibrated = t;
+  for (int32_t d : {1, 3, 5, 8}) {
+    const Result r =
+        simulate(chain(d), acc, HostSchedule::kRunahead, testing::ideal_machine(), none, 40, 600);
+    double sum = 0;
+    for (const DraftRound& round : r.record.rounds) sum += round.accepted + 1;
+    const double mean = sum / double(r.record.rounds.size());
+    EXPECT_GT(r.record.rounds.size(), 2 * t->rounds()) << d;
+    EXPECT_NEAR(mean, t->chain_accept_len(d), 0.03) << d;
+  }
+}
+
+// A policy drafting past the measured length is refused before anything runs.
+TEST(SpecSim, CalibratedTableTooShortForThePolicy) {
+  const HostCostSpec none = testing::fixed_host_costs(0, 0, 0);
+  try {
+    simulate(chain(5), two_round_table(), HostSchedule::kRunahead, testing::ideal_machine(), none,
+             2, 50);
+    FAIL() << "a 5-token chain ran on a 4-token calibration";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("measured drafts of 4 tokens, but this policy drafts up "
+                                         "to 5"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Parametric runs record their rounds too: a chain proposes exactly its draft length, and
+// accepted <= drafted; the rounds' commits equal the step samples' (rank 0 only).
+TEST(SpecSim, RoundsAgreeWithStepSamples) {
+  const HostCostSpec none = testing::fixed_host_costs(0, 0, 0);
+  const Result r = simulate(chain(5), {.accept_rate = 0.7}, HostSchedule::kRunahead,
+                            testing::ideal_machine(), none, 6, 300);
+  int64_t committed = 0;
+  for (const DraftRound& d : r.record.rounds) {
+    EXPECT_EQ(d.draft_len, 5);
+    EXPECT_LE(d.accepted, 5);
+    committed += d.accepted + 1;
+  }
+  int64_t tokens = 0;
+  for (const StepSample& s : r.record.steps) tokens += s.batch > 0 ? s.tokens : 0;
+  EXPECT_EQ(committed, tokens);
 }
 
 }  // namespace

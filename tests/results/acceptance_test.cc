@@ -1,0 +1,151 @@
+#include "results/acceptance.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "policies/error.h"
+#include "results/compare.h"
+
+namespace twinstep {
+namespace {
+
+RunInfo info(const std::string& experiment, const std::string& label, int32_t variant,
+             const std::string& backend) {
+  RunInfo i;
+  i.experiment_name = experiment;
+  i.yaml_text = "yaml of " + experiment;
+  i.variant_index = variant;
+  i.variant_label = label;
+  i.backend = backend;
+  return i;
+}
+
+int64_t store(ResultsDb& db, const RunInfo& i, std::vector<DraftRound> rounds) {
+  RunRecord record;
+  record.rounds = std::move(rounds);
+  const int64_t id = db.begin_run(i);
+  db.finish_run(id, record, {}, 1);
+  return id;
+}
+
+// Rounds of a chain of `len` drafts; accepted[k] for round k, confidence 0.5 + k/100 at every
+// position.
+std::vector<DraftRound> chain_rounds(int32_t len, std::vector<int32_t> accepted) {
+  std::vector<DraftRound> out;
+  for (size_t k = 0; k < accepted.size(); ++k) {
+    out.push_back({int32_t(k % 2), int64_t(k), len, accepted[k],
+                   std::vector<float>(size_t(len), 0.5f + float(k) / 100)});
+  }
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Acceptance, RoundsComeBackAsStored) {
+  auto db = ResultsDb::open(":memory:");
+  const std::vector<DraftRound> rounds = {
+      {1, 5, 3, 2, {0.75f, 0.5f, 0.25f}}, {0, 4, 2, 0, {0.125f, 1.0f}}, {1, 6, 1, 1, {0.1f}}};
+  const int64_t id = store(db, info("calib", "base", 0, "real"), rounds);
+  const std::vector<DraftRound> back = load_draft_rounds(db, id);
+  ASSERT_EQ(back.size(), 3u);
+  // Ordered by request, then round.
+  EXPECT_EQ(back[0].request, 0);
+  EXPECT_EQ(back[0].confidence, (std::vector<float>{0.125f, 1.0f}));
+  EXPECT_EQ(back[1].step, 5);
+  EXPECT_EQ(back[1].accepted, 2);
+  EXPECT_EQ(back[1].confidence, (std::vector<float>{0.75f, 0.5f, 0.25f}));
+  EXPECT_EQ(back[2].confidence, (std::vector<float>{0.1f}));  // %.9g round-trips a float
+  EXPECT_NE(error_of([&] { load_draft_rounds(db, 99); }).find("no run with id 99"),
+            std::string::npos);
+}
+
+TEST(Acceptance, ResolvesTheNewestCompleteRealRun) {
+  auto db = ResultsDb::open(":memory:");
+  const int64_t old_f55 = store(db, info("calib", "f=0.55", 0, "real"), chain_rounds(4, {1}));
+  const int64_t f90 = store(db, info("calib", "f=0.9", 1, "real"), chain_rounds(4, {4}));
+  const int64_t new_f55 = store(db, info("calib", "f=0.55", 0, "real"), chain_rounds(4, {2}));
+  store(db, info("calib", "f=0.55", 0, "sim"), chain_rounds(4, {3}));  // a sim run: never
+  db.begin_run(info("calib", "f=0.55", 0, "real"));                    // running: never
+  AcceptanceSource s;
+  s.experiment = "calib";
+  s.variant = "f=0.55";
+  EXPECT_EQ(resolve_acceptance_run(db, s), new_f55);
+  s.variant = "f=0.9";
+  EXPECT_EQ(resolve_acceptance_run(db, s), f90);
+  s.variant = "";
+  EXPECT_EQ(resolve_acceptance_run(db, s), new_f55);
+  AcceptanceSource by_id;
+  by_id.run_id = old_f55;
+  EXPECT_EQ(resolve_acceptance_run(db, by_id), old_f55);
+
+  s.where = "x.yaml:3:5";
+  s.experiment = "nope";
+  const std::string missing = error_of([&] { resolve_acceptance_run(db, s); });
+  EXPECT_EQ(missing.rfind("x.yaml:3:5: ", 0), 0u) << missing;
+  EXPECT_NE(missing.find("no complete real run of experiment \"nope\""), std::string::npos);
+  by_id.run_id = 4;  // the sim run
+  EXPECT_NE(error_of([&] { resolve_acceptance_run(db, by_id); }).find("not a complete real run"),
+            std::string::npos);
+}
+
+TEST(Acceptance, TableOfAChainRun) {
+  const AcceptanceTable t = acceptance_table(chain_rounds(3, {0, 3, 1, 2}), "run 7");
+  EXPECT_EQ(t.draft_len, 3);
+  EXPECT_EQ(t.rounds(), 4u);
+  EXPECT_EQ(t.confidence.size(), 12u);
+  EXPECT_FLOAT_EQ(t.confidence[3], 0.51f);  // round 1, position 1
+  // Committed per verify: min(accepted, d) + 1 averaged: d = 3: (1 + 4 + 2 + 3) / 4.
+  EXPECT_DOUBLE_EQ(t.chain_accept_len(3), 2.5);
+  EXPECT_DOUBLE_EQ(t.chain_accept_len(1), (1 + 2 + 2 + 2) / 4.0);
+  EXPECT_DOUBLE_EQ(t.chain_accept_len(0), 1.0);
+
+  std::vector<DraftRound> mixed = chain_rounds(3, {1, 2});
+  mixed.push_back({0, 9, 2, 1, {0.5f, 0.5f}});
+  const std::string e = error_of([&] { acceptance_table(mixed, "run 8"); });
+  EXPECT_NE(e.find("run 8 drafted 3 tokens in one round and 2 in another"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { acceptance_table({}, "run 9"); }).find("no verify rounds"),
+            std::string::npos);
+}
+
+TEST(Acceptance, HistogramMeanAndTotalVariation) {
+  // Tokens per verify 1, 2, 2, 4 and 1, 1, 2, 3.
+  const AcceptHistogram a = accept_histogram(chain_rounds(3, {0, 1, 1, 3}));
+  const AcceptHistogram b = accept_histogram(chain_rounds(3, {0, 0, 1, 2}));
+  EXPECT_EQ(a.count, (std::vector<int64_t>{1, 2, 0, 1}));
+  EXPECT_DOUBLE_EQ(a.mean(), 9.0 / 4);
+  EXPECT_DOUBLE_EQ(b.mean(), 7.0 / 4);
+  EXPECT_DOUBLE_EQ(a.fraction(1), 0.5);
+  EXPECT_DOUBLE_EQ(a.fraction(7), 0.0);
+  // |1/4 - 2/4| + |2/4 - 1/4| + |0 - 1/4| + |1/4 - 0| = 1, halved.
+  EXPECT_DOUBLE_EQ(total_variation(a, b), 0.5);
+  EXPECT_DOUBLE_EQ(total_variation(a, a), 0.0);
+}
+
+TEST(Acceptance, SimVsRealTable) {
+  auto db = ResultsDb::open(":memory:");
+  const int64_t sim = store(db, info("e", "chain", 0, "sim"), chain_rounds(3, {0, 1, 1, 3}));
+  const int64_t real = store(db, info("e", "chain", 0, "real"), chain_rounds(3, {0, 0, 1, 2}));
+  const int64_t lone = store(db, info("e", "other", 1, "sim"), chain_rounds(3, {3}));
+  double worst = -1;
+  const QueryResult t = sim_vs_real_accept(db, {sim, real, lone}, &worst);
+  EXPECT_EQ(t.columns, (std::vector<std::string>{"variant", "tokens", "sim", "real", "diff"}));
+  ASSERT_EQ(t.rows.size(), 6u);  // tokens 1..4, mean, tv_distance; "other" has no real run
+  EXPECT_EQ(std::get<std::string>(t.rows[1][1]), "2");
+  EXPECT_DOUBLE_EQ(std::get<double>(t.rows[1][2]), 0.5);
+  EXPECT_DOUBLE_EQ(std::get<double>(t.rows[1][3]), 0.25);
+  EXPECT_EQ(std::get<std::string>(t.rows[4][1]), "mean");
+  EXPECT_DOUBLE_EQ(std::get<double>(t.rows[4][4]), 0.5);
+  EXPECT_DOUBLE_EQ(std::get<double>(t.rows[5][2]), 0.5);
+  EXPECT_DOUBLE_EQ(worst, 0.5);
+}
+
+}  // namespace
+}  // namespace twinstep
