@@ -10,3 +10,15 @@ if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; th
   TWINSTEP_CMAKE_ARGS="-DSQLite3_INCLUDE_DIR=$deps/usr/include -DSQLite3_LIBRARY=$(ls "$deps"/usr/lib/*/libsqlite3.a | head -1)"
   export TWINSTEP_CMAKE_ARGS
 fi
+
+# gpu_build OUT TARGET...: configures `build` (Release, sm_90, TWINSTEP_CMAKE_ARGS) and builds
+# the targets, logs in OUT/{configure,build}.log; on failure prints the errors and returns 1.
+gpu_build() {
+  local log=$1
+  shift
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    ${TWINSTEP_CMAKE_ARGS:-} >"$log/configure.log" 2>&1 ||
+    { echo "configure failed"; tail -30 "$log/configure.log"; return 1; }
+  cmake --build "$build" -j"$(nproc)" --target "$@" >"$log/build.log" 2>&1 ||
+    { echo "build failed"; grep -E "error" "$log/build.log" | head -40; return 1; }
+}

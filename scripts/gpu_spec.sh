@@ -15,12 +15,8 @@ source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 start=$(date +%s)
 
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 ||
-  { echo "configure failed"; tail -30 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" \
-  --target runtime_cpu_test runtime_gpu_test runtime_spec_gpu_test twinstep_spec_bench \
-  >"$out/build.log" 2>&1 || { echo "build failed"; grep -E "error" "$out/build.log" | head -40; exit 1; }
+gpu_build "$out" runtime_cpu_test runtime_gpu_test runtime_spec_gpu_test twinstep_spec_bench ||
+  exit 1
 echo "built in $(( $(date +%s) - start )) s"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 

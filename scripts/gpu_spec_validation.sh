@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue #5 on a machine with a CUDA GPU: speculative decoding measured and simulated side by side.
+# Runs the speculative runtime suite, then experiments/validation/h200_spec_calibration.yaml (the
+# measured verify rounds the simulator replays) and experiments/validation/h200_spec.yaml (none,
+# chain(5), confidence in three modes at two draft fidelities, real and simulated), then the
+# comparisons: accept-length distributions (compare --accept), TPOT side by side.
+#   scripts/gpu_spec_validation.sh OUT_DIR
+# Writes OUT_DIR/{spec_tests.log, calibration.log, spec_run.log, accept.txt, sim_vs_real.txt,
+# compare.txt, spec.db}. Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS.
+# Budget: about 6 minutes of GPU time after the build (the experiments' comments say what runs).
+set -uo pipefail
+out=${1:?usage: scripts/gpu_spec_validation.sh OUT_DIR}
+mkdir -p "$out"
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
+build=${TWINSTEP_BUILD_DIR:-$root/build}
+start=$(date +%s)
+gpu_build "$out" twinstep runtime_spec_gpu_test || exit 1
+echo "built at +$(( $(date +%s) - start )) s"
+
+find_exe() { find "$build" -name "$1" -type f -perm -u+x | head -1; }
+bin=$(find_exe twinstep)
+db="$out/spec.db"
+status=0
+timeout 420 "$(find_exe runtime_spec_gpu_test)" >"$out/spec_tests.log" 2>&1 || status=1
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[       OK|Failure" "$out/spec_tests.log" | head -40
+echo "spec tests done at +$(( $(date +%s) - start )) s"
+
+cd "$root"
+"$bin" --db "$db" run -q experiments/validation/h200_spec_calibration.yaml >"$out/calibration.log" 2>&1 ||
+  { status=1; tail -5 "$out/calibration.log"; }
+echo "calibration runs done at +$(( $(date +%s) - start )) s"
+"$bin" --db "$db" run -q experiments/validation/h200_spec.yaml >"$out/spec_run.log" 2>&1 ||
+  { status=1; tail -5 "$out/spec_run.log"; }
+echo "spec runs done at +$(( $(date +%s) - start )) s"
+"$bin" --db "$db" compare --experiment h200-spec --accept >"$out/accept.txt" 2>&1 || status=1
+"$bin" --db "$db" compare --experiment h200-spec --sim-vs-real \
+  --metrics tpot_ms_mean accept_len_mean step_time_estimate_ms gpu_busy_frac \
+  >"$out/sim_vs_real.txt" 2>&1 || status=1
+"$bin" --db "$db" compare --experiment h200-spec --csv >"$out/compare.txt" 2>&1 || status=1
+"$bin" --db "$db" query "SELECT r.variant_label, r.backend, m.key, round(m.value, 4) FROM metric m
+  JOIN run r ON r.id = m.run_id WHERE m.key IN ('tpot_ms_mean', 'accept_len_mean',
+  'step_time_estimate_ms') ORDER BY r.id" 2>&1 | tee "$out/summary_metrics.txt"
+grep -E "mean|tv_distance" "$out/accept.txt"
+echo "gpu_spec_validation.sh done in $(( $(date +%s) - start )) s, status $status"
+exit $status
