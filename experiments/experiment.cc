@@ -70,7 +70,9 @@
 //       chain:      steps (1..64, default 5), draft_tokens (= steps + 1, default)
 //       confidence: threshold (0..1, default 0.5), min_steps (default 1) <= max_steps
 //                   (default 8, at most 64), mode: device | host_late | host_blocking
-//                   (default device), lag (1..64, only with host_late)
+//                   (default device), lag (1..64, only with host_late), early_exit (default
+//                   true; device and host_blocking: skip the draft steps once every request
+//                   stopped, through conditional graph nodes; false runs all max_steps)
 //
 //   sweep.cases: [{name: LABEL, dotted.key: value, ...}, ...]   settings varied together, one
 //                                  variant per case (times the other axes); label: the name
@@ -577,9 +579,9 @@ WorkloadSpec parse_workload(const Context& ctx, const Node& node, uint64_t seed)
 // policies.spec: {method: none} | {method: chain, steps, draft_tokens} |
 // {method: confidence, threshold, min_steps, max_steps, mode, lag}.
 SpecSpec parse_spec(const Context& ctx, const Node& node) {
-  MapReader m(
-      ctx, node, "policies.spec",
-      {"method", "steps", "draft_tokens", "threshold", "min_steps", "max_steps", "mode", "lag"});
+  MapReader m(ctx, node, "policies.spec",
+              {"method", "steps", "draft_tokens", "threshold", "min_steps", "max_steps", "mode",
+               "lag", "early_exit"});
   SpecSpec s;
   std::vector<std::pair<std::string, SpecMethod>> methods;
   for (SpecMethod x : {SpecMethod::kNone, SpecMethod::kChain, SpecMethod::kConfidence}) {
@@ -596,7 +598,8 @@ SpecSpec parse_spec(const Context& ctx, const Node& node) {
     }
   };
   only_for({"steps", "draft_tokens"}, SpecMethod::kChain);
-  only_for({"threshold", "min_steps", "max_steps", "mode", "lag"}, SpecMethod::kConfidence);
+  only_for({"threshold", "min_steps", "max_steps", "mode", "lag", "early_exit"},
+           SpecMethod::kConfidence);
   constexpr int64_t kMaxDraftTokens = 64;
   if (s.method == SpecMethod::kChain) {
     s.steps = read_i32_or(ctx, m, "steps", 1, kMaxDraftTokens, s.steps);
@@ -629,6 +632,14 @@ SpecSpec parse_spec(const Context& ctx, const Node& node) {
       ctx.fail(m.key_mark("lag"), "policies.spec.lag applies only to mode host_late");
     }
     s.lag = read_i32_or(ctx, m, "lag", 1, 64, s.lag);
+    if (const Node* n = m.get("early_exit")) {
+      if (s.mode == DraftMode::kHostLate) {
+        ctx.fail(m.key_mark("early_exit"),
+                 "policies.spec.early_exit applies only to modes device and host_blocking (the "
+                 "host sets host_late's draft length)");
+      }
+      s.early_exit = read_bool(ctx, *n, "policies.spec.early_exit");
+    }
   }
   return s;
 }

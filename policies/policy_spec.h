@@ -37,6 +37,10 @@ struct SpecSpec {
   int32_t max_steps = 8;
   DraftMode mode = DraftMode::kDevice;
   int32_t lag = 1;  // host_late: steps between the step whose confidence is read and its use
+  // Device-decided lengths (device, host_blocking) in graphs: the draft steps past min_steps
+  // are skipped once every request stopped (conditional graph nodes). false: every one of
+  // max_steps runs, stopped requests padded (eager runs always do).
+  bool early_exit = true;
 
   // Draft tokens proposed per round at most (the verify graph is padded to this + 1).
   int32_t max_draft() const { return method == SpecMethod::kChain ? draft_tokens - 1 : max_steps; }

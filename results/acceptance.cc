@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "policies/error.h"
 
@@ -144,6 +145,27 @@ AcceptHistogram accept_histogram(const std::vector<DraftRound>& rounds) {
     ++h.count[k];
   }
   return h;
+}
+
+double accept_len_standard_error(const std::vector<DraftRound>& rounds) {
+  std::map<int32_t, std::pair<double, double>> per_request;  // request -> (rounds, tokens)
+  double n = 0, t = 0;
+  for (const DraftRound& d : rounds) {
+    auto& [nr, tr] = per_request[d.request];
+    nr += 1;
+    tr += d.accepted + 1;
+    n += 1;
+    t += d.accepted + 1;
+  }
+  const double r = double(per_request.size());
+  if (r < 2) return 0;
+  const double m = t / n;
+  double ss = 0;
+  for (const auto& [request, nt] : per_request) {
+    const double e = nt.second - m * nt.first;
+    ss += e * e;
+  }
+  return std::sqrt(r / (r - 1) * ss) / n;
 }
 
 double total_variation(const AcceptHistogram& a, const AcceptHistogram& b) {

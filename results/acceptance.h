@@ -39,6 +39,11 @@ struct AcceptHistogram {
   double fraction(size_t k) const;  // count[k] / rounds (0 past the end)
 };
 AcceptHistogram accept_histogram(const std::vector<DraftRound>& rounds);
+// The standard error of the mean tokens per verify over `rounds`, with requests as the sampled
+// units (a request's rounds share its text, so they are not independent): for the ratio
+// m = Σ tokens / Σ rounds over R requests, sqrt(R / (R − 1) · Σ_r (T_r − m·N_r)²) / N, where
+// request r has N_r rounds committing T_r tokens. 0 with fewer than two requests.
+double accept_len_standard_error(const std::vector<DraftRound>& rounds);
 // Total variation distance between two histograms' distributions (0..1).
 double total_variation(const AcceptHistogram& a, const AcceptHistogram& b);
 

@@ -258,8 +258,10 @@ QueryResult sim_vs_real_accept(ResultsDb& db, const std::vector<int64_t>& run_id
   double worst = 0;
   for (const auto& [index, p] : sim_real_pairs(db, run_ids)) {
     if (p.sim < 0 || p.real < 0) continue;
-    const AcceptHistogram sim = accept_histogram(load_draft_rounds(db, p.sim));
-    const AcceptHistogram real = accept_histogram(load_draft_rounds(db, p.real));
+    const std::vector<DraftRound> sim_rounds = load_draft_rounds(db, p.sim);
+    const std::vector<DraftRound> real_rounds = load_draft_rounds(db, p.real);
+    const AcceptHistogram sim = accept_histogram(sim_rounds);
+    const AcceptHistogram real = accept_histogram(real_rounds);
     if (sim.rounds() == 0 || real.rounds() == 0) continue;
     for (size_t k = 0; k < std::max(sim.count.size(), real.count.size()); ++k) {
       out.rows.push_back({p.label, std::to_string(k + 1), sim.fraction(k), real.fraction(k),
@@ -268,6 +270,10 @@ QueryResult sim_vs_real_accept(ResultsDb& db, const std::vector<int64_t>& run_id
     const double diff = sim.mean() - real.mean();
     worst = std::max(worst, std::fabs(diff));
     out.rows.push_back({p.label, std::string("mean"), sim.mean(), real.mean(), diff});
+    const double sim_se = accept_len_standard_error(sim_rounds);
+    const double real_se = accept_len_standard_error(real_rounds);
+    out.rows.push_back({p.label, std::string("mean_se"), sim_se, real_se,
+                        std::sqrt(sim_se * sim_se + real_se * real_se)});
     out.rows.push_back(
         {p.label, std::string("tv_distance"), total_variation(sim, real), Cell(), Cell()});
   }

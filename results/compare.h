@@ -44,8 +44,10 @@ QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids);
 // Accept lengths (speculative decoding): for each variant with a sim and a real run among
 // `run_ids` that both stored verify rounds, one row per tokens-per-verify value k (1 .. the
 // largest seen) with the fraction of rounds committing k tokens in each run, then a row "mean"
-// (mean tokens per verify) and a row "tv_distance" (total variation between the two
-// distributions, in sim). Columns: variant, tokens, sim, real, diff (sim − real).
+// (mean tokens per verify), a row "mean_se" (each mean's standard error with requests as the
+// units, accept_len_standard_error; diff: the two combined) and a row "tv_distance" (total
+// variation between the two distributions, in sim). Columns: variant, tokens, sim, real, diff
+// (sim − real).
 // *worst_mean_diff (if given) receives the largest |sim mean − real mean| (0 with no pair).
 QueryResult sim_vs_real_accept(ResultsDb& db, const std::vector<int64_t>& run_ids,
                                double* worst_mean_diff);

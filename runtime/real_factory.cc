@@ -28,6 +28,7 @@ class OwningRealBackend final : public Backend {
     eo.max_slots = std::max(1, v.workload.max_concurrency);
     eo.capacity_tokens = (need + 63) / 64 * 64;
     eo.draft = spec;
+    eo.draft_early_exit = v.policy.spec.early_exit;
     // Before any allocation: the engine's full memory plan against what the GPU has, with the
     // model's name in the message (runtime/memory_plan.h). A TP rank's shard is checked by the
     // engine itself, against its shard's plan.

@@ -415,8 +415,12 @@ class Engine {
           out.outputs.push_back({ids[i], 0, r.draft_len[id], r.conf_len[id]});
         }
         // NEXTN: the first draft token comes from the previous round's extend, so L draft
-        // tokens take L - 1 draft forwards.
-        return {&draft_, decode_shape(n, 1, ctx), 1, std::max(0, longest - 1)};
+        // tokens take L - 1 draft forwards. Device-decided lengths skip the steps past the
+        // longest only with early exit in a graph; otherwise every step runs, padded.
+        const bool skips =
+            !device_decides || (options_.spec.early_exit && g.mode != GraphMode::kEager);
+        const int32_t forwards = skips ? longest : g.q_tokens;
+        return {&draft_, decode_shape(n, 1, ctx), 1, std::max(0, forwards - 1)};
       }
       case Phase::kVerify: {
         int32_t widest = 0;

@@ -129,6 +129,16 @@ TEST(Acceptance, HistogramMeanAndTotalVariation) {
   EXPECT_DOUBLE_EQ(total_variation(a, a), 0.0);
 }
 
+// Two requests: r0 commits 2 and 4 tokens in two rounds, r1 commits 1 in one round. m = 7/3;
+// residuals T_r − m·N_r: 6 − 14/3 = 4/3 and 1 − 7/3 = −4/3; SE = sqrt(2 · 32/9) / 3 = 8/9.
+TEST(Acceptance, StandardErrorTreatsRequestsAsUnits) {
+  const std::vector<DraftRound> rounds = {{0, 1, 3, 1, {0.5f, 0.5f, 0.5f}},
+                                          {0, 2, 3, 3, {0.5f, 0.5f, 0.5f}},
+                                          {1, 1, 3, 0, {0.5f, 0.5f, 0.5f}}};
+  EXPECT_NEAR(accept_len_standard_error(rounds), 8.0 / 9.0, 1e-12);
+  EXPECT_EQ(accept_len_standard_error({rounds[0], rounds[1]}), 0.0);  // one request
+}
+
 TEST(Acceptance, SimVsRealTable) {
   auto db = ResultsDb::open(":memory:");
   const int64_t sim = store(db, info("e", "chain", 0, "sim"), chain_rounds(3, {0, 1, 1, 3}));
@@ -137,13 +147,14 @@ TEST(Acceptance, SimVsRealTable) {
   double worst = -1;
   const QueryResult t = sim_vs_real_accept(db, {sim, real, lone}, &worst);
   EXPECT_EQ(t.columns, (std::vector<std::string>{"variant", "tokens", "sim", "real", "diff"}));
-  ASSERT_EQ(t.rows.size(), 6u);  // tokens 1..4, mean, tv_distance; "other" has no real run
+  ASSERT_EQ(t.rows.size(), 7u);  // tokens 1..4, mean, mean_se, tv_distance; "other": no real run
   EXPECT_EQ(std::get<std::string>(t.rows[1][1]), "2");
   EXPECT_DOUBLE_EQ(std::get<double>(t.rows[1][2]), 0.5);
   EXPECT_DOUBLE_EQ(std::get<double>(t.rows[1][3]), 0.25);
   EXPECT_EQ(std::get<std::string>(t.rows[4][1]), "mean");
   EXPECT_DOUBLE_EQ(std::get<double>(t.rows[4][4]), 0.5);
-  EXPECT_DOUBLE_EQ(std::get<double>(t.rows[5][2]), 0.5);
+  EXPECT_EQ(std::get<std::string>(t.rows[5][1]), "mean_se");
+  EXPECT_DOUBLE_EQ(std::get<double>(t.rows[6][2]), 0.5);
   EXPECT_DOUBLE_EQ(worst, 0.5);
 }
 

@@ -138,6 +138,22 @@ TEST(SpecSim, ChainStepCostCountsForwards) {
   EXPECT_NEAR(r.step_ns, double((4 * 16 + 23 + 16) * kFloorNs), 1.0);
 }
 
+// Without early exit a device-decided draft runs every one of max_steps (stopped rows padded):
+// 7 draft forwards for max 8 whatever the confidences; with it, only up to the longest draft.
+TEST(SpecSim, DeviceDraftWithoutEarlyExitRunsEveryStep) {
+  const HostCostSpec none = testing::fixed_host_costs(0, 0, 0);
+  SpecSpec all = confidence(DraftMode::kDevice, 8, 0.5);
+  all.early_exit = false;
+  const AcceptanceSpec acc{.accept_rate = 0.5, .confidence_signal = 1.0};
+  const Result padded =
+      simulate(all, acc, HostSchedule::kRunahead, testing::ideal_machine(), none, 4, 200);
+  EXPECT_NEAR(padded.step_ns, double((7 * 16 + 23 + 16) * kFloorNs), 1.0);
+  const Result early = simulate(confidence(DraftMode::kDevice, 8, 0.5), acc,
+                                HostSchedule::kRunahead, testing::ideal_machine(), none, 4, 200);
+  EXPECT_LT(early.step_ns, padded.step_ns - 2.0 * 16 * kFloorNs);
+  EXPECT_DOUBLE_EQ(early.accept_len, padded.accept_len);  // the same drafts
+}
+
 // Calibrated acceptance, hand-worked: two measured rounds of 4 drafts, A (all accepted, every
 // confidence 0.9) and B (one accepted, confidences 0.9, 0.2, 0.9, 0.9).
 AcceptanceSpec two_round_table() {
