@@ -175,10 +175,15 @@ __global__ void __launch_bounds__(kGemvThreads, 2) gemv_kernel(const GemvParams 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr bool kGrouped = GemvWork<kEpilogue>::kGrouped;
 
+  // empty[s] counts every consumer thread: each releases its own ldmatrix reads of the stage
+  // (mbarrier.try_wait's guarantee covers accesses made before an arrive by the arriving threads).
+  // A __syncwarp + lane-0 arrive leans on bar.warp.sync to order the other lanes' reads, which
+  // compute-sanitizer racecheck does not follow: it reported WAR hazards against the refill (bulk
+  // copies and cp.async alike); see tests/kernels/bulk_ring_race_test.cu.
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       mbar_init(&full[s], p.fill == 0 ? 1 : 32);
-      mbar_init(&empty[s], kGemvConsumerWarps);
+      mbar_init(&empty[s], kGemvConsumerWarps * 32);
     }
     mbar_fence_init();
   }
@@ -299,8 +304,7 @@ __global__ void __launch_bounds__(kGemvThreads, 2) gemv_kernel(const GemvParams 
           }
         }
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
+      mbar_arrive(&empty[s]);  // every lane (see the init above)
     }
     tile = ps.tile_end;
     if (!active) continue;
