@@ -27,8 +27,16 @@ void require(bool ok, const std::string& what) {
 
 // The ranges parse_llama_config documents, and what the rope table divides by.
 void check_config(const LlamaConfig& c) {
-  require(c.hidden >= 1 && c.intermediate >= 1 && c.vocab >= 1 && c.layers >= 1,
-          "model sizes >= 1");
+  require(c.hidden >= 1 && c.vocab >= 1 && c.layers >= 1, "model sizes >= 1");
+  if (c.moe()) {
+    require(c.intermediate == 0, "an MoE config has no dense FFN");
+    require(c.num_experts <= 1024 && int64_t{c.layers} * c.num_experts <= (int64_t{1} << 18),
+            "at most 1024 experts per layer, 2^18 in all");
+    require(c.top_k >= 1 && c.top_k <= c.num_experts, "1 <= top_k <= num_experts");
+    require(c.expert_intermediate >= 1 && c.shared_intermediate >= 0, "expert widths");
+  } else {
+    require(c.intermediate >= 1, "dense FFN width >= 1");
+  }
   require(c.q_heads >= 1 && c.kv_heads >= 1 && c.head_dim >= 1, "heads and head_dim >= 1");
   require(c.q_heads % c.kv_heads == 0, "q heads a multiple of KV heads");
   require(std::isfinite(c.rms_eps) && c.rms_eps > 0, "rms_eps finite > 0");
@@ -50,7 +58,10 @@ bool same_config(const LlamaConfig& a, const LlamaConfig& b) {
          (a.rope_factor == 1.0 || (a.rope_low_freq_factor == b.rope_low_freq_factor &&
                                    a.rope_high_freq_factor == b.rope_high_freq_factor &&
                                    a.rope_original_context == b.rope_original_context)) &&
-         a.tie_embeddings == b.tie_embeddings;
+         a.tie_embeddings == b.tie_embeddings && a.num_experts == b.num_experts &&
+         a.top_k == b.top_k && a.expert_intermediate == b.expert_intermediate &&
+         a.shared_intermediate == b.shared_intermediate &&
+         (!a.moe() || a.norm_topk_prob == b.norm_topk_prob);
 }
 
 twinstep::fuzz::ScratchDir& scratch() {

@@ -29,6 +29,11 @@ std::string shape_text(std::span<const int64_t> shape) {
   return s + "]";
 }
 
+// Bounds on untrusted configs (config.json is a fuzz target), far above published MoE models
+// (DeepSeek-V3: 58 MoE layers x 256 experts; Qwen3-Next-80B-A3B: 48 x 512).
+constexpr int64_t kMaxExperts = 1024;
+constexpr int64_t kMaxExpertsTotal = int64_t{1} << 18;
+
 std::string number_text(double v) {
   std::ostringstream s;
   s.precision(17);
@@ -41,21 +46,35 @@ std::string number_text(double v) {
 }  // namespace
 
 LlamaConfig llama_config_from_spec(const ModelSpec& spec) {
-  if (spec.layers.empty()) throw ConfigError("", "model '" + spec.name + "' has no layers");
+  auto fail = [&](const std::string& why) -> ConfigError {
+    return ConfigError("", "model '" + spec.name + "': " + why);
+  };
+  if (spec.layers.empty()) throw fail("has no layers");
   const LayerSpec& l0 = spec.layers[0];
-  for (const LayerSpec& l : spec.layers) {
-    if (l.attn.kind != AttentionKind::kGqa || l.mlp.kind != MlpKind::kDense)
-      throw ConfigError("", "model '" + spec.name +
-                                "': the real runtime runs dense GQA (Llama-family) models only");
+  auto mlp_name = [](const MlpSpec& m) { return m.kind == MlpKind::kMoe ? "MoE" : "dense"; };
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    const LayerSpec& l = spec.layers[i];
+    const std::string at = "layer " + std::to_string(i);
+    if (l.attn.kind == AttentionKind::kMla)
+      throw fail(at + " has MLA attention; the real runtime runs GQA attention only");
+    if (l.attn.kind == AttentionKind::kLinear)
+      throw fail(at + " has linear attention; the real runtime runs GQA attention only");
+    if (l.mlp.kind != l0.mlp.kind)
+      throw fail("mixes dense and MoE layers (layer 0 " + std::string(mlp_name(l0.mlp)) + ", " +
+                 at + " " + mlp_name(l.mlp) + "); the real runtime runs uniform layers only");
+    const MlpSpec &a = l.mlp, &b = l0.mlp;
     if (l.attn.num_q_heads != l0.attn.num_q_heads || l.attn.num_kv_heads != l0.attn.num_kv_heads ||
-        l.attn.head_dim != l0.attn.head_dim || l.mlp.intermediate != l0.mlp.intermediate)
-      throw ConfigError("", "model '" + spec.name + "': layers differ in shape");
+        l.attn.head_dim != l0.attn.head_dim || a.intermediate != b.intermediate ||
+        a.num_experts != b.num_experts || a.top_k != b.top_k ||
+        a.expert_intermediate != b.expert_intermediate ||
+        a.num_shared_experts != b.num_shared_experts ||
+        a.shared_intermediate != b.shared_intermediate)
+      throw fail("layers differ in shape (layer 0 and " + at + ")");
   }
   if (spec.weight_bytes != 2 || spec.kv_bytes != 2)
-    throw ConfigError("", "model '" + spec.name + "': the real runtime runs bf16 weights and KV");
+    throw fail("the real runtime runs bf16 weights and KV");
   LlamaConfig c;
   c.hidden = spec.hidden;
-  c.intermediate = l0.mlp.intermediate;
   c.vocab = spec.vocab;
   c.layers = static_cast<int32_t>(spec.layers.size());
   c.q_heads = l0.attn.num_q_heads;
@@ -63,6 +82,15 @@ LlamaConfig llama_config_from_spec(const ModelSpec& spec) {
   c.head_dim = l0.attn.head_dim;
   c.rope_theta = spec.rope_theta;
   c.tie_embeddings = spec.tie_embeddings;
+  if (l0.mlp.kind == MlpKind::kMoe) {
+    c.num_experts = l0.mlp.num_experts;
+    c.top_k = l0.mlp.top_k;
+    c.expert_intermediate = l0.mlp.expert_intermediate;
+    c.shared_intermediate = int64_t{l0.mlp.num_shared_experts} * l0.mlp.shared_intermediate;
+    c.norm_topk_prob = true;
+  } else {
+    c.intermediate = l0.mlp.intermediate;
+  }
   return c;
 }
 
@@ -78,8 +106,17 @@ ModelSpec model_spec_from_config(const LlamaConfig& c, const std::string& name) 
   l.attn.num_q_heads = c.q_heads;
   l.attn.num_kv_heads = c.kv_heads;
   l.attn.head_dim = c.head_dim;
-  l.mlp.kind = MlpKind::kDense;
-  l.mlp.intermediate = c.intermediate;
+  if (c.moe()) {
+    l.mlp.kind = MlpKind::kMoe;
+    l.mlp.num_experts = c.num_experts;
+    l.mlp.top_k = c.top_k;
+    l.mlp.expert_intermediate = c.expert_intermediate;
+    l.mlp.num_shared_experts = c.shared_intermediate > 0 ? 1 : 0;
+    l.mlp.shared_intermediate = c.shared_intermediate;
+  } else {
+    l.mlp.kind = MlpKind::kDense;
+    l.mlp.intermediate = c.intermediate;
+  }
   m.layers.assign(size_t(c.layers), l);
   return m;
 }
@@ -97,15 +134,46 @@ ModelSpec tiny_runtime_spec() {
   return model_spec_from_config(c, "tiny-runtime");
 }
 
+ModelSpec tiny_moe_runtime_spec(bool shared_expert) {
+  LlamaConfig c;
+  c.hidden = 256;
+  c.vocab = 1024;
+  c.layers = 2;
+  c.q_heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 128;
+  c.rope_theta = 10000.0;
+  c.num_experts = 16;
+  c.top_k = 2;
+  c.expert_intermediate = 128;
+  c.shared_intermediate = shared_expert ? 256 : 0;
+  return model_spec_from_config(c, shared_expert ? "tiny-moe-shared-runtime" : "tiny-moe-runtime");
+}
+
 std::string llama_config_json(const LlamaConfig& c) {
   std::ostringstream s;
-  s << "{\n"
-    << "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-    << "  \"model_type\": \"llama\",\n"
-    << "  \"torch_dtype\": \"bfloat16\",\n"
-    << "  \"hidden_size\": " << c.hidden << ",\n"
-    << "  \"intermediate_size\": " << c.intermediate << ",\n"
-    << "  \"num_hidden_layers\": " << c.layers << ",\n"
+  s << "{\n";
+  if (c.moe())
+    s << "  \"architectures\": [\"Qwen3MoeForCausalLM\"],\n"
+      << "  \"model_type\": \"qwen3_moe\",\n";
+  else
+    s << "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+      << "  \"model_type\": \"llama\",\n";
+  s << "  \"torch_dtype\": \"bfloat16\",\n"
+    << "  \"hidden_size\": " << c.hidden << ",\n";
+  if (c.moe()) {
+    s << "  \"num_experts\": " << c.num_experts << ",\n"
+      << "  \"num_experts_per_tok\": " << c.top_k << ",\n"
+      << "  \"moe_intermediate_size\": " << c.expert_intermediate << ",\n"
+      << "  \"norm_topk_prob\": " << (c.norm_topk_prob ? "true" : "false") << ",\n"
+      << "  \"decoder_sparse_step\": 1,\n"
+      << "  \"mlp_only_layers\": [],\n";
+    if (c.shared_intermediate > 0)
+      s << "  \"shared_expert_intermediate_size\": " << c.shared_intermediate << ",\n";
+  } else {
+    s << "  \"intermediate_size\": " << c.intermediate << ",\n";
+  }
+  s << "  \"num_hidden_layers\": " << c.layers << ",\n"
     << "  \"num_attention_heads\": " << c.q_heads << ",\n"
     << "  \"num_key_value_heads\": " << c.kv_heads << ",\n"
     << "  \"head_dim\": " << c.head_dim << ",\n"
@@ -152,21 +220,72 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& file)
   };
   LlamaConfig c;
   try {
+    std::string type;  // empty: not given
     if (const JsonValue* mt = root.find("model_type")) {
-      const std::string& t = mt->as_string("model_type");
-      if (t != "llama" && t != "mistral" && t != "qwen2")
-        throw CheckpointError(file + ": model_type \"" + t +
-                              "\" is not a Llama-family dense model");
+      type = mt->as_string("model_type");
+      if (type == "qwen2_moe")
+        throw CheckpointError(file +
+                              ": model_type \"qwen2_moe\" is not supported (its shared expert is "
+                              "sigmoid-gated; the runtime adds the shared expert ungated)");
+      if (type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3_moe")
+        throw CheckpointError(file + ": model_type \"" + type +
+                              "\" is neither a Llama-family dense model (llama, mistral, qwen2) " +
+                              "nor a Qwen3-MoE model (qwen3_moe)");
     }
+    // MoE: model_type qwen3_moe, or no model_type and a num_experts key.
+    const bool moe = type == "qwen3_moe" || (type.empty() && root.find("num_experts") != nullptr);
+    if (!moe && root.find("num_experts") != nullptr)
+      throw CheckpointError(file + ": \"num_experts\" in a model_type \"" + type +
+                            "\" config (mixture-of-experts configs are model_type qwen3_moe)");
     if (const JsonValue* dt = root.find("torch_dtype")) {
       if (dt->as_string("torch_dtype") != "bfloat16")
         throw CheckpointError(file + ": torch_dtype \"" + dt->text +
                               "\" is not supported (bfloat16 only)");
     }
     c.hidden = positive("hidden_size", 1 << 20);
-    c.intermediate = positive("intermediate_size", 1 << 22);
+    if (moe) {
+      c.num_experts = static_cast<int32_t>(positive("num_experts", kMaxExperts));
+      c.top_k = static_cast<int32_t>(positive("num_experts_per_tok", c.num_experts));
+      c.expert_intermediate = positive("moe_intermediate_size", 1 << 22);
+      // Qwen3MoeConfig's default: no renormalisation unless norm_topk_prob is true.
+      c.norm_topk_prob = false;
+      if (const JsonValue* v = root.find("norm_topk_prob")) {
+        if (v->kind != JsonValue::Kind::kBool)
+          throw CheckpointError(file + ": norm_topk_prob is not a boolean");
+        c.norm_topk_prob = v->boolean;
+      }
+      if (const JsonValue* v = root.find("shared_expert_intermediate_size");
+          v != nullptr && v->kind != JsonValue::Kind::kNull) {
+        const int64_t n = v->as_i64("shared_expert_intermediate_size");
+        if (n < 0 || n > (1 << 22))
+          throw CheckpointError(
+              file + ": \"shared_expert_intermediate_size\" = " + std::to_string(n) +
+              " outside [0, " + std::to_string(1 << 22) + "] (0: no shared expert)");
+        c.shared_intermediate = n;
+      }
+      // Dense layers among the MoE ones (Qwen3MoeConfig: layer i is sparse when i is not in
+      // mlp_only_layers and (i + 1) % decoder_sparse_step == 0).
+      if (const JsonValue* v = root.find("decoder_sparse_step")) {
+        if (v->as_i64("decoder_sparse_step") != 1)
+          throw CheckpointError(file + ": \"decoder_sparse_step\" = " + v->text +
+                                " makes some layers dense; the runtime runs every layer MoE (1)");
+      }
+      if (const JsonValue* v = root.find("mlp_only_layers");
+          v != nullptr && v->kind != JsonValue::Kind::kNull) {
+        if (v->kind != JsonValue::Kind::kArray || !v->items.empty())
+          throw CheckpointError(file + ": \"mlp_only_layers\" makes some layers dense; the " +
+                                "runtime runs every layer MoE ([])");
+      }
+      // intermediate_size is the FFN width of mlp_only_layers, none here: unused.
+    } else {
+      c.intermediate = positive("intermediate_size", 1 << 22);
+    }
     c.vocab = positive("vocab_size", 1 << 24);
     c.layers = static_cast<int32_t>(positive("num_hidden_layers", 1024));
+    if (int64_t{c.layers} * c.num_experts > kMaxExpertsTotal)
+      throw CheckpointError(file + ": num_hidden_layers x num_experts = " +
+                            std::to_string(int64_t{c.layers} * c.num_experts) + " exceeds " +
+                            std::to_string(kMaxExpertsTotal) + " (3 tensors per expert)");
     c.q_heads = static_cast<int32_t>(positive("num_attention_heads", 1024));
     c.kv_heads = root.find("num_key_value_heads")
                      ? static_cast<int32_t>(positive("num_key_value_heads", 1024))
@@ -233,19 +352,30 @@ void push_layer(const LlamaConfig& c, const std::string& p, std::vector<WeightDe
   w.push_back(
       {p + "self_attn.o_proj.weight", {c.hidden, c.q_dim()}, 1.0 / std::sqrt(double(c.q_dim()))});
   w.push_back({p + "post_attention_layernorm.weight", {c.hidden}, 0});
-  w.push_back({p + "mlp.gate_proj.weight", {c.intermediate, c.hidden}, in_h});
-  w.push_back({p + "mlp.up_proj.weight", {c.intermediate, c.hidden}, in_h});
-  w.push_back({p + "mlp.down_proj.weight",
-               {c.hidden, c.intermediate},
-               1.0 / std::sqrt(double(c.intermediate))});
+  // One SwiGLU FFN of width `inter` under prefix `f`.
+  auto swiglu = [&](const std::string& f, int64_t inter) {
+    w.push_back({f + "gate_proj.weight", {inter, c.hidden}, in_h});
+    w.push_back({f + "up_proj.weight", {inter, c.hidden}, in_h});
+    w.push_back({f + "down_proj.weight", {c.hidden, inter}, 1.0 / std::sqrt(double(inter))});
+  };
+  if (!c.moe()) {
+    swiglu(p + "mlp.", c.intermediate);
+    return;
+  }
+  w.push_back({p + "mlp.gate.weight", {c.num_experts, c.hidden}, in_h});
+  for (int32_t j = 0; j < c.num_experts; ++j)
+    swiglu(p + "mlp.experts." + std::to_string(j) + ".", c.expert_intermediate);
+  if (c.shared_intermediate > 0) swiglu(p + "mlp.shared_expert.", c.shared_intermediate);
 }
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// A projection whose output is added to the residual stream: o_proj and every down_proj (the
+// dense FFN's, each expert's, the shared expert's; an MoE layer's output is their weighted sum).
 bool residual_output(const std::string& name) {
-  return ends_with(name, "self_attn.o_proj.weight") || ends_with(name, "mlp.down_proj.weight");
+  return ends_with(name, "self_attn.o_proj.weight") || ends_with(name, "down_proj.weight");
 }
 
 }  // namespace
@@ -262,6 +392,10 @@ std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c) {
 }
 
 std::vector<WeightDesc> draft_weight_list(const LlamaConfig& c) {
+  if (c.moe())
+    throw ConfigError("", "speculative decoding: the draft module of a mixture-of-experts model (" +
+                              std::to_string(c.num_experts) +
+                              " experts) is not implemented; run it without speculation");
   std::vector<WeightDesc> w;
   w.push_back({"mtp.enorm.weight", {c.hidden}, 0});
   w.push_back({"mtp.hnorm.weight", {c.hidden}, 0});
@@ -325,6 +459,9 @@ void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, 
 void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, uint64_t seed,
                                 uint64_t shard_bytes, double draft_fidelity) {
   const LlamaConfig c = llama_config_from_spec(spec);
+  // Before anything is written: a model or fidelity the weight list refuses leaves no directory.
+  const std::vector<WeightDesc> weights =
+      synthetic_weight_list(c, draft_fidelity >= 0, draft_fidelity);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw CheckpointError(dir + ": cannot create directory: " + ec.message());
@@ -333,8 +470,6 @@ void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, u
     cfg << llama_config_json(c);
     if (!cfg) throw CheckpointError(dir + "/config.json: write failed");
   }
-  const std::vector<WeightDesc> weights =
-      synthetic_weight_list(c, draft_fidelity >= 0, draft_fidelity);
   std::vector<std::vector<TensorSource>> shards(1);
   uint64_t in_shard = 0;
   for (const WeightDesc& w : weights) {
@@ -428,9 +563,22 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
     by_name[f] = ck->files_.back().get();
   }
 
+  auto present = [&](const std::string& name) {
+    return weight_map.empty() ? ck->files_[0]->find(name) != nullptr : weight_map.count(name) > 0;
+  };
+  // Tensors of computations the runtime does not implement: loading around them would run a
+  // different model without a word.
+  const std::pair<const char*, const char*> unsupported[] = {
+      {"model.layers.0.self_attn.q_norm.weight", "per-head q/k RMSNorm (Qwen3 attention)"},
+      {"model.layers.0.mlp.shared_expert_gate.weight", "a sigmoid-gated shared expert"},
+  };
+  for (const auto& [name, what] : unsupported)
+    if (present(name))
+      throw CheckpointError(dir + ": tensor " + name + " means " + what +
+                            ", which the runtime does not implement");
   // The draft module is optional: present when its projection is, then checked like the rest.
-  const bool draft = weight_map.empty() ? ck->files_[0]->find("mtp.eh_proj.weight") != nullptr
-                                        : weight_map.count("mtp.eh_proj.weight") > 0;
+  // An MoE target cannot use one (draft_weight_list): its tensors are left unread.
+  const bool draft = !ck->config_.moe() && present("mtp.eh_proj.weight");
   ck->has_draft_ = draft;
   std::vector<WeightDesc> wanted = llama_weight_list(ck->config_);
   if (draft) {

@@ -10,6 +10,7 @@
 #include "kernels/gemv.h"
 #include "kernels/kv_cache.h"
 #include "kernels/lm_head.h"
+#include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/swiglu.h"
 #include "policies/error.h"
@@ -34,6 +35,17 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+kernels::MoeShape moe_shape(const LlamaConfig& c) {
+  kernels::MoeShape s;
+  s.num_experts = c.num_experts;
+  s.top_k = c.top_k;
+  s.hidden = int(c.hidden);
+  s.expert_inter = int(c.expert_intermediate);
+  s.shared_inter = int(c.shared_intermediate);
+  s.renormalize = c.norm_topk_prob;
+  return s;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -49,6 +61,25 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
        "head_dim must be 128 (decode_attention), got " + std::to_string(c.head_dim));
   need(c.hidden % 64 == 0 && c.intermediate % 64 == 0 && c.vocab % 64 == 0,
        "hidden, intermediate and vocab must be multiples of 64");
+  if (c.moe()) {  // kernels/moe.h's limits
+    need(c.num_experts >= 16 && c.num_experts <= 256 && c.num_experts % 16 == 0,
+         "num_experts must be a multiple of 16 in [16, 256] (kernels/moe.h), got " +
+             std::to_string(c.num_experts));
+    need(c.top_k >= 1 && c.top_k <= std::min(16, c.num_experts),
+         "top_k must be in [1, min(16, num_experts)] (kernels/moe.h), got " +
+             std::to_string(c.top_k));
+    need(c.expert_intermediate > 0 && c.expert_intermediate % 64 == 0 &&
+             c.shared_intermediate >= 0 && c.shared_intermediate % 64 == 0,
+         "expert and shared-expert intermediate sizes must be multiples of 64, got " +
+             std::to_string(c.expert_intermediate) + " and " +
+             std::to_string(c.shared_intermediate));
+    need(!options.draft,
+         "speculative decoding (the draft module) of an MoE model is not implemented");
+    need(!options.tp.active(),
+         "tensor parallelism of MoE layers (expert sharding) is not implemented");
+  } else {
+    need(c.intermediate > 0, "a dense model needs intermediate > 0");
+  }
   need(c.q_heads % c.kv_heads == 0 && c.q_heads / c.kv_heads <= 64,
        "q heads must be a multiple of KV heads, group <= 64");
   need(options.max_slots >= 1 && options.max_slots <= 1024, "max_slots outside [1, 1024]");
@@ -111,15 +142,28 @@ void Engine::allocate() {
     elems += (n + 127) / 128 * 128;
     return at;
   };
-  std::vector<int64_t> at_in, at_qkv, at_o, at_post, at_gu, at_down;
+  // MoE: every expert's gate_up in one [E][2 EI][H] tensor and down in one [E][H][EI], so each
+  // Hugging Face expert tensor is a contiguous slice (kernels/moe.h layouts).
+  const int64_t E = c.num_experts, EI = c.expert_intermediate, SI = c.shared_intermediate;
+  std::vector<int64_t> at_in, at_qkv, at_o, at_post, at_gu, at_down, at_router, at_sgu, at_sdown;
   const int64_t at_embed = reserve(V * H);
   for (int l = 0; l < c.layers; ++l) {
     at_in.push_back(reserve(H));
     at_qkv.push_back(reserve(c.qkv_dim() * H));
     at_o.push_back(reserve(H * c.q_dim()));
     at_post.push_back(reserve(H));
-    at_gu.push_back(reserve(2 * I * H));
-    at_down.push_back(reserve(H * I));
+    if (c.moe()) {
+      at_router.push_back(reserve(E * H));
+      at_gu.push_back(reserve(E * 2 * EI * H));
+      at_down.push_back(reserve(E * H * EI));
+      if (SI > 0) {
+        at_sgu.push_back(reserve(2 * SI * H));
+        at_sdown.push_back(reserve(H * SI));
+      }
+    } else {
+      at_gu.push_back(reserve(2 * I * H));
+      at_down.push_back(reserve(H * I));
+    }
   }
   const int64_t at_norm = reserve(H);
   const int64_t at_lm = c.tie_embeddings ? at_embed : reserve(V * H);
@@ -143,6 +187,11 @@ void Engine::allocate() {
     b.post_norm.push_back(w + at_post[l]);
     b.w_gu.push_back(w + at_gu[l]);
     b.w_down.push_back(w + at_down[l]);
+    if (c.moe()) b.router.push_back(w + at_router[l]);
+    if (SI > 0) {
+      b.shared_gu.push_back(w + at_sgu[l]);
+      b.shared_down.push_back(w + at_sdown[l]);
+    }
   }
   for (const auto& [name, at] : at_draft) {
     bf16* p = w + at;
@@ -204,6 +253,24 @@ void Engine::allocate() {
         p = b.w_gu[l] + I * H;
       else if (rest == "mlp.down_proj.weight")
         p = b.w_down[l];
+      else if (rest == "mlp.gate.weight")
+        p = b.router[l];
+      else if (rest.rfind("mlp.experts.", 0) == 0) {  // mlp.experts.J.<proj>.weight
+        const size_t at = std::strlen("mlp.experts."), end = rest.find('.', at);
+        const int64_t j = std::stoll(rest.substr(at, end - at));
+        const std::string proj = rest.substr(end + 1);
+        if (proj == "gate_proj.weight")
+          p = b.w_gu[l] + j * 2 * EI * H;
+        else if (proj == "up_proj.weight")
+          p = b.w_gu[l] + (j * 2 + 1) * EI * H;
+        else if (proj == "down_proj.weight")
+          p = b.w_down[l] + j * H * EI;
+      } else if (rest == "mlp.shared_expert.gate_proj.weight")
+        p = b.shared_gu[l];
+      else if (rest == "mlp.shared_expert.up_proj.weight")
+        p = b.shared_gu[l] + SI * H;
+      else if (rest == "mlp.shared_expert.down_proj.weight")
+        p = b.shared_down[l];
     }
     assert(p != nullptr);
     b.by_name[nm] = {p, n};
@@ -268,6 +335,11 @@ void Engine::allocate() {
                           {n, b.chunk, c.q_heads, 0.08838834764831845f}, cache));
   b.attn_ws = b.dev<char>(ws, "attention workspace");
   TS_CUDA_CHECK(cudaMemset(b.attn_ws, 0, ws));  // attention.h: zero-filled before first use
+  if (c.moe()) {  // the widest moe_forward call: kGemvMaxRows rows (moe_ffn)
+    const size_t moe_ws = kernels::moe_workspace_bytes(kernels::kGemvMaxRows, moe_shape(c));
+    assert(int64_t(moe_ws) == plan_moe_workspace_bytes(c, kernels::kGemvMaxRows));
+    b.moe_ws = b.dev<char>(moe_ws, "MoE workspace");
+  }
 
   b.ring_rows = out_rows;
   b.out_ring = b.dev<OutputRow>(size_t(kOutputRing) * out_rows);
@@ -419,6 +491,11 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     tp_all_reduce(b.o, B, "o_all_reduce");
     node("mlp_norm");
     kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, B, H, eps, s, pdl);
+    if (c.moe()) {
+      node("moe");
+      moe_ffn(l, B, pdl);
+      continue;
+    }
     if (B <= kernels::kGemvMaxRows || row_exact) {
       node("gate_up_swiglu");
       for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
@@ -434,6 +511,22 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     project(b.w_down[l], b.act, b.mlp, B, H, I);
     tp_all_reduce(b.mlp, B, "down_all_reduce");
   }
+}
+
+void Engine::moe_ffn(int l, int rows, bool pdl) {
+  const LlamaConfig& c = config_;
+  Buffers& b = *b_;
+  const bool shared = c.shared_intermediate > 0;
+  const kernels::MoeWeights w{b.router[size_t(l)], b.w_gu[size_t(l)], b.w_down[size_t(l)],
+                              shared ? b.shared_gu[size_t(l)] : nullptr,
+                              shared ? b.shared_down[size_t(l)] : nullptr};
+  const kernels::MoeShape shape = moe_shape(c);
+  const size_t H = size_t(c.hidden);
+  // One workspace for every chunk: stream order (and under PDL, each kernel's wait for its
+  // predecessor before touching memory) keeps a chunk from overwriting one still being read.
+  for (int r0 = 0; r0 < rows; r0 += kernels::kGemvMaxRows)
+    kernels::moe_forward(b.xn + size_t(r0) * H, w, std::min(kernels::kGemvMaxRows, rows - r0),
+                         shape, b.moe_ws, b.mlp + size_t(r0) * H, compute_, pdl);
 }
 
 void Engine::decode_forward(int B, bool pdl, bool commit) {
@@ -602,6 +695,10 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     proj(b.w_o[l], b.attn, b.o, T, H, int(c.q_dim()), false);
     tp_all_reduce(b.o, T, "o_all_reduce");
     kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, T, H, eps, s);
+    if (c.moe()) {
+      moe_ffn(l, T, /*pdl=*/false);
+      continue;
+    }
     proj(b.w_gu[l], b.xn, b.gu, T, 2 * I, H, false);
     kernels::swiglu(b.gu, b.act, T, I, s);
     proj(b.w_down[l], b.act, b.mlp, T, H, I, false);

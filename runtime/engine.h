@@ -1,6 +1,8 @@
-// Engine: a Llama-family model resident on one GPU — weights, a KV cache slot per request, the
-// GPU-resident relay (each slot's next input token and cached length), prefill and decode
-// forward passes, and the decode CUDA graphs (one per batch-size bucket, mode and sampling).
+// Engine: a Llama-family model (dense, or MoE in every layer like Qwen3-MoE: checkpoint.h
+// LlamaConfig) resident on one GPU — weights, a KV cache slot per request, the GPU-resident relay
+// (each slot's next input token and cached length), prefill and decode forward passes, and the
+// decode CUDA graphs (one per batch-size bucket, mode and sampling). MoE layers run moe_forward
+// (kernels/moe.h) in place of the dense FFN, at decode and at prefill, 16 rows per call.
 //
 // Relay contract: a slot's token and length live only on the device. Prefill of slot s writes
 // the first sampled token to tokens[s] and the prompt length to ctx[s]; each decode launch reads
@@ -188,6 +190,10 @@ class Engine {
   // q_len 1; verify: the draft width). Leaves the last layer's MLP output in mlp (not yet added).
   void target_layers(int requests, int q_len, const int* ctx_lens, kernels::bf16* const* bases,
                      void* attn_ws, bool row_exact, bool pdl);
+  // The FFN of MoE layer `layer`: moe_forward over `rows` rows of xn into mlp, in calls of at
+  // most kGemvMaxRows rows (the kernels' limit; each row is routed on its own, so the chunking
+  // changes no result).
+  void moe_ffn(int layer, int rows, bool pdl);
   void prefill_pass(std::span<const int32_t> slots, std::span<const std::vector<int32_t>> prompts,
                     int row_offset, bool last_pass);
   void proj(const kernels::bf16* w, const kernels::bf16* x, kernels::bf16* out, int m, int n, int k,

@@ -30,10 +30,14 @@ struct Engine::Buffers {
   std::vector<void*> device_allocs;
   std::vector<void*> host_allocs;
   // Weights (one allocation). Fused per layer: qkv rows [q; k; v], gate_up rows [gate; up].
+  // MoE layers (kernels/moe.h layouts): w_gu holds every expert's gate_up [E][2 EI][H] (expert
+  // J's gate rows, then its up rows), w_down every expert's down [E][H][EI]; router [E][H];
+  // shared_gu [2 S][H] and shared_down [H][S] with a shared expert (else empty).
   bf16* embed = nullptr;
   bf16* final_norm = nullptr;
   bf16* lm_head = nullptr;
   std::vector<bf16*> in_norm, w_qkv, w_o, post_norm, w_gu, w_down;
+  std::vector<bf16*> router, shared_gu, shared_down;
   std::map<std::string, std::pair<bf16*, int64_t>> by_name;
   DraftWeights draft;  // options.draft only
   // Relay and KV cache (slot max_slots is the padding slot).
@@ -56,6 +60,7 @@ struct Engine::Buffers {
   char* lm_ws = nullptr;
   size_t lm_ws_chunk = 0;
   void* attn_ws = nullptr;
+  void* moe_ws = nullptr;  // MoE: moe_forward's workspace of kGemvMaxRows rows
   // Outputs and counters.
   OutputRow* out_ring = nullptr;
   OutputRow* host_ring = nullptr;

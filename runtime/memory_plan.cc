@@ -23,10 +23,17 @@ EngineMemoryPlan plan_engine_memory(const LlamaConfig& c, int32_t max_slots,
   const int64_t H = c.hidden, I = c.intermediate, V = c.vocab;
   EngineMemoryPlan p;
   // Weights, as Engine::allocate lays them out: embedding, per layer [input norm, qkv, o,
-  // post norm, gate_up, down], final norm, lm_head unless tied.
+  // post norm, FFN], final norm, lm_head unless tied. FFN: dense [gate_up, down]; MoE [router,
+  // every expert's gate_up, every expert's down, shared gate_up, shared down].
+  int64_t ffn = pad128(2 * I * H) + pad128(H * I);
+  if (c.moe()) {
+    const int64_t E = c.num_experts, EI = c.expert_intermediate, S = c.shared_intermediate;
+    ffn = pad128(E * H) + pad128(E * 2 * EI * H) + pad128(E * H * EI);
+    if (S > 0) ffn += pad128(2 * S * H) + pad128(H * S);
+  }
   int64_t elements = pad128(V * H) + pad128(H);
-  elements += int64_t{c.layers} * (pad128(H) + pad128(c.qkv_dim() * H) + pad128(H * c.q_dim()) +
-                                   pad128(H) + pad128(2 * I * H) + pad128(H * I));
+  elements += int64_t{c.layers} *
+              (pad128(H) + pad128(c.qkv_dim() * H) + pad128(H * c.q_dim()) + pad128(H) + ffn);
   if (!c.tie_embeddings) elements += pad128(V * H);
   if (draft) {
     for (const WeightDesc& d : draft_weight_list(c)) {
@@ -62,8 +69,23 @@ EngineMemoryPlan plan_engine_memory(const LlamaConfig& c, int32_t max_slots,
   // max and sum) per query row and head, the count when the chunks alone fill the GPU.
   buffers += prefill_rows * c.q_heads * (int64_t{c.head_dim} * 4 + 8);
   buffers += int64_t{32} << 20;  // cuBLAS workspace (engine.cc kCublasWorkspaceBytes)
+  // moe_forward's workspace, for its widest call: 16 rows (Engine::moe_ffn).
+  buffers += plan_moe_workspace_bytes(c, 16);
   p.buffer_bytes = buffers + EngineMemoryPlan::kAllowanceBytes;
   return p;
+}
+
+int64_t plan_moe_workspace_bytes(const LlamaConfig& c, int32_t rows) {
+  if (!c.moe()) return 0;
+  const int64_t m = rows, E = c.num_experts, k = c.top_k, EI = c.expert_intermediate;
+  const int64_t S = std::max<int64_t>(c.shared_intermediate, 1), H = c.hidden;
+  // kernels/moe.cu carve(): logits, ids, weights, expert list, count, slot_of, activations,
+  // shared activations, fp32 partial outputs; each 256-byte aligned.
+  int64_t bytes = 0;
+  for (const int64_t part : {4 * m * E, 4 * m * k, 4 * m * k, 4 * E, int64_t{4}, m * E,
+                             2 * m * k * EI, 2 * m * S, 4 * m * (k + 1) * H})
+    bytes += align_up(part, 256);
+  return bytes;
 }
 
 std::string describe_shortfall(const EngineMemoryPlan& p, const LlamaConfig& c,

@@ -35,11 +35,17 @@ struct EngineMemoryPlan {
 // The plan of an Engine with these options (engine.h: EngineOptions; the same arithmetic as
 // Engine::allocate). `draft`: the speculative draft module (draft_weight_list's tensors in the
 // weight allocation, one more KV layer per slot, verify rows of every bucket; its small
-// per-row state is within the allowance). Sizes are computed in 64 bits; configs come from
-// parse_llama_config or a ModelSpec, whose ranges keep every product far below 2^63.
+// per-row state is within the allowance). MoE configs: every expert's weights (router, packed
+// gate_up and down, shared expert) and the moe_forward workspace of its widest call (16 rows).
+// Sizes are computed in 64 bits; configs come from parse_llama_config or a ModelSpec, whose
+// ranges keep every product far below 2^63.
 EngineMemoryPlan plan_engine_memory(const LlamaConfig& config, int32_t max_slots,
                                     int32_t capacity_tokens, int32_t max_prefill_tokens,
                                     bool draft = false);
+
+// kernels::moe_workspace_bytes(rows, shape of `config`), computed without CUDA (the carve-up of
+// kernels/moe.cu; a GPU test holds the two equal). 0 for a dense config.
+int64_t plan_moe_workspace_bytes(const LlamaConfig& config, int32_t rows);
 
 // "model M needs X GiB (weights W, KV K for N slots x C tokens, buffers B) but GPU D has F GiB
 // free of T". `model` names the model ("llama-3-70b"); empty: its shape is described instead.

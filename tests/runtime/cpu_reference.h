@@ -1,12 +1,18 @@
 // CPU reference of the runtime's Llama forward: fp32 arithmetic with bf16 rounding at the same
 // points as the GPU kernels (each kernel's output; the residual stream; the KV cache; SwiGLU
-// fused at decode, unfused — gate and up rounded first — at prefill). Synthetic weights from
-// runtime/synthetic.h, so it needs no GPU and no checkpoint.
+// fused at decode, unfused — gate and up rounded first — at prefill). MoE layers follow
+// kernels/moe.h at decode and prefill alike (moe_forward serves both): fp32 router logits,
+// top-k by logit (ties: lower id), fp32 softmax weights, each expert's SwiGLU activation rounded
+// to bf16, its down projection kept in fp32, the weighted sum in slot order plus the shared
+// expert, one bf16 rounding. Synthetic weights from runtime/synthetic.h, so it needs no GPU and
+// no checkpoint.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -74,6 +80,10 @@ class CpuLlama {
     }
     return out;
   }
+  // The MoE FFN of layer `layer` on one row of normed input x (tests of the reference itself).
+  std::vector<float> moe_layer(int layer, const std::vector<float>& x) const {
+    return moe_ffn("model.layers." + std::to_string(layer) + ".", x, 1);
+  }
   // Smallest gap between the two largest logits over the last generate() (diagnostics: how
   // close the reference came to a tie).
   float min_gap() const { return min_gap_; }
@@ -127,6 +137,55 @@ class CpuLlama {
       const float inv = 1.0f / std::sqrt(ss / float(H) + float(c_.rms_eps));
       for (int i = 0; i < H; ++i) out[size_t(r) * H + i] = bf16_round(x[i] * inv * g[size_t(i)]);
     }
+  }
+
+  // One SwiGLU FFN (weights under prefix f, width inter) on one row, as moe_forward computes an
+  // expert: fp32 gate and up, the activation rounded to bf16, the down projection left in fp32.
+  std::vector<float> expert(const std::string& f, const float* x, int inter) const {
+    const int H = int(c_.hidden);
+    const std::vector<float> xr(x, x + H);
+    const std::vector<float> g = matmul(xr, 1, w(f + "gate_proj.weight"), inter, H);
+    const std::vector<float> u = matmul(xr, 1, w(f + "up_proj.weight"), inter, H);
+    std::vector<float> act(static_cast<size_t>(inter));
+    for (size_t i = 0; i < act.size(); ++i)
+      act[i] = bf16_round(g[i] / (1.0f + std::exp(-g[i])) * u[i]);
+    return matmul(act, 1, w(f + "down_proj.weight"), H, inter);
+  }
+
+  // The MoE FFN of layer prefix p over T rows of xn (kernels/moe.h's contract).
+  std::vector<float> moe_ffn(const std::string& p, const std::vector<float>& xn, int T) const {
+    const int H = int(c_.hidden), E = c_.num_experts, K = c_.top_k;
+    const std::vector<float> logits = matmul(xn, T, w(p + "mlp.gate.weight"), E, H);
+    std::vector<float> out(size_t(T) * H);
+    for (int t = 0; t < T; ++t) {
+      const float* l = &logits[size_t(t) * E];
+      std::vector<int> order(static_cast<size_t>(E));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+      const float mx = l[order[0]];
+      float denom = 0;
+      for (int e = 0; e < (c_.norm_topk_prob ? K : E); ++e)
+        denom += std::exp(l[order[size_t(e)]] - mx);
+      const float* x = &xn[size_t(t) * H];
+      std::vector<std::vector<float>> y;
+      std::vector<float> weight;
+      for (int j = 0; j < K; ++j) {
+        const int e = order[size_t(j)];
+        weight.push_back(std::exp(l[e] - mx) / denom);
+        y.push_back(
+            expert(p + "mlp.experts." + std::to_string(e) + ".", x, int(c_.expert_intermediate)));
+      }
+      std::vector<float> shared;
+      if (c_.shared_intermediate > 0)
+        shared = expert(p + "mlp.shared_expert.", x, int(c_.shared_intermediate));
+      for (int h = 0; h < H; ++h) {
+        float acc = 0;
+        for (int j = 0; j < K; ++j) acc += weight[size_t(j)] * y[size_t(j)][size_t(h)];
+        if (!shared.empty()) acc += shared[size_t(h)];
+        out[size_t(t) * H + h] = bf16_round(acc);
+      }
+    }
+    return out;
   }
 
   std::vector<float> forward(const std::vector<int32_t>& toks, bool prefill) {
@@ -198,6 +257,10 @@ class CpuLlama {
       std::vector<float> o = matmul(attn, T, w(p + "self_attn.o_proj.weight"), H, qd);
       round_all(o);
       rmsnorm(&o, res, w(p + "post_attention_layernorm.weight"), xn, T);
+      if (c_.moe()) {
+        mlp = moe_ffn(p, xn, T);
+        continue;
+      }
       std::vector<float> g = matmul(xn, T, w(p + "mlp.gate_proj.weight"), I, H);
       std::vector<float> u = matmul(xn, T, w(p + "mlp.up_proj.weight"), I, H);
       if (prefill) {  // cuBLAS/gemv outputs rounded, then the swiglu kernel

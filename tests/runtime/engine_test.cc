@@ -1,7 +1,9 @@
 // The real runtime on a GPU: the tiny model against the CPU reference token for token; every
 // graph mode and host schedule giving the same greedy tokens; a greedy rerun after sampled
 // requests; the checkpoint path against the in-memory synthetic weights; Llama-3-8B lockstep
-// vs run-ahead byte-identical over 256 tokens; step samples that add up.
+// vs run-ahead byte-identical over 256 tokens; step samples that add up. Mixture of experts:
+// tiny MoE models (with and without a shared expert) against the CPU reference, eager vs graph
+// byte-identical, checkpoint == in-memory, memory as planned; Qwen3-30B-A3B across graph modes.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -11,9 +13,12 @@
 #include <functional>
 #include <set>
 
+#include "kernels/moe.h"
 #include "policies/decode_loop.h"
+#include "policies/error.h"
 #include "runtime/checkpoint.h"
 #include "runtime/engine.h"
+#include "runtime/memory_plan.h"
 #include "runtime/real_backend.h"
 #include "tests/runtime/cpu_reference.h"
 #include "tests/runtime/gpu_skip.h"
@@ -82,34 +87,53 @@ class TinyEngine : public ::testing::Test {
 constexpr float kTieTolerance = 0.02f;  // logits ~ N(0, 1); numeric differences ~1e-3
 constexpr int kMaxTies = 1;
 
-// min_exact: tokens that must agree free-running before any near-tie (the batch-1 gate).
-void expect_matches_cpu(testing::CpuLlama& cpu, const std::vector<int32_t>& prompt,
-                        const std::vector<int32_t>& gpu, const std::string& label,
-                        int min_exact = 0) {
+// One sequence, teacher-forced against the CPU reference.
+struct CpuAgreement {
+  int tokens = 0;
+  int exact_prefix = 0;          // tokens agreeing before the first difference
+  int mismatches = 0;            // tokens where the GPU's pick is not the CPU's
+  std::vector<std::string> far;  // mismatches whose CPU logit gap is >= kTieTolerance
+  float closest = INFINITY;      // smallest top-2 gap of the CPU's logits
+};
+
+CpuAgreement compare_with_cpu(testing::CpuLlama& cpu, const std::vector<int32_t>& prompt,
+                              const std::vector<int32_t>& gpu, const std::string& label) {
+  CpuAgreement a;
+  a.tokens = int(gpu.size());
+  a.exact_prefix = -1;
   std::vector<float> logits = cpu.prefill(prompt);
-  int ties = 0, exact_prefix = -1;
-  float closest = INFINITY;
   for (size_t i = 0; i < gpu.size(); ++i) {
     const int32_t want = cpu.argmax(logits);
     std::vector<float> sorted = logits;
     std::nth_element(sorted.begin(), sorted.begin() + 1, sorted.end(), std::greater<float>());
-    closest = std::min(closest, sorted[0] - sorted[1]);
+    a.closest = std::min(a.closest, sorted[0] - sorted[1]);
     if (gpu[i] != want) {
-      if (exact_prefix < 0) exact_prefix = int(i);
+      if (a.exact_prefix < 0) a.exact_prefix = int(i);
+      ++a.mismatches;
       const float diff = logits[size_t(want)] - logits[size_t(gpu[i])];
-      ++ties;
-      EXPECT_LT(diff, kTieTolerance) << label << ": token " << i << " gpu " << gpu[i] << " cpu "
-                                     << want << " (logit gap " << diff << ")";
+      if (!(diff < kTieTolerance))
+        a.far.push_back(label + ": token " + std::to_string(i) + " gpu " + std::to_string(gpu[i]) +
+                        " cpu " + std::to_string(want) + " (logit gap " + std::to_string(diff) +
+                        ")");
     }
     logits = cpu.decode(gpu[i]);
   }
-  if (exact_prefix < 0) exact_prefix = int(gpu.size());
+  if (a.exact_prefix < 0) a.exact_prefix = a.tokens;
   std::printf(
-      "%s: %d of %zu tokens match the CPU reference exactly before any difference, %d "
-      "near-ties (closest top-2 logit gap %.4f)\n",
-      label.c_str(), exact_prefix, gpu.size(), ties, closest);
-  EXPECT_LE(ties, kMaxTies) << label;
-  EXPECT_GE(exact_prefix, min_exact) << label;
+      "%s: %d of %d tokens match the CPU reference exactly before any difference, %d "
+      "differences, %zu beyond the near-tie tolerance (closest top-2 logit gap %.4f)\n",
+      label.c_str(), a.exact_prefix, a.tokens, a.mismatches, a.far.size(), a.closest);
+  return a;
+}
+
+// min_exact: tokens that must agree free-running before any near-tie (the batch-1 gate).
+void expect_matches_cpu(testing::CpuLlama& cpu, const std::vector<int32_t>& prompt,
+                        const std::vector<int32_t>& gpu, const std::string& label,
+                        int min_exact = 0) {
+  const CpuAgreement a = compare_with_cpu(cpu, prompt, gpu, label);
+  for (const std::string& f : a.far) ADD_FAILURE() << f << ": not a near-tie";
+  EXPECT_LE(a.mismatches, kMaxTies) << label;
+  EXPECT_GE(a.exact_prefix, min_exact) << label;
 }
 
 TEST_F(TinyEngine, GreedyMatchesCpuReference) {
@@ -288,6 +312,202 @@ TEST(RealRuntime, Llama8BLockstepAndRunaheadByteIdentical) {
   std::set<int32_t> distinct(lock.tokens[0].begin(), lock.tokens[0].end());
   std::printf("8B greedy: %zu distinct tokens of 257; first:", distinct.size());
   for (int i = 0; i < 12; ++i) std::printf(" %d", lock.tokens[0][size_t(i)]);
+  std::printf("\n");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts
+
+// The tiny MoE model (checkpoint.h tiny_moe_runtime_spec), parameter: with a shared expert.
+class TinyMoeEngine : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    spec_ = tiny_moe_runtime_spec(GetParam());
+    config_ = llama_config_from_spec(spec_);
+    options_.max_slots = 20;
+    options_.capacity_tokens = 256;
+    engine_ = Engine::create_synthetic(config_, kSeed, options_);
+  }
+  // Weights whose CPU greedy run of GreedyMatchesCpuReference keeps every top-2 logit gap of
+  // its first 32 tokens above kTieTolerance (0.0224 at least, with and without the shared
+  // expert; most seeds have one gap near 0.005 in 32 tokens), so the exact-prefix gate tests
+  // the numerics rather than the luck of a near-tie.
+  static constexpr uint64_t kSeed = 25;
+  ModelSpec spec_;
+  LlamaConfig config_;
+  EngineOptions options_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_P(TinyMoeEngine, GreedyMatchesCpuReference) {
+  WorkloadSpec w;
+  w.input_len = {37, 37};  // prefill: 48 padded rows, three moe_forward calls of 16
+  w.output_len = {48, 48};
+  RealOptions ro;
+  ro.prompt_seed = 11;
+  const RunResult r =
+      run_policy(*engine_, spec_, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraphPdl), ro);
+  ASSERT_EQ(r.tokens[0].size(), 48u);
+  testing::CpuLlama cpu(config_, kSeed);
+  expect_matches_cpu(cpu, prompt_of(11, 0, 37, config_.vocab), r.tokens[0], spec_.name,
+                     /*min_exact=*/32);
+  std::set<int32_t> distinct(r.tokens[0].begin(), r.tokens[0].end());
+  EXPECT_GT(distinct.size(), 8u) << "a degenerate sequence proves little";
+}
+
+// Teacher-forced over 20 requests. An MoE model adds a source of CPU/GPU disagreement to the
+// near-ties of the final logits: where a row's k-th and (k+1)-th router logits nearly tie, each
+// side may pick a different expert, which moves that layer's output by a whole expert's share and
+// the final logits by far more than kTieTolerance. Such routing flips are rare (none in the
+// 48-token batch-1 gate; one in ~1450 tokens over both variants when this test was written, on
+// an H200) but 20 requests give them room, so the run is held to bounds instead of per sequence:
+// at most kMaxRoutingFlips differences beyond the tolerance, at most kMaxDifferenceFraction of
+// all tokens different. A batching, chunking or padding error breaks whole requests, or every
+// request of a 16-row moe_forward call: far above both.
+constexpr int kMaxRoutingFlips = 2;
+constexpr double kMaxDifferenceFraction = 0.03;
+
+TEST_P(TinyMoeEngine, ConcurrentRequestsMatchCpuReference) {
+  // 20 requests at once: decode bucket 32 runs two moe_forward calls per layer, and the joint
+  // prefill of every prompt (up to ~1400 rows) many.
+  WorkloadSpec w;
+  w.input_len = {5, 70};
+  w.output_len = {33, 40};
+  w.num_requests = 20;
+  w.max_concurrency = 20;
+  w.seed = 5;
+  RealOptions ro;
+  ro.prompt_seed = 3;
+  const RunResult r =
+      run_policy(*engine_, spec_, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraph), ro);
+  testing::CpuLlama cpu(config_, kSeed);
+  int tokens = 0, differences = 0;
+  std::vector<std::string> far;
+  for (const RequestSpec& q : generate_requests(w)) {
+    ASSERT_EQ(int(r.tokens[size_t(q.id)].size()), q.output_len);
+    const CpuAgreement a =
+        compare_with_cpu(cpu, prompt_of(3, q.id, q.input_len, config_.vocab),
+                         r.tokens[size_t(q.id)], spec_.name + " request " + std::to_string(q.id));
+    tokens += a.tokens;
+    differences += a.mismatches;
+    far.insert(far.end(), a.far.begin(), a.far.end());
+  }
+  std::printf("%s: %d of %d tokens differ from the CPU reference, %zu beyond the tolerance\n",
+              spec_.name.c_str(), differences, tokens, far.size());
+  EXPECT_LE(int(far.size()), kMaxRoutingFlips);
+  for (const std::string& f : far) std::printf("  %s\n", f.c_str());
+  EXPECT_LE(differences, kMaxDifferenceFraction * tokens);
+}
+
+TEST_P(TinyMoeEngine, EagerGraphAndPdlByteIdentical) {
+  WorkloadSpec w;
+  w.input_len = {20, 64};
+  w.output_len = {64, 64};
+  w.num_requests = 3;
+  w.max_concurrency = 3;
+  RealOptions ro;
+  ro.prompt_seed = 9;
+  std::vector<std::vector<int32_t>> first;
+  for (HostSchedule s : {HostSchedule::kLockstep, HostSchedule::kRunahead})
+    for (GraphMode m : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      const RunResult r = run_policy(*engine_, spec_, w, policy(s, m), ro);
+      if (first.empty()) first = r.tokens;
+      EXPECT_EQ(r.tokens, first) << host_schedule_name(s) << " " << graph_mode_name(m);
+    }
+}
+
+TEST_P(TinyMoeEngine, WeightsAndWorkspaceAsPlanned) {
+  EXPECT_EQ(engine_->weight_bytes(),
+            plan_engine_memory(config_, options_.max_slots, options_.capacity_tokens,
+                               options_.max_prefill_tokens)
+                .weight_bytes);
+  kernels::MoeShape shape;
+  shape.num_experts = config_.num_experts;
+  shape.top_k = config_.top_k;
+  shape.hidden = int(config_.hidden);
+  shape.expert_inter = int(config_.expert_intermediate);
+  shape.shared_inter = int(config_.shared_intermediate);
+  for (int rows : {1, 7, 16})
+    EXPECT_EQ(plan_moe_workspace_bytes(config_, rows),
+              int64_t(kernels::moe_workspace_bytes(rows, shape)))
+        << rows;
+  const LlamaConfig q3 = llama_config_from_spec(model_preset("qwen3-30b-a3b"));
+  shape = {q3.num_experts, q3.top_k, int(q3.hidden), int(q3.expert_intermediate), 0, true};
+  EXPECT_EQ(plan_moe_workspace_bytes(q3, 16), int64_t(kernels::moe_workspace_bytes(16, shape)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Experts, TinyMoeEngine, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "RoutedAndShared" : "Routed";
+                         });
+
+TEST(RealRuntime, MoeCheckpointMatchesInMemorySynthetic) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpec spec = tiny_moe_runtime_spec(true);
+  const auto dir = std::filesystem::temp_directory_path() / "twinstep_rt_moe_ck";
+  std::filesystem::remove_all(dir);
+  write_synthetic_checkpoint(spec, dir.string(), 99, 1 << 20);
+  auto ck = Checkpoint::open(dir.string());
+  EngineOptions eo;
+  eo.capacity_tokens = 128;
+  auto from_file = Engine::create_from_checkpoint(*ck, eo);
+  auto in_memory = Engine::create_synthetic(llama_config_from_spec(spec), 99, eo);
+  for (const WeightDesc& w : llama_weight_list(ck->config()))
+    ASSERT_EQ(from_file->download_weight(w.name), in_memory->download_weight(w.name)) << w.name;
+  WorkloadSpec w;
+  w.input_len = {24, 24};
+  w.output_len = {32, 32};
+  const PolicySpec p = policy(HostSchedule::kRunahead, GraphMode::kCudaGraph);
+  EXPECT_EQ(run_policy(*from_file, spec, w, p, {}).tokens,
+            run_policy(*in_memory, spec, w, p, {}).tokens);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RealRuntime, MoeRefusesSpeculation) {
+  SKIP_WITHOUT_GPU();
+  EngineOptions eo;
+  eo.capacity_tokens = 128;
+  eo.draft = true;
+  const LlamaConfig c = llama_config_from_spec(tiny_moe_runtime_spec(false));
+  try {
+    Engine::create_synthetic(c, 1, eo);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("of an MoE model is not implemented"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(RealRuntime, Qwen3MoeGraphModesByteIdentical) {
+  SKIP_WITHOUT_GPU();
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  if (free_bytes < (size_t{72} << 30)) GTEST_SKIP() << "needs 72 GB of free GPU memory";
+  const ModelSpec& spec = model_preset("qwen3-30b-a3b");
+  EngineOptions eo;
+  eo.max_slots = 2;
+  eo.capacity_tokens = 256;
+  auto engine = Engine::create_synthetic(llama_config_from_spec(spec), 1, eo);
+  WorkloadSpec w;
+  w.input_len = {100, 100};
+  w.output_len = {65, 65};
+  w.num_requests = 2;
+  w.max_concurrency = 2;
+  RealOptions ro;
+  ro.prompt_seed = 1;
+  const RunResult eager =
+      run_policy(*engine, spec, w, policy(HostSchedule::kLockstep, GraphMode::kEager), ro);
+  const RunResult graph =
+      run_policy(*engine, spec, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraph), ro);
+  const RunResult pdl =
+      run_policy(*engine, spec, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraphPdl), ro);
+  ASSERT_EQ(eager.tokens[0].size(), 65u);
+  EXPECT_EQ(eager.tokens, graph.tokens);
+  EXPECT_EQ(eager.tokens, pdl.tokens);
+  std::set<int32_t> distinct(pdl.tokens[0].begin(), pdl.tokens[0].end());
+  std::printf("qwen3-30b-a3b greedy: %zu distinct tokens of 65; first:", distinct.size());
+  for (int i = 0; i < 12; ++i) std::printf(" %d", pdl.tokens[0][size_t(i)]);
   std::printf("\n");
 }
 
