@@ -6,7 +6,7 @@
 # comparisons: accept-length distributions (compare --accept), TPOT side by side.
 #   scripts/gpu_spec_validation.sh OUT_DIR
 # Writes OUT_DIR/{spec_tests.log, calibration.log, spec_run.log, accept.txt, sim_vs_real.txt,
-# compare.txt, spec_validation.db}. Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS,
+# compare.txt, replay_accept.txt, spec_validation.db}. Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS,
 # SPEC_STEPS (default "tests calibration spec": a subset runs part of it, so the work can be
 # split over calls; the database lives in the build directory between them),
 # SPEC_TEST_FILTER (gtest filter for the speculative suite, default all).
@@ -55,6 +55,17 @@ echo "spec runs done at +$(( $(date +%s) - start )) s"
   JOIN run r ON r.id = m.run_id WHERE m.key IN ('tpot_ms_mean', 'accept_len_mean',
   'step_time_estimate_ms') ORDER BY r.id" 2>&1 | tee "$out/summary_metrics.txt"
 grep -E "mean|tv_distance" "$out/accept.txt"
+# The replay (h200_spec_replay.yaml): f0.87 simulated from the measured f0.87/device rounds.
+"$bin" --db "$db" run -q experiments/validation/h200_spec_replay.yaml >"$out/replay_run.log" 2>&1 ||
+  status=1
+ids() {  # the latest complete runs of experiment $1 on backend $2, by variant
+  "$bin" --db "$db" query --csv "SELECT max(r.id) FROM run r JOIN experiment e ON
+    e.id = r.experiment_id WHERE e.name = '$1' AND r.backend = '$2' AND r.status = 'complete'
+    GROUP BY r.variant_index ORDER BY r.variant_index" | tail -n +2
+}
+"$bin" --db "$db" compare --accept $(ids h200-spec-replay sim) $(ids h200-spec real) \
+  >"$out/replay_accept.txt" 2>&1 || status=1
+grep -E "mean|tv_distance" "$out/replay_accept.txt"
 cp "$db"* "$out/"
 echo "gpu_spec_validation.sh done in $(( $(date +%s) - start )) s, status $status"
 exit $status
