@@ -31,6 +31,9 @@ db="$out/twinstep.db"
 for exp in "$root"/experiments/validation/*.yaml; do
   name=$(basename "$exp" .yaml)
   case $name in *_tp[0-9]*) continue ;; esac  # multi-GPU: under mpirun (scripts/gpu_tp.sh)
+  # Their own scripts: speculative decoding (gpu_spec_validation.sh, minutes and ordered
+  # runs) and the MoE model (gpu_moe.sh, 61 GB of weights).
+  case $name in *_spec* | *_moe*) continue ;; esac
   step "validation $name"
   "$build/twinstep" --db "$db" run -q --csv "$exp" >"$out/$name.compare.csv" 2>"$out/$name.err" || status=1
   tail -3 "$out/$name.err"

@@ -46,6 +46,9 @@ if [ -f "$profile" ]; then
   for exp in "$root"/experiments/validation/*.yaml; do
     name=$(basename "$exp" .yaml)
     case $name in *_tp[0-9]*) continue ;; esac  # multi-GPU: under mpirun (scripts/gpu_tp.sh)
+    # Their own scripts: speculative decoding (gpu_spec_validation.sh, minutes and ordered
+    # runs) and the MoE model (gpu_moe.sh, 61 GB of weights).
+    case $name in *_spec* | *_moe*) continue ;; esac
     cal="$out/experiments/$name-calibrated.yaml"
     sed -e 's/^hardware: h200$/hardware: h200-calibrated/' \
         -e 's/^name: \(.*\)$/name: \1-calibrated/' "$exp" >"$cal"
