@@ -227,16 +227,19 @@ void stream_reads(bool quick, int reps, std::vector<CalibrationSample>& out) {
 
 // Runtime nodes and step_kernels() kernels line up group by group (docs/calibration.md): a
 // runtime node may fuse several step kernels (rope_kv_append = rope + kv_append, gate_up_swiglu
-// = gate_up_proj + swiglu) and the runtime's relay nodes (gather, commit) belong to the
+// = gate_up_proj + swiglu, moe = one moe_forward call against step_kernels' router, expert,
+// shared-expert and combine kernels) and the runtime's relay nodes (gather, commit) belong to the
 // neighbouring group. Returns the group of a node or kernel name; throws for an unknown name.
 std::string group_of(const std::string& name) {
   static const std::map<std::string, std::string> kGroups = {
-      {"gather", "embedding"},  {"embedding", "embedding"},    {"attn_norm", "attn_norm"},
-      {"qkv_proj", "qkv_proj"}, {"rope_kv_append", "rope_kv"}, {"rope", "rope_kv"},
-      {"kv_append", "rope_kv"}, {"attention", "attention"},    {"o_proj", "o_proj"},
-      {"mlp_norm", "mlp_norm"}, {"gate_up_swiglu", "gate_up"}, {"gate_up_proj", "gate_up"},
-      {"swiglu", "gate_up"},    {"down_proj", "down_proj"},    {"final_norm", "final_norm"},
-      {"lm_head", "lm_head"},   {"commit", "lm_head"},
+      {"gather", "embedding"},   {"embedding", "embedding"},    {"attn_norm", "attn_norm"},
+      {"qkv_proj", "qkv_proj"},  {"rope_kv_append", "rope_kv"}, {"rope", "rope_kv"},
+      {"kv_append", "rope_kv"},  {"attention", "attention"},    {"o_proj", "o_proj"},
+      {"mlp_norm", "mlp_norm"},  {"gate_up_swiglu", "gate_up"}, {"gate_up_proj", "gate_up"},
+      {"swiglu", "gate_up"},     {"down_proj", "down_proj"},    {"final_norm", "final_norm"},
+      {"lm_head", "lm_head"},    {"commit", "lm_head"},         {"moe", "moe"},
+      {"moe_router", "moe"},     {"moe_gate_up", "moe"},        {"moe_down", "moe"},
+      {"shared_gate_up", "moe"}, {"shared_down", "moe"},        {"moe_combine", "moe"},
   };
   auto it = kGroups.find(name);
   if (it == kGroups.end()) {
