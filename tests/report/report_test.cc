@@ -75,6 +75,7 @@ TEST(Distributed, WireFormatRoundTripsEveryField) {
   // A name without static storage: the decoder must copy it into the pool.
   std::string dynamic_name = "dynamic_kernel";
   run.record.timeline.push_back({0, Lane::kCompute, dynamic_name.c_str(), 2, 1, 2, 0});
+  run.record.rounds = {{1, 4, 3, 2, {0.75f, 0.5f, 0.125f}}, {0, 5, 1, 0, {0.25f}}};
 
   const std::string bytes = encode_finished_run(run);
   dynamic_name = "overwritten!!!";
@@ -96,6 +97,13 @@ TEST(Distributed, WireFormatRoundTripsEveryField) {
   EXPECT_EQ(back.record.timeline[2].flow, 7);
   EXPECT_EQ(back.record.timeline[3].lane, Lane::kCopy);
   EXPECT_STREQ(back.record.timeline[4].name, "dynamic_kernel");
+  ASSERT_EQ(back.record.rounds.size(), 2u);
+  EXPECT_EQ(back.record.rounds[0].request, 1);
+  EXPECT_EQ(back.record.rounds[0].step, 4);
+  EXPECT_EQ(back.record.rounds[0].draft_len, 3);
+  EXPECT_EQ(back.record.rounds[0].accepted, 2);
+  EXPECT_EQ(back.record.rounds[0].confidence, (std::vector<float>{0.75f, 0.5f, 0.125f}));
+  EXPECT_EQ(back.record.rounds[1].confidence, (std::vector<float>{0.25f}));
   ASSERT_EQ(back.metrics.size(), run.metrics.size());
   for (size_t i = 0; i < run.metrics.size(); ++i) {
     EXPECT_EQ(back.metrics[i].key, run.metrics[i].key);
