@@ -53,8 +53,8 @@ struct AcceptanceSpec {
   double decay = 1.0;
   double confidence_signal = 0.4;
   // calibrated (when `calibrated` is set it replaces the parametric model)
-  std::shared_ptr<const AcceptanceSource> calibrated_from;
-  std::shared_ptr<const AcceptanceTable> calibrated;
+  std::shared_ptr<const AcceptanceSource> calibrated_from = nullptr;
+  std::shared_ptr<const AcceptanceTable> calibrated = nullptr;
   // The real backend's synthetic draft module: make-checkpoint --draft-fidelity.
   double draft_fidelity = 0.9;
 };

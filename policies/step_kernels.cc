@@ -624,7 +624,12 @@ void draft_module_kernels(const ModelSpec& draft, const StepShape& shape, const 
     step_kernels(draft, shape, layout, rank, out, pass_key);
     return;
   }
-  validate_layout(draft, LayoutSpec{layout.tp, 1, layout.dp, layout.ep, layout.cp});
+  LayoutSpec degrees;  // the stage's degrees alone (no pipeline), dtypes and loads default
+  degrees.tp = layout.tp;
+  degrees.dp = layout.dp;
+  degrees.ep = layout.ep;
+  degrees.cp = layout.cp;
+  validate_layout(draft, degrees);
   if (rank < 0 || rank >= layout.world())
     throw ConfigError("",
                       "rank " + std::to_string(rank) + " outside layout " + layout_name(layout));
