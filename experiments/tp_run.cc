@@ -8,6 +8,7 @@
 #include "experiments/runner.h"
 #include "policies/error.h"
 #include "policies/layout.h"
+#include "policies/model_spec.h"
 #ifdef TWINSTEP_HAVE_RUNTIME
 #include <cuda_runtime.h>
 
@@ -54,10 +55,28 @@ std::string real_layout_problem(const Variant& v, const RealLayoutEnv& env) {
   if (l.world() == 1) return "";
   const std::string name = "variant " + std::to_string(v.index) + " '" + v.label + "': layout " +
                            layout_name(l) + " on the real backend";
-  if (l.pp != 1 || l.dp != 1 || l.ep != 1 || l.cp != 1 || l.tp != l.world())
+  if (l.pp != 1 || l.dp != 1 || l.cp != 1 || l.tp != l.world() || (l.ep != 1 && l.ep != l.tp))
     return name +
-           ": the multi-GPU runtime does tensor parallelism only (tp > 1, every other degree "
-           "1); PP, DP, EP and CP run in the simulator";
+           ": the multi-GPU runtime does tensor parallelism only (tp > 1, ep 1 or ep = tp for an "
+           "MoE model, every other degree 1); PP, DP, CP and other EP layouts run in the "
+           "simulator";
+  // MoE layers run expert parallel inside the TP group (runtime/tensor_parallel.h), the
+  // simulator's TP-EP layout with ep = tp.
+  const bool moe = !v.model.layers.empty() && v.model.layers[0].mlp.kind == MlpKind::kMoe;
+  if (l.ep > 1 && !moe)
+    return name + ": ep " + std::to_string(l.ep) + " on the dense model '" + v.model.name +
+           "': expert parallelism needs routed experts; use layout {tp: " + std::to_string(l.tp) +
+           "} alone";
+  if (moe && l.ep != l.tp)
+    return name +
+           ": the runtime shards MoE layers by expert parallelism only (ep = tp: rank i "
+           "holds experts [E i/tp, E (i+1)/tp)); splitting every expert's intermediate (ep 1) "
+           "is not implemented: use layout {tp: " +
+           std::to_string(l.tp) + ", ep: " + std::to_string(l.tp) + "}";
+  if (moe && v.model.layers[0].mlp.num_experts % l.ep != 0)
+    return name + ": " + std::to_string(v.model.layers[0].mlp.num_experts) +
+           " routed experts do not divide into " + std::to_string(l.ep) +
+           " equal blocks (unequal expert blocks are not implemented in the runtime)";
   if (v.policy.spec.method != SpecMethod::kNone)
     return name + ": speculative decoding with tensor parallelism is not implemented yet";
   if (v.workload.arrival_rate_per_s > 0)

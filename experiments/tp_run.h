@@ -27,8 +27,10 @@ namespace twinstep {
 bool needs_tensor_parallel(const Experiment& e);
 
 // Throws Error, before anything is run or written, when a real multi-GPU variant of `e` cannot
-// run here: a layout other than pure TP, speculation, open-loop arrivals, a build without MPI or
-// NCCL, a job whose rank count is not the variant's tp (one process per GPU: `mpirun -np TP`),
+// run here: a layout other than pure TP (or TP with ep = tp for an MoE model: expert
+// parallelism; ep > 1 on a dense model, or an MoE model at tp > 1 without ep = tp, is refused),
+// experts not dividing into ep equal blocks, speculation, open-loop arrivals, a build without MPI
+// or NCCL, a job whose rank count is not the variant's tp (one process per GPU: `mpirun -np TP`),
 // or fewer GPUs than ranks on this node. No-op when the real backend is unavailable (skipped).
 void check_real_layouts(const Experiment& e);
 // The same checks for one variant (measure_variant's guard).

@@ -21,9 +21,9 @@ struct MoeWorkspace {
   float* logits;     // [m][E]
   int* ids;          // [m][top_k]
   float* weights;    // [m][top_k]
-  int* list;         // [E] ascending ids of the experts any token selected
+  int* list;         // [<= E] ascending range indices (id - expert_begin) any token selected
   int* count;        // [1]
-  int8_t* slot_of;   // [m][E]
+  int8_t* slot_of;   // [m][range size]: slot of range index e in token t's top-k, or -1
   bf16* act;         // [m][top_k][inter]
   bf16* act_shared;  // [m][shared_inter]
   float* y;          // [m][top_k + 1][hidden]
@@ -55,15 +55,16 @@ MoeWorkspace carve(void* base, int m, const MoeShape& s) {
 // kernels
 
 // One block, warp t = token t: top_k rounds of a warp argmax over the fp32 logits (ties: lower
-// id), softmax weights, then the union of the selected experts (ascending) and slot_of.
+// id), softmax weights, then the union of the selected experts inside [range_begin, range_begin +
+// range) (ascending range indices) and slot_of, both indexed by range index.
 __global__ void __launch_bounds__(512)
     moe_route_kernel(const float* logits, int m, int num_experts, int top_k, bool renormalize,
-                     int* ids, float* weights, int* list, int* count, int8_t* slot_of, int* ids_out,
-                     float* weights_out) {
+                     int range_begin, int range, int* ids, float* weights, int* list, int* count,
+                     int8_t* slot_of, int* ids_out, float* weights_out) {
   __shared__ int selected[kMaxExperts];
   detail::pdl_wait_and_trigger();
-  for (int i = threadIdx.x; i < m * num_experts; i += blockDim.x) slot_of[i] = -1;
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) selected[e] = 0;
+  for (int i = threadIdx.x; i < m * range; i += blockDim.x) slot_of[i] = -1;
+  for (int e = threadIdx.x; e < range; e += blockDim.x) selected[e] = 0;
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp < m) {
@@ -125,17 +126,20 @@ __global__ void __launch_bounds__(512)
         weights[warp * top_k + j] = w;
         if (ids_out != nullptr) ids_out[warp * top_k + j] = top_id[j];
         if (weights_out != nullptr) weights_out[warp * top_k + j] = w;
-        slot_of[warp * num_experts + top_id[j]] = static_cast<int8_t>(j);
-        selected[top_id[j]] = 1;
+        const int local = top_id[j] - range_begin;
+        if (local >= 0 && local < range) {
+          slot_of[warp * range + local] = static_cast<int8_t>(j);
+          selected[local] = 1;
+        }
       }
     }
   }
   __syncthreads();
   if (warp == 0) {
     int base = 0;
-    for (int e0 = 0; e0 < num_experts; e0 += 32) {
+    for (int e0 = 0; e0 < range; e0 += 32) {
       const int e = e0 + lane;
-      const bool on = e < num_experts && selected[e] != 0;
+      const bool on = e < range && selected[e] != 0;
       const unsigned mask = __ballot_sync(0xffffffffu, on);
       if (on) list[base + __popc(mask & ((1u << lane) - 1))] = e;
       base += __popc(mask);
@@ -144,16 +148,27 @@ __global__ void __launch_bounds__(512)
   }
 }
 
-// out[t][h] = sum over slots j (in order) of w[t][j] * y[t][j][h], plus y[t][top_k][h] (shared).
+// out[t][h] = sum over slots j (in order) whose expert lies in [range_begin, range_end) of
+// w[t][j] * y[t][j][h], plus y[t][top_k][h] (shared). Slots outside the range are skipped, not
+// weighted by 0: their y rows were never written.
 __global__ void __launch_bounds__(kCombineThreads)
-    moe_combine_kernel(const float* y, const float* weights, int top_k, bool shared, int hidden,
-                       bf16* out) {
+    moe_combine_kernel(const float* y, const int* ids, const float* weights, int top_k,
+                       int range_begin, int range_end, bool shared, int hidden, bf16* out) {
+  __shared__ float slot_w[kMaxTopK];
+  __shared__ int slot_on[kMaxTopK];
   detail::pdl_wait_and_trigger();
   const int t = blockIdx.x;
+  if (threadIdx.x < top_k) {
+    const int id = ids[t * top_k + threadIdx.x];
+    slot_w[threadIdx.x] = weights[t * top_k + threadIdx.x];
+    slot_on[threadIdx.x] = id >= range_begin && id < range_end;
+  }
+  __syncthreads();
   const float* yt = y + static_cast<size_t>(t) * (top_k + 1) * hidden;
   for (int h = threadIdx.x; h < hidden; h += kCombineThreads) {
     float acc = 0.0f;
-    for (int j = 0; j < top_k; ++j) acc += weights[t * top_k + j] * yt[j * hidden + h];
+    for (int j = 0; j < top_k; ++j)
+      if (slot_on[j]) acc += slot_w[j] * yt[j * hidden + h];
     if (shared) acc += yt[top_k * hidden + h];
     out[static_cast<size_t>(t) * hidden + h] = __float2bfloat16(acc);
   }
@@ -173,6 +188,10 @@ void check_shape(int m, const MoeShape& s, const MoeWeights& w) {
       "expert_inter = " + std::to_string(s.expert_inter) + " is not a positive multiple of 64");
   TS_REQUIRE(s.shared_inter >= 0 && s.shared_inter % 64 == 0,
              "shared_inter = " + std::to_string(s.shared_inter) + " is not a multiple of 64");
+  TS_REQUIRE(
+      s.expert_begin >= 0 && s.expert_begin < s.range_end() && s.range_end() <= s.num_experts,
+      "expert range [" + std::to_string(s.expert_begin) + ", " + std::to_string(s.range_end()) +
+          ") is not a non-empty range of the " + std::to_string(s.num_experts) + " experts");
   TS_REQUIRE(w.router != nullptr && w.gate_up != nullptr && w.down != nullptr,
              "null router, gate_up or down weights");
   TS_REQUIRE(s.shared_inter == 0 || (w.shared_gate_up != nullptr && w.shared_down != nullptr),
@@ -193,6 +212,8 @@ void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape
   check_shape(m, shape, weights);
   const MoeWorkspace ws = carve(workspace, m, shape);
   const bool shared = shape.shared_inter > 0;
+  const int range_begin = shape.expert_begin, range_end = shape.range_end();
+  const int range = range_end - range_begin;
 
   detail::GemvParams router = {};
   router.w = weights.router;
@@ -205,14 +226,14 @@ void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape
 
   detail::launch(moe_route_kernel, dim3(1), dim3(512), 0, stream, pdl,
                  static_cast<const float*>(ws.logits), m, shape.num_experts, shape.top_k,
-                 shape.renormalize, ws.ids, ws.weights, ws.list, ws.count, ws.slot_of,
-                 routing.topk_ids, routing.topk_weights);
+                 shape.renormalize, range_begin, range, ws.ids, ws.weights, ws.list, ws.count,
+                 ws.slot_of, routing.topk_ids, routing.topk_weights);
 
   detail::GemvParams g = {};
   g.group.expert_list = ws.list;
   g.group.expert_count = ws.count;
   g.group.slot_of = ws.slot_of;
-  g.group.num_experts = shape.num_experts;
+  g.group.num_experts = range;  // the grouped GEMVs see range indices only
   g.group.top_k = shape.top_k;
   g.group.act = ws.act;
   g.group.act_shared = ws.act_shared;
@@ -241,8 +262,9 @@ void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape
   detail::launch_gemv<detail::GemvEpilogue::kMoeDown>(down, stream, pdl);
 
   detail::launch(moe_combine_kernel, dim3(m), dim3(kCombineThreads), 0, stream, pdl,
-                 static_cast<const float*>(ws.y), static_cast<const float*>(ws.weights),
-                 shape.top_k, shared, shape.hidden, out);
+                 static_cast<const float*>(ws.y), static_cast<const int*>(ws.ids),
+                 static_cast<const float*>(ws.weights), shape.top_k, range_begin, range_end, shared,
+                 shape.hidden, out);
 }
 
 }  // namespace twinstep::kernels

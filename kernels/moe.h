@@ -10,6 +10,13 @@
 // [hidden][shared_inter]; out [m][hidden] = sum_j w_j * expert_j(x) + shared(x), one bf16 rounding.
 // Routing: p = softmax(router logits) in fp32; the top_k experts by logit (ties: lower id);
 // renormalize: w_j = p_j / sum of the selected p (= softmax over the selected logits), else p_j.
+// Expert range (expert parallelism): a call may compute only experts [expert_begin, expert_end).
+// Routing is still over all num_experts (same ids and weights as the full call); a slot whose
+// expert lies outside the range contributes nothing, so a token that selected none of them gets
+// only the shared expert's part (0 without one). gate_up and down then hold just the range's
+// experts, expert e at index e - expert_begin. The full range is the unsharded computation, and
+// the outputs of disjoint ranges covering every expert sum to it up to each output's bf16
+// rounding.
 #pragma once
 
 #include <cstddef>
@@ -25,17 +32,21 @@ struct MoeShape {
   int expert_inter = 768;  // % 64 == 0
   int shared_inter = 0;    // 0: no shared expert; else % 64 == 0
   bool renormalize = true;
+  int expert_begin = 0;  // experts computed: [expert_begin, range_end()), 0 <= begin < end
+  int expert_end = 0;    // 0: num_experts
+  int range_end() const { return expert_end > 0 ? expert_end : num_experts; }
 };
 
 struct MoeWeights {
-  const bf16* router = nullptr;
-  const bf16* gate_up = nullptr;
+  const bf16* router = nullptr;   // all num_experts rows
+  const bf16* gate_up = nullptr;  // the range's experts only
   const bf16* down = nullptr;
   const bf16* shared_gate_up = nullptr;  // required iff shared_inter > 0
   const bf16* shared_down = nullptr;
 };
 
-// Optional copies of the routing decision: [m][top_k] expert ids (descending weight) and weights.
+// Optional copies of the routing decision: [m][top_k] expert ids (descending weight) and weights,
+// over all experts whatever the range.
 struct MoeRouting {
   int* topk_ids = nullptr;
   float* topk_weights = nullptr;

@@ -363,7 +363,7 @@ void push_layer(const LlamaConfig& c, const std::string& p, std::vector<WeightDe
     return;
   }
   w.push_back({p + "mlp.gate.weight", {c.num_experts, c.hidden}, in_h});
-  for (int32_t j = 0; j < c.num_experts; ++j)
+  for (int32_t j = c.expert_begin; j < c.expert_begin + c.local_experts(); ++j)
     swiglu(p + "mlp.experts." + std::to_string(j) + ".", c.expert_intermediate);
   if (c.shared_intermediate > 0) swiglu(p + "mlp.shared_expert.", c.shared_intermediate);
 }

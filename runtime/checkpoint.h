@@ -44,8 +44,14 @@ struct LlamaConfig {
   int64_t expert_intermediate = 0;
   int64_t shared_intermediate = 0;
   bool norm_topk_prob = true;
+  // Expert parallelism (runtime/tensor_parallel.h): a rank's shard config holds the routed
+  // experts [expert_begin, expert_begin + local_experts()) and routes over all num_experts.
+  // num_local_experts 0: every expert (an unsharded config).
+  int32_t expert_begin = 0;
+  int32_t num_local_experts = 0;
 
   bool moe() const { return num_experts > 0; }
+  int32_t local_experts() const { return num_local_experts > 0 ? num_local_experts : num_experts; }
   int64_t q_dim() const { return int64_t{q_heads} * head_dim; }
   int64_t kv_dim() const { return int64_t{kv_heads} * head_dim; }
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
@@ -82,7 +88,8 @@ struct WeightDesc {
 // [num_experts][hidden] (the router), mlp.experts.J.{gate_proj,up_proj} [expert_inter][hidden]
 // and mlp.experts.J.down_proj [hidden][expert_inter] for J in [0, num_experts), then with a
 // shared expert mlp.shared_expert.{gate_proj,up_proj,down_proj} likewise. Init std
-// 1/sqrt(fan_in) for every projection, the router included.
+// 1/sqrt(fan_in) for every projection, the router included. An expert-parallel shard config
+// lists only its experts (J in [expert_begin, expert_begin + local_experts()), global names).
 std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c);
 
 // The speculative draft module (NEXTN/MTP style, docs/runtime.md), extra tensors of a checkpoint:

@@ -43,6 +43,8 @@ kernels::MoeShape moe_shape(const LlamaConfig& c) {
   s.expert_inter = int(c.expert_intermediate);
   s.shared_inter = int(c.shared_intermediate);
   s.renormalize = c.norm_topk_prob;
+  s.expert_begin = c.expert_begin;  // an expert-parallel rank: its block only
+  s.expert_end = c.expert_begin + c.local_experts();
   return s;
 }
 
@@ -75,8 +77,20 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
              std::to_string(c.shared_intermediate));
     need(!options.draft,
          "speculative decoding (the draft module) of an MoE model is not implemented");
-    need(!options.tp.active(),
-         "tensor parallelism of MoE layers (expert sharding) is not implemented");
+    // Tensor parallelism of MoE layers: expert parallelism with ep = tp only, the rank's config
+    // holding its block of experts (tp_shard_config); a block without its group computes a
+    // partial FFN that nothing sums.
+    const int32_t ranks = options.tp.active() ? options.tp.size : 1;
+    need(c.expert_begin >= 0 && c.local_experts() >= 1 &&
+             c.expert_begin + c.local_experts() <= c.num_experts,
+         "expert block [" + std::to_string(c.expert_begin) + ", " +
+             std::to_string(c.expert_begin + c.local_experts()) + ") outside the " +
+             std::to_string(c.num_experts) + " experts");
+    need(int64_t{c.local_experts()} * ranks == c.num_experts,
+         "an MoE rank must hold num_experts / tp experts (expert parallelism with ep = tp, "
+         "tp_shard_config), got " +
+             std::to_string(c.local_experts()) + " of " + std::to_string(c.num_experts) +
+             " experts at tp " + std::to_string(ranks));
   } else {
     need(c.intermediate > 0, "a dense model needs intermediate > 0");
   }
@@ -144,7 +158,9 @@ void Engine::allocate() {
   };
   // MoE: every expert's gate_up in one [E][2 EI][H] tensor and down in one [E][H][EI], so each
   // Hugging Face expert tensor is a contiguous slice (kernels/moe.h layouts).
-  const int64_t E = c.num_experts, EI = c.expert_intermediate, SI = c.shared_intermediate;
+  // Expert parallelism: only the rank's experts (E_local), the router over all E.
+  const int64_t E = c.num_experts, E_local = c.local_experts(), EI = c.expert_intermediate,
+                SI = c.shared_intermediate;
   std::vector<int64_t> at_in, at_qkv, at_o, at_post, at_gu, at_down, at_router, at_sgu, at_sdown;
   const int64_t at_embed = reserve(V * H);
   for (int l = 0; l < c.layers; ++l) {
@@ -154,8 +170,8 @@ void Engine::allocate() {
     at_post.push_back(reserve(H));
     if (c.moe()) {
       at_router.push_back(reserve(E * H));
-      at_gu.push_back(reserve(E * 2 * EI * H));
-      at_down.push_back(reserve(E * H * EI));
+      at_gu.push_back(reserve(E_local * 2 * EI * H));
+      at_down.push_back(reserve(E_local * H * EI));
       if (SI > 0) {
         at_sgu.push_back(reserve(2 * SI * H));
         at_sdown.push_back(reserve(H * SI));
@@ -257,7 +273,8 @@ void Engine::allocate() {
         p = b.router[l];
       else if (rest.rfind("mlp.experts.", 0) == 0) {  // mlp.experts.J.<proj>.weight
         const size_t at = std::strlen("mlp.experts."), end = rest.find('.', at);
-        const int64_t j = std::stoll(rest.substr(at, end - at));
+        const int64_t j = std::stoll(rest.substr(at, end - at)) - c.expert_begin;  // local
+        assert(j >= 0 && j < E_local);
         const std::string proj = rest.substr(end + 1);
         if (proj == "gate_proj.weight")
           p = b.w_gu[l] + j * 2 * EI * H;
@@ -494,6 +511,7 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     if (c.moe()) {
       node("moe");
       moe_ffn(l, B, pdl);
+      tp_all_reduce(b.mlp, B, "moe_all_reduce");  // expert parallelism: routed + shared partials
       continue;
     }
     if (B <= kernels::kGemvMaxRows || row_exact) {
@@ -697,6 +715,7 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, T, H, eps, s);
     if (c.moe()) {
       moe_ffn(l, T, /*pdl=*/false);
+      tp_all_reduce(b.mlp, T, "moe_all_reduce");
       continue;
     }
     proj(b.w_gu[l], b.xn, b.gu, T, 2 * I, H, false);

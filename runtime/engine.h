@@ -69,7 +69,8 @@ struct EngineOptions {
   bool draft_early_exit = false;
   // Tensor parallelism (runtime/tensor_parallel.h): with a communicator, create_synthetic builds
   // this rank's shard of the model it is given and the forwards all-reduce after o_proj and
-  // down_proj. Plain decode only (no draft); checkpoints are not sharded yet.
+  // down_proj (MoE: expert parallelism, one all-reduce after the MoE FFN). Plain decode only (no
+  // draft); checkpoints are not sharded yet.
   TensorParallel tp;
 };
 
@@ -192,7 +193,8 @@ class Engine {
                      void* attn_ws, bool row_exact, bool pdl);
   // The FFN of MoE layer `layer`: moe_forward over `rows` rows of xn into mlp, in calls of at
   // most kGemvMaxRows rows (the kernels' limit; each row is routed on its own, so the chunking
-  // changes no result).
+  // changes no result). Under expert parallelism, this rank's experts and shared-expert slice
+  // only: a partial sum the caller all-reduces.
   void moe_ffn(int layer, int rows, bool pdl);
   void prefill_pass(std::span<const int32_t> slots, std::span<const std::vector<int32_t>> prompts,
                     int row_offset, bool last_pass);

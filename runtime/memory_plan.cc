@@ -24,11 +24,13 @@ EngineMemoryPlan plan_engine_memory(const LlamaConfig& c, int32_t max_slots,
   EngineMemoryPlan p;
   // Weights, as Engine::allocate lays them out: embedding, per layer [input norm, qkv, o,
   // post norm, FFN], final norm, lm_head unless tied. FFN: dense [gate_up, down]; MoE [router,
-  // every expert's gate_up, every expert's down, shared gate_up, shared down].
+  // every held expert's gate_up, every held expert's down, shared gate_up, shared down] (an
+  // expert-parallel shard config holds local_experts() of them, the router all).
   int64_t ffn = pad128(2 * I * H) + pad128(H * I);
   if (c.moe()) {
-    const int64_t E = c.num_experts, EI = c.expert_intermediate, S = c.shared_intermediate;
-    ffn = pad128(E * H) + pad128(E * 2 * EI * H) + pad128(E * H * EI);
+    const int64_t E = c.num_experts, EL = c.local_experts(), EI = c.expert_intermediate,
+                  S = c.shared_intermediate;
+    ffn = pad128(E * H) + pad128(EL * 2 * EI * H) + pad128(EL * H * EI);
     if (S > 0) ffn += pad128(2 * S * H) + pad128(H * S);
   }
   int64_t elements = pad128(V * H) + pad128(H);

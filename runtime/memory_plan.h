@@ -35,8 +35,9 @@ struct EngineMemoryPlan {
 // The plan of an Engine with these options (engine.h: EngineOptions; the same arithmetic as
 // Engine::allocate). `draft`: the speculative draft module (draft_weight_list's tensors in the
 // weight allocation, one more KV layer per slot, verify rows of every bucket; its small
-// per-row state is within the allowance). MoE configs: every expert's weights (router, packed
-// gate_up and down, shared expert) and the moe_forward workspace of its widest call (16 rows).
+// per-row state is within the allowance). MoE configs: every held expert's weights (router,
+// packed gate_up and down, shared expert; an expert-parallel shard config holds its block of
+// local_experts() and its shared slice) and the moe_forward workspace of its widest call (16 rows).
 // Sizes are computed in 64 bits; configs come from parse_llama_config or a ModelSpec, whose
 // ranges keep every product far below 2^63.
 EngineMemoryPlan plan_engine_memory(const LlamaConfig& config, int32_t max_slots,

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 
 #include "policies/error.h"
 #include "runtime/checkpoint.h"
@@ -23,7 +24,18 @@ class OwningRealBackend final : public Backend {
       need = std::max(need,
                       (r.input_len + 15) / 16 * 16 + r.output_len + spec_kv_margin(v.policy.spec));
     runtime::EngineOptions eo;
-    // Tensor parallelism: this rank's GPU and shard (runtime/tensor_parallel.h).
+    // Tensor parallelism: this rank's GPU and shard (runtime/tensor_parallel.h). An MoE model's
+    // experts are sharded expert parallel over the same group: ep must equal tp (the runner
+    // refuses other layouts first, experiments/tp_run.h real_layout_problem).
+    if (v.layout.ep > 1 && (!config.moe() || v.layout.ep != v.layout.tp))
+      throw ConfigError("", "real runtime: layout ep " + std::to_string(v.layout.ep) + " with tp " +
+                                std::to_string(v.layout.tp) + " on model '" + model_.name +
+                                "': expert parallelism runs only as ep = tp on an MoE model");
+    if (config.moe() && v.layout.tp > 1 && v.layout.ep != v.layout.tp)
+      throw ConfigError("", "real runtime: MoE model '" + model_.name + "' at tp " +
+                                std::to_string(v.layout.tp) +
+                                " needs ep = tp (expert parallelism); splitting each expert's "
+                                "intermediate is not implemented");
     if (v.layout.tp > 1) eo.tp = runtime::tp_world(v.layout.tp);
     eo.max_slots = std::max(1, v.workload.max_concurrency);
     eo.capacity_tokens = (need + 63) / 64 * 64;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "policies/error.h"
 #include "runtime/comm.h"
@@ -16,11 +17,30 @@
 
 namespace twinstep::runtime {
 
-LlamaConfig tp_shard_config(const LlamaConfig& full, int32_t size) {
+namespace {
+
+// Routed experts [first, end) of EP rank `rank` of `size`: floor(E rank / size) .. as
+// policies/layout.cc layer_shard (the simulator's contiguous blocks).
+std::pair<int32_t, int32_t> expert_block(int32_t experts, int32_t rank, int32_t size) {
+  return {int32_t(int64_t{experts} * rank / size), int32_t(int64_t{experts} * (rank + 1) / size)};
+}
+
+// J of a tensor named "model.layers.L.mlp.experts.J.<proj>.weight"; -1 for any other tensor.
+int32_t routed_expert_of(const std::string& name) {
+  const std::string key = ".mlp.experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  return int32_t(std::stol(name.substr(at + key.size())));
+}
+
+}  // namespace
+
+LlamaConfig tp_shard_config(const LlamaConfig& full, int32_t rank, int32_t size) {
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw ConfigError("", "tensor parallelism tp " + std::to_string(size) + ": " + what);
   };
   need(size >= 1, "tp must be >= 1");
+  need(rank >= 0 && rank < size, "rank " + std::to_string(rank) + " outside [0, tp)");
   need(full.q_heads % size == 0, std::to_string(full.q_heads) + " query heads do not divide");
   need(full.kv_heads % size == 0, std::to_string(full.kv_heads) +
                                       " KV heads do not divide (replicating KV heads across "
@@ -33,6 +53,22 @@ LlamaConfig tp_shard_config(const LlamaConfig& full, int32_t size) {
   c.q_heads = full.q_heads / size;
   c.kv_heads = full.kv_heads / size;
   c.intermediate = full.intermediate / size;
+  if (full.moe()) {
+    need(full.local_experts() == full.num_experts && full.expert_begin == 0,
+         "the config is already an expert-parallel shard");
+    need(full.num_experts % size == 0,
+         std::to_string(full.num_experts) +
+             " routed experts do not divide into equal blocks (expert parallelism ep = tp: rank "
+             "i holds experts [E i/tp, E (i+1)/tp); unequal blocks are not implemented)");
+    need(full.shared_intermediate % (64 * int64_t{size}) == 0,
+         "shared expert intermediate " + std::to_string(full.shared_intermediate) +
+             " is not a multiple of 64 x tp (each rank's shared gate/up/down slice must be a "
+             "multiple of 64)");
+    const auto [first, end] = expert_block(full.num_experts, rank, size);
+    c.expert_begin = first;
+    c.num_local_experts = end - first;
+    c.shared_intermediate = full.shared_intermediate / size;
+  }
   return c;
 }
 
@@ -54,7 +90,12 @@ TensorSlice tp_slice(const LlamaConfig& full, const WeightDesc& w, int32_t rank,
     s.cols = total / size;
     s.col0 = s.cols * rank;
   };
-  if (w.name.rfind("model.layers.", 0) != 0) return s;  // embeddings, final norm, lm_head
+  if (w.name.rfind("model.layers.", 0) != 0) return s;       // embeddings, final norm, lm_head
+  if (const int32_t j = routed_expert_of(w.name); j >= 0) {  // whole, on its EP rank only
+    const auto [first, end] = expert_block(full.num_experts, rank, size);
+    if (j < first || j >= end) s.rows = s.cols = 0;
+    return s;
+  }
   if (ends(".self_attn.q_proj.weight"))
     rows(full.q_dim());
   else if (ends(".self_attn.k_proj.weight") || ends(".self_attn.v_proj.weight"))
@@ -65,7 +106,11 @@ TensorSlice tp_slice(const LlamaConfig& full, const WeightDesc& w, int32_t rank,
     rows(full.intermediate);
   else if (ends(".mlp.down_proj.weight"))
     cols(full.intermediate);
-  return s;  // norms: replicated
+  else if (ends(".mlp.shared_expert.gate_proj.weight") || ends(".mlp.shared_expert.up_proj.weight"))
+    rows(full.shared_intermediate);
+  else if (ends(".mlp.shared_expert.down_proj.weight"))
+    cols(full.shared_intermediate);
+  return s;  // norms, the MoE router: replicated
 }
 
 // tensor_parallel_ops.cu (nvcc, C++17: plain arguments).
@@ -127,16 +172,19 @@ std::unique_ptr<Engine> Engine::create_synthetic_tp(const LlamaConfig& full, uin
     throw Error("tensor parallelism: rank " + std::to_string(tp.rank) + " of " +
                 std::to_string(tp.size) + " given a communicator of rank " +
                 std::to_string(comm_rank(*tp.comm)) + " of " + std::to_string(comm_size(*tp.comm)));
-  std::unique_ptr<Engine> e(new Engine(tp_shard_config(full, tp.size), options));
+  std::unique_ptr<Engine> e(new Engine(tp_shard_config(full, tp.rank, tp.size), options));
   e->init_synthetic_tp(full, seed, draft_fidelity);
   return e;
 }
 
 void Engine::init_synthetic_tp(const LlamaConfig& full, uint64_t seed, double draft_fidelity) {
   const TensorParallel& tp = options_.tp;
+  size_t held = 0;
   for (const WeightDesc& d : synthetic_weight_list(full, false, draft_fidelity)) {
-    const auto& [p, n] = b_->by_name.at(d.name);
     const TensorSlice s = tp_slice(full, d, tp.rank, tp.size);
+    if (s.empty()) continue;  // another rank's expert
+    ++held;
+    const auto& [p, n] = b_->by_name.at(d.name);
     if (d.eye || s.rows * s.cols != n)
       throw Error("tensor parallelism: shard of " + d.name + " has " +
                   std::to_string(s.rows * s.cols) + " elements, the engine's tensor " +
@@ -145,6 +193,10 @@ void Engine::init_synthetic_tp(const LlamaConfig& full, uint64_t seed, double dr
     launch_init_synthetic_slice(reinterpret_cast<uint16_t*>(p), s, seed,
                                 synthetic::tensor_stream(d.name), scale, compute_);
   }
+  if (held != b_->by_name.size())
+    throw Error("tensor parallelism: rank " + std::to_string(tp.rank) + " initialised " +
+                std::to_string(held) + " tensors, the engine holds " +
+                std::to_string(b_->by_name.size()));
   TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
 

@@ -12,10 +12,20 @@
 // graphs and in prefill (runtime/comm.h Communicator). Every rank then adds the reduced values
 // to its residual stream with the same kernel in the same order, so the ranks stay identical.
 //
+// MoE models (the simulator's TP-EP layout with ep = tp, docs/layouts.md): attention as above;
+//   router   replicated (every rank routes every token over all experts);
+//   experts  expert parallel: rank r holds the routed experts [floor(E r/tp), floor(E (r+1)/tp))
+//            whole (the tensors mlp.experts.J.* of its J), computes only the selected experts of
+//            its block for every token;
+//   shared   the shared expert split like the dense FFN (its intermediate/tp);
+//   then ONE all-reduce of the layer's output (routed and shared partial sums together), the
+//            simulator's moe_all_reduce: tokens are on every rank already, no dispatch.
+//
 // The Engine of a rank is built from the *local* config (tp_shard_config: q_heads, kv_heads and
-// intermediate divided by tp); hidden, vocab and layers are the model's. Synthetic weights are
-// the full model's tensors (synthetic.h: a function of seed, name and full index) sliced, so
-// TP1 and TP2 hold the same model bit for bit.
+// intermediate divided by tp; MoE: its expert block and shared-expert slice); hidden, vocab and
+// layers are the model's. Synthetic weights are the full model's tensors (synthetic.h: a
+// function of seed, name and full index) sliced, so TP1 and TP2 hold the same model bit for
+// bit.
 #pragma once
 
 #include <cstdint>
@@ -42,14 +52,18 @@ struct TensorParallel {
   bool active() const { return comm != nullptr; }
 };
 
-// The per-rank config of `full` split `size` ways; throws ConfigError (naming what does not
-// divide) when q heads, KV heads or intermediate/64 are not multiples of size.
-LlamaConfig tp_shard_config(const LlamaConfig& full, int32_t size);
+// Rank `rank`'s config of `full` split `size` ways; throws ConfigError (naming what does not
+// divide) when q heads, KV heads or intermediate/64 are not multiples of size. MoE: the expert
+// block of the rank (expert_begin, num_local_experts = num_experts / size) and shared
+// intermediate / size; throws when num_experts or shared intermediate/64 do not divide.
+LlamaConfig tp_shard_config(const LlamaConfig& full, int32_t rank, int32_t size);
 
 // Where rank `rank`'s shard of a full tensor lies: rows [row0, row0 + rows) and columns
 // [col0, col0 + cols) of the full [full_rows][full_cols] tensor (1-D tensors: one row).
+// rows == cols == 0: the rank holds none of it (another rank's routed expert).
 struct TensorSlice {
   int64_t row0 = 0, rows = 0, col0 = 0, cols = 0, full_cols = 0;
+  bool empty() const { return rows * cols == 0; }
 };
 TensorSlice tp_slice(const LlamaConfig& full, const WeightDesc& w, int32_t rank, int32_t size);
 

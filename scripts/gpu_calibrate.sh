@@ -45,7 +45,8 @@ if [ -f "$profile" ]; then
   mkdir -p "$out/experiments"
   for exp in "$root"/experiments/validation/*.yaml; do
     name=$(basename "$exp" .yaml)
-    case $name in *_tp[0-9]*) continue ;; esac  # multi-GPU: under mpirun (scripts/gpu_tp.sh)
+    # Multi-GPU (TP2, TP2-EP2): under mpirun (scripts/gpu_tp.sh, EP=1 for the EP one).
+    case $name in *_tp[0-9]* | *_ep[0-9]*) continue ;; esac
     # Their own scripts: speculative decoding (gpu_spec_validation.sh, minutes and ordered
     # runs) and the MoE model (gpu_moe.sh, 61 GB of weights).
     case $name in *_spec* | *_moe*) continue ;; esac

@@ -3,20 +3,28 @@
 # test suite as one process (slicing, the tp = 1 path) and under mpirun with one rank per GPU
 # (ranks agree; Llama-3-8B TP2 vs TP1 over 256 tokens; tiny TP2 vs the CPU reference), then the
 # validation experiment experiments/validation/h200_tp2.yaml on both backends into OUT/tp2.db
-# and `twinstep compare --sim-vs-real` of it.
-#   scripts/gpu_tp.sh OUT_DIR
+# and `twinstep compare --sim-vs-real` of it. With EP=1, also expert parallelism of the MoE model
+# (TP2-EP2): the ExpertParallel tests in both test runs (tp = 1 path == plain MoE engine; tiny
+# MoE TP2-EP2 vs the CPU reference; Qwen3-30B-A3B TP2-EP2 vs one GPU) and
+# experiments/validation/h200_ep2.yaml into OUT/ep2.db (about 31 GB of weights per rank).
+#   scripts/gpu_tp.sh OUT_DIR            EP=1 scripts/gpu_tp.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,tp_test_1rank,tp_test_2ranks,tp2_run}.log, OUT_DIR/tp2.db,
-# OUT_DIR/tp2.sim_vs_real.txt, OUT_DIR/tp2.metrics.csv.
-# Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2).
+# OUT_DIR/tp2.sim_vs_real.txt, OUT_DIR/tp2.metrics.csv; with EP=1 the same ep2_run.log, ep2.db,
+# ep2.sim_vs_real.txt, ep2.metrics.csv.
+# Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2);
+# EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_tp.sh OUT_DIR}
 mkdir -p "$out"
 source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 np=${NP:-2}
+ep=${EP:-0}
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 mpi="mpirun --allow-run-as-root -np $np"
+filter="--gtest_filter=-ExpertParallel.*"
+[ "$ep" = 1 ] && filter="--gtest_filter=*"
 
 step configure
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -28,33 +36,43 @@ cmake --build "$build" -j16 --target twinstep runtime_tp_gpu_test >"$out/build.l
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
 step "tp tests, one process"
-timeout 600 "$build/tests/runtime/runtime_tp_gpu_test" >"$out/tp_test_1rank.log" 2>&1 || status=1
+timeout 600 "$build/tests/runtime/runtime_tp_gpu_test" "$filter" >"$out/tp_test_1rank.log" 2>&1 ||
+  status=1
 grep -E "OK \]|FAILED|SKIPPED|PASSED" "$out/tp_test_1rank.log"
 
 step "tp tests, $np ranks"
-timeout 900 $mpi "$build/tests/runtime/runtime_tp_gpu_test" >"$out/tp_test_2ranks.log" 2>&1 || status=1
-grep -E "TP2|tiny TP2|OK \]|FAILED \]|SKIPPED \]|diverge|ranks sampled" "$out/tp_test_2ranks.log"
+timeout 900 $mpi "$build/tests/runtime/runtime_tp_gpu_test" "$filter" \
+  >"$out/tp_test_2ranks.log" 2>&1 || status=1
+grep -E "TP2|tiny TP2|tiny MoE|OK \]|FAILED \]|SKIPPED \]|diverge|ranks sampled" \
+  "$out/tp_test_2ranks.log"
 
-step "validation h200_tp2 ($np ranks)"
-db="$out/tp2.db"
-rm -f "$db"
-exp="$root/experiments/validation/h200_tp2.yaml"
-xname=validation-h200-tp2
-# TP_HARDWARE=NAME (with TP_PROFILES=DIR holding NAME.yaml): simulate with that profile instead.
-if [ -n "${TP_HARDWARE:-}" ]; then
-  [ -n "${TP_PROFILES:-}" ] && export TWINSTEP_PROFILES="$TP_PROFILES"
-  xname="$xname-$TP_HARDWARE"
-  sed -e "s/^hardware: h200$/hardware: $TP_HARDWARE/" -e "s/^name: .*$/name: $xname/" "$exp" \
-    >"$out/h200_tp2-$TP_HARDWARE.yaml"
-  exp="$out/h200_tp2-$TP_HARDWARE.yaml"
-fi
-timeout 900 $mpi "$build/twinstep" --db "$db" run -q "$exp" >"$out/tp2_run.log" 2>&1 || status=1
-tail -8 "$out/tp2_run.log"
-"$build/twinstep" --db "$db" compare --experiment "$xname" --sim-vs-real \
-  --metrics tpot_ms_mean step_ms_mean ttft_ms_mean gpu_busy_frac output_throughput_tok_s |
-  tee "$out/tp2.sim_vs_real.txt" || status=1
-"$build/twinstep" --db "$db" query --csv "SELECT r.id, r.variant_label, r.backend, r.status,
-  m.key, m.value, m.unit FROM run r JOIN metric m ON m.run_id = r.id
-  WHERE m.key LIKE 'rank%' OR m.key LIKE 'tp_%' OR m.key IN ('tpot_ms_mean', 'gpu_busy_frac',
-  'idle_host_frac', 'idle_launch_frac') ORDER BY r.id, m.key" | tee "$out/tp2.metrics.csv"
+# validate TAG YAML: the experiment on both backends under mpirun into OUT/TAG.db, then the
+# simulated-vs-measured comparison and the per-rank / all-reduce metrics.
+validate() {
+  local tag=$1 exp=$2 xname db
+  step "validation $(basename "$exp" .yaml) ($np ranks)"
+  db="$out/$tag.db"
+  rm -f "$db"
+  xname=$(sed -n 's/^name: //p' "$exp")
+  # TP_HARDWARE=NAME (with TP_PROFILES=DIR holding NAME.yaml): simulate with that profile instead.
+  if [ -n "${TP_HARDWARE:-}" ]; then
+    [ -n "${TP_PROFILES:-}" ] && export TWINSTEP_PROFILES="$TP_PROFILES"
+    xname="$xname-$TP_HARDWARE"
+    sed -e "s/^hardware: h200$/hardware: $TP_HARDWARE/" -e "s/^name: .*$/name: $xname/" "$exp" \
+      >"$out/$(basename "$exp" .yaml)-$TP_HARDWARE.yaml"
+    exp="$out/$(basename "$exp" .yaml)-$TP_HARDWARE.yaml"
+  fi
+  timeout 900 $mpi "$build/twinstep" --db "$db" run -q "$exp" >"$out/${tag}_run.log" 2>&1 ||
+    status=1
+  tail -8 "$out/${tag}_run.log"
+  "$build/twinstep" --db "$db" compare --experiment "$xname" --sim-vs-real \
+    --metrics tpot_ms_mean step_ms_mean ttft_ms_mean gpu_busy_frac output_throughput_tok_s |
+    tee "$out/$tag.sim_vs_real.txt" || status=1
+  "$build/twinstep" --db "$db" query --csv "SELECT r.id, r.variant_label, r.backend, r.status,
+    m.key, m.value, m.unit FROM run r JOIN metric m ON m.run_id = r.id
+    WHERE m.key LIKE 'rank%' OR m.key LIKE 'tp_%' OR m.key IN ('tpot_ms_mean', 'gpu_busy_frac',
+    'idle_host_frac', 'idle_launch_frac') ORDER BY r.id, m.key" | tee "$out/$tag.metrics.csv"
+}
+validate tp2 "$root/experiments/validation/h200_tp2.yaml"
+[ "$ep" = 1 ] && validate ep2 "$root/experiments/validation/h200_ep2.yaml"
 exit $status

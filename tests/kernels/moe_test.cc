@@ -42,6 +42,136 @@ struct MoeCase {
   bool renormalize;
 };
 
+// Host weights of one MoE FFN (all experts) and its input.
+struct MoeHost {
+  Bf16Host x, router, gate_up, down, sgu, sdown;
+};
+
+MoeHost random_moe(const MoeCase& c, std::mt19937_64& rng) {
+  const float ws = 1.0f / std::sqrt(static_cast<float>(c.hidden));
+  MoeHost h;
+  h.x = test::random_bf16(static_cast<size_t>(c.m) * c.hidden, rng);
+  h.router = test::random_bf16(static_cast<size_t>(c.num_experts) * c.hidden, rng, ws);
+  h.gate_up =
+      test::random_bf16(static_cast<size_t>(c.num_experts) * 2 * c.inter * c.hidden, rng, ws);
+  h.down = test::random_bf16(static_cast<size_t>(c.num_experts) * c.hidden * c.inter, rng, ws);
+  h.sgu = test::random_bf16(static_cast<size_t>(2 * c.shared_inter + 1) * c.hidden, rng, ws);
+  h.sdown = test::random_bf16(static_cast<size_t>(c.hidden) * c.shared_inter + 1, rng, ws);
+  return h;
+}
+
+MoeShape shape_of(const MoeCase& c) {
+  MoeShape shape;
+  shape.num_experts = c.num_experts;
+  shape.top_k = c.top_k;
+  shape.hidden = c.hidden;
+  shape.expert_inter = c.inter;
+  shape.shared_inter = c.shared_inter;
+  shape.renormalize = c.renormalize;
+  return shape;
+}
+
+// CPU reference of the MoE FFN restricted to experts [begin, end) (kernels/moe.h): routing over
+// all experts from fp64 logits, checked against the GPU's picks `ids` and weights `w` (the GPU
+// ranks fp32 logits: its pick is accepted where the reference logits nearly tie), then the
+// weighted sum over the slots whose expert lies in the range, plus the shared expert when
+// `shared`. Returns [m][hidden] in double.
+std::vector<double> moe_reference(const MoeCase& c, const MoeHost& h, const std::vector<int>& ids,
+                                  const std::vector<float>& w, int begin, int end, bool shared) {
+  std::vector<double> ref(static_cast<size_t>(c.m) * c.hidden, 0.0);
+  for (int t = 0; t < c.m; ++t) {
+    const float* xt = &h.x.values[static_cast<size_t>(t) * c.hidden];
+    std::vector<double> logit(c.num_experts);
+    for (int e = 0; e < c.num_experts; ++e)
+      logit[e] = dot(&h.router.values[static_cast<size_t>(e) * c.hidden], xt, c.hidden);
+    std::vector<int> order(c.num_experts);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logit[a] > logit[b]; });
+    for (int j = 0; j < c.top_k; ++j) {
+      const int gpu = ids[t * c.top_k + j];
+      EXPECT_TRUE(gpu >= 0 && gpu < c.num_experts) << "token " << t << " rank " << j;
+      if (gpu < 0 || gpu >= c.num_experts) return ref;
+      EXPECT_NEAR(logit[gpu], logit[order[j]], 1e-4) << "token " << t << " rank " << j;
+    }
+    double denom = 0;
+    const double mx = logit[order[0]];
+    if (c.renormalize)
+      for (int j = 0; j < c.top_k; ++j) denom += std::exp(logit[ids[t * c.top_k + j]] - mx);
+    else
+      for (int e = 0; e < c.num_experts; ++e) denom += std::exp(logit[e] - mx);
+    for (int j = 0; j < c.top_k; ++j) {
+      const int e = ids[t * c.top_k + j];
+      const double wt = std::exp(logit[e] - mx) / denom;
+      EXPECT_NEAR(w[t * c.top_k + j], wt, 1e-3 * wt + 1e-6) << "token " << t << " rank " << j;
+      if (e < begin || e >= end) continue;
+      const auto y =
+          ffn(xt, &h.gate_up.values[static_cast<size_t>(e) * 2 * c.inter * c.hidden],
+              &h.down.values[static_cast<size_t>(e) * c.hidden * c.inter], c.hidden, c.inter);
+      for (int k = 0; k < c.hidden; ++k) ref[static_cast<size_t>(t) * c.hidden + k] += wt * y[k];
+    }
+    if (shared && c.shared_inter > 0) {
+      const auto y = ffn(xt, h.sgu.values.data(), h.sdown.values.data(), c.hidden, c.shared_inter);
+      for (int k = 0; k < c.hidden; ++k) ref[static_cast<size_t>(t) * c.hidden + k] += y[k];
+    }
+  }
+  return ref;
+}
+
+// Experts [begin, end) of a host tensor of per-expert blocks of `per` elements.
+Bf16Host expert_block(const Bf16Host& all, size_t per, int begin, int end) {
+  Bf16Host out(per * static_cast<size_t>(end - begin));
+  std::copy(all.bits.begin() + per * begin, all.bits.begin() + per * end, out.bits.begin());
+  std::copy(all.values.begin() + per * begin, all.values.begin() + per * end, out.values.begin());
+  return out;
+}
+
+// One moe_forward call on fresh device copies, experts [begin, end) only (their weights alone
+// on the device, as an EP rank holds them), with or without the shared expert; workspace and
+// outputs poisoned first. Returns out as floats; ids / w receive the routing.
+std::vector<float> run_moe(const MoeCase& c, const MoeHost& h, int begin, int end, bool shared,
+                           std::vector<int>* ids = nullptr, std::vector<float>* w = nullptr) {
+  MoeShape shape = shape_of(c);
+  shape.expert_begin = begin;
+  shape.expert_end = end;
+  if (!shared) shape.shared_inter = 0;
+  const size_t gu_per = static_cast<size_t>(2) * c.inter * c.hidden;
+  const size_t down_per = static_cast<size_t>(c.hidden) * c.inter;
+  auto dx = test::to_device(h.x);
+  auto drouter = test::to_device(h.router);
+  auto dgu = test::to_device(expert_block(h.gate_up, gu_per, begin, end));
+  auto ddown = test::to_device(expert_block(h.down, down_per, begin, end));
+  auto dsgu = test::to_device(h.sgu);
+  auto dsdown = test::to_device(h.sdown);
+  const bool with_shared = shape.shared_inter > 0;
+  MoeWeights weights{drouter.get(), dgu.get(), ddown.get(), with_shared ? dsgu.get() : nullptr,
+                     with_shared ? dsdown.get() : nullptr};
+  DeviceBuffer<unsigned char> workspace(moe_workspace_bytes(c.m, shape));
+  workspace.poison();
+  DeviceBuffer<bf16> out(static_cast<size_t>(c.m) * c.hidden);
+  DeviceBuffer<int> did(static_cast<size_t>(c.m) * c.top_k);
+  DeviceBuffer<float> dw(static_cast<size_t>(c.m) * c.top_k);
+  out.poison();
+  did.poison();
+  dw.poison();
+  moe_forward(dx.get(), weights, c.m, shape, workspace.get(), out.get(), nullptr, false,
+              MoeRouting{did.get(), dw.get()});
+  if (ids != nullptr) *ids = did.download();
+  if (w != nullptr) *w = dw.download();
+  return test::bf16_to_float(out.download<uint16_t>());
+}
+
+// got against a reference: relative error under kBf16RelTol, or exactly +0 everywhere where the
+// reference is all zero (a range no token selected, no shared expert).
+void expect_matches(const std::vector<float>& got, const std::vector<double>& ref,
+                    const char* what) {
+  if (std::all_of(ref.begin(), ref.end(), [](double v) { return v == 0.0; })) {
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(test::to_bf16_bits(got[i]), 0u) << what << ": element " << i << " not +0";
+    return;
+  }
+  EXPECT_LT(test::rel_error(got, ref), test::kBf16RelTol) << what;
+}
+
 class MoeCases : public ::testing::TestWithParam<MoeCase> {};
 
 TEST_P(MoeCases, MatchesCpuReference) {
@@ -50,85 +180,84 @@ TEST_P(MoeCases, MatchesCpuReference) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  MoeShape shape;
-  shape.num_experts = c.num_experts;
-  shape.top_k = c.top_k;
-  shape.hidden = c.hidden;
-  shape.expert_inter = c.inter;
-  shape.shared_inter = c.shared_inter;
-  shape.renormalize = c.renormalize;
-  const float ws = 1.0f / std::sqrt(static_cast<float>(c.hidden));
-  const Bf16Host x = test::random_bf16(static_cast<size_t>(c.m) * c.hidden, rng);
-  const Bf16Host router = test::random_bf16(static_cast<size_t>(c.num_experts) * c.hidden, rng, ws);
-  const Bf16Host gate_up =
-      test::random_bf16(static_cast<size_t>(c.num_experts) * 2 * c.inter * c.hidden, rng, ws);
-  const Bf16Host down =
-      test::random_bf16(static_cast<size_t>(c.num_experts) * c.hidden * c.inter, rng, ws);
-  const Bf16Host sgu =
-      test::random_bf16(static_cast<size_t>(2 * c.shared_inter + 1) * c.hidden, rng, ws);
-  const Bf16Host sdown =
-      test::random_bf16(static_cast<size_t>(c.hidden) * c.shared_inter + 1, rng, ws);
-  auto dx = test::to_device(x);
-  auto drouter = test::to_device(router);
-  auto dgu = test::to_device(gate_up);
-  auto ddown = test::to_device(down);
-  auto dsgu = test::to_device(sgu);
-  auto dsdown = test::to_device(sdown);
-  MoeWeights weights{drouter.get(), dgu.get(), ddown.get(),
-                     c.shared_inter > 0 ? dsgu.get() : nullptr,
-                     c.shared_inter > 0 ? dsdown.get() : nullptr};
-  DeviceBuffer<unsigned char> workspace(moe_workspace_bytes(c.m, shape));
-  workspace.poison();
-  DeviceBuffer<bf16> out(static_cast<size_t>(c.m) * c.hidden);
-  DeviceBuffer<int> ids(static_cast<size_t>(c.m) * c.top_k);
-  DeviceBuffer<float> wts(static_cast<size_t>(c.m) * c.top_k);
-  out.poison();
-  ids.poison();
-  wts.poison();
-  moe_forward(dx.get(), weights, c.m, shape, workspace.get(), out.get(), nullptr, false,
-              MoeRouting{ids.get(), wts.get()});
-  const auto got = test::bf16_to_float(out.download<uint16_t>());
-  const auto got_ids = ids.download();
-  const auto got_w = wts.download();
+  const MoeHost h = random_moe(c, rng);
+  std::vector<int> ids;
+  std::vector<float> w;
+  const auto got = run_moe(c, h, 0, c.num_experts, true, &ids, &w);
+  const auto ref = moe_reference(c, h, ids, w, 0, c.num_experts, true);
+  expect_matches(got, ref, "full range");
+}
 
-  std::vector<double> ref(static_cast<size_t>(c.m) * c.hidden, 0.0);
-  for (int t = 0; t < c.m; ++t) {
-    const float* xt = &x.values[static_cast<size_t>(t) * c.hidden];
-    std::vector<double> logit(c.num_experts);
-    for (int e = 0; e < c.num_experts; ++e)
-      logit[e] = dot(&router.values[static_cast<size_t>(e) * c.hidden], xt, c.hidden);
-    std::vector<int> order(c.num_experts);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logit[a] > logit[b]; });
-    // The GPU ranks fp32 logits: accept its pick where the reference logits nearly tie.
-    for (int j = 0; j < c.top_k; ++j) {
-      const int gpu = got_ids[t * c.top_k + j];
-      ASSERT_GE(gpu, 0);
-      ASSERT_LT(gpu, c.num_experts);
-      EXPECT_NEAR(logit[gpu], logit[order[j]], 1e-4) << "token " << t << " rank " << j;
-    }
-    double denom = 0;
-    const double mx = logit[order[0]];
-    if (c.renormalize)
-      for (int j = 0; j < c.top_k; ++j) denom += std::exp(logit[got_ids[t * c.top_k + j]] - mx);
-    else
-      for (int e = 0; e < c.num_experts; ++e) denom += std::exp(logit[e] - mx);
-    for (int j = 0; j < c.top_k; ++j) {
-      const int e = got_ids[t * c.top_k + j];
-      const double w = std::exp(logit[e] - mx) / denom;
-      EXPECT_NEAR(got_w[t * c.top_k + j], w, 1e-3 * w + 1e-6) << "token " << t << " rank " << j;
-      const auto y =
-          ffn(xt, &gate_up.values[static_cast<size_t>(e) * 2 * c.inter * c.hidden],
-              &down.values[static_cast<size_t>(e) * c.hidden * c.inter], c.hidden, c.inter);
-      for (int h = 0; h < c.hidden; ++h) ref[static_cast<size_t>(t) * c.hidden + h] += w * y[h];
-    }
-    if (c.shared_inter > 0) {
-      const auto y = ffn(xt, sgu.values.data(), sdown.values.data(), c.hidden, c.shared_inter);
-      for (int h = 0; h < c.hidden; ++h) ref[static_cast<size_t>(t) * c.hidden + h] += y[h];
+// Expert ranges (expert parallelism): two half ranges, each holding only its experts' weights,
+// the first with the shared expert, sum to the full call; each matches the CPU reference of its
+// range; a range that no token selected (and no shared expert) is exactly zero.
+class MoeRanges : public ::testing::TestWithParam<MoeCase> {};
+
+TEST_P(MoeRanges, HalvesSumToFullAndUnselectedIsZero) {
+  TS_SKIP_WITHOUT_GPU();
+  const MoeCase c = GetParam();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", m " + std::to_string(c.m));
+  std::mt19937_64 rng(seed);
+  const MoeHost h = random_moe(c, rng);
+  const int E = c.num_experts, half = E / 2;
+  std::vector<int> ids, ids_lo, ids_hi;
+  std::vector<float> w, w_lo, w_hi;
+  const auto full = run_moe(c, h, 0, E, true, &ids, &w);
+  const auto lo = run_moe(c, h, 0, half, true, &ids_lo, &w_lo);
+  const auto hi = run_moe(c, h, half, E, false, &ids_hi, &w_hi);
+  // Routing is over all experts whatever the range: the same ids and weights, bit for bit.
+  EXPECT_EQ(ids_lo, ids);
+  EXPECT_EQ(ids_hi, ids);
+  EXPECT_EQ(w_lo, w);
+  EXPECT_EQ(w_hi, w);
+  for (int id : ids) ASSERT_TRUE(id >= 0 && id < E) << "routed to expert " << id;
+  expect_matches(full, moe_reference(c, h, ids, w, 0, E, true), "full range");
+  expect_matches(lo, moe_reference(c, h, ids, w, 0, half, true), "lower half + shared");
+  expect_matches(hi, moe_reference(c, h, ids, w, half, E, false), "upper half");
+  // lo + hi against full: the three outputs are fp32 sums each rounded to bf16 once; a rounding
+  // moves a value by at most half an ulp, <= 2^-8 of the rounded magnitude (8 significant bits),
+  // so |lo + hi - full| <= 2^-8 (|lo| + |hi| + |full|). The fp32 sums differ only in the order
+  // of adding the same expert outputs (relative 2^-24 per add, top_k adds): 1e-5 of the largest
+  // output covers that.
+  float scale = 0.0f;
+  for (float v : full) scale = std::max(scale, std::fabs(v));
+  int worst = -1;
+  double worst_excess = 0.0;
+  for (size_t i = 0; i < full.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(lo[i]) && std::isfinite(hi[i]) && std::isfinite(full[i])) << i;
+    const double err = std::fabs(double(lo[i]) + double(hi[i]) - double(full[i]));
+    const double tol =
+        std::ldexp(std::fabs(lo[i]) + std::fabs(hi[i]) + std::fabs(full[i]), -8) + 1e-5 * scale;
+    if (err - tol > worst_excess) {
+      worst_excess = err - tol;
+      worst = int(i);
     }
   }
-  EXPECT_LT(test::rel_error(got, ref), test::kBf16RelTol);
+  EXPECT_LT(worst, 0) << "element " << worst << ": lo " << lo[size_t(std::max(worst, 0))]
+                      << " + hi " << hi[size_t(std::max(worst, 0))] << " vs full "
+                      << full[size_t(std::max(worst, 0))] << " (excess " << worst_excess << ")";
+  // An expert no token selected, computed alone without the shared expert: exactly +0 (the
+  // combine adds nothing). Exists whenever m * top_k < num_experts.
+  std::vector<bool> picked(E, false);
+  for (int id : ids) picked[size_t(id)] = true;
+  const auto none = std::find(picked.begin(), picked.end(), false);
+  if (c.m * c.top_k < E) {
+    ASSERT_NE(none, picked.end());
+  }
+  if (none != picked.end()) {
+    const int e = int(none - picked.begin());
+    const auto zero = run_moe(c, h, e, e + 1, false);
+    for (size_t i = 0; i < zero.size(); ++i)
+      ASSERT_EQ(test::to_bf16_bits(zero[i]), 0u) << "expert " << e << ", element " << i;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Ranges, MoeRanges,
+                         ::testing::Values(MoeCase{1, 32, 4, 256, 128, 128, true},
+                                           MoeCase{6, 32, 4, 256, 128, 0, true},
+                                           MoeCase{6, 32, 4, 256, 128, 128, false},
+                                           MoeCase{16, 32, 4, 256, 128, 128, true}));
 
 INSTANTIATE_TEST_SUITE_P(Cases, MoeCases,
                          ::testing::Values(MoeCase{1, 32, 4, 256, 128, 0, true},
@@ -152,6 +281,15 @@ TEST(Moe, RejectsInvalidShapes) {
   s.shared_inter = 128;  // no shared weights given
   EXPECT_THROW(moe_forward(p, w, 1, s, ws, o, nullptr), std::invalid_argument);
   s.shared_inter = 0;
+  s.expert_begin = 64;
+  s.expert_end = 64;  // empty range
+  EXPECT_THROW(moe_forward(p, w, 1, s, ws, o, nullptr), std::invalid_argument);
+  s.expert_end = 129;  // beyond num_experts
+  EXPECT_THROW(moe_forward(p, w, 1, s, ws, o, nullptr), std::invalid_argument);
+  s.expert_begin = -1;
+  s.expert_end = 0;
+  EXPECT_THROW(moe_forward(p, w, 1, s, ws, o, nullptr), std::invalid_argument);
+  s.expert_begin = 0;
   s.num_experts = 300;
   try {
     moe_forward(p, w, 1, s, ws, o, nullptr);

@@ -1,10 +1,12 @@
-// Tensor parallelism of the real runtime (runtime/tensor_parallel.h). Run as a plain process
-// (one GPU: the shard slicing and the tp = 1 path through the NCCL hooks) and under
+// Tensor parallelism of the real runtime (runtime/tensor_parallel.h), with expert parallelism of
+// MoE layers (ep = tp). Run as a plain process (CPU: shard slicing and config errors; one GPU:
+// the tp = 1 path through the NCCL hooks, dense and MoE) and under
 //   mpirun --allow-run-as-root -np 2 runtime_tp_gpu_test
 // (one GPU per rank): the ranks' greedy tokens agree, TP2 against TP1 on the Llama-3-8B shape
 // over 256 tokens (agreement rate and first divergence printed: bf16 all-reduce rounding may
-// flip a near-tie), and the tiny model's TP2 against the CPU reference. Tests needing more ranks
-// or GPUs than present skip.
+// flip a near-tie), and the tiny model's TP2 against the CPU reference; likewise TP2-EP2 of the
+// tiny MoE model (against the CPU reference) and of the Qwen3-30B-A3B shape (against one GPU).
+// Tests needing more ranks or GPUs than present skip.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
+#include <string>
 
 #include "experiments/tp_run.h"
 #include "policies/decode_loop.h"
@@ -20,6 +24,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
+#include "runtime/memory_plan.h"
 #include "runtime/real_backend.h"
 #include "runtime/tensor_parallel.h"
 #include "tests/runtime/cpu_reference.h"
@@ -113,34 +118,208 @@ std::vector<int32_t> flat(const std::vector<std::vector<int32_t>>& v) {
   return f;
 }
 
+// Every rank's shard of full tensor w (tp_shard_bits) put back at its slice (tp_slice): the
+// reassembled tensor (0xffff where no rank wrote), and how many ranks hold all of it or a part.
+struct Tiling {
+  std::vector<uint16_t> bits;
+  int whole = 0, part = 0;
+};
+Tiling tile_over_ranks(const LlamaConfig& full, const WeightDesc& w, uint64_t seed, int size) {
+  uint64_t n = 1;
+  for (int64_t d : w.shape) n *= uint64_t(d);
+  Tiling t;
+  t.bits.assign(n, 0xffff);
+  for (int r = 0; r < size; ++r) {
+    const runtime::TensorSlice s = runtime::tp_slice(full, w, r, size);
+    const std::vector<uint16_t> bits = runtime::tp_shard_bits(full, w, seed, r, size);
+    EXPECT_EQ(bits.size(), size_t(s.rows * s.cols)) << w.name;
+    if (bits.size() != size_t(s.rows * s.cols)) return t;
+    if (s.empty()) continue;
+    ++(s.rows * s.cols == int64_t(n) ? t.whole : t.part);
+    for (int64_t i = 0; i < s.rows; ++i)
+      for (int64_t j = 0; j < s.cols; ++j)
+        t.bits[size_t((s.row0 + i) * s.full_cols + s.col0 + j)] = bits[size_t(i * s.cols + j)];
+  }
+  return t;
+}
+
+std::vector<uint16_t> full_bits(const WeightDesc& w, uint64_t seed) {
+  uint64_t n = 1;
+  for (int64_t d : w.shape) n *= uint64_t(d);
+  std::vector<uint16_t> bits(n);
+  synthetic_tensor_bits(w, seed, 0, n, bits.data());
+  return bits;
+}
+
+// What init_synthetic_tp relies on: rank r's non-empty slices of the full model's tensors are
+// exactly the tensors of its shard config's weight list (the engine's allocation), element
+// counts equal.
+void expect_slices_match_shard_lists(const LlamaConfig& full, int size) {
+  for (int r = 0; r < size; ++r) {
+    std::map<std::string, int64_t> sliced, listed;
+    for (const WeightDesc& w : llama_weight_list(full))
+      if (const runtime::TensorSlice s = runtime::tp_slice(full, w, r, size); !s.empty())
+        sliced[w.name] = s.rows * s.cols;
+    for (const WeightDesc& w : llama_weight_list(runtime::tp_shard_config(full, r, size))) {
+      int64_t n = 1;
+      for (int64_t d : w.shape) n *= d;
+      listed[w.name] = n;
+    }
+    EXPECT_EQ(sliced, listed) << "rank " << r << " of " << size;
+  }
+}
+
 // CPU, no GPU: the ranks' shards tile every full tensor exactly once.
 TEST(TensorParallel, ShardsTileTheFullTensors) {
   const LlamaConfig full = llama_config_from_spec(tiny_runtime_spec());
   for (const WeightDesc& w : llama_weight_list(full)) {
-    uint64_t n = 1;
-    for (int64_t d : w.shape) n *= uint64_t(d);
-    std::vector<uint16_t> want(n);
-    synthetic_tensor_bits(w, 5, 0, n, want.data());
-    std::vector<uint16_t> got(n, 0xffff);
-    int replicated = 0;
-    for (int r = 0; r < 2; ++r) {
-      const runtime::TensorSlice s = runtime::tp_slice(full, w, r, 2);
-      const std::vector<uint16_t> bits = runtime::tp_shard_bits(full, w, 5, r, 2);
-      ASSERT_EQ(bits.size(), size_t(s.rows * s.cols)) << w.name;
-      if (s.rows * s.cols == int64_t(n)) ++replicated;
-      for (int64_t i = 0; i < s.rows; ++i)
-        for (int64_t j = 0; j < s.cols; ++j)
-          got[size_t((s.row0 + i) * s.full_cols + s.col0 + j)] = bits[size_t(i * s.cols + j)];
-    }
-    EXPECT_EQ(got, want) << w.name;
+    const Tiling t = tile_over_ranks(full, w, 5, 2);
+    EXPECT_EQ(t.bits, full_bits(w, 5)) << w.name;
     const bool sharded = w.name.find("proj") != std::string::npos;
-    EXPECT_EQ(replicated, sharded ? 0 : 2) << w.name;
+    EXPECT_EQ(t.whole, sharded ? 0 : 2) << w.name;
+    EXPECT_EQ(t.part, sharded ? 2 : 0) << w.name;
   }
-  const LlamaConfig shard = runtime::tp_shard_config(full, 2);
+  expect_slices_match_shard_lists(full, 2);
+  const LlamaConfig shard = runtime::tp_shard_config(full, 1, 2);
   EXPECT_EQ(shard.q_heads, 2);
   EXPECT_EQ(shard.kv_heads, 1);
   EXPECT_EQ(shard.intermediate, 512);
-  EXPECT_THROW(runtime::tp_shard_config(full, 4), ConfigError);  // 2 KV heads over 4 ranks
+  EXPECT_EQ(shard.num_experts, 0);
+  EXPECT_THROW(runtime::tp_shard_config(full, 0, 4), ConfigError);  // 2 KV heads over 4 ranks
+  EXPECT_THROW(runtime::tp_shard_config(full, 2, 2), ConfigError);  // no rank 2 of 2
+}
+
+// CPU: expert parallelism (ep = tp) of the tiny MoE model with a shared expert (16 experts,
+// shared width 256) over 2 ranks: rank r holds experts [8r, 8r + 8) whole and shared rows /
+// columns [128r, 128r + 128); router and norms on both; attention as dense TP. The union over
+// the ranks is the full model, bit for bit.
+TEST(ExpertParallel, ShardsTileTheFullMoeModel) {
+  const LlamaConfig full = llama_config_from_spec(tiny_moe_runtime_spec(true));
+  ASSERT_EQ(full.num_experts, 16);
+  ASSERT_EQ(full.shared_intermediate, 256);
+  for (int r = 0; r < 2; ++r) {
+    const LlamaConfig shard = runtime::tp_shard_config(full, r, 2);
+    EXPECT_EQ(shard.num_experts, 16);  // routing over all of them
+    EXPECT_EQ(shard.expert_begin, 8 * r);
+    EXPECT_EQ(shard.num_local_experts, 8);
+    EXPECT_EQ(shard.local_experts(), 8);
+    EXPECT_EQ(shard.shared_intermediate, 128);
+    EXPECT_EQ(shard.expert_intermediate, full.expert_intermediate);  // experts are not split
+    EXPECT_EQ(shard.q_heads, 2);
+    EXPECT_EQ(shard.kv_heads, 1);
+    int experts_listed = 0;
+    for (const WeightDesc& w : llama_weight_list(shard)) {
+      const size_t at = w.name.find(".mlp.experts.");
+      if (at == std::string::npos) continue;
+      const int j = std::stoi(w.name.substr(at + 13));
+      EXPECT_TRUE(j >= 8 * r && j < 8 * r + 8) << "rank " << r << " lists " << w.name;
+      ++experts_listed;
+    }
+    EXPECT_EQ(experts_listed, 2 * 8 * 3) << "2 layers x 8 experts x gate/up/down";
+  }
+  for (const WeightDesc& w : llama_weight_list(full)) {
+    const Tiling t = tile_over_ranks(full, w, 5, 2);
+    EXPECT_EQ(t.bits, full_bits(w, 5)) << w.name;
+    if (const size_t at = w.name.find(".mlp.experts."); at != std::string::npos) {
+      EXPECT_EQ(t.whole, 1) << w.name << ": one owner";
+      EXPECT_EQ(t.part, 0) << w.name;
+      const int j = std::stoi(w.name.substr(at + 13));
+      const int owner = j / 8;
+      EXPECT_FALSE(runtime::tp_slice(full, w, owner, 2).empty()) << w.name;
+      EXPECT_TRUE(runtime::tp_slice(full, w, 1 - owner, 2).empty()) << w.name;
+      // The owner's shard is the full tensor.
+      EXPECT_EQ(runtime::tp_shard_bits(full, w, 5, owner, 2), full_bits(w, 5)) << w.name;
+    } else if (w.name.find("proj") != std::string::npos) {  // attention, shared expert
+      EXPECT_EQ(t.whole, 0) << w.name;
+      EXPECT_EQ(t.part, 2) << w.name;
+    } else {  // norms, embeddings, lm_head, the router
+      EXPECT_EQ(t.whole, 2) << w.name;
+      EXPECT_EQ(t.part, 0) << w.name;
+    }
+  }
+  // The shared expert: gate rows [128r, +128), down columns [128r, +128) of the full tensors.
+  const WeightDesc* gate = nullptr;
+  const WeightDesc* down = nullptr;
+  const std::vector<WeightDesc> list = llama_weight_list(full);
+  for (const WeightDesc& w : list) {
+    if (w.name == "model.layers.1.mlp.shared_expert.gate_proj.weight") gate = &w;
+    if (w.name == "model.layers.1.mlp.shared_expert.down_proj.weight") down = &w;
+  }
+  ASSERT_TRUE(gate != nullptr && down != nullptr);
+  const runtime::TensorSlice g1 = runtime::tp_slice(full, *gate, 1, 2);
+  EXPECT_EQ(g1.row0, 128);
+  EXPECT_EQ(g1.rows, 128);
+  EXPECT_EQ(g1.cols, full.hidden);
+  const runtime::TensorSlice d1 = runtime::tp_slice(full, *down, 1, 2);
+  EXPECT_EQ(d1.col0, 128);
+  EXPECT_EQ(d1.cols, 128);
+  EXPECT_EQ(d1.rows, full.hidden);
+  expect_slices_match_shard_lists(full, 2);
+  expect_slices_match_shard_lists(llama_config_from_spec(tiny_moe_runtime_spec(false)), 2);
+  // tp = 1: the whole model on the one rank.
+  const LlamaConfig one = runtime::tp_shard_config(full, 0, 1);
+  EXPECT_EQ(one.expert_begin, 0);
+  EXPECT_EQ(one.local_experts(), 16);
+  EXPECT_EQ(one.shared_intermediate, 256);
+  expect_slices_match_shard_lists(full, 1);
+}
+
+// CPU: Qwen3-30B-A3B at TP2-EP2 (as the simulator's layer_shard: rank 1 holds [64, 128)), and
+// the memory plan of a rank: its 64 experts, all 128 router rows. By hand, per layer: norms 2H,
+// qkv (2048 + 2 x 256) H (16 of 32 q heads, 2 of 4 KV heads), o_proj H x 2048, router 128 H,
+// experts 64 x 3 x 768 H; plus embedding and lm_head V H and the final norm H (H 2048,
+// V 151936; every tensor a multiple of 128 elements, so no padding).
+TEST(ExpertParallel, Qwen3ShardAndMemoryPlan) {
+  const LlamaConfig full = llama_config_from_spec(model_preset("qwen3-30b-a3b"));
+  const LlamaConfig r1 = runtime::tp_shard_config(full, 1, 2);
+  EXPECT_EQ(r1.expert_begin, 64);
+  EXPECT_EQ(r1.local_experts(), 64);
+  EXPECT_EQ(r1.num_experts, 128);
+  EXPECT_EQ(r1.shared_intermediate, 0);
+  const int64_t H = 2048, V = 151936;
+  const int64_t layer = 2 * H + (2048 + 2 * 256) * H + H * 2048 + 128 * H + 64 * 3 * 768 * H;
+  const int64_t want = 2 * (2 * V * H + H + 48 * layer);
+  EXPECT_EQ(plan_engine_memory(r1, 1, 64, 16).weight_bytes, want);
+  // The full model's plan minus the shard's: the other 64 experts and the other half of the
+  // attention projections (q, k, v, o) of every layer.
+  const int64_t diff = 2 * 48 * (64 * 3 * 768 * H + (2048 + 2 * 256) * H + H * 2048);
+  EXPECT_EQ(plan_engine_memory(full, 1, 64, 16).weight_bytes - want, diff);
+}
+
+// CPU: what expert parallelism refuses, each error naming the reason.
+TEST(ExpertParallel, ConfigErrors) {
+  LlamaConfig c = llama_config_from_spec(tiny_moe_runtime_spec(true));
+  auto message = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no ConfigError)";
+  };
+  // 16 experts over 3 ranks (6 q heads and 3 KV heads, so only the experts fail).
+  LlamaConfig three = c;
+  three.q_heads = 6;
+  three.kv_heads = 3;
+  three.shared_intermediate = 192 * 3;
+  EXPECT_NE(message([&] {
+              runtime::tp_shard_config(three, 0, 3);
+            }).find("16 routed experts do not divide"),
+            std::string::npos)
+      << message([&] { runtime::tp_shard_config(three, 0, 3); });
+  // A shared expert whose slices would not be multiples of 64.
+  LlamaConfig shared = c;
+  shared.shared_intermediate = 192;
+  EXPECT_NE(message([&] {
+              runtime::tp_shard_config(shared, 0, 2);
+            }).find("shared expert intermediate 192"),
+            std::string::npos);
+  // Sharding a shard.
+  LlamaConfig twice = runtime::tp_shard_config(c, 1, 2);
+  twice.q_heads = 4;
+  twice.kv_heads = 2;
+  EXPECT_NE(message([&] { runtime::tp_shard_config(twice, 0, 2); }).find("already"),
+            std::string::npos);
 }
 
 // CPU: which real multi-GPU variants the runner refuses, and the error says why.
@@ -179,6 +358,34 @@ TEST(TensorParallel, RealLayoutChecks) {
   Variant single = v;
   single.layout.tp = 1;
   EXPECT_EQ(problem(single, one), "");
+  // Expert parallelism: ep = tp on an MoE model runs; ep on a dense model, MoE without ep = tp,
+  // ep != tp, experts not dividing into ep blocks are refused.
+  Variant moe = v;
+  moe.model = model_preset("qwen3-30b-a3b");
+  moe.layout.ep = 2;
+  EXPECT_EQ(problem(moe, ok), "");
+  EXPECT_NE(problem(moe, one).find("mpirun -np 2"), std::string::npos) << problem(moe, one);
+  Variant dense_ep = v;
+  dense_ep.model = model_preset("llama-3-8b");
+  dense_ep.layout.ep = 2;
+  EXPECT_NE(problem(dense_ep, ok).find("on the dense model"), std::string::npos)
+      << problem(dense_ep, ok);
+  Variant moe_tp = moe;
+  moe_tp.layout.ep = 1;
+  EXPECT_NE(problem(moe_tp, ok).find("expert parallelism only"), std::string::npos)
+      << problem(moe_tp, ok);
+  Variant ep4 = moe;
+  ep4.layout.ep = 4;
+  EXPECT_NE(problem(ep4, ok).find("tensor parallelism only"), std::string::npos)
+      << problem(ep4, ok);
+  Variant odd = moe;
+  for (LayerSpec& l : odd.model.layers) l.mlp.num_experts = 130;
+  odd.layout.tp = odd.layout.ep = 4;
+  EXPECT_NE(problem(odd, ok).find("130 routed experts do not divide into 4"), std::string::npos)
+      << problem(odd, ok);
+  Variant moe_spec = moe;
+  moe_spec.policy.spec.method = SpecMethod::kChain;
+  EXPECT_NE(problem(moe_spec, ok).find("speculative"), std::string::npos);
 }
 
 // One GPU: tp = 1 through the tensor-parallel path (sliced init, an NCCL all-reduce of one rank
@@ -207,6 +414,32 @@ TEST(TensorParallel, OneRankPathEqualsPlainEngine) {
 
 // Two ranks, the tiny model: the ranks' tokens agree, and the TP2 tokens match the CPU
 // reference of the full model teacher-forced (a different pick only as a near-tie).
+// The CPU reference's greedy walk beside `tokens` (prompt: request 0 of prompt seed 1, 37
+// tokens): every differing token must be a near-tie (logit gap < 0.02); prints how many matched
+// before the first difference. Returns the number of near-ties.
+int cpu_near_ties(const LlamaConfig& config, uint64_t seed, const std::vector<int32_t>& tokens,
+                  const std::string& what) {
+  testing::CpuLlama cpu(config, seed);
+  std::vector<int32_t> prompt;
+  for (int32_t t = 0; t < 37; ++t)
+    prompt.push_back(RealBackend::prompt_token(1, 0, t, config.vocab));
+  std::vector<float> logits = cpu.prefill(prompt);
+  int ties = 0, exact = -1;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t want = cpu.argmax(logits), got = tokens[i];
+    if (got != want) {
+      if (exact < 0) exact = int(i);
+      ++ties;
+      EXPECT_LT(logits[size_t(want)] - logits[size_t(got)], 0.02f) << "token " << i;
+    }
+    logits = cpu.decode(got);
+  }
+  if (exact < 0) exact = int(tokens.size());
+  std::printf("%s: %d of %zu tokens equal the CPU reference before any difference, %d near-ties\n",
+              what.c_str(), exact, tokens.size(), ties);
+  return ties;
+}
+
 TEST(TensorParallel, TinyTwoRanksAgreeAndMatchCpuReference) {
   SKIP_WITHOUT_RANKS(2);
   Communicator& comm = runtime::tp_world_communicator();
@@ -223,33 +456,45 @@ TEST(TensorParallel, TinyTwoRanksAgreeAndMatchCpuReference) {
   ASSERT_EQ(tokens[0].size(), 48u);
   const auto ranks = gather_tokens(comm, tokens[0]);
   EXPECT_EQ(ranks[0], ranks[1]) << "the ranks sampled different tokens";
-  testing::CpuLlama cpu(config, 7);
-  std::vector<int32_t> prompt;
-  for (int32_t t = 0; t < 37; ++t)
-    prompt.push_back(RealBackend::prompt_token(1, 0, t, config.vocab));
-  std::vector<float> logits = cpu.prefill(prompt);
-  int ties = 0, exact = -1;
-  for (size_t i = 0; i < tokens[0].size(); ++i) {
-    const int32_t want = cpu.argmax(logits), got = tokens[0][i];
-    if (got != want) {
-      if (exact < 0) exact = int(i);
-      ++ties;
-      EXPECT_LT(logits[size_t(want)] - logits[size_t(got)], 0.02f) << "token " << i;
-    }
-    logits = cpu.decode(got);
-  }
-  if (exact < 0) exact = int(tokens[0].size());
-  std::printf(
-      "tiny TP2 rank %d: %d of 48 tokens equal the CPU reference before any difference, "
-      "%d near-ties\n",
-      comm.rank(), exact, ties);
-  EXPECT_LE(ties, 1);
+  EXPECT_LE(cpu_near_ties(config, 7, tokens[0], "tiny TP2 rank " + std::to_string(comm.rank())), 1);
 }
 
 // Two ranks, Llama-3-8B shape, 256 greedy tokens at batch 1 (run-ahead, graphs with PDL) and
 // 4 concurrent requests: the ranks agree; against TP1 on one GPU the agreement rate and the first
 // divergence are printed (bf16 rounding of the two partial sums differs from one fp32-accumulated
 // projection, so a near-tie can flip, and after a flip the sequences part).
+// Rank 0 only, after the sharded run: the same workload on one GPU (when `free_gb` are free)
+// and the greedy agreement of the first request's `n` tokens printed; the prefill's token must
+// match (later tokens may diverge: the all-reduce changes the bf16 summation order).
+void compare_with_one_gpu(const LlamaConfig& config, const ModelSpec& spec, const EngineOptions& eo,
+                          const WorkloadSpec& one, const std::vector<int32_t>& sharded, size_t n,
+                          size_t free_gb, const char* what) {
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  if (free_bytes < (free_gb << 30)) GTEST_SKIP() << "one GPU needs " << free_gb << " GB free";
+  auto single = Engine::create_synthetic(config, 1, eo);
+  const auto ref = greedy(*single, spec, one, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+  ASSERT_GE(sharded.size(), n);
+  int same = 0, first = -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (ref[0][i] == sharded[i])
+      ++same;
+    else if (first < 0)
+      first = int(i);
+  }
+  std::printf(
+      "%s vs one GPU, %zu greedy tokens at batch 1: %s; %d of %zu positions equal "
+      "(agreement %.3f)\n",
+      what, n,
+      first < 0 ? "identical"
+                : ("first divergence at token " + std::to_string(first) + " (one GPU " +
+                   std::to_string(ref[0][size_t(first)]) + ", sharded " +
+                   std::to_string(sharded[size_t(first)]) + ")")
+                      .c_str(),
+      same, n, same / double(n));
+  EXPECT_EQ(ref[0][0], sharded[0]) << "the prefill's token differs";
+}
+
 TEST(TensorParallel, Llama8BTwoRanksAgainstOneGpu) {
   SKIP_WITHOUT_RANKS(2);
   Communicator& comm = runtime::tp_world_communicator();
@@ -275,28 +520,132 @@ TEST(TensorParallel, Llama8BTwoRanksAgainstOneGpu) {
   const auto ranks4 = gather_tokens(comm, flat(tp2_four));
   EXPECT_EQ(ranks4[0], ranks4[1]) << "the ranks sampled different tokens (4 requests)";
   if (comm.rank() != 0) return;
-  size_t free_bytes = 0, total = 0;
-  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
-  if (free_bytes < (size_t{24} << 30)) GTEST_SKIP() << "TP1 needs 24 GB of free GPU memory";
-  auto tp1 = Engine::create_synthetic(config, 1, eo);
-  const auto ref = greedy(*tp1, spec, one, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
-  int same = 0, first = -1;
-  for (size_t i = 0; i < 256; ++i) {
-    if (ref[0][i] == tp2_one[0][i])
-      ++same;
-    else if (first < 0)
-      first = int(i);
+  compare_with_one_gpu(config, spec, eo, one, tp2_one[0], 256, 24, "8B TP2");
+}
+
+// One GPU: expert parallelism at tp = 1 through the same path (tp_shard_config's expert block of
+// all 16 experts, the sliced init with expert ownership, the NCCL all-reduce of one rank after
+// every MoE FFN, in prefill and inside the graphs) gives the plain MoE engine's weights and
+// tokens bit for bit, with and without a shared expert.
+TEST(ExpertParallel, OneRankPathEqualsPlainMoeEngine) {
+  SKIP_WITHOUT_GPU();
+  const std::unique_ptr<Communicator> comm =
+      Communicator::create(Communicator::new_unique_id(), 0, 1);
+  for (bool shared : {true, false}) {
+    const ModelSpec spec = tiny_moe_runtime_spec(shared);
+    const LlamaConfig config = llama_config_from_spec(spec);
+    EngineOptions eo;
+    eo.max_slots = 4;
+    eo.capacity_tokens = 256;
+    auto plain = Engine::create_synthetic(config, 25, eo);
+    eo.tp = TensorParallel{0, 1, comm.get()};
+    auto ep1 = Engine::create_synthetic(config, 25, eo);
+    EXPECT_EQ(ep1->config().local_experts(), config.num_experts);
+    EXPECT_EQ(ep1->weight_bytes(), plain->weight_bytes());
+    for (const WeightDesc& w : llama_weight_list(config))
+      EXPECT_EQ(plain->download_weight(w.name), ep1->download_weight(w.name)) << w.name;
+    for (GraphMode mode : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      const auto a = greedy(*plain, spec, workload(37, 48, 3), HostSchedule::kRunahead, mode);
+      const auto b = greedy(*ep1, spec, workload(37, 48, 3), HostSchedule::kRunahead, mode);
+      EXPECT_EQ(a, b) << (shared ? "shared expert, " : "") << "graph mode " << int(mode);
+    }
+    // The moe_all_reduce node sits right after every MoE FFN in the decode forward (the
+    // simulator's moe_all_reduce after the experts), and there is no other all-reduce but
+    // o_all_reduce.
+    int moe = 0, reduce = 0, other = 0;
+    const std::vector<const char*>& names = ep1->decode_node_names(3);
+    ASSERT_FALSE(names.empty());
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (std::string(names[i]) == "moe") {
+        ++moe;
+        ASSERT_LT(i + 1, names.size());
+        EXPECT_EQ(std::string(names[i + 1]), "moe_all_reduce");
+      }
+      reduce += std::string(names[i]) == "moe_all_reduce";
+      other += std::string(names[i]) == "down_all_reduce";
+    }
+    EXPECT_EQ(moe, config.layers);
+    EXPECT_EQ(reduce, config.layers);
+    EXPECT_EQ(other, 0);
   }
-  std::printf(
-      "8B TP2 vs TP1, 256 greedy tokens at batch 1: %s; %d of 256 positions equal "
-      "(agreement %.3f)\n",
-      first < 0 ? "identical"
-                : ("first divergence at token " + std::to_string(first) + " (TP1 " +
-                   std::to_string(ref[0][size_t(first)]) + ", TP2 " +
-                   std::to_string(tp2_one[0][size_t(first)]) + ")")
-                      .c_str(),
-      same, same / 256.0);
-  EXPECT_EQ(ref[0][0], tp2_one[0][0]) << "the prefill's token differs";
+}
+
+// Two ranks, TP2-EP2 of the tiny MoE model with a shared expert: each rank holds its 8 experts
+// (the full tensors' bits) and half the shared expert, not the other rank's experts; the ranks'
+// tokens agree, and match the CPU reference of the full model teacher-forced (a different pick
+// only as a near-tie).
+TEST(ExpertParallel, TinyMoeTwoRanksAgreeAndMatchCpuReference) {
+  SKIP_WITHOUT_RANKS(2);
+  Communicator& comm = runtime::tp_world_communicator();
+  const ModelSpec spec = tiny_moe_runtime_spec(true);
+  const LlamaConfig config = llama_config_from_spec(spec);
+  EngineOptions eo;
+  eo.max_slots = 4;
+  eo.capacity_tokens = 256;
+  eo.tp = runtime::tp_world(2);
+  auto engine = Engine::create_synthetic(config, 25, eo);
+  const int r = comm.rank();
+  EXPECT_EQ(engine->config().expert_begin, 8 * r);
+  EXPECT_EQ(engine->config().local_experts(), 8);
+  EXPECT_EQ(engine->config().shared_intermediate, 128);
+  EXPECT_EQ(engine->weight_bytes(),
+            plan_engine_memory(engine->config(), eo.max_slots, eo.capacity_tokens,
+                               engine->options().max_prefill_tokens)
+                .weight_bytes);
+  for (const WeightDesc& w : llama_weight_list(config)) {
+    const runtime::TensorSlice s = runtime::tp_slice(config, w, r, 2);
+    if (s.empty()) {
+      EXPECT_THROW(engine->download_weight(w.name), Error) << w.name;
+      continue;
+    }
+    EXPECT_EQ(engine->download_weight(w.name), runtime::tp_shard_bits(config, w, 25, r, 2))
+        << w.name;
+  }
+  const auto tokens =
+      greedy(*engine, spec, workload(37, 48, 1), HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+  ASSERT_EQ(tokens[0].size(), 48u);
+  const auto lock =
+      greedy(*engine, spec, workload(37, 48, 1), HostSchedule::kLockstep, GraphMode::kEager);
+  EXPECT_EQ(lock, tokens) << "TP2-EP2 eager lockstep vs graphs with PDL run-ahead";
+  const auto ranks = gather_tokens(comm, tokens[0]);
+  EXPECT_EQ(ranks[0], ranks[1]) << "the ranks sampled different tokens";
+  const int ties =
+      cpu_near_ties(config, 25, tokens[0], "tiny MoE TP2-EP2 rank " + std::to_string(r));
+  EXPECT_LE(ties, 1);
+}
+
+// Two ranks, Qwen3-30B-A3B shape at TP2-EP2 (64 experts per rank), 128 greedy tokens at batch 1
+// and 4 concurrent requests: the ranks agree; against the one-GPU engine (rank 0, 72 GB free
+// needed) the agreement and first divergence are printed (the layer output is two bf16 partial
+// sums added by the all-reduce instead of one fp32 sum, so a near-tie can flip); only the
+// prefill's token is asserted equal.
+TEST(ExpertParallel, Qwen3TwoRanksAgainstOneGpu) {
+  SKIP_WITHOUT_RANKS(2);
+  Communicator& comm = runtime::tp_world_communicator();
+  const ModelSpec& spec = model_preset("qwen3-30b-a3b");
+  const LlamaConfig config = llama_config_from_spec(spec);
+  EngineOptions eo;
+  eo.max_slots = 4;
+  eo.capacity_tokens = 512;
+  const WorkloadSpec one = workload(128, 128, 1), four = workload(128, 32, 4);
+  std::vector<std::vector<int32_t>> ep_one, ep_four;
+  {
+    EngineOptions o = eo;
+    o.tp = runtime::tp_world(2);
+    auto engine = Engine::create_synthetic(config, 1, o);
+    EXPECT_EQ(engine->config().expert_begin, 64 * comm.rank());
+    ep_one = greedy(*engine, spec, one, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+    ep_four = greedy(*engine, spec, four, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+    const auto lock = greedy(*engine, spec, one, HostSchedule::kLockstep, GraphMode::kEager);
+    EXPECT_EQ(lock, ep_one) << "TP2-EP2 eager lockstep vs graphs with PDL run-ahead";
+  }
+  ASSERT_EQ(ep_one[0].size(), 128u);
+  const auto ranks = gather_tokens(comm, flat(ep_one));
+  EXPECT_EQ(ranks[0], ranks[1]) << "the ranks sampled different tokens (batch 1)";
+  const auto ranks4 = gather_tokens(comm, flat(ep_four));
+  EXPECT_EQ(ranks4[0], ranks4[1]) << "the ranks sampled different tokens (4 requests)";
+  if (comm.rank() != 0) return;
+  compare_with_one_gpu(config, spec, eo, one, ep_one[0], 128, 72, "qwen3-30b-a3b TP2-EP2");
 }
 
 }  // namespace
