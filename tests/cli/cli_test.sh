@@ -150,6 +150,9 @@ check "simulated drafts never pass the measured 8" test "$(q "$db6" "SELECT max(
 "$bin" --db "$db6" run -q "$src/tests/cli/spec/too_long.yaml" >/dev/null 2>"$work/long.err"
 check "a policy longer than the calibration is refused" test $? -ne 0
 check "the refusal names the YAML position and the lengths" grep -q "too_long.yaml:9:15: calibrated acceptance from run .* measured 8-token drafts, but variant 'base' drafts up to 9" "$work/long.err"
+"$bin" --db "$db6" run -q "$src/tests/cli/spec/missing_db.yaml" >/dev/null 2>"$work/missing.err"
+check "a missing calibration database is refused" test $? -ne 0
+check "the refusal names the YAML position and the path" grep -q "missing_db.yaml:9:15: calibrated acceptance: results database /nonexistent/dir/calib.db does not exist" "$work/missing.err"
 # Paired by variant index: the simulated chain(5) against calibration variant 0's chain of 8.
 calib0=$(q "$db6" "SELECT r.id FROM run r JOIN experiment e ON e.id=r.experiment_id WHERE e.name='cli-spec-calibration' AND r.variant_index=0")
 "$bin" --db "$db6" compare --accept "$chain" "$calib0" --accept-tolerance 5 >"$work/accept.out" 2>&1
