@@ -179,21 +179,26 @@ TEST_F(TinyEngine, ConcurrentRequestsMatchCpuReference) {
   }
 }
 
+// Lockstep and run-ahead, each in eager, graph and graph + PDL mode: the same tokens.
+void expect_every_mode_agrees(Engine& engine, const ModelSpec& spec, const WorkloadSpec& w) {
+  RealOptions ro;
+  ro.prompt_seed = 9;
+  std::vector<std::vector<int32_t>> first;
+  for (HostSchedule s : {HostSchedule::kLockstep, HostSchedule::kRunahead})
+    for (GraphMode m : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      const RunResult r = run_policy(engine, spec, w, policy(s, m), ro);
+      if (first.empty()) first = r.tokens;
+      EXPECT_EQ(r.tokens, first) << host_schedule_name(s) << " " << graph_mode_name(m);
+    }
+}
+
 TEST_F(TinyEngine, EveryModeAndScheduleAgrees) {
   WorkloadSpec w;
   w.input_len = {64, 64};
   w.output_len = {64, 64};
   w.num_requests = 2;
   w.max_concurrency = 2;
-  RealOptions ro;
-  ro.prompt_seed = 9;
-  std::vector<std::vector<int32_t>> first;
-  for (HostSchedule s : {HostSchedule::kLockstep, HostSchedule::kRunahead})
-    for (GraphMode m : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
-      const RunResult r = run_policy(*engine_, spec_, w, policy(s, m), ro);
-      if (first.empty()) first = r.tokens;
-      EXPECT_EQ(r.tokens, first) << host_schedule_name(s) << " " << graph_mode_name(m);
-    }
+  expect_every_mode_agrees(*engine_, spec_, w);
 }
 
 TEST_F(TinyEngine, GreedyRerunAfterSampledRequestsIsIdentical) {
@@ -406,15 +411,7 @@ TEST_P(TinyMoeEngine, EagerGraphAndPdlByteIdentical) {
   w.output_len = {64, 64};
   w.num_requests = 3;
   w.max_concurrency = 3;
-  RealOptions ro;
-  ro.prompt_seed = 9;
-  std::vector<std::vector<int32_t>> first;
-  for (HostSchedule s : {HostSchedule::kLockstep, HostSchedule::kRunahead})
-    for (GraphMode m : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
-      const RunResult r = run_policy(*engine_, spec_, w, policy(s, m), ro);
-      if (first.empty()) first = r.tokens;
-      EXPECT_EQ(r.tokens, first) << host_schedule_name(s) << " " << graph_mode_name(m);
-    }
+  expect_every_mode_agrees(*engine_, spec_, w);
 }
 
 TEST_P(TinyMoeEngine, WeightsAndWorkspaceAsPlanned) {
