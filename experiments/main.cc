@@ -460,9 +460,14 @@ int cmd_bench_sim(int32_t requests) {
 
 // `twinstep calibrate` (docs/calibration.md): measure this GPU (or, with fit_only, take the
 // latest calibration session stored in the database), fit, write the profile, print the fit.
+struct CalibrateGrid {
+  std::vector<int> contexts, batches;  // empty: the default grid
+  std::vector<int64_t> sessions;       // --fit-only: the sessions fitted together (empty: latest)
+};
+
 int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool quick,
                   bool fit_only, std::string base, const std::vector<std::string>& models,
-                  const std::string& command) {
+                  const CalibrateGrid& grid, const std::string& command) {
   const std::string name = std::filesystem::path(out_path).stem().string();
   if (std::filesystem::path(out_path).extension() != ".yaml" || name.empty()) {
     throw ConfigError(
@@ -471,14 +476,40 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   ResultsDb db = open_db(db_path);
   std::vector<CalibrationSample> samples;
   ProfileHeader header;
+  if (!fit_only && !grid.sessions.empty())
+    throw ConfigError("", "--sessions selects stored sessions to refit: give it with --fit-only");
   if (fit_only) {
-    samples = db.calibration_samples(0, &header);
+    // One session (the latest by default), or several fitted as one sample set (e.g. a dense
+    // model's full grid and a MoE model's narrow grid, measured by two commands): same GPU only.
+    const std::vector<int64_t> ids = grid.sessions.empty() ? std::vector<int64_t>{0} : grid.sessions;
+    for (const int64_t id : ids) {
+      if (id < 1 && !grid.sessions.empty())
+        throw ConfigError("", "--sessions takes session ids >= 1, got " + std::to_string(id));
+      ProfileHeader h;
+      std::vector<CalibrationSample> part = db.calibration_samples(id, &h);
+      if (!header.gpu.empty() && h.gpu != header.gpu) {
+        throw ConfigError("", "calibration session " + std::to_string(id) + " measured '" + h.gpu +
+                                  "', the sessions before it '" + header.gpu +
+                                  "': a profile fits one GPU");
+      }
+      if (header.gpu.empty()) {
+        header = h;
+      } else {
+        header.command += "; " + h.command;
+        if (h.commit != header.commit) header.commit += "+" + h.commit;
+        header.date = h.date;
+      }
+      samples.insert(samples.end(), std::make_move_iterator(part.begin()),
+                     std::make_move_iterator(part.end()));
+    }
     header.command += "; refit: " + command;
   } else {
 #ifdef TWINSTEP_HAVE_RUNTIME
     runtime::CalibrateOptions o;
     o.quick = quick;
     if (!models.empty()) o.models = models;
+    o.contexts = grid.contexts;
+    o.batches = grid.batches;
     runtime::CalibrationRun run = runtime::run_calibration(o);
     samples = std::move(run.samples);
     const std::time_t t = std::time(nullptr);
@@ -492,6 +523,7 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
 #else
     (void)quick;
     (void)models;
+    (void)grid;
     throw Error(
         "calibrate needs the CUDA runtime (this build has none); --fit-only refits "
         "samples already in a database");
@@ -693,7 +725,16 @@ int main(int argc, char** argv) {
   calibrate->add_flag("--fit-only", cal_fit_only,
                       "refit the latest calibration session in --db; no GPU needed");
   calibrate->add_option("--base", cal_base, "datasheet preset (default: from the GPU name)");
-  calibrate->add_option("--models", cal_models, "dense model presets to measure")->delimiter(',');
+  calibrate->add_option("--models", cal_models, "model presets to measure (dense or MoE)")
+      ->delimiter(',');
+  CalibrateGrid cal_grid;
+  calibrate->add_option("--contexts", cal_grid.contexts, "prompt contexts of the grid, tokens")
+      ->delimiter(',');
+  calibrate->add_option("--batches", cal_grid.batches, "decode batches of the grid, increasing")
+      ->delimiter(',');
+  calibrate->add_option("--sessions", cal_grid.sessions,
+                        "with --fit-only: stored sessions fitted together (default: the latest)")
+      ->delimiter(',');
 
   std::string nccl_out, nccl_json, nccl_name, nccl_profile;
   bool nccl_quick = false, nccl_single = false;
@@ -738,7 +779,7 @@ int main(int argc, char** argv) {
       std::string command = "twinstep";
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
       return cmd_calibrate(cal_out, db_path, cal_quick, cal_fit_only, cal_base, cal_models,
-                           command);
+                           cal_grid, command);
     }
     if (*calibrate_nccl) {
       std::string command = "twinstep";

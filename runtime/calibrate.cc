@@ -281,13 +281,16 @@ class InSitu {
     const ModelSpec& spec = model_preset(name);
     const LlamaConfig config = llama_config_from_spec(spec);
     const std::vector<int> contexts =
-        o_.quick ? std::vector<int>{128, 2048} : std::vector<int>{128, 512, 2048, 8192};
+        !o_.contexts.empty() ? o_.contexts
+        : o_.quick           ? std::vector<int>{128, 2048}
+                             : std::vector<int>{128, 512, 2048, 8192};
     for (const int ctx : contexts) {
-      std::vector<int> batches =
-          o_.quick ? std::vector<int>{1, 4, 16, 64} : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
+      std::vector<int> batches = !o_.batches.empty() ? o_.batches
+                                 : o_.quick ? std::vector<int>{1, 4, 16, 64}
+                                            : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
       // Long contexts: the prefill of every slot and the KV of 64 slots cost more than the
-      // points add (batches up to 16 cover the validation shapes at 8K).
-      if (ctx > 4096)
+      // points add (batches up to 16 cover the validation shapes at 8K). A given grid is kept.
+      if (ctx > 4096 && o_.batches.empty())
         batches.erase(std::remove_if(batches.begin(), batches.end(), [](int b) { return b > 16; }),
                       batches.end());
       std::map<int, GridPoint> points;
@@ -543,6 +546,16 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
   if (!real_backend_available(&why)) throw Error("calibrate needs a CUDA GPU: " + why);
   for (const std::string& m : o.models) {
     llama_config_from_spec(model_preset(m));  // throws for a model the runtime cannot run
+  }
+  for (const int ctx : o.contexts) {
+    if (ctx < 16 || ctx > 131072)
+      throw Error("calibrate: context " + std::to_string(ctx) + " outside [16, 131072] tokens");
+  }
+  for (size_t i = 0; i < o.batches.size(); ++i) {
+    if (o.batches[i] < 1 || o.batches[i] > 64)
+      throw Error("calibrate: batch " + std::to_string(o.batches[i]) + " outside [1, 64]");
+    if (i > 0 && o.batches[i] <= o.batches[i - 1])
+      throw Error("calibrate: --batches must be increasing (the largest sizes the engine)");
   }
   CalibrationRun run;
   cudaDeviceProp prop{};

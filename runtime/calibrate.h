@@ -16,9 +16,15 @@ namespace twinstep::runtime {
 
 struct CalibrateOptions {
   bool quick = false;  // a small grid: a profile to test the pipeline, not to trust
-  // Dense Llama-family model presets whose decode graphs are measured (synthetic weights). The
+  // Model presets whose decode graphs are measured (synthetic weights; dense or MoE). The
   // default leaves llama-3.2-3b out: it is the validation suite's never-fitted shape.
   std::vector<std::string> models = {"llama-3-8b"};
+  // The in-situ grid: prompt contexts (tokens) and decode batches measured for every model.
+  // Empty: the default grid (contexts 128, 512, 2048, 8192; batches 1..64 in powers of two,
+  // at most 16 above 4096 tokens; --quick: 128, 2048 and 1, 4, 16, 64). A narrower grid makes
+  // a slow-prefill model (the runtime's MoE prefill) affordable.
+  std::vector<int> contexts;
+  std::vector<int> batches;
   std::FILE* log = stderr;  // progress lines
 };
 
@@ -28,8 +34,9 @@ struct CalibrationRun {
   std::string driver;    // driver version, e.g. "570.86.15" (CUDA's numeric form if NVML absent)
 };
 
-// Runs every measurement on device 0. Throws Error when no CUDA device is visible or a model
-// is not a dense Llama-family preset; CUDA failures throw through the runtime's checks.
+// Runs every measurement on device 0. Throws Error when no CUDA device is visible, a model is not
+// one the runtime can run (Llama-family dense or MoE), or a grid value is out of range; CUDA
+// failures throw through the runtime's checks.
 CalibrationRun run_calibration(const CalibrateOptions& options);
 
 }  // namespace twinstep::runtime

@@ -747,15 +747,33 @@ void bench_layer_chain(int m, bool diagnose) {
       row.s("section", "layer_chain_pdl_diagnostic").n("m", m).s("pdl_off_for", names[i]);
       add_row(row, bytes, us);
     }
-    detail::kernel_tuning().early_trigger = false;
-    const double us = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu); }, 5) / layers;
-    detail::kernel_tuning().early_trigger = true;
-    std::printf("  layer chain m=%d pdl on, early triggers off: %7.2f us\n", m, us);
-    Row row;
-    row.s("section", "layer_chain_pdl_diagnostic")
-        .n("m", m)
-        .s("pdl_off_for", "none, early_trigger off");
-    add_row(row, bytes, us);
+    // Whole-chain tunings, PDL on and off: early triggers off; for m > 8 the GEMV ring path
+    // instead of the register path; split-K forced to 1 (no thread-block clusters).
+    auto tuned = [&](const char* label, auto set, auto reset) {
+      double us[2];
+      set();
+      for (int pdl = 0; pdl < 2; ++pdl)
+        us[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u); }, 5) / layers;
+      reset();
+      std::printf("  layer chain m=%d %-28s: pdl off %7.2f us, pdl on %7.2f us\n", m, label, us[0],
+                  us[1]);
+      for (int pdl = 0; pdl < 2; ++pdl) {
+        Row row;
+        row.s("section", "layer_chain_pdl_diagnostic")
+            .n("m", m)
+            .s("pdl_off_for", pdl ? "none" : "all")
+            .s("tuning", label);
+        add_row(row, bytes, us[pdl]);
+      }
+    };
+    detail::KernelTuning& kt = detail::kernel_tuning();
+    detail::GemvTuning& gt = detail::gemv_tuning();
+    const detail::GemvTuning gemv_saved = gt;
+    tuned("early triggers off", [&] { kt.early_trigger = false; }, [&] { kt.early_trigger = true; });
+    if (m > 8)
+      tuned("gemv ring path for m > 8", [&] { gt.large_m_registers = false; },
+            [&] { gt = gemv_saved; });
+    tuned("gemv split 1 (no clusters)", [&] { gt.split = 1; }, [&] { gt = gemv_saved; });
   }
   for (int pdl = 0; pdl < 2; ++pdl) {
     Row row;
@@ -935,6 +953,7 @@ int main(int argc, char** argv) {
   if (want("layer_chain")) {
     bench_layer_chain(1, false);
     bench_layer_chain(6, true);
+    bench_layer_chain(16, true);  // the 16-row slowdown under PDL (docs/calibration.md)
   }
   if (want("moe")) bench_moe();
   if (want("lm_head")) bench_lm_head();

@@ -161,6 +161,19 @@ check "compare --accept prints the distribution" grep -q "tv_distance" "$work/ac
 check "compare --accept-tolerance exits 3 when exceeded" test $? -eq 3
 check "compare --accept-tolerance says by how much" grep -q "mean accept length differ by up to" "$work/accept.err"
 
+# calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 session 1).
+cdb=$work/calib.db
+cp "$src/results/calib_h200_session1.db" "$cdb"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1 --out "$work/s1.yaml" >/dev/null 2>&1
+check "fit-only of session 1 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
+"$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
+check "session 1 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,7 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions.err"
+check "a missing session is refused by number" grep -q "has no calibration session 7" "$work/sessions.err"
+check "and no profile is written" test ! -e "$work/bad.yaml"
+"$bin" --db "$cdb" calibrate --sessions 1 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions2.err"
+check "--sessions without --fit-only is refused" grep -q "give it with --fit-only" "$work/sessions2.err"
+
 # models / hardware list presets.
 check "models lists llama-3-8b" bash -c "'$bin' models | grep -q 'llama-3-8b .* 8.0303'"
 check "hardware lists h200" bash -c "'$bin' hardware | grep -q '^h200 '"
