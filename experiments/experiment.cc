@@ -50,6 +50,8 @@
 //       kernel_floor_ns, eager_launch_ns, graph_launch_ns, graph_node_gap_ns,
 //       pdl_node_gap_ns, d2h_latency_ns, host_wake_ns: a duration, or an integer in ns
 //     Overriding a preset appends "; overridden by the experiment: FIELDS" to its source.
+//     Overriding interconnect_gbps drops a calibrated profile's measured collective times
+//     (HardwareSpec::collective_tables): collectives then use the alpha-beta model.
 //
 //   workload:                      required
 //     input_len: 8192              required; 1..10000000, or {uniform: [lo, hi]}, lo <= hi
@@ -84,7 +86,9 @@
 //                                  microbatches (0 = pp, 1..4096), prefill_chunk_tokens (both
 //                                  only with pp > 1), expert_load: {kind: uniform | zipf | hot;
 //                                  zipf: zipf_s (0..100, default 1); hot: hot_experts
-//                                  (1..experts-1) and hot_fraction (0..1), both required}};
+//                                  (1..experts-1) and hot_fraction (0..1), both required},
+//                                  vocab_parallel (default true: embedding and LM head split by
+//                                  vocabulary; false: whole on every rank, as the real runtime)};
 //                                  placements drawn per step from the run seed; rules in
 //                                  docs/layouts.md
 //
@@ -508,6 +512,12 @@ HardwareSpec parse_hardware(const Context& ctx, const Node& node) {
       if (std::string_view(f.name) != "source") overridden.push_back(f.name);
     }
   }
+  // Measured collective tables price collectives before interconnect_gbps does: overriding the
+  // link asks for another link, so its alpha-beta model applies.
+  if (m.has("interconnect_gbps")) {
+    hw.collective_tables.clear();
+    hw.collective_table_ranks = 0;
+  }
   if (from_preset && !overridden.empty() && !m.has("source")) {
     hw.source += "; overridden by the experiment: " + yaml::join_list(overridden);
   }
@@ -695,7 +705,7 @@ LayoutSpec parse_layout_node(const Context& ctx, const Node& node, const ModelSp
       MapReader m(ctx, node, "layout",
                   {"tp", "pp", "dp", "ep", "cp", "weight_dtype", "expert_dtype", "expert_act_dtype",
                    "kv_dtype", "kv_compression", "runtime_buffer_gb", "hbm_usable_fraction",
-                   "microbatches", "prefill_chunk_tokens", "expert_load"});
+                   "microbatches", "prefill_chunk_tokens", "expert_load", "vocab_parallel"});
       l.tp = read_i32_or(ctx, m, "tp", 1, 4096, 1);
       l.pp = read_i32_or(ctx, m, "pp", 1, 4096, 1);
       l.dp = read_i32_or(ctx, m, "dp", 1, 4096, 1);
@@ -730,6 +740,8 @@ LayoutSpec parse_layout_node(const Context& ctx, const Node& node, const ModelSp
             yaml::read_int(ctx, *n, m.field("prefill_chunk_tokens"), 1, 1'000'000'000);
       }
       if (const Node* n = m.get("expert_load")) l.expert_load = parse_expert_load(ctx, *n, model);
+      if (const Node* n = m.get("vocab_parallel"))
+        l.vocab_parallel = read_bool(ctx, *n, "layout.vocab_parallel");
     }
     validate_layout(model, l);
   } catch (const ConfigError& e) {

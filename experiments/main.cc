@@ -463,6 +463,7 @@ int cmd_bench_sim(int32_t requests) {
 struct CalibrateGrid {
   std::vector<int> contexts, batches;  // empty: the default grid
   std::vector<int64_t> sessions;       // --fit-only: the sessions fitted together (empty: latest)
+  int tp = 1;                          // > 1: rank 0's shard of tp-way tensor parallelism
 };
 
 int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool quick,
@@ -509,6 +510,7 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     o.quick = quick;
     if (!models.empty()) o.models = models;
     o.contexts = grid.contexts;
+    o.tp = grid.tp;
     o.batches = grid.batches;
     runtime::CalibrationRun run = runtime::run_calibration(o);
     samples = std::move(run.samples);
@@ -732,6 +734,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   calibrate->add_option("--batches", cal_grid.batches, "decode batches of the grid, increasing")
       ->delimiter(',');
+  calibrate->add_option("--tp", cal_grid.tp,
+                        "measure rank 0's shard of TP-N (MoE: EP-N) on one GPU, no collectives");
   calibrate->add_option("--sessions", cal_grid.sessions,
                         "with --fit-only: stored sessions fitted together (default: the latest)")
       ->delimiter(',');

@@ -79,6 +79,10 @@ std::string real_layout_problem(const Variant& v, const RealLayoutEnv& env) {
            " equal blocks (unequal expert blocks are not implemented in the runtime)";
   if (v.policy.spec.method != SpecMethod::kNone)
     return name + ": speculative decoding with tensor parallelism is not implemented yet";
+  if (l.vocab_parallel)
+    return name +
+           ": the runtime holds the whole embedding and LM head on every rank (no vocabulary "
+           "split); give layout.vocab_parallel: false so the simulated twin prices the same";
   if (v.workload.arrival_rate_per_s > 0)
     return name +
            ": open-loop arrivals are admitted by each rank's own clock, so the ranks' plans "

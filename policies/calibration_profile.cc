@@ -232,6 +232,99 @@ KernelFit read_fit(Reader& r, const YAML::Node& node, const std::string& what) {
   return fit;
 }
 
+// A message size as calibrate-nccl writes it in measurement keys (8K, 256M, or bytes); 0 when
+// the text is none.
+int64_t size_bytes(const std::string& text) {
+  int64_t v = 0;
+  const auto res = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || res.ec != std::errc() || v < 1) return 0;
+  const std::string suffix(res.ptr, text.data() + text.size());
+  int shift = 0;
+  if (suffix == "K") {
+    shift = 10;
+  } else if (suffix == "M") {
+    shift = 20;
+  } else if (suffix == "G") {
+    shift = 30;
+  } else if (!suffix.empty()) {
+    return 0;
+  }
+  if (v > (int64_t(1) << (50 - shift))) return 0;  // 1 PiB: no message is larger
+  return v << shift;
+}
+
+// HardwareSpec::collective_tables from the measurements: every key
+// nccl.<collective>.<mode>.<size>.median_ns is a point, nccl.ranks the GPUs it was measured on.
+// Other keys, other nccl.* ones included, are reported only.
+void read_collective_tables(Reader& r,
+                            const std::vector<std::pair<std::string, YAML::Node>>& measurements,
+                            HardwareSpec& hw) {
+  static const std::vector<std::string> kCollectives = {"all_reduce", "all_gather", "all_to_all",
+                                                        "send_recv"};
+  const std::pair<std::string, YAML::Node>* ranks = nullptr;
+  const std::pair<std::string, YAML::Node>* first = nullptr;
+  for (const auto& kv : measurements) {
+    const auto& [key, v] = kv;
+    if (key == "nccl.ranks") ranks = &kv;
+    if (!key.starts_with("nccl.") || !key.ends_with(".median_ns")) continue;
+    const std::string what = "measurements." + key;
+    std::vector<std::string> parts(1);
+    for (const char c : key) {
+      if (c == '.') {
+        parts.emplace_back();
+      } else {
+        parts.back() += c;
+      }
+    }
+    if (parts.size() != 5 ||
+        std::find(kCollectives.begin(), kCollectives.end(), parts[1]) == kCollectives.end() ||
+        (parts[2] != "eager" && parts[2] != "graph")) {
+      r.fail(v.Mark(), what + ": a collective time is nccl.COLLECTIVE.MODE.SIZE.median_ns, " +
+                           "COLLECTIVE one of " + join(kCollectives) + ", MODE eager or graph");
+    }
+    const int64_t bytes = size_bytes(parts[3]);
+    if (bytes == 0) {
+      r.fail(v.Mark(), what + ": message size '" + parts[3] +
+                           "' must be a byte count in [1, 2^50]: digits, optionally followed by "
+                           "K, M or G (KiB, MiB, GiB), as in 8K or 256M");
+    }
+    const double ns = r.number(v, what, 0, true, 1e15);
+    if (first == nullptr) first = &kv;
+    const bool graph = parts[2] == "graph";
+    auto table = std::find_if(hw.collective_tables.begin(), hw.collective_tables.end(),
+                              [&](const HardwareSpec::CollectiveTable& t) {
+                                return t.collective == parts[1] && t.graph == graph;
+                              });
+    if (table == hw.collective_tables.end()) {
+      hw.collective_tables.push_back({parts[1], graph, {}});
+      table = hw.collective_tables.end() - 1;
+    }
+    for (const HardwareSpec::CollectivePoint& q : table->points) {
+      if (q.bytes == bytes) {
+        r.fail(v.Mark(), what + ": a second time for " + parts[1] + " " + parts[2] + " at " +
+                             std::to_string(bytes) + " bytes");
+      }
+    }
+    table->points.push_back({bytes, ns});
+  }
+  if (first == nullptr) return;
+  if (ranks == nullptr) {
+    r.fail(first->second.Mark(), "measurements." + first->first +
+                                     " needs measurements.nccl.ranks (the number of GPUs the "
+                                     "collectives were measured on)");
+  }
+  const double g = r.number(ranks->second, "measurements.nccl.ranks", 1, false, 1 << 20);
+  if (g != std::floor(g)) {
+    r.fail(ranks->second.Mark(), "measurements.nccl.ranks = " + ranks->second.Scalar() +
+                                     " must be a whole number of GPUs");
+  }
+  hw.collective_table_ranks = int32_t(g);
+  for (HardwareSpec::CollectiveTable& t : hw.collective_tables) {
+    std::sort(t.points.begin(), t.points.end(),
+              [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
+  }
+}
+
 CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
   const auto top = r.mapping(doc, "the profile",
                              {"format", "name", "base", "header", "figures", "kernels",
@@ -318,9 +411,11 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
     }
   }
   if (const YAML::Node* mn = Reader::find(top, "measurements")) {
-    for (const auto& [key, v] : r.mapping(*mn, "measurements", {})) {
+    const auto m = r.mapping(*mn, "measurements", {});
+    for (const auto& [key, v] : m) {
       p.measurements.emplace_back(key, r.number(v, "measurements." + key, -1e300, false, 1e300));
     }
+    read_collective_tables(r, m, p.hw);
   }
   return p;
 }

@@ -65,18 +65,22 @@ struct CalibrationProfile {
   std::string base;  // the datasheet preset the measured figures replace fields of
   ProfileHeader header;
   HardwareSpec hw;  // base preset + measured figures + kernel fits; hw.name == name
-  // Reported with the profile, not used by the simulator: host-op distributions and scalar
-  // figures such as profiled-vs-unprofiled inflation.
+  // Reported with the profile: host-op distributions and scalar figures such as
+  // profiled-vs-unprofiled inflation. One exception feeds the simulator: the collective times
+  // nccl.<collective>.<mode>.<size>.median_ns with nccl.ranks are read into
+  // hw.collective_tables when the profile is parsed (the writer writes the measurements only).
   std::vector<std::pair<std::string, Distribution>> host_ops;
   std::vector<std::pair<std::string, double>> measurements;
 };
 
 // The profile as YAML text; parse_calibration_profile(write_calibration_profile(p)) == p
-// (doubles are written in shortest round-trip form).
+// (doubles are written in shortest round-trip form; hw.collective_tables is rebuilt from the
+// measurements, so a table set in hw alone is not written).
 std::string write_calibration_profile(const CalibrationProfile& profile);
 
 // Parses profile YAML. Throws ConfigError "source:line:column: message" for malformed YAML, a
-// missing, unknown or out-of-range field, an unknown base preset or kernel class. Never throws
+// missing, unknown or out-of-range field, an unknown base preset or kernel class, a malformed
+// collective time (nccl.*.median_ns) or one without nccl.ranks. Never throws
 // anything else for any input bytes (a fuzz target may call it).
 CalibrationProfile parse_calibration_profile(const std::string& text, const std::string& source);
 // Reads and parses the file at `path` (ConfigError naming the path when it cannot be read).

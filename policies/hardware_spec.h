@@ -72,8 +72,26 @@ struct HardwareSpec {
   int64_t alltoall_alpha_ns = 15000;  // assumption
   int64_t p2p_alpha_ns = 6000;        // assumption: NCCL send/recv between two GPUs of a node
 
+  // Measured collective times (`twinstep calibrate-nccl` on a communicator of
+  // collective_table_ranks GPUs): per collective and mode, the median time by message size. A
+  // calibrated profile carries them as measurements (nccl.<collective>.<mode>.<size>.median_ns,
+  // nccl.ranks). The cost model interpolates a table for collectives over groups of exactly
+  // that many ranks (send/recv: any pair) and uses the alpha-beta model above otherwise.
+  struct CollectivePoint {
+    int64_t bytes = 0;  // nccl-tests' message bytes: the all-reduce buffer, the all-gather
+                        // output, what one rank sends in an all-to-all, the send/recv buffer
+    double median_ns = 0;
+  };
+  struct CollectiveTable {
+    std::string collective;               // all_reduce | all_gather | all_to_all | send_recv
+    bool graph = true;                    // measured inside a captured CUDA graph, else eager
+    std::vector<CollectivePoint> points;  // bytes ascending, distinct, median_ns > 0
+  };
+  int32_t collective_table_ranks = 0;  // 0: no tables
+  std::vector<CollectiveTable> collective_tables;
+
   // Calibrated per-class kernel times; a class without a fit uses the roofline. Collectives
-  // always use the alpha-beta model above.
+  // use the tables or the alpha-beta model above.
   std::array<KernelFit, kKernelFitSlots> kernel_fits{};
   // Calibrated per-kernel-name fits (KernelDesc::name: "qkv_proj", "lm_head", ...): a kernel
   // whose name has one is priced by it, any other by its class's fit (kernel_fits) or the

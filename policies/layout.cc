@@ -416,7 +416,7 @@ RankMemory rank_memory(const ModelSpec& m, const HardwareSpec& hw, const LayoutS
   r.layers = stage_layers(static_cast<int32_t>(m.layers.size()), l.pp, r.stage);
   const bool first_stage = r.stage == 0;
   const bool last_stage = r.stage == l.pp - 1;
-  const int64_t vocab_rows = balanced_share(m.vocab, w, index);
+  const int64_t vocab_rows = l.vocab_parallel ? balanced_share(m.vocab, w, index) : m.vocab;
   // Bytes every rank of the stage holds alike, when the stage has more than one rank.
   int64_t replicated = 0;
   auto add_repl = [&](int64_t& role, int64_t bytes, bool is_replicated) {
@@ -425,14 +425,15 @@ RankMemory rank_memory(const ModelSpec& m, const HardwareSpec& hw, const LayoutS
   };
 
   if (first_stage) {
-    r.embedding_bytes += vocab_rows * h * mb;
+    add_repl(r.embedding_bytes, vocab_rows * h * mb, !l.vocab_parallel);
     if (m.mtp_input_proj) {
       add_repl(r.embedding_bytes, 2 * h * mb + wgt(2 * h * h), true);  // enorm, hnorm, eh_proj
     }
   }
   if (last_stage) {
     add_repl(r.norm_bytes, h * mb, true);  // final norm
-    if (!m.tie_embeddings || l.pp > 1) r.lm_head_bytes += vocab_rows * h * mb;
+    if (!m.tie_embeddings || l.pp > 1)
+      add_repl(r.lm_head_bytes, vocab_rows * h * mb, !l.vocab_parallel);
   }
 
   int64_t kv_raw = 0;

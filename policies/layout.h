@@ -94,6 +94,11 @@ struct LayoutSpec {
   // launch's prompt tokens in chunks of prefill_chunk_tokens (0: as many chunks as microbatches).
   int32_t microbatches = 0;
   int64_t prefill_chunk_tokens = 0;
+  // Embedding and LM head split by vocabulary rows over the stage's ranks (true: the seeds'
+  // layouts; the embedding's partial rows all-reduced, the LM head's (argmax, value) pairs
+  // all-gathered), or held whole and computed alike on every rank (false: what the real runtime
+  // does, no collective). Only matters on stages of more than one rank.
+  bool vocab_parallel = true;
 
   int32_t width() const;  // GPUs per pipeline stage
   int32_t world() const { return pp * width(); }

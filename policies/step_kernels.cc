@@ -486,7 +486,7 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
   Emitter e{out, m, l, shape, own, w, index, attn, moe_sharding(l)};
   e.cp_prefill = cp_prefill;
   const int64_t h = m.hidden;
-  const int64_t vocab_rows = balanced_share(m.vocab, w, index);
+  const int64_t vocab_rows = l.vocab_parallel ? balanced_share(m.vocab, w, index) : m.vocab;
   const bool dp = attn == AttnSharding::kDp;
   // Token slices (DP requests, CP prefill queries) meet again for the vocab-parallel lm_head.
   const bool sliced = dp || cp_prefill;
@@ -500,7 +500,7 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
     e.add("embedding", KernelClass::kEmbedding,
           mul_div(shape.tokens * h * m.weight_bytes, vocab_rows, m.vocab) + shape.tokens * kIdBytes,
           shape.tokens * h * kActBytes, 0);
-    e.all_reduce("embedding_all_reduce", shape.tokens * h * kActBytes);
+    if (l.vocab_parallel) e.all_reduce("embedding_all_reduce", shape.tokens * h * kActBytes);
     if (m.mtp_input_proj) {
       e.norm("enorm", h, /*residual=*/false);
       e.norm("hnorm", h, /*residual=*/false);
@@ -556,8 +556,9 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
     // (argmax, value) pairs: rows · 8 B each, instead of rows · vocab/width logits.
     e.add("lm_head", KernelClass::kLmHead, vocab_rows * h * m.weight_bytes + rows * h * kActBytes,
           rows * kArgmaxBytes, 2 * rows * h * vocab_rows);
-    e.coll("argmax_gather", CollectiveKind::kAllGather, rows * kArgmaxBytes,
-           w * rows * kArgmaxBytes);
+    if (l.vocab_parallel)
+      e.coll("argmax_gather", CollectiveKind::kAllGather, rows * kArgmaxBytes,
+             w * rows * kArgmaxBytes);
   }
   out.runs.push_back({1, first, static_cast<int32_t>(out.kernels.size()) - first});
 }

@@ -11,7 +11,9 @@
 #include "policies/error.h"
 #include "policies/host_costs.h"
 #include "policies/model_spec.h"
+#include "policies/calibration_model.h"
 #include "policies/step_kernels.h"
+#include "runtime/tensor_parallel.h"
 #include "policies/workload.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_ops.h"
@@ -279,7 +281,9 @@ class InSitu {
 
   void model(const std::string& name) {
     const ModelSpec& spec = model_preset(name);
-    const LlamaConfig config = llama_config_from_spec(spec);
+    label_ = calibration_model_label(name, o_.tp);
+    const LlamaConfig full = llama_config_from_spec(spec);
+    const LlamaConfig config = o_.tp > 1 ? tp_shard_config(full, 0, o_.tp) : full;
     const std::vector<int> contexts =
         !o_.contexts.empty() ? o_.contexts
         : o_.quick           ? std::vector<int>{128, 2048}
@@ -313,7 +317,7 @@ class InSitu {
     // As the real backend sizes it (real_factory.cc): the KV capacity sets the attention split.
     eo.capacity_tokens = ((ctx + 15) / 16 * 16 + launches + 63) / 64 * 64;
     eo.profile_nodes = profiled;
-    std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", spec.name.c_str(), ctx, max_batch,
+    std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", label_.c_str(), ctx, max_batch,
                  profiled ? "profiled" : "unprofiled");
     auto engine = Engine::create_synthetic(config, 1, eo);
     const size_t slot_count = size_t(max_batch);
@@ -360,7 +364,7 @@ class InSitu {
         for (int r = 0; r < reps(); ++r) {
           step_ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
           CalibrationSample x = sample(profiled ? "step_profiled" : "step", step_ns.back());
-          x.model = spec.name;
+          x.model = label_;
           x.mode = mode_name;
           x.batch = batch;
           x.ctx_tokens = ctx_mid / batch;
@@ -369,7 +373,7 @@ class InSitu {
           if (!profiled) {
             CalibrationSample h = sample("graph_launch", host_ns[size_t(r)]);
             h.name = "decode";
-            h.model = spec.name;
+            h.model = label_;
             h.mode = mode_name;
             h.batch = batch;
             h.nodes = nodes;
@@ -381,23 +385,23 @@ class InSitu {
               median(step_ns);
           if (mode == GraphMode::kCudaGraph) point.ctx_sum = ctx_mid;
         } else if (mode == GraphMode::kCudaGraph) {
-          kernel_samples(spec, *engine, point, median(step_ns), seqs, ctx_mid);
+          kernel_samples(*engine, point, median(step_ns), seqs, ctx_mid);
         }
       }
-      if (!profiled) pdl_gap_sample(spec, point, ctx);
+      if (!profiled) pdl_gap_sample(point, ctx);
     }
   }
 
   // The PDL node gap that makes Σ kernels + nodes · gap reproduce the measured PDL step, given
   // the graph step and gap: g_pdl = g + (T_pdl − T_graph) / nodes (step_kernels' node count).
-  void pdl_gap_sample(const ModelSpec& spec, const GridPoint& p, int ctx) {
+  void pdl_gap_sample(const GridPoint& p, int ctx) {
     StepKernels sk;
-    step_kernels(spec, decode_shape(p.batch, 1, p.ctx_sum), sk);
+    calibration_step_kernels(label_, decode_shape(p.batch, 1, p.ctx_sum), sk);
     const double nodes = double(sk.node_count());
     CalibrationSample x =
         sample("node_gap", std::max(0.0, gap_ns_ + (p.step_pdl_ns - p.step_graph_ns) / nodes));
     x.mode = "pdl";
-    x.model = spec.name;
+    x.model = label_;
     x.batch = p.batch;
     x.ctx_tokens = ctx;
     x.nodes = int64_t(nodes);
@@ -408,7 +412,7 @@ class InSitu {
   // interval d_j between timestamps, less the per-node profiling overhead
   // δ = (T_profiled − T_unprofiled) / nodes, median over launches, less one node gap per step
   // kernel, so that Σ kernels + nodes · gap reproduces the unprofiled step.
-  void kernel_samples(const ModelSpec& spec, Engine& engine, const GridPoint& p,
+  void kernel_samples(Engine& engine, const GridPoint& p,
                       double profiled_step_ns, const std::vector<int64_t>& seqs, int64_t ctx_mid) {
     const std::vector<const char*>& names = engine.decode_node_names(p.batch);
     const size_t n = names.size();
@@ -418,7 +422,7 @@ class InSitu {
         n, [&](size_t i) { return std::string(names[i]); }, &real_groups);
 
     StepKernels sk;
-    step_kernels(spec, decode_shape(p.batch, 1, ctx_mid), sk);
+    calibration_step_kernels(label_, decode_shape(p.batch, 1, ctx_mid), sk);
     std::vector<const KernelDesc*> flat;
     for (const LayerRun& run : sk.runs) {
       for (int32_t r = 0; r < run.repeat; ++r) {
@@ -431,7 +435,7 @@ class InSitu {
     const auto sim = instances(
         flat.size(), [&](size_t i) { return std::string(flat[i]->name); }, &sim_groups);
     if (real_groups != sim_groups) {
-      throw Error("calibrate: " + spec.name + " batch " + std::to_string(p.batch) + ": the " +
+      throw Error("calibrate: " + label_ + " batch " + std::to_string(p.batch) + ": the " +
                   std::to_string(real_groups.size()) + " runtime node groups do not line up with " +
                   "the " + std::to_string(sim_groups.size()) + " step_kernels groups");
     }
@@ -472,7 +476,7 @@ class InSitu {
         CalibrationSample x = sample("kernel", ns);
         x.name = d.name;
         x.cls = kernel_class_name(d.cls);
-        x.model = spec.name;
+        x.model = label_;
         x.mode = "graph";
         x.batch = p.batch;
         x.ctx_tokens = ctx_mid / p.batch;
@@ -491,6 +495,7 @@ class InSitu {
   double gap_ns_;
   std::vector<CalibrationSample>& out_;
   int64_t dropped_ = 0;
+  std::string label_;  // the model being measured (calibration_model_label)
 };
 
 // The real backend's host operations with no injected cost (only their real work), run-ahead,
@@ -544,8 +549,11 @@ void host_ops(const std::string& model_name, bool quick, std::vector<Calibration
 CalibrationRun run_calibration(const CalibrateOptions& o) {
   std::string why;
   if (!real_backend_available(&why)) throw Error("calibrate needs a CUDA GPU: " + why);
+  if (o.tp < 1 || o.tp > 64) throw Error("calibrate: --tp " + std::to_string(o.tp) + " outside [1, 64]");
   for (const std::string& m : o.models) {
-    llama_config_from_spec(model_preset(m));  // throws for a model the runtime cannot run
+    // Throws for a model the runtime cannot run, or one whose heads/experts do not split tp ways.
+    const LlamaConfig full = llama_config_from_spec(model_preset(m));
+    if (o.tp > 1) tp_shard_config(full, 0, o.tp);
   }
   for (const int ctx : o.contexts) {
     if (ctx < 16 || ctx > 131072)

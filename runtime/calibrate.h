@@ -25,6 +25,10 @@ struct CalibrateOptions {
   // a slow-prefill model (the runtime's MoE prefill) affordable.
   std::vector<int> contexts;
   std::vector<int> batches;
+  // > 1: measure rank 0's shard of tp-way tensor parallelism of every model (MoE: expert
+  // parallel, ep = tp) on one GPU, without its collectives; samples labelled "<model>@tp<N>"
+  // (policies/calibration_model.h).
+  int tp = 1;
   std::FILE* log = stderr;  // progress lines
 };
 

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "policies/error.h"
+#include "policies/calibration_model.h"
 #include "policies/model_spec.h"
 
 namespace twinstep {
@@ -257,6 +258,16 @@ std::map<Key, double> medians(const std::map<Key, std::vector<double>>& m) {
   return out;
 }
 
+// A sample's model label the fits can rebuild the step of (a preset or a preset's TP shard).
+bool is_calibration_model(const std::string& label) {
+  try {
+    parse_calibration_model(label);
+    return true;
+  } catch (const ConfigError&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 std::vector<ResidualSample> residual_kernel_samples(const std::vector<CalibrationSample>& samples,
@@ -280,10 +291,9 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
     auto it = kernel_sum.find(key);
     if (it == kernel_sum.end()) continue;
     const auto& [model, batch, ctx] = key;
-    const std::vector<std::string> presets = model_preset_names();
-    if (batch < 1 || std::find(presets.begin(), presets.end(), model) == presets.end()) continue;
+    if (batch < 1 || !is_calibration_model(model)) continue;
     StepKernels sk;
-    step_kernels(model_preset(model), decode_shape(int32_t(batch), 1, ctx * batch), sk);
+    calibration_step_kernels(model, decode_shape(int32_t(batch), 1, ctx * batch), sk);
     // Step kernels without a sample at this point (one instance each, e.g. lm_head).
     std::vector<const KernelDesc*> missing;
     bool layer_kernel_lost = false;  // a per-layer kernel without samples: no residual
@@ -320,15 +330,14 @@ std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationS
     if (s.mode == "pdl") pdl[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
   }
   std::map<Key, std::vector<double>> gaps;  // by model and batch (rows: one token per request)
-  const std::vector<std::string> presets = model_preset_names();
   for (const auto& [key, g] : graph) {
     auto it = pdl.find(key);
     if (it == pdl.end() || it->second.size() != g.size()) continue;
-    if (std::find(presets.begin(), presets.end(), key.first) == presets.end()) continue;
+    if (!is_calibration_model(key.first)) continue;
     auto gi = g.begin();
     for (auto pi = it->second.begin(); pi != it->second.end(); ++pi, ++gi) {
       StepKernels sk;
-      step_kernels(model_preset(key.first), decode_shape(int32_t(key.second), 1, 0), sk);
+      calibration_step_kernels(key.first, decode_shape(int32_t(key.second), 1, 0), sk);
       const double nodes = double(sk.node_count());
       gaps[key].push_back(graph_gap_ns + (median(pi->second) - median(gi->second)) / nodes);
     }

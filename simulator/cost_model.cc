@@ -1,7 +1,9 @@
 #include "simulator/cost_model.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
+#include <string_view>
 
 namespace twinstep {
 
@@ -30,6 +32,42 @@ CostModel::CostModel(const HardwareSpec& hw)
         name, LinearFit{true, f.base_ns, f.ns_per_byte, f.ns_per_flop, f.split_intensity,
                         f.split_bytes, f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop});
   }
+  static_assert(size_t(CollectiveKind::kSendRecv) < std::tuple_size_v<decltype(curves_)>);
+  curve_ranks_ = hw.collective_table_ranks;
+  for (const HardwareSpec::CollectiveTable& t : hw.collective_tables) {
+    if (curve_ranks_ <= 0 || t.points.empty()) continue;
+    for (const CollectiveKind kind : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
+                                      CollectiveKind::kAllToAll, CollectiveKind::kSendRecv}) {
+      if (t.collective != std::string_view(collective_kind_name(kind))) continue;
+      CollectiveCurve& c = curves_[size_t(kind)][t.graph ? 1 : 0];
+      c = {};
+      for (const HardwareSpec::CollectivePoint& p : t.points) {
+        assert(p.bytes > 0 && p.median_ns > 0);
+        assert(c.bytes.empty() || double(p.bytes) > c.bytes.back());
+        c.bytes.push_back(double(p.bytes));
+        c.ns.push_back(p.median_ns);
+        c.log_bytes.push_back(std::log(double(p.bytes)));
+      }
+      const size_t n = c.bytes.size();
+      for (size_t i = 0; i + 1 < n; ++i) {
+        c.slope.push_back(std::log(c.ns[i + 1] / c.ns[i]) / (c.log_bytes[i + 1] - c.log_bytes[i]));
+      }
+      // Above the table: the last segment's marginal cost per byte (NCCL's bandwidth-bound
+      // protocol); where it does not rise (noise), the last point's time per byte.
+      c.tail_ns_per_byte = n >= 2 && c.ns[n - 1] > c.ns[n - 2]
+                               ? (c.ns[n - 1] - c.ns[n - 2]) / (c.bytes[n - 1] - c.bytes[n - 2])
+                               : c.ns[n - 1] / c.bytes[n - 1];
+    }
+  }
+}
+
+double CostModel::interpolate(const CollectiveCurve& c, double bytes) {
+  if (bytes <= c.bytes.front()) return c.ns.front();
+  if (bytes >= c.bytes.back()) return c.ns.back() + (bytes - c.bytes.back()) * c.tail_ns_per_byte;
+  // bytes[i] <= bytes < bytes[i + 1]; exactly ns[i] on a measured size (exp(0) == 1).
+  const size_t i =
+      size_t(std::upper_bound(c.bytes.begin(), c.bytes.end(), bytes) - c.bytes.begin()) - 1;
+  return c.ns[i] * std::exp(c.slope[i] * (std::log(bytes) - c.log_bytes[i]));
 }
 
 double CostModel::price(const LinearFit& f, const KernelDesc& k) {
@@ -74,31 +112,44 @@ GraphCost CostModel::graph_cost(const StepKernels& step) const {
   return c;
 }
 
-int64_t CostModel::collective_ns(const KernelDesc& k) const {
+int64_t CostModel::collective_ns(const KernelDesc& k, bool in_graph) const {
   const double g = std::max(1, k.group);
-  double alg_bytes = 0;
+  // The message as nccl-tests (and the measured tables) count it.
+  double bytes = 0;
+  double bus_factor = 1;  // algorithm bytes per message byte
   int64_t alpha = 0;
   switch (k.coll) {
     case CollectiveKind::kNone:
       return 0;
     case CollectiveKind::kAllReduce:
       alpha = allreduce_alpha_ns_;
-      alg_bytes = 2.0 * (g - 1) / g * double(k.bytes_read);
+      bytes = double(k.bytes_read);
+      bus_factor = 2.0 * (g - 1) / g;
       break;
     case CollectiveKind::kAllGather:
       alpha = allreduce_alpha_ns_;
-      alg_bytes = (g - 1) / g * double(k.bytes_written);
+      bytes = double(k.bytes_written);
+      bus_factor = (g - 1) / g;
       break;
     case CollectiveKind::kAllToAll:
       alpha = alltoall_alpha_ns_;
-      alg_bytes = (g - 1) / g * double(std::max(k.bytes_read, k.bytes_written));
+      bytes = double(std::max(k.bytes_read, k.bytes_written));
+      bus_factor = (g - 1) / g;
       break;
     case CollectiveKind::kSendRecv:
       alpha = p2p_alpha_ns_;
-      alg_bytes = double(std::max(k.bytes_read, k.bytes_written));
+      bytes = double(std::max(k.bytes_read, k.bytes_written));
       break;
   }
-  return alpha + static_cast<int64_t>(alg_bytes * link_ns_per_byte_ + 0.5);
+  const CollectiveCurve& curve = curves_[size_t(k.coll)][in_graph ? 1 : 0];
+  // A send/recv's group field names the peer: it is a pair, measured as one (each rank sends to
+  // one and receives from one) whatever the communicator's size.
+  const bool group_matches =
+      k.coll == CollectiveKind::kSendRecv ? curve_ranks_ >= 2 : int32_t(g) == curve_ranks_;
+  if (!curve.bytes.empty() && group_matches) {
+    return static_cast<int64_t>(interpolate(curve, bytes) + 0.5);
+  }
+  return alpha + static_cast<int64_t>(bus_factor * bytes * link_ns_per_byte_ + 0.5);
 }
 
 int64_t CostModel::copy_d2h_ns(int64_t bytes) const {

@@ -5,6 +5,9 @@
 // flops / (bf16_tflops · flop_efficiency), at least kernel_floor_ns (a fit's base_ns is its
 // own measured floor). Rounded half up.
 // kernel_ns depends on the KernelDesc alone, so callers may cache sums of it (sim_backend.cc).
+// Collectives: from the measured tables (HardwareSpec::collective_tables) where the profile has
+// one for the collective, the mode and the group size, else alpha + algorithm bytes / link
+// bandwidth.
 #pragma once
 
 #include <array>
@@ -31,8 +34,16 @@ class CostModel {
   GraphCost graph_cost(const StepKernels& step) const;
   // Device-to-host copy of `bytes`, issue to completion.
   int64_t copy_d2h_ns(int64_t bytes) const;
-  // A collective kernel (KernelClass::kCollective) once every rank has arrived.
-  int64_t collective_ns(const KernelDesc& k) const;
+  // A collective kernel (KernelClass::kCollective) once every rank has arrived; `in_graph`:
+  // issued inside a captured graph (decode), else eagerly (prefill, eager mode). With a
+  // measured table for its kind and mode, and a group of the table's rank count (send/recv: a
+  // pair, any table of >= 2 ranks): piecewise linear in log bytes - log time between measured
+  // sizes, the smallest size's time below them, the last segment's marginal bandwidth above
+  // (the last point's bandwidth where that segment does not rise). Bytes as nccl-tests counts
+  // them: the all-reduce buffer (bytes_read), the all-gather output (bytes_written), the larger
+  // side of an all-to-all or send/recv. Otherwise alpha + algorithm bytes / interconnect_gbps.
+  // Allocates nothing.
+  int64_t collective_ns(const KernelDesc& k, bool in_graph = true) const;
 
  private:
   struct LinearFit {
@@ -46,7 +57,16 @@ class CostModel {
     double wide_ns_per_byte = 0;
     double wide_ns_per_flop = 0;
   };
+  // A measured collective table prepared for lookup (built once, by the constructor).
+  struct CollectiveCurve {
+    std::vector<double> bytes;      // ascending; empty: no table
+    std::vector<double> ns;         // median time at bytes[i]
+    std::vector<double> log_bytes;  // log(bytes[i])
+    std::vector<double> slope;      // segment [i, i + 1]: d log(ns) / d log(bytes)
+    double tail_ns_per_byte = 0;    // above bytes.back()
+  };
   static double price(const LinearFit& f, const KernelDesc& k);
+  static double interpolate(const CollectiveCurve& c, double bytes);
   std::array<LinearFit, size_t(KernelClass::kCount)> fits_{};
   // Per-kernel-name fits (HardwareSpec::kernel_name_fits), looked up by name; few entries.
   std::vector<std::pair<std::string, LinearFit>> name_fits_;
@@ -59,6 +79,9 @@ class CostModel {
   int64_t allreduce_alpha_ns_;
   int64_t alltoall_alpha_ns_;
   int64_t p2p_alpha_ns_;
+  // Indexed [CollectiveKind][in_graph].
+  std::array<std::array<CollectiveCurve, 2>, 5> curves_{};
+  int32_t curve_ranks_ = 0;  // the tables' communicator size
 };
 
 }  // namespace twinstep

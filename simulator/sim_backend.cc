@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "policies/error.h"
+#include "policies/calibration_model.h"
 #include "policies/layout.h"
 #include "policies/spec_rules.h"
 #include "policies/step_kernels.h"
@@ -101,7 +102,9 @@ class Engine {
         options_(options),
         cost_(cost),
         record_(record),
-        width_(options.layout.width()) {}
+        width_(options.layout.width()),
+        pdl_model_(pdl_gap_model(hw, model.name, options.layout.width())),
+        pdl_draft_(pdl_gap_model(hw, draft.name, options.layout.width())) {}
 
   void run(std::span<HostProgram* const> programs) {
     const int32_t world = options_.layout.world();
@@ -472,8 +475,10 @@ class Engine {
   // where the profile measured it (pdl_node_gap_for); it may be negative (an overlap of a
   // kernel's prologue with its predecessor's tail), which shortens the launch's span.
   int64_t node_gap_ns(const GraphLaunch& g, const DeviceWork& w) const {
-    return g.mode == GraphMode::kCudaGraphPdl ? pdl_node_gap_for(hw_, w.model->name, w.shape.tokens)
-                                              : hw_.graph_node_gap_ns;
+    return g.mode == GraphMode::kCudaGraphPdl
+               ? pdl_node_gap_for(hw_, w.model == &draft_ ? pdl_draft_ : pdl_model_,
+                                  w.shape.tokens)
+               : hw_.graph_node_gap_ns;
   }
 
   // One rank alone: the graph is priced as a whole where nothing observes its nodes.
@@ -807,7 +812,8 @@ class Engine {
             is.coll_arrival = is.t;
             inst.arrived += 1;
             inst.latest = std::max(inst.latest, p2p && !send ? is.start : is.t);
-            inst.cost = std::max(inst.cost, cost_.collective_ns(*item.coll));
+            inst.cost = std::max(inst.cost,
+                                 cost_.collective_ns(*item.coll, is.g->mode != GraphMode::kEager));
             if (inst.arrived == group_size(*item.coll)) inst.done_ns = inst.latest + inst.cost;
             progress = true;
             if (send) {
@@ -972,6 +978,9 @@ class Engine {
   const CostModel& cost_;
   RunRecord& record_;
   int32_t width_;
+  // pdl_node_gap_by_rows keys of the target and the draft: a measured TP shard where there is one
+  // (policies/calibration_model.h), else the model.
+  std::string pdl_model_, pdl_draft_;
   std::vector<Rank> ranks_;
   std::vector<Issued> issued_;
   std::vector<int64_t> lengths_;  // pipeline_lengths of the rank being issued

@@ -233,6 +233,27 @@ TEST(LayoutKernels, TpPlacesTwoAllReducesPerLayer) {
   EXPECT_EQ(find(s, "attention")->bytes_read, 4004LL * 512 + 4 * 512 * 2);
 }
 
+TEST(LayoutKernels, WholeVocabularyPerRankHasNoVocabCollectives) {
+  // vocab_parallel false (what the real runtime does): every TP rank reads the whole embedding
+  // row and LM head, and neither the embedding all-reduce nor the argmax gather is placed.
+  const ModelSpec& m = model_preset("llama-3-8b");
+  LayoutSpec l = parse_layout("TP2");
+  l.vocab_parallel = false;
+  StepKernels s;
+  step_kernels(m, decode_shape(4, 1, 4000), l, 1, s);
+  EXPECT_EQ(count(s, 0, CollectiveKind::kAllReduce), 0);
+  EXPECT_EQ(count(s, 2, CollectiveKind::kAllGather), 0);
+  EXPECT_EQ(count(s, 1, CollectiveKind::kAllReduce), 2);  // the layers are still TP
+  // LM head: 128256 · 4096 · 2 B of weights + 4 rows · 4096 · 2 B of activations.
+  EXPECT_EQ(find(s, "lm_head")->bytes_read, 128256LL * 4096 * 2 + 4 * 4096 * 2);
+  // Memory: both ranks hold the whole embedding and LM head, counted as replicated.
+  const RankMemory r = rank_memory(m, hardware_preset("h200"), l, 1);
+  EXPECT_EQ(r.embedding_bytes, 128256LL * 4096 * 2);
+  EXPECT_EQ(r.lm_head_bytes, 128256LL * 4096 * 2);
+  const RankMemory split = rank_memory(m, hardware_preset("h200"), parse_layout("TP2"), 1);
+  EXPECT_EQ(r.replicated_bytes - split.replicated_bytes, 2 * 128256LL * 4096 * 2);
+}
+
 TEST(LayoutKernels, EpWithDpAttentionUsesAllToAll) {
   const ModelSpec& m = model_preset("qwen3-30b-a3b");
   StepKernels s;

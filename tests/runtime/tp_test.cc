@@ -327,6 +327,7 @@ TEST(TensorParallel, RealLayoutChecks) {
   Variant v;
   v.label = "base";
   v.layout.tp = 2;
+  v.layout.vocab_parallel = false;  // the runtime holds the whole embedding and LM head per rank
   RealLayoutEnv ok;
   ok.world = 2;
   ok.local_ranks = 2;
@@ -352,6 +353,10 @@ TEST(TensorParallel, RealLayoutChecks) {
   Variant spec = v;
   spec.policy.spec.method = SpecMethod::kChain;
   EXPECT_NE(problem(spec, ok).find("speculative"), std::string::npos);
+  Variant vocab = v;
+  vocab.layout.vocab_parallel = true;
+  EXPECT_NE(problem(vocab, ok).find("give layout.vocab_parallel: false"), std::string::npos)
+      << problem(vocab, ok);
   Variant open = v;
   open.workload.arrival_rate_per_s = 5;
   EXPECT_NE(problem(open, ok).find("closed loop"), std::string::npos);

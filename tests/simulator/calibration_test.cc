@@ -17,6 +17,7 @@
 #include "results/db.h"
 #include "simulator/cost_model.h"
 #include "simulator/sim_backend.h"
+#include "tests/simulator/profile_text.h"
 
 namespace twinstep {
 namespace {
@@ -397,19 +398,9 @@ kernels:
   gemm: {base_ns: 2000, ns_per_byte: 0.00025, ns_per_flop: 0, r2: 0.99, max_rel_err: 0.1, samples: 9}
 )";
 
-std::string error_of(const std::string& text) {
-  try {
-    parse_calibration_profile(text, "p.yaml");
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-std::string replace(std::string s, const std::string& from, const std::string& to) {
-  const size_t at = s.find(from);
-  EXPECT_NE(at, std::string::npos) << from;
-  return s.replace(at, from.size(), to);
+std::string error_of(const std::string& text) { return test::profile_error_of(text); }
+std::string replace(const std::string& s, const std::string& from, const std::string& to) {
+  return test::replace_once(s, from, to);
 }
 
 TEST(CalibrationProfile, GoodProfileParses) {

@@ -1,0 +1,67 @@
+#include "policies/calibration_model.h"
+
+#include "policies/error.h"
+
+namespace twinstep {
+
+CalibrationModel parse_calibration_model(const std::string& label) {
+  CalibrationModel m;
+  const size_t at = label.rfind("@tp");
+  m.preset = at == std::string::npos ? label : label.substr(0, at);
+  if (at != std::string::npos) {
+    const std::string digits = label.substr(at + 3);
+    const bool numeric = !digits.empty() && digits.size() <= 2 &&
+                         digits.find_first_not_of("0123456789") == std::string::npos;
+    m.tp = numeric ? std::stoi(digits) : 0;
+    if (m.tp < 2 || m.tp > 64) {
+      throw ConfigError("", "calibration model '" + label +
+                                "': a shard label is <preset>@tp<N> with N in [2, 64]");
+    }
+  }
+  model_preset(m.preset);  // throws for an unknown preset
+  return m;
+}
+
+std::string calibration_model_label(const std::string& preset, int32_t tp) {
+  return tp <= 1 ? preset : preset + "@tp" + std::to_string(tp);
+}
+
+LayoutSpec calibration_layout(const ModelSpec& model, int32_t tp) {
+  LayoutSpec l;
+  l.tp = tp;
+  const bool moe = !model.layers.empty() && model.layers[0].mlp.kind == MlpKind::kMoe;
+  l.ep = moe ? tp : 1;
+  l.vocab_parallel = false;
+  return l;
+}
+
+void calibration_step_kernels(const std::string& label, const StepShape& shape, StepKernels& out) {
+  const CalibrationModel cm = parse_calibration_model(label);
+  const ModelSpec& model = model_preset(cm.preset);
+  if (cm.tp == 1) {
+    step_kernels(model, shape, out);
+    return;
+  }
+  StepKernels full;
+  step_kernels(model, shape, calibration_layout(model, cm.tp), 0, full);
+  out.kernels.clear();
+  out.runs.clear();
+  for (const LayerRun& run : full.runs) {
+    const auto first = static_cast<int32_t>(out.kernels.size());
+    for (int32_t i = run.first; i < run.first + run.count; ++i) {
+      const KernelDesc& k = full.kernels[static_cast<size_t>(i)];
+      if (k.cls != KernelClass::kCollective) out.kernels.push_back(k);
+    }
+    out.runs.push_back({run.repeat, first, static_cast<int32_t>(out.kernels.size()) - first});
+  }
+}
+
+std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int32_t tp) {
+  if (tp <= 1) return model;
+  const std::string shard = calibration_model_label(model, tp);
+  for (const HardwareSpec::PdlGap& g : hw.pdl_node_gap_by_rows)
+    if (g.model == shard) return shard;
+  return model;
+}
+
+}  // namespace twinstep

@@ -1,0 +1,38 @@
+// Which model a calibration sample measured: a preset name, or "<preset>@tp<N>" for rank 0's
+// shard of N-way tensor parallelism (MoE layers expert parallel, ep = N; embedding and LM head
+// whole on the rank, as the runtime holds them), measured on one GPU without its collectives
+// (`twinstep calibrate --tp N`; calibrate-nccl measures those). The fits use a shard's kernels
+// at their own shapes, and the simulator prices a TP-N step with the shard's PDL node gap.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "policies/hardware_spec.h"
+#include "policies/layout.h"
+#include "policies/model_spec.h"
+#include "policies/step_kernels.h"
+
+namespace twinstep {
+
+struct CalibrationModel {
+  std::string preset;
+  int32_t tp = 1;
+};
+
+// Throws ConfigError for a label that is neither a preset nor "<preset>@tp<N>" (2 <= N <= 64).
+CalibrationModel parse_calibration_model(const std::string& label);
+std::string calibration_model_label(const std::string& preset, int32_t tp);
+
+// The layout a shard label stands for: {tp: N, ep: N for MoE models, vocab_parallel: false}.
+LayoutSpec calibration_layout(const ModelSpec& model, int32_t tp);
+
+// The step kernels of the calibration grid point of `label` as the in-situ calibration ran them
+// on one GPU: rank 0's kernels with the collectives left out (the whole step when tp is 1).
+void calibration_step_kernels(const std::string& label, const StepShape& shape, StepKernels& out);
+
+// The key of HardwareSpec::pdl_node_gap_by_rows a rank of a `tp`-wide stage prices `model` with:
+// the shard's label where the profile measured that shard, else the model's name.
+std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int32_t tp);
+
+}  // namespace twinstep
