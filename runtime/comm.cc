@@ -1,5 +1,6 @@
-// Communicator (runtime/comm.h): NCCL in non-blocking mode, every call checked, every wait with
-// a deadline that ends in ncclCommAbort and a CommError naming the operation and the rank.
+// Communicator (runtime/comm.h): a non-blocking NCCL communicator for init and a blocking one split
+// from it for the collectives; every call checked, every wait with a deadline that ends in
+// ncclCommAbort of both and a CommError naming the operation and the rank.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -40,6 +41,21 @@ ncclDataType_t nccl_type(CommType t) {
 
 size_t type_bytes(CommType t) { return t == CommType::kBF16 ? 2 : 4; }
 
+// ncclCommFinalize, then polls until the communicator settles: true when it finalized cleanly
+// within timeout_s. A blocking communicator settles inside the call (no deadline applies there).
+bool finalize_within(ncclComm_t comm, double timeout_s) {
+  const ncclResult_t r = ncclCommFinalize(comm);
+  if (r != ncclSuccess && r != ncclInProgress) return false;
+  const Clock::time_point deadline = deadline_after(timeout_s);
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return false;
+    if (state != ncclInProgress) return state == ncclSuccess;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 }  // namespace
 
 std::string Communicator::new_unique_id() {
@@ -68,7 +84,7 @@ std::unique_ptr<Communicator> Communicator::create(const std::string& unique_id,
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof id);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // init and collectives return at once; wait_ready polls with a deadline
+  config.blocking = 0;  // init returns at once; wait_ready polls it with the deadline
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
@@ -76,51 +92,73 @@ std::unique_ptr<Communicator> Communicator::create(const std::string& unique_id,
     throw CommError("NCCL init on " + who + ": " + ncclGetErrorString(r));
   }
   std::unique_ptr<Communicator> c(new Communicator(comm, rank, size, options));
-  c->wait_ready("NCCL init", options.join_timeout_s);
+  c->wait_ready(c->init_, "NCCL init", options.join_timeout_s);
+  c->split_data_communicator();
   return c;
 }
 
+void Communicator::split_data_communicator() {
+  const std::string what = "NCCL split of the blocking data communicator";
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;  // enqueues return in ~10 us instead of waiting on NCCL's job thread
+  const ncclResult_t r = ncclCommSplit(init_, /*color=*/0, /*key=*/rank_, &data_, &config);
+  if (r != ncclSuccess && r != ncclInProgress)
+    fail(what, std::string("ncclCommSplit: ") + ncclGetErrorString(r) + " (" +
+                   ncclGetLastError(init_) + ")");
+  // The split of a non-blocking parent runs as a job of the parent: the parent reports its
+  // progress, and NCCL writes data_ when the job ends (joined once the parent reports success).
+  wait_ready(init_, what, options_.join_timeout_s);
+  if (data_ == nullptr) fail(what, "ncclCommSplit gave no communicator");
+  wait_ready(data_, what, options_.join_timeout_s);
+}
+
 Communicator::~Communicator() {
-  if (aborted_ || comm_ == nullptr) return;
-  // Finalize flushes outstanding work; in non-blocking mode it may return in progress. A
-  // finalize that does not settle within the deadline is aborted (a destructor never hangs).
-  ncclResult_t r = ncclCommFinalize(comm_);
-  const Clock::time_point deadline = deadline_after(options_.op_timeout_s);
-  ncclResult_t state = r;
-  while (r == ncclSuccess || r == ncclInProgress) {
-    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
-    if (Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (aborted_) return;
+  // The init communicator first, its finalize polled with the deadline: one that does not settle
+  // (a rank stuck or gone) aborts both. The data communicator's finalize is blocking.
+  if (!finalize_within(init_, options_.op_timeout_s)) {
+    abort_all();
+    return;
   }
-  if ((r == ncclSuccess || r == ncclInProgress) && state == ncclSuccess)
-    ncclCommDestroy(comm_);
+  ncclCommDestroy(init_);
+  if (data_ == nullptr) return;
+  if (finalize_within(data_, options_.op_timeout_s))
+    ncclCommDestroy(data_);
   else
-    ncclCommAbort(comm_);
+    ncclCommAbort(data_);
+}
+
+void Communicator::abort_all() {
+  if (aborted_) return;
+  aborted_ = true;
+  // The parent first: its abort ends a split still in progress (joining NCCL's job), after which
+  // data_ holds its final value: null, or a child to abort as well.
+  ncclCommAbort(init_);
+  if (data_ != nullptr) ncclCommAbort(data_);
 }
 
 void Communicator::fail(const std::string& what, const std::string& why) {
-  if (!aborted_) {
-    ncclCommAbort(comm_);
-    aborted_ = true;
-  }
+  abort_all();
   throw CommError(what + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
                   ": " + why + "; communicator aborted");
 }
 
-void Communicator::wait_ready(const std::string& what, double timeout_s) {
-  // An enqueue on a non-blocking communicator usually settles within microseconds: spin (with
-  // yields) for the first 2 ms, then back off to 100 us sleeps. A fixed 1 ms sleep made every
-  // eager collective cost over a millisecond (measured on 2 H200s: all-reduce alpha 1.1 ms).
+bool Communicator::in_progress(ncclComm_t comm, const std::string& what) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+  if (r != ncclSuccess) fail(what, std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r));
+  if (state != ncclSuccess && state != ncclInProgress)
+    fail(what, std::string(ncclGetErrorString(state)) + " (" + ncclGetLastError(comm) + ")");
+  return state == ncclInProgress;
+}
+
+void Communicator::wait_ready(ncclComm_t comm, const std::string& what, double timeout_s) {
+  // A non-blocking operation usually settles within microseconds: spin (with yields) for the
+  // first 2 ms, then back off to 100 us sleeps. A fixed 1 ms sleep made every eager collective
+  // cost over a millisecond (measured on 2 H200s: all-reduce alpha 1.1 ms).
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = deadline_after(timeout_s);
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-    if (r != ncclSuccess)
-      fail(what, std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r));
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress)
-      fail(what, std::string(ncclGetErrorString(state)) + " (" + ncclGetLastError(comm_) + ")");
+  while (in_progress(comm, what)) {
     if (Clock::now() >= deadline)
       fail(what, "did not complete within " + seconds_text(timeout_s) +
                      " s (a rank did not join or is stuck)");
@@ -131,21 +169,23 @@ void Communicator::wait_ready(const std::string& what, double timeout_s) {
   }
 }
 
-// Checks an enqueueing call: in progress is waited for (non-blocking mode), errors throw.
+// Checks an enqueueing call on the data communicator. It is blocking, so the call returns once
+// the work is enqueued; ncclInProgress (NCCL_COMM_BLOCKING=0 in the environment overrides the
+// config) is waited for with the deadline. Errors throw.
 #define TS_NCCL_ENQUEUE(expr, what)                                                      \
   do {                                                                                   \
     if (aborted_) throw CommError(std::string(what) + ": the communicator was aborted"); \
     const ncclResult_t ts_r_ = (expr);                                                   \
     if (ts_r_ == ncclInProgress)                                                         \
-      wait_ready(what, options_.op_timeout_s);                                           \
+      wait_ready(data_, what, options_.op_timeout_s);                                    \
     else if (ts_r_ != ncclSuccess)                                                       \
       fail(what, std::string(#expr) + ": " + ncclGetErrorString(ts_r_) + " (" +          \
-                     ncclGetLastError(comm_) + ")");                                     \
+                     ncclGetLastError(data_) + ")");                                     \
   } while (0)
 
 void Communicator::all_reduce_sum(const void* send, void* recv, size_t count, CommType type,
                                   cudaStream_t stream) {
-  TS_NCCL_ENQUEUE(ncclAllReduce(send, recv, count, nccl_type(type), ncclSum, comm_, stream),
+  TS_NCCL_ENQUEUE(ncclAllReduce(send, recv, count, nccl_type(type), ncclSum, data_, stream),
                   "all_reduce_sum of " + std::to_string(count) + " elements");
 }
 
@@ -157,10 +197,10 @@ void Communicator::all_to_all(const void* send, void* recv, size_t count, CommTy
   for (int p = 0; p < size_; ++p) {
     // Inside a group the calls only record the operation; ncclGroupEnd launches them.
     TS_NCCL_ENQUEUE(ncclSend(static_cast<const char*>(send) + size_t(p) * bytes, count,
-                             nccl_type(type), p, comm_, stream),
+                             nccl_type(type), p, data_, stream),
                     what);
     TS_NCCL_ENQUEUE(ncclRecv(static_cast<char*>(recv) + size_t(p) * bytes, count, nccl_type(type),
-                             p, comm_, stream),
+                             p, data_, stream),
                     what);
   }
   TS_NCCL_ENQUEUE(ncclGroupEnd(), what);
@@ -172,7 +212,7 @@ void Communicator::send(const void* buf, size_t count, CommType type, int peer,
       "send of " + std::to_string(count) + " elements to rank " + std::to_string(peer);
   if (peer < 0 || peer >= size_)
     throw CommError(what + ": no such rank (size " + std::to_string(size_) + ")");
-  TS_NCCL_ENQUEUE(ncclSend(buf, count, nccl_type(type), peer, comm_, stream), what);
+  TS_NCCL_ENQUEUE(ncclSend(buf, count, nccl_type(type), peer, data_, stream), what);
 }
 
 void Communicator::recv(void* buf, size_t count, CommType type, int peer, cudaStream_t stream) {
@@ -180,7 +220,7 @@ void Communicator::recv(void* buf, size_t count, CommType type, int peer, cudaSt
       "recv of " + std::to_string(count) + " elements from rank " + std::to_string(peer);
   if (peer < 0 || peer >= size_)
     throw CommError(what + ": no such rank (size " + std::to_string(size_) + ")");
-  TS_NCCL_ENQUEUE(ncclRecv(buf, count, nccl_type(type), peer, comm_, stream), what);
+  TS_NCCL_ENQUEUE(ncclRecv(buf, count, nccl_type(type), peer, data_, stream), what);
 }
 
 void Communicator::synchronize(cudaStream_t stream, const std::string& what) {
@@ -188,12 +228,8 @@ void Communicator::synchronize(cudaStream_t stream, const std::string& what) {
   const Clock::time_point deadline = deadline_after(options_.op_timeout_s);
   for (;;) {
     const cudaError_t q = cudaStreamQuery(stream);
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-    if (r != ncclSuccess)
-      fail(what, std::string("ncclCommGetAsyncError: ") + ncclGetErrorString(r));
-    if (state != ncclSuccess && state != ncclInProgress)
-      fail(what, std::string(ncclGetErrorString(state)) + " (" + ncclGetLastError(comm_) + ")");
+    in_progress(init_, what);  // an asynchronous error on either communicator fails
+    in_progress(data_, what);
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) fail(what, std::string("CUDA: ") + cudaGetErrorString(q));
     if (Clock::now() >= deadline)

@@ -1,11 +1,12 @@
 // The measuring half of runtime/nccl_calibrate.h: one process per GPU, NCCL collectives timed
 // with CUDA events, eager and inside captured graphs.
 //
-// All-reduce and all-to-all go through the runtime's Communicator (runtime/comm.h), the calls
-// the engine makes. Communicator has no all-gather and no grouped send/recv (a send and a recv
-// that must be in flight together), so those two run on a second, plain NCCL communicator of
-// the same ranks made here (RawComm), which also reduces the timings (max over ranks). Every
-// wait goes through Communicator::synchronize and its deadline.
+// All-reduce and all-to-all go through the runtime's Communicator (runtime/comm.h, its blocking
+// data communicator), the calls the engine makes. Communicator has no all-gather and no grouped
+// send/recv (a send and a recv that must be in flight together), so those two run on a second,
+// plain (blocking) NCCL communicator of the same ranks made here (RawComm), which also reduces
+// the timings (max over ranks). Every wait goes through Communicator::synchronize and its
+// deadline.
 #include <cuda_runtime.h>
 #include <nccl.h>
 

@@ -1,12 +1,16 @@
 // runtime/comm.h on one GPU: a 1-rank NCCL communicator (the collectives' results are the
-// inputs), checked argument errors, and the world of one without mpirun. Skips without a GPU.
-// The multi-rank bootstrap deadline is tested on CPU under mpirun (tests/reliability).
+// inputs, through the blocking communicator split from the init one), checked argument errors,
+// the world of one without mpirun, and NCCL init's deadline when rank 1 of 2 never joins. Skips
+// without a GPU. The multi-rank bootstrap deadline is tested on CPU under mpirun
+// (tests/reliability).
 #include "runtime/comm.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace twinstep {
@@ -85,6 +89,27 @@ TEST(Comm, ArgumentErrorsNameTheOperation) {
   } catch (const CommError& e) {
     EXPECT_STREQ(e.what(), "send of 4 elements to rank 1: no such rank (size 1)");
   }
+}
+
+// Rank 0 of 2 alone: the non-blocking init never completes, so create() gives up at the
+// deadline, aborts, and names the operation and the rank.
+TEST(Comm, NcclInitWithoutTheOtherRankEndsAtTheDeadline) {
+  SKIP_WITHOUT_GPU();
+  CommOptions o;
+  o.join_timeout_s = 2;
+  o.op_timeout_s = 2;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    Communicator::create(Communicator::new_unique_id(), 0, 2, o);
+    FAIL() << "a 2-rank communicator was created with one rank";
+  } catch (const CommError& e) {
+    EXPECT_STREQ(e.what(),
+                 "NCCL init on rank 0 of 2: did not complete within 2 s (a rank did not join or "
+                 "is stuck); communicator aborted");
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(s, 2.0);
+  EXPECT_LT(s, 20.0) << "the abort after the deadline took too long";
 }
 
 }  // namespace

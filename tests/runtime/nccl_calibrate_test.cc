@@ -1,11 +1,15 @@
 // runtime/nccl_calibrate.h on one GPU: a 1-rank communicator (all-reduce is a copy, all-to-all
 // and send/recv go to itself), so the benchmark loop runs eager and in captured graphs and
-// every number comes out positive. The 2-GPU figures come from scripts/gpu_nccl.sh. Skips
-// without a device.
+// every number comes out positive. With 2 GPUs, one thread per GPU: time rises with the bytes
+// and eager keeps pace with graphs at 8M. The full 2-GPU figures come from scripts/gpu_nccl.sh.
+// Skips without a device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
 
 #include "runtime/nccl_calibrate.h"
 
@@ -60,8 +64,21 @@ TEST(NcclCalibrate, OneRankLoopRunsEagerAndInGraphs) {
   EXPECT_FALSE(profile.measurements.empty());
 }
 
+// An upper bound on a GPU link's bus bandwidth, GB/s: NVLink 5 (B200) moves 900 GB/s per GPU
+// and direction, NVLink 4 (H100/H200) 450 (NVIDIA datasheets). NVLink multicast, with which an
+// all-reduce can beat the link, is off in calibrate-nccl.
+constexpr double kFastestLinkGBps = 900;
+
+const NcclPoint* find_point(const std::vector<NcclPoint>& points, NcclCollective c,
+                            const std::string& mode, int64_t bytes) {
+  for (const NcclPoint& p : points) {
+    if (p.coll == c && p.mode == mode && p.bytes == bytes) return &p;
+  }
+  return nullptr;
+}
+
 // The single-process path (one thread per rank, for machines without MPI): every visible GPU
-// up to 2. With 2 GPUs the ranks exchange over the link, so the fitted bandwidth is positive.
+// up to 2. With 2 GPUs the ranks exchange over the link, so time grows with the bytes.
 TEST(NcclCalibrate, OneThreadPerGpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   int devices = 0;
@@ -85,11 +102,39 @@ TEST(NcclCalibrate, OneThreadPerGpu) {
     EXPECT_LE(p.median_ns, p.p90_ns);
   }
   std::printf("%s", nccl_table(run.points).c_str());
-  if (o.threads == 2) {
-    for (const CollectiveFit& f : fit_collectives(run.points)) {
-      EXPECT_TRUE(f.fitted);
-      EXPECT_GT(f.beta_gbps, 0) << nccl_collective_name(f.coll) << " " << f.mode;
+  if (o.threads != 2) return;
+  const std::vector<CollectiveFit> fits = fit_collectives(run.points);
+  std::printf("%s", nccl_fit_report(fits).c_str());
+  ASSERT_EQ(fits.size(), 4u);
+  for (const CollectiveFit& f : fits) {
+    const std::string what = std::string(nccl_collective_name(f.coll)) + " " + f.mode;
+    EXPECT_TRUE(f.fitted) << what;
+    EXPECT_EQ(f.samples, 5) << what;
+    EXPECT_GT(f.beta_gbps, 0) << what;
+  }
+  for (NcclCollective c : o.collectives) {
+    const std::string name = nccl_collective_name(c);
+    for (const char* mode : {"eager", "graph"}) {
+      const NcclPoint* lo = find_point(run.points, c, mode, 32 << 10);
+      const NcclPoint* hi = find_point(run.points, c, mode, 8 << 20);
+      ASSERT_TRUE(lo != nullptr && hi != nullptr) << name << " " << mode;
+      // The 8M point moves 8.36 MB more bus bytes than the 32K one: at least 9.3 us over the
+      // fastest link, halved as slack for host time in the small point. A time that does not
+      // rise (an enqueue's host cost hiding the transfer) fails here.
+      const double min_rise_ns = 0.5 * (hi->bus_bytes() - lo->bus_bytes()) / kFastestLinkGBps;
+      EXPECT_GE(hi->median_ns - lo->median_ns, min_rise_ns)
+          << name << " " << mode << ": " << lo->median_ns << " ns at 32K, " << hi->median_ns
+          << " ns at 8M";
     }
+    // At 8M the transfer outlasts a blocking enqueue (10-13 us of host time), so eager runs at
+    // the graph's speed. An enqueue costing more than the transfer fails here: measured on 2
+    // H200s through a non-blocking communicator, 85-110 us per eager all-reduce at every size.
+    const NcclPoint* eager = find_point(run.points, c, "eager", 8 << 20);
+    const NcclPoint* graph = find_point(run.points, c, "graph", 8 << 20);
+    ASSERT_TRUE(eager != nullptr && graph != nullptr) << name;
+    EXPECT_LE(eager->median_ns, 1.5 * graph->median_ns)
+        << name << " at 8M: eager " << eager->median_ns << " ns, graph " << graph->median_ns
+        << " ns";
   }
 }
 
