@@ -5,16 +5,16 @@
 
 #include "kernels/gemv_kernel.cuh"
 #include "kernels/moe.h"
+#include "kernels/moe_common.cuh"
 
 namespace twinstep::kernels {
 
 namespace {
 
-constexpr int kMaxExperts = 256;
-constexpr int kMaxTopK = 16;
-constexpr int kCombineThreads = 256;
-
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+using detail::kMoeCombineThreads;
+using detail::kMoeMaxExperts;
+using detail::kMoeMaxTopK;
+using detail::moe_combine_kernel;
 
 // Workspace carve-up, in order.
 struct MoeWorkspace {
@@ -35,7 +35,7 @@ MoeWorkspace carve(void* base, int m, const MoeShape& s) {
   size_t off = 0;
   auto take = [&](size_t bytes) {
     void* p = static_cast<char*>(base) + off;
-    off += align256(bytes);
+    off += detail::moe_align256(bytes);
     return p;
   };
   w.logits = static_cast<float*>(take(sizeof(float) * m * s.num_experts));
@@ -54,74 +54,29 @@ MoeWorkspace carve(void* base, int m, const MoeShape& s) {
 // ---------------------------------------------------------------------------------------------
 // kernels
 
-// One block, warp t = token t: top_k rounds of a warp argmax over the fp32 logits (ties: lower
-// id), softmax weights, then the union of the selected experts inside [range_begin, range_begin +
-// range) (ascending range indices) and slot_of, both indexed by range index.
+// One block, warp t = token t: moe_route_token (top-k by logit, ties: lower id; softmax
+// weights), then the union of the selected experts inside [range_begin, range_begin + range)
+// (ascending range indices) and slot_of, both indexed by range index.
 __global__ void __launch_bounds__(512)
     moe_route_kernel(const float* logits, int m, int num_experts, int top_k, bool renormalize,
                      int range_begin, int range, int* ids, float* weights, int* list, int* count,
                      int8_t* slot_of, int* ids_out, float* weights_out) {
-  __shared__ int selected[kMaxExperts];
+  __shared__ int selected[kMoeMaxExperts];
   detail::pdl_wait_and_trigger();
   for (int i = threadIdx.x; i < m * range; i += blockDim.x) slot_of[i] = -1;
   for (int e = threadIdx.x; e < range; e += blockDim.x) selected[e] = 0;
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp < m) {
-    constexpr int kPerLane = kMaxExperts / 32;
-    float v[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int e = lane + 32 * i;
-      v[i] = e < num_experts ? logits[warp * num_experts + e] : -INFINITY;
-    }
-    float top_logit[kMaxTopK];
-    int top_id[kMaxTopK];
-#pragma unroll
-    for (int j = 0; j < kMaxTopK; ++j) {
-      if (j >= top_k) break;
-      float best = -INFINITY;
-      int best_id = 0x7fffffff;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int e = lane + 32 * i;
-        if (e < num_experts && (v[i] > best || (v[i] == best && e < best_id))) {
-          best = v[i];
-          best_id = e;
-        }
-      }
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) {
-        const float ob = __shfl_xor_sync(0xffffffffu, best, offset);
-        const int oi = __shfl_xor_sync(0xffffffffu, best_id, offset);
-        if (ob > best || (ob == best && oi < best_id)) {
-          best = ob;
-          best_id = oi;
-        }
-      }
-      top_logit[j] = best;
-      top_id[j] = best_id;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i)
-        if (lane + 32 * i == best_id) v[i] = -INFINITY;  // taken (the id stays out of later rounds)
-    }
-    // Softmax denominators: over the selected logits, or over all experts.
-    const float mx = top_logit[0];
-    float denom = 0.0f;
-    if (renormalize) {
-      for (int j = 0; j < top_k; ++j) denom += __expf(top_logit[j] - mx);
-    } else {
-      float part = 0.0f;
-      for (int e = lane; e < num_experts; e += 32)
-        part += __expf(logits[warp * num_experts + e] - mx);
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2)
-        part += __shfl_xor_sync(0xffffffffu, part, offset);
-      denom = part;
-    }
+    int top_id[kMoeMaxTopK];
+    float top_w[kMoeMaxTopK];
+    detail::moe_route_token(logits + warp * num_experts, num_experts, top_k, renormalize, lane,
+                            top_id, top_w);
     if (lane == 0) {
-      for (int j = 0; j < top_k; ++j) {
-        const float w = __expf(top_logit[j] - mx) / denom;
+#pragma unroll
+      for (int j = 0; j < kMoeMaxTopK; ++j) {
+        if (j >= top_k) break;
+        const float w = top_w[j];
         ids[warp * top_k + j] = top_id[j];
         weights[warp * top_k + j] = w;
         if (ids_out != nullptr) ids_out[warp * top_k + j] = top_id[j];
@@ -148,54 +103,9 @@ __global__ void __launch_bounds__(512)
   }
 }
 
-// out[t][h] = sum over slots j (in order) whose expert lies in [range_begin, range_end) of
-// w[t][j] * y[t][j][h], plus y[t][top_k][h] (shared). Slots outside the range are skipped, not
-// weighted by 0: their y rows were never written.
-__global__ void __launch_bounds__(kCombineThreads)
-    moe_combine_kernel(const float* y, const int* ids, const float* weights, int top_k,
-                       int range_begin, int range_end, bool shared, int hidden, bf16* out) {
-  __shared__ float slot_w[kMaxTopK];
-  __shared__ int slot_on[kMaxTopK];
-  detail::pdl_wait_and_trigger();
-  const int t = blockIdx.x;
-  if (threadIdx.x < top_k) {
-    const int id = ids[t * top_k + threadIdx.x];
-    slot_w[threadIdx.x] = weights[t * top_k + threadIdx.x];
-    slot_on[threadIdx.x] = id >= range_begin && id < range_end;
-  }
-  __syncthreads();
-  const float* yt = y + static_cast<size_t>(t) * (top_k + 1) * hidden;
-  for (int h = threadIdx.x; h < hidden; h += kCombineThreads) {
-    float acc = 0.0f;
-    for (int j = 0; j < top_k; ++j)
-      if (slot_on[j]) acc += slot_w[j] * yt[j * hidden + h];
-    if (shared) acc += yt[top_k * hidden + h];
-    out[static_cast<size_t>(t) * hidden + h] = __float2bfloat16(acc);
-  }
-}
-
 void check_shape(int m, const MoeShape& s, const MoeWeights& w) {
   TS_REQUIRE(m >= 1 && m <= kGemvMaxRows, "m = " + std::to_string(m) + " outside [1, 16]");
-  TS_REQUIRE(
-      s.num_experts >= 1 && s.num_experts <= kMaxExperts && s.num_experts % 16 == 0,
-      "num_experts = " + std::to_string(s.num_experts) + " must be a multiple of 16 in [16, 256]");
-  TS_REQUIRE(s.top_k >= 1 && s.top_k <= kMaxTopK && s.top_k <= s.num_experts,
-             "top_k = " + std::to_string(s.top_k) + " outside [1, min(16, num_experts)]");
-  TS_REQUIRE(s.hidden > 0 && s.hidden % 64 == 0,
-             "hidden = " + std::to_string(s.hidden) + " is not a positive multiple of 64");
-  TS_REQUIRE(
-      s.expert_inter > 0 && s.expert_inter % 64 == 0,
-      "expert_inter = " + std::to_string(s.expert_inter) + " is not a positive multiple of 64");
-  TS_REQUIRE(s.shared_inter >= 0 && s.shared_inter % 64 == 0,
-             "shared_inter = " + std::to_string(s.shared_inter) + " is not a multiple of 64");
-  TS_REQUIRE(
-      s.expert_begin >= 0 && s.expert_begin < s.range_end() && s.range_end() <= s.num_experts,
-      "expert range [" + std::to_string(s.expert_begin) + ", " + std::to_string(s.range_end()) +
-          ") is not a non-empty range of the " + std::to_string(s.num_experts) + " experts");
-  TS_REQUIRE(w.router != nullptr && w.gate_up != nullptr && w.down != nullptr,
-             "null router, gate_up or down weights");
-  TS_REQUIRE(s.shared_inter == 0 || (w.shared_gate_up != nullptr && w.shared_down != nullptr),
-             "shared_inter > 0 needs shared_gate_up and shared_down");
+  detail::check_moe_shape("moe_forward", s, w);
 }
 
 }  // namespace
@@ -261,7 +171,7 @@ void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape
   down.group.shared_k = shape.shared_inter;
   detail::launch_gemv<detail::GemvEpilogue::kMoeDown>(down, stream, pdl);
 
-  detail::launch(moe_combine_kernel, dim3(m), dim3(kCombineThreads), 0, stream, pdl,
+  detail::launch(moe_combine_kernel, dim3(m), dim3(kMoeCombineThreads), 0, stream, pdl,
                  static_cast<const float*>(ws.y), static_cast<const int*>(ws.ids),
                  static_cast<const float*>(ws.weights), shape.top_k, range_begin, range_end, shared,
                  shape.hidden, out);

@@ -1,8 +1,9 @@
-// Mixture-of-experts FFN for decode and verify (1..16 tokens): router logits, top-k selection with
-// renormalised weights, SwiGLU experts run grouped over the selected experts only, an optional
-// shared expert, and the weighted sum. Five launches: router gemv (fp32 logits), top-k/routing,
-// grouped gate+up (one launch over every selected expert, each expert's weights read once for all
-// tokens that picked it), grouped down, weighted combine (fixed slot order: deterministic).
+// Mixture-of-experts FFN: router logits, top-k selection with renormalised weights, SwiGLU experts
+// run grouped over the selected experts only, an optional shared expert, and the weighted sum.
+// moe_forward serves decode and verify (1..16 tokens) in five launches: router gemv (fp32
+// logits), top-k/routing, grouped gate+up (one launch over every selected expert, each expert's
+// weights read once for all tokens that picked it), grouped down, weighted combine (fixed slot
+// order: deterministic). moe_prefill serves many rows (below).
 //
 // Layouts (bf16, row-major): x [m][hidden]; router [num_experts][hidden]; gate_up
 // [num_experts][2 * expert_inter][hidden] (each expert's gate rows, then its up rows); down
@@ -17,6 +18,17 @@
 // experts, expert e at index e - expert_begin. The full range is the unsharded computation, and
 // the outputs of disjoint ranges covering every expert sum to it up to each output's bf16
 // rounding.
+//
+// Prefill (moe_prefill, any m >= 1, meant for m > 16): the same contract computed as grouped
+// tensor-core GEMMs, so each selected expert's weights are read once per tile of 64 or 128 of its
+// rows instead of once per 16 tokens. Seven launches (nine with a shared expert): router GEMM
+// (fp32 logits), routing with per-block expert counts, one-block scan (each expert's rows and row
+// tiles), scatter of the (token, slot) pairs into expert-contiguous rows (ascending token within
+// an expert), grouped gate+up with SwiGLU fused, grouped down into fp32 partials, the shared
+// expert's two dense GEMMs, and moe_forward's combine. Row counts never leave the device (grids
+// sized by their upper bound, surplus blocks exit), so it enqueues without host synchronisation
+// and can be graph-captured. Deterministic; each row's output is independent of the other rows.
+// It matches moe_forward within bf16 rounding (other fp32 summation orders), not bit for bit.
 #pragma once
 
 #include <cstddef>
@@ -58,5 +70,14 @@ size_t moe_workspace_bytes(int m, const MoeShape& shape);
 void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape& shape,
                  void* workspace, bf16* out, cudaStream_t stream, bool pdl = false,
                  const MoeRouting& routing = {});
+
+// Device scratch of moe_prefill for m rows: ~ m * (4 * (top_k + 1) * hidden + 2 * top_k *
+// expert_inter) bytes (fp32 partial sums and expert activations); callers bound m by chunking.
+size_t moe_prefill_workspace_bytes(int m, const MoeShape& shape);
+
+// m >= 1 rows, m * top_k <= 2^22 (grid limits); shape limits as moe_forward. No PDL: prefill
+// kernels wait for their predecessors in stream order.
+void moe_prefill(const bf16* x, const MoeWeights& weights, int m, const MoeShape& shape,
+                 void* workspace, bf16* out, cudaStream_t stream, const MoeRouting& routing = {});
 
 }  // namespace twinstep::kernels

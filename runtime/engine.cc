@@ -352,10 +352,19 @@ void Engine::allocate() {
                           {n, b.chunk, c.q_heads, 0.08838834764831845f}, cache));
   b.attn_ws = b.dev<char>(ws, "attention workspace");
   TS_CUDA_CHECK(cudaMemset(b.attn_ws, 0, ws));  // attention.h: zero-filled before first use
-  if (c.moe()) {  // the widest moe_forward call: kGemvMaxRows rows (moe_ffn)
-    const size_t moe_ws = kernels::moe_workspace_bytes(kernels::kGemvMaxRows, moe_shape(c));
-    assert(int64_t(moe_ws) == plan_moe_workspace_bytes(c, kernels::kGemvMaxRows));
-    b.moe_ws = b.dev<char>(moe_ws, "MoE workspace");
+  if (c.moe()) {
+    // One workspace for moe_forward's widest call (kGemvMaxRows rows: decode, short prefills)
+    // and moe_prefill's (moe_prefill_rows rows per call): both run on compute_, in stream order.
+    const kernels::MoeShape shape = moe_shape(c);
+    const size_t decode_ws = kernels::moe_workspace_bytes(kernels::kGemvMaxRows, shape);
+    assert(int64_t(decode_ws) == plan_moe_workspace_bytes(c, kernels::kGemvMaxRows));
+    b.moe_prefill_rows = std::min(kMoePrefillRowsPerCall, options_.max_prefill_tokens);
+    size_t prefill_ws = 0;
+    if (b.moe_prefill_rows > kernels::kGemvMaxRows) {
+      prefill_ws = kernels::moe_prefill_workspace_bytes(b.moe_prefill_rows, shape);
+      assert(int64_t(prefill_ws) == plan_moe_prefill_workspace_bytes(c, b.moe_prefill_rows));
+    }
+    b.moe_ws = b.dev<char>(std::max(decode_ws, prefill_ws), "MoE workspace");
   }
 
   b.ring_rows = out_rows;
@@ -531,13 +540,17 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
   }
 }
 
+kernels::MoeWeights Engine::moe_weights(int l) const {
+  const Buffers& b = *b_;
+  const bool shared = config_.shared_intermediate > 0;
+  return {b.router[size_t(l)], b.w_gu[size_t(l)], b.w_down[size_t(l)],
+          shared ? b.shared_gu[size_t(l)] : nullptr, shared ? b.shared_down[size_t(l)] : nullptr};
+}
+
 void Engine::moe_ffn(int l, int rows, bool pdl) {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
-  const bool shared = c.shared_intermediate > 0;
-  const kernels::MoeWeights w{b.router[size_t(l)], b.w_gu[size_t(l)], b.w_down[size_t(l)],
-                              shared ? b.shared_gu[size_t(l)] : nullptr,
-                              shared ? b.shared_down[size_t(l)] : nullptr};
+  const kernels::MoeWeights w = moe_weights(l);
   const kernels::MoeShape shape = moe_shape(c);
   const size_t H = size_t(c.hidden);
   // One workspace for every chunk: stream order (and under PDL, each kernel's wait for its
@@ -545,6 +558,16 @@ void Engine::moe_ffn(int l, int rows, bool pdl) {
   for (int r0 = 0; r0 < rows; r0 += kernels::kGemvMaxRows)
     kernels::moe_forward(b.xn + size_t(r0) * H, w, std::min(kernels::kGemvMaxRows, rows - r0),
                          shape, b.moe_ws, b.mlp + size_t(r0) * H, compute_, pdl);
+}
+
+void Engine::moe_ffn_prefill(int l, int rows) {
+  const LlamaConfig& c = config_;
+  Buffers& b = *b_;
+  const kernels::MoeWeights w = moe_weights(l);
+  const size_t H = size_t(c.hidden);
+  for (int r0 = 0; r0 < rows; r0 += b.moe_prefill_rows)
+    kernels::moe_prefill(b.xn + size_t(r0) * H, w, std::min(b.moe_prefill_rows, rows - r0),
+                         moe_shape(c), b.moe_ws, b.mlp + size_t(r0) * H, compute_);
 }
 
 void Engine::decode_forward(int B, bool pdl, bool commit) {
@@ -714,7 +737,10 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     tp_all_reduce(b.o, T, "o_all_reduce");
     kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, T, H, eps, s);
     if (c.moe()) {
-      moe_ffn(l, T, /*pdl=*/false);
+      if (T > kernels::kGemvMaxRows)
+        moe_ffn_prefill(l, T);
+      else
+        moe_ffn(l, T, /*pdl=*/false);
       tp_all_reduce(b.mlp, T, "moe_all_reduce");
       continue;
     }

@@ -2,7 +2,8 @@
 // LlamaConfig) resident on one GPU — weights, a KV cache slot per request, the GPU-resident relay
 // (each slot's next input token and cached length), prefill and decode forward passes, and the
 // decode CUDA graphs (one per batch-size bucket, mode and sampling). MoE layers run moe_forward
-// (kernels/moe.h) in place of the dense FFN, at decode and at prefill, 16 rows per call.
+// (kernels/moe.h) in place of the dense FFN at decode, 16 rows per call, and moe_prefill (grouped
+// GEMMs) at prefill passes of more than 16 rows.
 //
 // Relay contract: a slot's token and length live only on the device. Prefill of slot s writes
 // the first sampled token to tokens[s] and the prompt length to ctx[s]; each decode launch reads
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/moe.h"
 #include "kernels/rope.h"
 #include "policies/policy_spec.h"
 #include "runtime/checkpoint.h"
@@ -196,6 +198,10 @@ class Engine {
   // changes no result). Under expert parallelism, this rank's experts and shared-expert slice
   // only: a partial sum the caller all-reduces.
   void moe_ffn(int layer, int rows, bool pdl);
+  // The same FFN for a prefill pass of rows > kGemvMaxRows: moe_prefill in calls of at most
+  // Buffers::moe_prefill_rows rows (kMoePrefillRowsPerCall, memory_plan.h), no PDL.
+  void moe_ffn_prefill(int layer, int rows);
+  kernels::MoeWeights moe_weights(int layer) const;  // layer `layer`'s router and experts
   void prefill_pass(std::span<const int32_t> slots, std::span<const std::vector<int32_t>> prompts,
                     int row_offset, bool last_pass);
   void proj(const kernels::bf16* w, const kernels::bf16* x, kernels::bf16* out, int m, int n, int k,

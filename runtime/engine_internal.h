@@ -60,7 +60,10 @@ struct Engine::Buffers {
   char* lm_ws = nullptr;
   size_t lm_ws_chunk = 0;
   void* attn_ws = nullptr;
-  void* moe_ws = nullptr;  // MoE: moe_forward's workspace of kGemvMaxRows rows
+  // MoE: the larger of moe_forward's workspace of kGemvMaxRows rows and moe_prefill's of
+  // moe_prefill_rows rows (min(kMoePrefillRowsPerCall, max_prefill_tokens)).
+  void* moe_ws = nullptr;
+  int moe_prefill_rows = 0;
   // Outputs and counters.
   OutputRow* out_ring = nullptr;
   OutputRow* host_ring = nullptr;

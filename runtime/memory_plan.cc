@@ -71,8 +71,13 @@ EngineMemoryPlan plan_engine_memory(const LlamaConfig& c, int32_t max_slots,
   // max and sum) per query row and head, the count when the chunks alone fill the GPU.
   buffers += prefill_rows * c.q_heads * (int64_t{c.head_dim} * 4 + 8);
   buffers += int64_t{32} << 20;  // cuBLAS workspace (engine.cc kCublasWorkspaceBytes)
-  // moe_forward's workspace, for its widest call: 16 rows (Engine::moe_ffn).
-  buffers += plan_moe_workspace_bytes(c, 16);
+  // The MoE workspace (Engine::allocate): the larger of moe_forward's for its widest call (16
+  // rows, Engine::moe_ffn) and moe_prefill's for min(kMoePrefillRowsPerCall, prefill rows) rows
+  // (Engine::moe_ffn_prefill; none when a prefill pass cannot exceed 16 rows).
+  const int64_t prefill_call_rows = std::min<int64_t>(kMoePrefillRowsPerCall, prefill_rows);
+  buffers += std::max(
+      plan_moe_workspace_bytes(c, 16),
+      prefill_call_rows > 16 ? plan_moe_prefill_workspace_bytes(c, int32_t(prefill_call_rows)) : 0);
   p.buffer_bytes = buffers + EngineMemoryPlan::kAllowanceBytes;
   return p;
 }
@@ -86,6 +91,22 @@ int64_t plan_moe_workspace_bytes(const LlamaConfig& c, int32_t rows) {
   int64_t bytes = 0;
   for (const int64_t part : {4 * m * E, 4 * m * k, 4 * m * k, 4 * E, int64_t{4}, m * E,
                              2 * m * k * EI, 2 * m * S, 4 * m * (k + 1) * H})
+    bytes += align_up(part, 256);
+  return bytes;
+}
+
+int64_t plan_moe_prefill_workspace_bytes(const LlamaConfig& c, int32_t rows) {
+  if (!c.moe()) return 0;
+  const int64_t m = rows, E = c.num_experts, k = c.top_k, EI = c.expert_intermediate;
+  const int64_t S = std::max<int64_t>(c.shared_intermediate, 1), H = c.hidden;
+  const int64_t pairs = m * k, route_blocks = (m + 31) / 32, tiles = (pairs + 63) / 64 + E;
+  // kernels/moe_prefill.cu carve(): logits, ids, weights, per-block expert counts, tile table
+  // (int4 entries), tile count, two permutation arrays, expert activations, shared activations,
+  // fp32 partial outputs; each 256-byte aligned.
+  int64_t bytes = 0;
+  for (const int64_t part :
+       {4 * m * E, 4 * pairs, 4 * pairs, 4 * route_blocks * E, 16 * tiles, int64_t{4}, 4 * pairs,
+        4 * pairs, 2 * pairs * EI, 2 * m * S, 4 * m * (k + 1) * H})
     bytes += align_up(part, 256);
   return bytes;
 }

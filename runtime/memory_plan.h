@@ -37,7 +37,8 @@ struct EngineMemoryPlan {
 // weight allocation, one more KV layer per slot, verify rows of every bucket; its small
 // per-row state is within the allowance). MoE configs: every held expert's weights (router,
 // packed gate_up and down, shared expert; an expert-parallel shard config holds its block of
-// local_experts() and its shared slice) and the moe_forward workspace of its widest call (16 rows).
+// local_experts() and its shared slice) and one MoE workspace: the larger of moe_forward's for its
+// widest call (16 rows) and moe_prefill's for min(kMoePrefillRowsPerCall, prefill rows) rows.
 // Sizes are computed in 64 bits; configs come from parse_llama_config or a ModelSpec, whose
 // ranges keep every product far below 2^63.
 EngineMemoryPlan plan_engine_memory(const LlamaConfig& config, int32_t max_slots,
@@ -47,6 +48,16 @@ EngineMemoryPlan plan_engine_memory(const LlamaConfig& config, int32_t max_slots
 // kernels::moe_workspace_bytes(rows, shape of `config`), computed without CUDA (the carve-up of
 // kernels/moe.cu; a GPU test holds the two equal). 0 for a dense config.
 int64_t plan_moe_workspace_bytes(const LlamaConfig& config, int32_t rows);
+
+// Rows per moe_prefill call (Engine::moe_ffn_prefill): a longer prefill pass runs in calls of this
+// many rows. Bounds the workspace (Qwen3-30B-A3B: 355 MB, mostly fp32 partial sums) while each
+// call still gives 128 experts top-8 ~256 rows per expert, so the grouped GEMMs stay compute-bound
+// (each expert's weights are read once per call).
+constexpr int32_t kMoePrefillRowsPerCall = 4096;
+
+// kernels::moe_prefill_workspace_bytes(rows, shape of `config`) without CUDA (the carve-up of
+// kernels/moe_prefill.cu; a GPU test holds the two equal). 0 for a dense config.
+int64_t plan_moe_prefill_workspace_bytes(const LlamaConfig& config, int32_t rows);
 
 // "model M needs X GiB (weights W, KV K for N slots x C tokens, buffers B) but GPU D has F GiB
 // free of T". `model` names the model ("llama-3-70b"); empty: its shape is described instead.

@@ -11,7 +11,7 @@
 # run.txt, run.err, sim_vs_real.txt, ops.txt and moe.db (the runs). Env: TWINSTEP_BUILD_DIR
 # (default build), TWINSTEP_CMAKE_ARGS, TWINSTEP_COMMIT (recorded with the runs and the record).
 # Budget: about 3 minutes of GPU time after the build (the experiment's real side holds 61 GB of
-# weights and prefills 16 prompts of 1024 tokens through moe_forward, 16 rows per call).
+# weights and prefills 16 prompts of 1024 tokens through the grouped moe_prefill).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_moe.sh OUT_DIR}
 mkdir -p "$out"

@@ -801,6 +801,85 @@ void bench_layer_chain(int m, bool diagnose) {
   free_kv(kv);
 }
 
+// Prefill of one Qwen3-30B-A3B MoE layer over m = 1024 and 4096 rows: moe_prefill (grouped
+// tensor-core GEMMs) beside the path the runtime took before it, moe_forward in 16-row calls
+// (kGemvMaxRows), same rows and weights. Graphs of two calls alternating the two weight copies
+// (1.2 GB each: cold). FLOPs: router 2 m E H + experts 2 m top_k 3 EI H; judged against 989
+// TFLOP/s, the H200 SXM's dense BF16 tensor-core peak (NVIDIA H200 datasheet: 1,979 with
+// sparsity). Bytes: the weights of every expert some token picked, the router, x and out, each
+// once (the floor a perfect kernel would stream).
+void bench_moe_prefill(const MoeShape& shape, const MoeWeights (&w)[2]) {
+  constexpr double kPeakTflops = 989.0;
+  constexpr int kMaxRows = 4096;
+  const size_t H = static_cast<size_t>(shape.hidden);
+  bf16* x = alloc_bf16(kMaxRows * H, 17, 1.0f);
+  bf16* out = nullptr;
+  void* ws = nullptr;
+  int* ids = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&out, kMaxRows * H * sizeof(bf16)));
+  TS_CUDA_CHECK(cudaMalloc(&ws, std::max(moe_prefill_workspace_bytes(kMaxRows, shape),
+                                         moe_workspace_bytes(kGemvMaxRows, shape))));
+  TS_CUDA_CHECK(cudaMalloc(&ids, size_t{kMaxRows} * shape.top_k * sizeof(int)));
+  for (int m : {1024, 4096}) {
+    moe_prefill(x, w[0], m, shape, ws, out, g_stream, MoeRouting{ids, nullptr});
+    std::vector<int> host(static_cast<size_t>(m) * shape.top_k);
+    TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    TS_CUDA_CHECK(cudaMemcpy(host.data(), ids, host.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    std::sort(host.begin(), host.end());
+    const int distinct = static_cast<int>(std::unique(host.begin(), host.end()) - host.begin());
+    const double expert_params = 3.0 * shape.expert_inter * shape.hidden;
+    const double bytes =
+        2.0 * expert_params * distinct + 2.0 * shape.num_experts * H + 2.0 * 2.0 * m * H;
+    const double flops = 2.0 * m * shape.num_experts * H + 2.0 * m * shape.top_k * expert_params;
+    const double t_new = time_graph_us(
+                             [&](cudaStream_t s) {
+                               for (int i = 0; i < 2; ++i)
+                                 moe_prefill(x, w[i], m, shape, ws, out, s);
+                             },
+                             5) /
+                         2;
+    const double t_old =
+        time_graph_us(
+            [&](cudaStream_t s) {
+              for (int i = 0; i < 2; ++i)
+                for (int r0 = 0; r0 < m; r0 += kGemvMaxRows)
+                  moe_forward(x + r0 * H, w[i], kGemvMaxRows, shape, ws, out + r0 * H, s, false);
+            },
+            3) /
+        2;
+    const double tflops = flops / (t_new * 1e-6) / 1e12;
+    Row row;
+    row.s("section", "moe_prefill")
+        .s("model", "qwen3-30b-a3b")
+        .n("m", m)
+        .n("hidden", shape.hidden)
+        .n("num_experts", shape.num_experts)
+        .n("top_k", shape.top_k)
+        .n("expert_inter", shape.expert_inter)
+        .n("distinct_experts", distinct)
+        .b("cold", true)
+        .n("launches", 7)
+        .n("flops", flops)
+        .n("tflops", tflops)
+        .n("peak_tflops", kPeakTflops)
+        .n("pct_of_peak", 100.0 * tflops / kPeakTflops)
+        .n("moe_forward_16_rows_us", t_old)
+        .n("speedup", t_old / t_new);
+    add_row(row, bytes, t_new);
+    std::printf(
+        "moe_prefill qwen3-30b-a3b m=%d (%d experts): %9.1f us, %6.1f TFLOP/s (%4.1f%% of %.0f "
+        "dense bf16), %5.3f TB/s (%4.1f%% of floor); moe_forward x %d calls of 16 rows: %9.1f us "
+        "(%.1fx slower)\n",
+        m, distinct, t_new, tflops, 100.0 * tflops / kPeakTflops, kPeakTflops,
+        bytes / (t_new * 1e-6) / 1e12, 100.0 * bytes / (t_new * 1e-6) / 1e12 / g_floor_tbps,
+        m / kGemvMaxRows, t_old, t_old / t_new);
+  }
+  TS_CUDA_CHECK(cudaFree(x));
+  TS_CUDA_CHECK(cudaFree(out));
+  TS_CUDA_CHECK(cudaFree(ws));
+  TS_CUDA_CHECK(cudaFree(ids));
+}
+
 // Qwen3-30B-A3B MoE layer (hidden 2048, 128 experts, top-8, expert width 768), two full copies of
 // the expert weights alternating (cold). Bytes = the selected experts' gate+up+down (+ router).
 void bench_moe() {
@@ -856,6 +935,7 @@ void bench_moe() {
         m, distinct, expert_bytes / 1e6, t[1], 100.0 * bytes / (t[1] * 1e-6) / 1e12 / g_floor_tbps,
         t[0]);
   }
+  bench_moe_prefill(shape, w);
   for (auto& c : w)
     for (const bf16* p : {c.router, c.gate_up, c.down})
       TS_CUDA_CHECK(cudaFree(const_cast<bf16*>(p)));

@@ -40,6 +40,7 @@ std::vector<double> ffn(const float* x, const float* gate_up, const float* down,
 struct MoeCase {
   int m, num_experts, top_k, hidden, inter, shared_inter;
   bool renormalize;
+  bool prefill = false;  // moe_prefill (grouped GEMMs) instead of moe_forward
 };
 
 // Host weights of one MoE FFN (all experts) and its input.
@@ -125,9 +126,10 @@ Bf16Host expert_block(const Bf16Host& all, size_t per, int begin, int end) {
   return out;
 }
 
-// One moe_forward call on fresh device copies, experts [begin, end) only (their weights alone
-// on the device, as an EP rank holds them), with or without the shared expert; workspace and
-// outputs poisoned first. Returns out as floats; ids / w receive the routing.
+// One moe_forward call (moe_prefill when c.prefill) on fresh device copies, experts [begin, end)
+// only (their weights alone on the device, as an EP rank holds them), with or without the shared
+// expert; workspace and outputs poisoned first (an unwritten element stays NaN). Returns out as
+// floats; ids / w receive the routing.
 std::vector<float> run_moe(const MoeCase& c, const MoeHost& h, int begin, int end, bool shared,
                            std::vector<int>* ids = nullptr, std::vector<float>* w = nullptr) {
   MoeShape shape = shape_of(c);
@@ -145,7 +147,8 @@ std::vector<float> run_moe(const MoeCase& c, const MoeHost& h, int begin, int en
   const bool with_shared = shape.shared_inter > 0;
   MoeWeights weights{drouter.get(), dgu.get(), ddown.get(), with_shared ? dsgu.get() : nullptr,
                      with_shared ? dsdown.get() : nullptr};
-  DeviceBuffer<unsigned char> workspace(moe_workspace_bytes(c.m, shape));
+  DeviceBuffer<unsigned char> workspace(c.prefill ? moe_prefill_workspace_bytes(c.m, shape)
+                                                  : moe_workspace_bytes(c.m, shape));
   workspace.poison();
   DeviceBuffer<bf16> out(static_cast<size_t>(c.m) * c.hidden);
   DeviceBuffer<int> did(static_cast<size_t>(c.m) * c.top_k);
@@ -153,8 +156,12 @@ std::vector<float> run_moe(const MoeCase& c, const MoeHost& h, int begin, int en
   out.poison();
   did.poison();
   dw.poison();
-  moe_forward(dx.get(), weights, c.m, shape, workspace.get(), out.get(), nullptr, false,
-              MoeRouting{did.get(), dw.get()});
+  if (c.prefill)
+    moe_prefill(dx.get(), weights, c.m, shape, workspace.get(), out.get(), nullptr,
+                MoeRouting{did.get(), dw.get()});
+  else
+    moe_forward(dx.get(), weights, c.m, shape, workspace.get(), out.get(), nullptr, false,
+                MoeRouting{did.get(), dw.get()});
   if (ids != nullptr) *ids = did.download();
   if (w != nullptr) *w = dw.download();
   return test::bf16_to_float(out.download<uint16_t>());
@@ -264,6 +271,111 @@ INSTANTIATE_TEST_SUITE_P(Cases, MoeCases,
                                            MoeCase{5, 64, 8, 512, 192, 0, true},
                                            MoeCase{3, 16, 2, 256, 64, 320, false},
                                            MoeCase{16, 128, 8, 256, 128, 128, true}));
+
+// Prefill: m beyond 16 rows, not multiples of the 64 / 128-row tiles; 64-row tiles (experts
+// average < 128 rows) and 128-row tiles (the last two); hidden 192 leaves the second 128-column
+// tile of the down GEMM half empty; 16 experts fill an eighth of the router GEMM's columns.
+INSTANTIATE_TEST_SUITE_P(PrefillCases, MoeCases,
+                         ::testing::Values(MoeCase{17, 32, 4, 256, 128, 0, true, true},
+                                           MoeCase{100, 64, 8, 512, 192, 128, true, true},
+                                           MoeCase{333, 16, 2, 256, 64, 320, false, true},
+                                           MoeCase{1000, 128, 8, 256, 128, 0, true, true},
+                                           MoeCase{600, 16, 4, 192, 64, 128, true, true},
+                                           MoeCase{130, 16, 16, 128, 64, 0, true, true}));
+
+// Prefill ranges: the halves sum to the full call; 20 rows x top_k 1 of 32 experts leaves an
+// expert with no token (exactly zero alone).
+INSTANTIATE_TEST_SUITE_P(PrefillRanges, MoeRanges,
+                         ::testing::Values(MoeCase{20, 32, 1, 256, 128, 128, true, true},
+                                           MoeCase{77, 32, 4, 256, 128, 0, true, true},
+                                           MoeCase{300, 32, 4, 256, 128, 128, false, true},
+                                           MoeCase{520, 16, 8, 128, 64, 64, true, true}));
+
+// Skewed routing: every token's inputs lean one way (+0.5 on every element) and expert 5's
+// router row points that way (logit 3.8 +- 0.3, others below ~2), expert 9's away (~ -3.8): every
+// token picks expert 5, none picks expert 9. The full range, expert 5 alone (one expert with
+// every token: several row tiles) and expert 9 alone (no rows at all: exactly zero) each match
+// the CPU reference.
+TEST(MoePrefill, SkewedRoutingAndEmptyExpert) {
+  TS_SKIP_WITHOUT_GPU();
+  const MoeCase c{300, 32, 4, 256, 128, 128, true, true};
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  MoeHost h = random_moe(c, rng);
+  for (size_t i = 0; i < h.x.size(); ++i) h.x.set(i, h.x.values[i] + 0.5f);
+  for (int k = 0; k < c.hidden; ++k) {
+    h.router.set(static_cast<size_t>(5) * c.hidden + k, 0.03f);
+    h.router.set(static_cast<size_t>(9) * c.hidden + k, -0.03f);
+  }
+  std::vector<int> ids;
+  std::vector<float> w;
+  const auto full = run_moe(c, h, 0, c.num_experts, true, &ids, &w);
+  int picked5 = 0, picked9 = 0;
+  for (int id : ids) {
+    picked5 += id == 5;
+    picked9 += id == 9;
+  }
+  EXPECT_EQ(picked5, c.m);
+  EXPECT_EQ(picked9, 0);
+  expect_matches(full, moe_reference(c, h, ids, w, 0, c.num_experts, true), "full range");
+  const auto only5 = run_moe(c, h, 5, 6, false);
+  expect_matches(only5, moe_reference(c, h, ids, w, 5, 6, false), "expert 5 alone");
+  const auto only9 = run_moe(c, h, 9, 10, false);
+  for (size_t i = 0; i < only9.size(); ++i)
+    ASSERT_EQ(test::to_bf16_bits(only9[i]), 0u) << "expert 9, element " << i;
+  const auto lower = run_moe(c, h, 0, 16, true);
+  expect_matches(lower, moe_reference(c, h, ids, w, 0, 16, true), "experts [0, 16) + shared");
+}
+
+// Determinism and row independence: the same call twice gives the same bits, and the first 40
+// rows computed alone (64-row tiles, other tile table) give the bits the 600-row call (128-row
+// tiles) gave them.
+TEST(MoePrefill, DeterministicAndRowIndependent) {
+  TS_SKIP_WITHOUT_GPU();
+  MoeCase c{600, 16, 4, 192, 64, 128, true, true};
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const MoeHost h = random_moe(c, rng);
+  const auto a = run_moe(c, h, 0, c.num_experts, true);
+  const auto b = run_moe(c, h, 0, c.num_experts, true);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(test::to_bf16_bits(a[i]), test::to_bf16_bits(b[i])) << "element " << i;
+  c.m = 40;
+  const auto head = run_moe(c, h, 0, c.num_experts, true);  // x's first 40 rows
+  for (size_t i = 0; i < head.size(); ++i)
+    ASSERT_EQ(test::to_bf16_bits(head[i]), test::to_bf16_bits(a[i])) << "element " << i;
+}
+
+TEST(MoePrefill, RejectsInvalidShapes) {
+  const bf16* p = reinterpret_cast<const bf16*>(0x100);
+  bf16* o = reinterpret_cast<bf16*>(0x100);
+  void* ws = reinterpret_cast<void*>(0x100);
+  MoeWeights w{p, p, p, nullptr, nullptr};
+  MoeShape s;
+  EXPECT_THROW(moe_prefill(p, w, 0, s, ws, o, nullptr), std::invalid_argument);
+  EXPECT_THROW(moe_prefill(p, w, (1 << 22) / 8 + 1, s, ws, o, nullptr), std::invalid_argument);
+  s.top_k = 17;
+  EXPECT_THROW(moe_prefill(p, w, 64, s, ws, o, nullptr), std::invalid_argument);
+  s.top_k = 8;
+  s.hidden = 100;
+  EXPECT_THROW(moe_prefill(p, w, 64, s, ws, o, nullptr), std::invalid_argument);
+  s.hidden = 2048;
+  s.shared_inter = 128;  // no shared weights given
+  EXPECT_THROW(moe_prefill(p, w, 64, s, ws, o, nullptr), std::invalid_argument);
+  s.shared_inter = 0;
+  s.expert_begin = 64;
+  s.expert_end = 64;  // empty range
+  try {
+    moe_prefill(p, w, 64, s, ws, o, nullptr);
+    ADD_FAILURE() << "no throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_prefill: expert range [64, 64)"), std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(Moe, RejectsInvalidShapes) {
   const bf16* p = reinterpret_cast<const bf16*>(0x100);

@@ -347,7 +347,7 @@ class TinyMoeEngine : public ::testing::TestWithParam<bool> {
 
 TEST_P(TinyMoeEngine, GreedyMatchesCpuReference) {
   WorkloadSpec w;
-  w.input_len = {37, 37};  // prefill: 48 padded rows, three moe_forward calls of 16
+  w.input_len = {37, 37};  // prefill: 48 padded rows, one moe_prefill call per layer
   w.output_len = {48, 48};
   RealOptions ro;
   ro.prompt_seed = 11;
@@ -375,7 +375,7 @@ constexpr double kMaxDifferenceFraction = 0.03;
 
 TEST_P(TinyMoeEngine, ConcurrentRequestsMatchCpuReference) {
   // 20 requests at once: decode bucket 32 runs two moe_forward calls per layer, and the joint
-  // prefill of every prompt (up to ~1400 rows) many.
+  // prefill of every prompt (up to ~1400 rows) one moe_prefill call per layer.
   WorkloadSpec w;
   w.input_len = {5, 70};
   w.output_len = {33, 40};
@@ -429,9 +429,15 @@ TEST_P(TinyMoeEngine, WeightsAndWorkspaceAsPlanned) {
     EXPECT_EQ(plan_moe_workspace_bytes(config_, rows),
               int64_t(kernels::moe_workspace_bytes(rows, shape)))
         << rows;
+  for (int rows : {17, 40, 333, 4096})
+    EXPECT_EQ(plan_moe_prefill_workspace_bytes(config_, rows),
+              int64_t(kernels::moe_prefill_workspace_bytes(rows, shape)))
+        << rows;
   const LlamaConfig q3 = llama_config_from_spec(model_preset("qwen3-30b-a3b"));
   shape = {q3.num_experts, q3.top_k, int(q3.hidden), int(q3.expert_intermediate), 0, true};
   EXPECT_EQ(plan_moe_workspace_bytes(q3, 16), int64_t(kernels::moe_workspace_bytes(16, shape)));
+  EXPECT_EQ(plan_moe_prefill_workspace_bytes(q3, kMoePrefillRowsPerCall),
+            int64_t(kernels::moe_prefill_workspace_bytes(kMoePrefillRowsPerCall, shape)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Experts, TinyMoeEngine, ::testing::Bool(),

@@ -274,10 +274,22 @@ TEST(MoeMemoryPlan, Qwen3_30bA3bByHand) {
   // 16 x 8 x 768 x 2 = 196608, shared activations 256, partial sums 16 x 9 x 2048 x 4 = 1179648.
   EXPECT_EQ(plan_moe_workspace_bytes(c, 16), 1'388'544);
   EXPECT_EQ(plan_moe_workspace_bytes(llama_config_from_spec(tiny_runtime_spec()), 16), 0);
-  // The plan's buffers hold it (the same plan with a dense FFN of width 0 lacks only it).
+  // moe_prefill workspace of 4096 rows (32768 pairs), each part 256-byte aligned: logits
+  // 4096 x 128 x 4 = 2097152, ids and weights 131072 each, per-block counts 128 x 128 x 4 =
+  // 65536, tile table (32768 / 64 + 128) x 16 = 10240, tile count 256, two permutations 131072
+  // each, activations 32768 x 768 x 2 = 50331648, shared activations 4096 x 2 = 8192, partial sums
+  // 4096 x 9 x 2048 x 4 = 301989888.
+  EXPECT_EQ(plan_moe_prefill_workspace_bytes(c, 4096), 355'027'200);
+  EXPECT_EQ(plan_moe_prefill_workspace_bytes(llama_config_from_spec(tiny_runtime_spec()), 64), 0);
+  // The plan's buffers hold the larger, one MoE workspace (prefill passes of 16384 rows run in
+  // calls of kMoePrefillRowsPerCall = 4096; the same plan with a dense FFN of width 0 lacks only
+  // it); a plan whose prefill passes stay within 16 rows holds moe_forward's alone.
   LlamaConfig no_ffn = c;
   no_ffn.num_experts = 0;
-  EXPECT_EQ(p.buffer_bytes - plan_engine_memory(no_ffn, 16, 1216, 16384).buffer_bytes, 1'388'544);
+  EXPECT_EQ(p.buffer_bytes - plan_engine_memory(no_ffn, 16, 1216, 16384).buffer_bytes, 355'027'200);
+  EXPECT_EQ(plan_engine_memory(c, 1, 16, 16).buffer_bytes -
+                plan_engine_memory(no_ffn, 1, 16, 16).buffer_bytes,
+            1'388'544);
   EXPECT_LT(p.total_bytes(), int64_t{100} << 30);  // fits an H200 (about 139 GiB) with room
 }
 
