@@ -552,13 +552,17 @@ size_t fused_smem_bytes(int row_tiles, int stages) {
 }
 
 // cudaLaunchKernelEx with PDL (optional), a 1D cluster along x (cluster > 1) and, with
-// AttentionTuning::carveout_max_shared, the largest shared-memory carveout: every attention kernel
-// then runs in the configuration the split kernel needs (~200 KB per SM), so the combine's blocks
-// (and the next split's, under PDL) can be resident beside the previous kernel's instead of
-// waiting for the SM to drain and switch its L1 / shared split.
+// AttentionTuning::carveout_max_shared and at most carveout_max_shared_rows token rows (requests
+// x q_len), the largest shared-memory carveout: every attention kernel then runs in the
+// configuration the split kernel needs (~200 KB per SM), so the combine's blocks (and the next
+// split's, under PDL) can be resident beside the previous kernel's instead of waiting for the SM
+// to drain and switch its L1 / shared split. Above that many rows the next GEMV takes its
+// register path, which re-reads the activation rows from L1: under PDL the SMs never drain, keep
+// the max-shared split, and the whole layer chain ran 1.5x slower (see AttentionTuning).
 template <typename... KernelArgs, typename... Args>
 void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, bool pdl, int cluster, Args&&... args) {
+                      cudaStream_t stream, bool pdl, int cluster, int token_rows,
+                      Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -576,7 +580,8 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
     attributes[count].val.clusterDim.y = 1;
     attributes[count++].val.clusterDim.z = 1;
   }
-  if (detail::attention_tuning().carveout_max_shared) {
+  const detail::AttentionTuning& tuning = detail::attention_tuning();
+  if (tuning.carveout_max_shared && token_rows <= tuning.carveout_max_shared_rows) {
     attributes[count].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
     attributes[count++].val.sharedMemCarveout =
         static_cast<unsigned>(cudaSharedmemCarveoutMaxShared);
@@ -601,7 +606,8 @@ void run_fused(int row_tiles, const SplitParams& p, dim3 grid, cudaStream_t stre
       attention_fused_kernel<1, kStages>, attention_fused_kernel<2, kStages>,
       attention_fused_kernel<3, kStages>, attention_fused_kernel<4, kStages>};
   launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles),
-                   fused_smem_bytes(row_tiles, kStages), stream, pdl, p.cluster_size, p);
+                   fused_smem_bytes(row_tiles, kStages), stream, pdl, p.cluster_size,
+                   static_cast<int>(grid.z) * p.q_len, p);
 }
 
 template <bool kQSmem>
@@ -621,7 +627,7 @@ void run_split(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stre
       attention_split_kernel<1, kQSmem>, attention_split_kernel<2, kQSmem>,
       attention_split_kernel<3, kQSmem>, attention_split_kernel<4, kQSmem>};
   launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
-                   1, p);
+                   1, static_cast<int>(grid.z) * p.q_len, p);
 }
 
 void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
@@ -634,7 +640,8 @@ void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t
   }
   if (tuning.launch_combine)
     launch_attention(attention_combine_kernel, dim3(p.rows, grid.y, grid.z), dim3(kHeadDim), 0,
-                     stream, pdl, 1, p, p.out, detail::kernel_tuning().early_trigger);
+                     stream, pdl, 1, static_cast<int>(grid.z) * p.q_len, p, p.out,
+                     detail::kernel_tuning().early_trigger);
 }
 
 }  // namespace

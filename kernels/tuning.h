@@ -54,6 +54,13 @@ struct AttentionTuning {
   // configuration), so the small combine can be resident beside the split kernel under PDL.
   // Measured (1550db9): 14.98 us at q_len 1 vs 16.10 us with the driver's choice.
   bool carveout_max_shared = true;
+  // ... only up to this many token rows (requests x q_len). Above 8 rows the GEMVs take their
+  // register path, which re-reads the activation rows from L1; chained under PDL the SMs keep the
+  // attention's max-shared split and the layer ran 1.5x slower: Llama-3-8B layer chain at 16 rows
+  // (ctx 8192, cec62eb) 259.5 us with the max carveout vs 174.9 us with the driver's, the
+  // decode step at batch 16 8.15 ms vs 5.22 ms without PDL (twinstep_pdl_rows_bench). At 1 and 6
+  // rows the max carveout stays ahead (137.3 vs 139.6 us, 143.2 vs 145.1 us).
+  int carveout_max_shared_rows = 8;
   bool launch_split = true, launch_combine = true;  // variant 1, benchmark only: halves alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };

@@ -1,6 +1,7 @@
 // Diagnosis of the decode step's slowdown at 16 rows under programmatic dependent launch
 // (docs/calibration.md: Llama-3-8B, batch 16, graph + PDL 8.1 ms vs 5.2 ms without PDL, while
-// batch 8 and 32 are normal). One synthetic Llama-3-8B engine per kernel tuning; for each, the
+// batch 8 and 32 are normal; the cause was the attention's max-shared carveout persisting into
+// the register-path GEMVs, kernels/tuning.h carveout_max_shared_rows). One synthetic Llama-3-8B engine per kernel tuning; for each, the
 // decode graph of batches 8, 12 and 16 (16 shares the bucket of 12), graph and graph+PDL,
 // timed with events around back-to-back replays at a short context (about 200 tokens).
 //   twinstep_pdl_rows_bench [--reps N]
@@ -68,8 +69,12 @@ int main(int argc, char** argv) {
     const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
     const kd::KernelTuning kernel_defaults = kd::kernel_tuning();
     const kd::GemvTuning gemv_defaults = kd::gemv_tuning();
+    const kd::AttentionTuning attention_defaults = kd::attention_tuning();
     const std::vector<Tuning> tunings = {
         {"default", [] {}},
+        {"attention max carveout at any rows",
+         [] { kd::attention_tuning().carveout_max_shared_rows = 1 << 20; }},
+        {"attention driver carveout", [] { kd::attention_tuning().carveout_max_shared = false; }},
         {"early triggers off", [] { kd::kernel_tuning().early_trigger = false; }},
         {"gemv ring path for m > 8", [] { kd::gemv_tuning().large_m_registers = false; }},
         {"gemv split 1 (no clusters)", [] { kd::gemv_tuning().split = 1; }},
@@ -81,6 +86,7 @@ int main(int argc, char** argv) {
     for (const Tuning& t : tunings) {
       kd::kernel_tuning() = kernel_defaults;
       kd::gemv_tuning() = gemv_defaults;
+      kd::attention_tuning() = attention_defaults;
       t.apply();  // read by the launchers while the graphs are captured
       EngineOptions eo;
       eo.max_slots = slots;
@@ -104,6 +110,7 @@ int main(int argc, char** argv) {
     }
     kd::kernel_tuning() = kernel_defaults;
     kd::gemv_tuning() = gemv_defaults;
+    kd::attention_tuning() = attention_defaults;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "twinstep_pdl_rows_bench: %s\n", e.what());
     return 1;
