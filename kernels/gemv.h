@@ -14,6 +14,8 @@ namespace twinstep::kernels {
 
 constexpr int kGemvMaxRows = 16;
 
+// pdl: launch with programmatic dependent launch where the tuning allows it (GemvTuning::
+// pdl_max_rows: over 8 rows the launch waits for its predecessor, measured faster).
 void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStream_t stream,
           bool pdl = false);
 

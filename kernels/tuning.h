@@ -29,6 +29,12 @@ struct GemvTuning {
   int split = 0;
   int stages = -1;
   bool large_m_registers = true;
+  // Dense GEMVs of more than this many rows launch without the PDL attribute (they start when
+  // their predecessor has finished; their successors still overlap them). Chained under PDL the
+  // m > 8 register path made the Llama-3-8B decode step at batch 12-16 run 8.1 ms against 5.3 ms
+  // without PDL (twinstep_pdl_rows_bench, 8b3764f on an H200; the ring path for m > 8 avoided
+  // it at 5.7 ms). 16: PDL at every row count.
+  int pdl_max_rows = 8;
 };
 GemvTuning& gemv_tuning();
 

@@ -317,6 +317,7 @@ class InSitu {
     // As the real backend sizes it (real_factory.cc): the KV capacity sets the attention split.
     eo.capacity_tokens = ((ctx + 15) / 16 * 16 + launches + 63) / 64 * 64;
     eo.profile_nodes = profiled;
+    eo.tp.size = o_.tp;  // a shard measured alone: no communicator, no collectives
     std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", label_.c_str(), ctx, max_batch,
                  profiled ? "profiled" : "unprofiled");
     auto engine = Engine::create_synthetic(config, 1, eo);

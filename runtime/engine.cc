@@ -80,7 +80,7 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
     // Tensor parallelism of MoE layers: expert parallelism with ep = tp only, the rank's config
     // holding its block of experts (tp_shard_config); a block without its group computes a
     // partial FFN that nothing sums.
-    const int32_t ranks = options.tp.active() ? options.tp.size : 1;
+    const int32_t ranks = options.tp.size;  // > 1 without a communicator: a shard measured alone
     need(c.expert_begin >= 0 && c.local_experts() >= 1 &&
              c.expert_begin + c.local_experts() <= c.num_experts,
          "expert block [" + std::to_string(c.expert_begin) + ", " +

@@ -43,8 +43,10 @@ class Communicator;
 namespace twinstep::runtime {
 
 // This rank's place in a tensor-parallel group. comm == nullptr: no tensor parallelism (the
-// plain engine). A communicator of one rank exercises the same code path on one GPU (its
-// all-reduces are NCCL calls that return the input).
+// plain engine); with size > 1 the engine is one rank's shard config run alone, without its
+// collectives (calibrate --tp: a rank's kernels timed on one GPU; its MoE output is a partial
+// sum nothing completes). A communicator of one rank exercises the same code path on one GPU
+// (its all-reduces are NCCL calls that return the input).
 struct TensorParallel {
   int32_t rank = 0;
   int32_t size = 1;

@@ -10,7 +10,13 @@
 # Writes OUT_DIR/{configure,build,calibrate_test,calibrate}.log, h200-calibrated.yaml,
 # validation.db, <name>.sim_vs_real.txt. Copy the profile to results/profiles/ to commit it.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build-calib);
-# CALIBRATE_ARGS extra calibrate flags (e.g. --quick).
+# CALIBRATE_ARGS extra calibrate flags (e.g. --quick); CALIBRATE_MOE=1 also measures
+# qwen3-30b-a3b on the narrow grid (contexts 128, 1024; batches 1..16) and validates
+# h200_moe.yaml; CALIBRATE_TP=N also measures rank 0's TP-N shards (calibrate --tp N, narrow
+# grid) of llama-3-8b (and qwen3-30b-a3b with CALIBRATE_MOE=1); the profile is the fit of every
+# session. CALIBRATE_INSTALL=1 copies the profile into results/profiles/ (for gpu_nccl.sh
+# TWINSTEP_NCCL_PROFILE=h200-calibrated in the same session). CALIBRATE_VALIDATE="NAME ..."
+# validates only those experiments/validation/NAME.yaml (default: all that run on one GPU).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_calibrate.sh OUT_DIR}
 mkdir -p "$out"
@@ -38,7 +44,28 @@ db="$out/validation.db"
 profile="$out/h200-calibrated.yaml"
 "$build/twinstep" calibrate --out "$profile" --db "$db" ${CALIBRATE_ARGS:-} \
   >"$out/calibrate.log" 2>&1 || { status=1; tail -30 "$out/calibrate.log"; }
+narrow="--contexts 128,1024 --batches 1,2,4,8,16"
+extra() {  # extra NAME ARGS...: one more calibration session into the same database
+  local name=$1
+  shift
+  step "calibrate $name"
+  "$build/twinstep" calibrate --out "$out/$name.yaml" --db "$db" "$@" >"$out/$name.log" 2>&1 ||
+    { status=1; tail -5 "$out/$name.log"; }
+}
+[ "${CALIBRATE_MOE:-0}" = 1 ] && extra moe --models qwen3-30b-a3b $narrow
+if [ "${CALIBRATE_TP:-1}" -gt 1 ]; then
+  extra tp_dense --models llama-3-8b --tp "$CALIBRATE_TP" $narrow
+  [ "${CALIBRATE_MOE:-0}" = 1 ] && extra tp_moe --models qwen3-30b-a3b --tp "$CALIBRATE_TP" $narrow
+fi
+sessions=$("$build/twinstep" --db "$db" query --csv \
+  "SELECT group_concat(id) FROM calibration_session" | tail -1 | tr -d '"')
+if [ -n "$sessions" ] && [ "$sessions" != 1 ]; then
+  step "fit sessions $sessions"
+  "$build/twinstep" calibrate --fit-only --sessions "$sessions" --out "$profile" --db "$db" \
+    >"$out/calibrate.log" 2>&1 || { status=1; tail -30 "$out/calibrate.log"; }
+fi
 cat "$out/calibrate.log" | grep -v "^calibrate: " || true
+[ "${CALIBRATE_INSTALL:-0}" = 1 ] && [ -f "$profile" ] && cp "$profile" "$root/results/profiles/"
 
 if [ -f "$profile" ]; then
   export TWINSTEP_PROFILES="$out"
@@ -48,8 +75,12 @@ if [ -f "$profile" ]; then
     # Multi-GPU (TP2, TP2-EP2): under mpirun (scripts/gpu_tp.sh, EP=1 for the EP one).
     case $name in *_tp[0-9]* | *_ep[0-9]*) continue ;; esac
     # Their own scripts: speculative decoding (gpu_spec_validation.sh, minutes and ordered
-    # runs) and the MoE model (gpu_moe.sh, 61 GB of weights).
-    case $name in *_spec* | *_moe*) continue ;; esac
+    # runs) and, unless CALIBRATE_MOE=1, the MoE model (gpu_moe.sh, 61 GB of weights).
+    if [ -n "${CALIBRATE_VALIDATE:-}" ]; then
+      case " $CALIBRATE_VALIDATE " in *" $name "*) ;; *) continue ;; esac
+    fi
+    case $name in *_spec*) continue ;; esac
+    case $name in *_moe*) [ "${CALIBRATE_MOE:-0}" = 1 ] || continue ;; esac
     cal="$out/experiments/$name-calibrated.yaml"
     sed -e 's/^hardware: h200$/hardware: h200-calibrated/' \
         -e 's/^name: \(.*\)$/name: \1-calibrated/' "$exp" >"$cal"

@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
     const kd::AttentionTuning attention_defaults = kd::attention_tuning();
     const std::vector<Tuning> tunings = {
         {"default", [] {}},
+        {"gemv pdl at any rows", [] { kd::gemv_tuning().pdl_max_rows = 16; }},
         {"attention max carveout at any rows",
          [] { kd::attention_tuning().carveout_max_shared_rows = 1 << 20; }},
         {"attention driver carveout", [] { kd::attention_tuning().carveout_max_shared = false; }},
