@@ -86,7 +86,9 @@
 //                                  microbatches (0 = pp, 1..4096), prefill_chunk_tokens (both
 //                                  only with pp > 1), expert_load: {kind: uniform | zipf | hot;
 //                                  zipf: zipf_s (0..100, default 1); hot: hot_experts
-//                                  (1..experts-1) and hot_fraction (0..1), both required},
+//                                  (1..experts-1) and hot_fraction (0..1), both required;
+//                                  routing: expected (default) | sampled (each pass draws every
+//                                  token's experts: EP ranks straggle by chance)},
 //                                  vocab_parallel (default true: embedding and LM head split by
 //                                  vocabulary; false: whole on every rank, as the real runtime)};
 //                                  placements drawn per step from the run seed; rules in
@@ -656,7 +658,8 @@ SpecSpec parse_spec(const Context& ctx, const Node& node) {
 
 // layout.expert_load: each kind's parameters, and only those, checked where they are written.
 ExpertLoad parse_expert_load(const Context& ctx, const Node& node, const ModelSpec& model) {
-  MapReader e(ctx, node, "layout.expert_load", {"kind", "zipf_s", "hot_experts", "hot_fraction"});
+  MapReader e(ctx, node, "layout.expert_load",
+              {"kind", "zipf_s", "hot_experts", "hot_fraction", "routing"});
   const std::vector<std::pair<std::string, ExpertLoad::Kind>> kinds = {
       {"uniform", ExpertLoad::Kind::kUniform},
       {"zipf", ExpertLoad::Kind::kZipf},
@@ -675,6 +678,11 @@ ExpertLoad parse_expert_load(const Context& ctx, const Node& node, const ModelSp
   }
   if (const Node* x = e.get("zipf_s")) {
     load.zipf_s = read_double(ctx, *x, "layout.expert_load.zipf_s", 0, 100, false);
+  }
+  if (const Node* x = e.get("routing")) {
+    load.sampled = yaml::read_enum(
+        ctx, *x, "layout.expert_load.routing",
+        std::vector<std::pair<std::string, bool>>{{"expected", false}, {"sampled", true}});
   }
   if (hot) {
     int32_t experts = 0;  // the fewest experts of any MoE layer

@@ -52,6 +52,12 @@ struct ExpertLoad {
   double zipf_s = 1.0;
   int32_t hot_experts = 0;
   double hot_fraction = 0.0;
+  // Routing of each forward pass under EP: expected shares (false: every rank gets its expected
+  // routed copies and distinct experts), or sampled (true: every token draws its top_k distinct
+  // experts from the (placed) shares, so a rank's load varies from pass to pass and layer to
+  // layer, and the collective after the experts waits for the busier rank, as with a real
+  // router over 2 ranks: top-8 of 128 experts puts 5.1 on the busier rank on average, not 4).
+  bool sampled = false;
   // Seeds the per-pass placement draws below (experiments set it from the run seed).
   uint64_t seed = 0;
 };
@@ -154,6 +160,13 @@ ExpertShare expert_share(const ExpertLoad& load, const MlpSpec& mlp, int64_t tok
 // The same for per-slot shares `p` (placed_expert_probabilities), summing to 1.
 ExpertShare expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
                          int32_t ep, int32_t index);
+// One draw of the routing (ExpertLoad::sampled): each of `tokens` tokens picks top_k distinct
+// experts with probabilities proportional to `p` (successive draws, a repeat drawn again), a
+// pure function of (seed, pass_key, layer, token): every rank of a pass sees the same routing,
+// so the ranks' routed_tokens sum to tokens * top_k exactly.
+ExpertShare sampled_expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
+                                 int32_t ep, int32_t index, uint64_t seed, uint64_t pass_key,
+                                 int32_t layer);
 
 // Microbatches a decode-like launch of `requests` requests is split into: 1 without PP, else
 // layout.microbatches (pp when 0), at most `requests` (at least 1).

@@ -39,6 +39,9 @@ struct Emitter {
   // token of the stage and its partial sums are reduce-scattered back to the slices.
   bool cp_prefill = false;
   bool scatter_reduce = false;  // set on the MLP's emitter under cp_prefill
+  // ExpertLoad::sampled: the pass and layer the routing draw of this layer is keyed by.
+  uint64_t pass_key = 0;
+  int32_t layer = 0;
 
   int64_t wgt(int64_t values) const {
     return weight_bytes_in(l.weight_dtype, m.weight_bytes, values);
@@ -256,10 +259,12 @@ void emit_mlp_body(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
   const bool ep = e.moe == MoeSharding::kEp;
   const bool a2a = ep && e.attn == AttnSharding::kDp;  // tokens live on one rank: all-to-all
   const int64_t route_tokens = e.moe == MoeSharding::kReplicated ? s.tokens : e.stage.tokens;
+  const int32_t ep_width = ep ? l.ep : 1, ep_index = ep ? e.index : 0;
   const ExpertShare es =
-      e.placed != nullptr
-          ? expert_share(*e.placed, p, route_tokens, ep ? l.ep : 1, ep ? e.index : 0)
-          : expert_share(l.expert_load, p, route_tokens, ep ? l.ep : 1, ep ? e.index : 0);
+      e.placed == nullptr     ? expert_share(l.expert_load, p, route_tokens, ep_width, ep_index)
+      : l.expert_load.sampled ? sampled_expert_share(*e.placed, p, route_tokens, ep_width, ep_index,
+                                                     l.expert_load.seed, e.pass_key, e.layer)
+                              : expert_share(*e.placed, p, route_tokens, ep_width, ep_index);
   const int64_t routed = es.routed_tokens;
   const int64_t distinct = es.distinct_experts;
   const int64_t ie = sh.expert_intermediate;
@@ -312,7 +317,9 @@ void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
               e.moe,
               e.placed,
               /*cp_prefill=*/false,
-              /*scatter_reduce=*/true};
+              /*scatter_reduce=*/true,
+              e.pass_key,
+              e.layer};
   emit_mlp_body(all, layer, sh);
 }
 
@@ -516,7 +523,7 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
   const StageLayers sl = stage_layers(static_cast<int32_t>(m.layers.size()), l.pp, stage);
   // Drawn expert placement: every MoE layer routes differently, so it is a run of its own.
   const bool drawn = pass_key.has_value() && e.moe == MoeSharding::kEp &&
-                     l.expert_load.kind != ExpertLoad::Kind::kUniform;
+                     (l.expert_load.kind != ExpertLoad::Kind::kUniform || l.expert_load.sampled);
   std::vector<double> placed;
   size_t i = static_cast<size_t>(sl.first);
   const size_t end = static_cast<size_t>(sl.first + sl.count);
@@ -532,6 +539,8 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
                                            static_cast<int32_t>(i));
     }
     e.placed = own_run ? &placed : nullptr;
+    e.pass_key = pass_key.value_or(0);
+    e.layer = static_cast<int32_t>(i);
     emit_attention(e, m.layers[i], sh);
     emit_mlp(e, m.layers[i], sh);
     out.runs.push_back(

@@ -658,7 +658,8 @@ class Engine {
     issued_.resize(n);
     const LayoutSpec& layout = options_.layout;
     // Skewed expert loads under EP are drawn per launch (the same key on every rank).
-    const bool drawn = layout.ep > 1 && layout.expert_load.kind != ExpertLoad::Kind::kUniform;
+    const bool drawn = layout.ep > 1 && (layout.expert_load.kind != ExpertLoad::Kind::kUniform ||
+                                         layout.expert_load.sampled);
     const std::optional<uint64_t> pass_key =
         drawn ? std::optional<uint64_t>((uint64_t(ranks_[0].plan.step) << 16) ^ op_index)
               : std::nullopt;

@@ -657,5 +657,82 @@ TEST(LayoutSkew, DrawnPassesKeepRoutedTotals) {
   EXPECT_EQ(copies, 48 * 4000 * 8);
 }
 
+// Sampled routing (ExpertLoad::sampled), TP2-EP2 of 128 experts, top-8, one token per pass.
+TEST(LayoutSkew, SampledRoutingSplitsEachTokensExpertsBetweenTheRanks) {
+  MlpSpec mlp;
+  mlp.kind = MlpKind::kMoe;
+  mlp.num_experts = 128;
+  mlp.top_k = 8;
+  const std::vector<double> uniform = expert_probabilities({}, 128, 8);
+  // The busier rank's expected experts: X ~ hypergeometric(128 experts, 64 on rank 0, 8 drawn),
+  // E[max(X, 8 - X)] from the exact pmf C(64, x) C(64, 8 - x) / C(128, 8).
+  auto choose = [](double n, double k) {
+    double c = 1;
+    for (int i = 0; i < k; ++i) c = c * (n - i) / (i + 1);
+    return c;
+  };
+  double busier = 0;
+  for (int x = 0; x <= 8; ++x)
+    busier += std::max(x, 8 - x) * choose(64, x) * choose(64, 8 - x) / choose(128, 8);
+  double sum_busier = 0, sum_rank0 = 0;
+  const int passes = 20000;
+  for (int pass = 0; pass < passes; ++pass) {
+    const ExpertShare a = sampled_expert_share(uniform, mlp, 1, 2, 0, 7, uint64_t(pass), 3);
+    const ExpertShare b = sampled_expert_share(uniform, mlp, 1, 2, 1, 7, uint64_t(pass), 3);
+    ASSERT_EQ(a.routed_tokens + b.routed_tokens, 8);     // the same draw on both ranks
+    ASSERT_EQ(a.distinct_experts, a.routed_tokens);      // one token: distinct picks
+    sum_busier += std::max(a.routed_tokens, b.routed_tokens);
+    sum_rank0 += double(a.routed_tokens);
+  }
+  // busier = 5.10; sd of max(X, 8 - X) < 1.5, so the mean of 20000 is within 0.05 (> 4.5 sd).
+  EXPECT_NEAR(sum_busier / passes, busier, 0.05);
+  EXPECT_NEAR(sum_rank0 / passes, 4.0, 0.05);
+  // Deterministic in (seed, pass, layer); another layer or seed draws differently.
+  const ExpertShare x = sampled_expert_share(uniform, mlp, 16, 2, 0, 7, 11, 3);
+  EXPECT_EQ(sampled_expert_share(uniform, mlp, 16, 2, 0, 7, 11, 3).routed_tokens, x.routed_tokens);
+  int differ = 0;
+  for (int layer = 0; layer < 20; ++layer)
+    differ += sampled_expert_share(uniform, mlp, 16, 2, 0, 7, 11, layer).routed_tokens !=
+              x.routed_tokens;
+  EXPECT_GT(differ, 10);
+  // 16 tokens: distinct experts <= routed copies, and <= the 64 the rank holds.
+  EXPECT_LE(x.distinct_experts, x.routed_tokens);
+  EXPECT_LE(x.distinct_experts, 64);
+  // A single expert holding every share: each token still gets top_k distinct experts.
+  std::vector<double> one(128, 0.0);
+  one[5] = 1.0;
+  const ExpertShare all0 = sampled_expert_share(one, mlp, 3, 1, 0, 7, 1, 0);
+  EXPECT_EQ(all0.routed_tokens, 24);
+  EXPECT_EQ(all0.distinct_experts, 8);  // expert 5 and the 7 lowest other ids
+}
+
+// Under sampled routing the simulator's EP ranks run different expert loads in each layer of a
+// pass, and their routed copies sum to tokens * top_k in every layer.
+TEST(LayoutSkew, SampledRoutingGivesEachLayerItsOwnRun) {
+  const ModelSpec m = model_preset("qwen3-30b-a3b");
+  LayoutSpec l = parse_layout("TP2-EP2");
+  l.vocab_parallel = false;
+  l.expert_load.sampled = true;
+  const StepShape s = decode_shape(1, 1, 1000);
+  StepKernels k[2];
+  for (int32_t r = 0; r < 2; ++r) step_kernels(m, s, l, r, k[r], 17);
+  ASSERT_EQ(k[0].runs.size(), 48u + 2u);
+  std::vector<int64_t> copies[2];
+  for (int32_t r = 0; r < 2; ++r)
+    for (const KernelDesc& d : k[r].kernels)
+      if (std::strcmp(d.name, "moe_gate_up") == 0) copies[r].push_back(d.bytes_written / (768 * 2));
+  ASSERT_EQ(copies[0].size(), 48u);
+  int unequal = 0;
+  for (size_t i = 0; i < 48; ++i) {
+    EXPECT_EQ(copies[0][i] + copies[1][i], 8) << "layer " << i;
+    unequal += copies[0][i] != copies[1][i];
+  }
+  EXPECT_GT(unequal, 24);  // P(X = 4) = 0.28: about 35 of 48 layers are unbalanced
+  // Without a pass key (no draw) the expected split: 4 and 4 in one run of 48 layers.
+  StepKernels expected;
+  step_kernels(m, s, l, 0, expected);
+  EXPECT_EQ(expected.runs.size(), 3u);
+}
+
 }  // namespace
 }  // namespace twinstep
