@@ -32,8 +32,9 @@ struct GemvTuning {
   // Dense GEMVs of more than this many rows launch without the PDL attribute (they start when
   // their predecessor has finished; their successors still overlap them). Chained under PDL the
   // m > 8 register path made the Llama-3-8B decode step at batch 12-16 run 8.1 ms against 5.3 ms
-  // without PDL (twinstep_pdl_rows_bench, 8b3764f on an H200; the ring path for m > 8 avoided
-  // it at 5.7 ms). 16: PDL at every row count.
+  // without PDL; with this rule the PDL step is 5.27 ms at batch 16 (twinstep_pdl_rows_bench on
+  // an H200, 583eee2, results/h200/pdl_rows.txt; the ring path for m > 8 gave 6.0 ms). 16: PDL
+  // at every row count.
   int pdl_max_rows = 8;
 };
 GemvTuning& gemv_tuning();
@@ -60,13 +61,14 @@ struct AttentionTuning {
   // configuration), so the small combine can be resident beside the split kernel under PDL.
   // Measured (1550db9): 14.98 us at q_len 1 vs 16.10 us with the driver's choice.
   bool carveout_max_shared = true;
-  // ... only up to this many token rows (requests x q_len). Above 8 rows the GEMVs take their
-  // register path, which re-reads the activation rows from L1; chained under PDL the SMs keep the
-  // attention's max-shared split and the layer ran 1.5x slower: Llama-3-8B layer chain at 16 rows
-  // (ctx 8192, cec62eb) 259.5 us with the max carveout vs 174.9 us with the driver's, the
-  // decode step at batch 16 8.15 ms vs 5.22 ms without PDL (twinstep_pdl_rows_bench). At 1 and 6
-  // rows the max carveout stays ahead (137.3 vs 139.6 us, 143.2 vs 145.1 us).
-  int carveout_max_shared_rows = 8;
+  // ... only up to this many token rows (requests x q_len). While GEMVs of more than 8 rows were
+  // PDL-launched, their register path (re-reading activation rows from L1) ran inside the
+  // attention's max-shared split: the 16-row layer chain (ctx 8192, cec62eb) took 259.5 us with
+  // the max carveout vs 174.9 us with the driver's. Since those GEMVs wait for their predecessor
+  // (GemvTuning::pdl_max_rows) the SMs drain first, and the max carveout is ahead at every row
+  // count: decode step at batch 16, 5.19 ms vs 5.27 ms limited to 8 rows (pdl_rows_bench,
+  // 583eee2, results/h200/pdl_rows.txt). At 1 and 6 rows: 137.3 vs 139.6 us, 143.2 vs 145.1 us.
+  int carveout_max_shared_rows = 1 << 30;
   bool launch_split = true, launch_combine = true;  // variant 1, benchmark only: halves alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };

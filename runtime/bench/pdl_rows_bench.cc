@@ -1,9 +1,10 @@
 // Diagnosis of the decode step's slowdown at 16 rows under programmatic dependent launch
 // (docs/calibration.md: Llama-3-8B, batch 16, graph + PDL 8.1 ms vs 5.2 ms without PDL, while
-// batch 8 and 32 are normal; the cause was the attention's max-shared carveout persisting into
-// the register-path GEMVs, kernels/tuning.h carveout_max_shared_rows). One synthetic Llama-3-8B engine per kernel tuning; for each, the
-// decode graph of batches 8, 12 and 16 (16 shares the bucket of 12), graph and graph+PDL,
-// timed with events around back-to-back replays at a short context (about 200 tokens).
+// batch 8 and 32 were normal). The cause: the register-path GEMVs of more than 8 rows launched
+// under PDL (kernels/tuning.h GemvTuning::pdl_max_rows). One synthetic Llama-3-8B engine per
+// kernel tuning; for each, the decode graph of batches 8, 12 and 16 (16 shares the bucket of
+// 12), graph and graph+PDL, timed with events around back-to-back replays at a short context
+// (about 200 tokens).
 //   twinstep_pdl_rows_bench [--reps N]
 // Prints one line per tuning, batch and mode; the kernel tunings are kernels/tuning.h's.
 #include <cuda_runtime.h>
@@ -73,8 +74,8 @@ int main(int argc, char** argv) {
     const std::vector<Tuning> tunings = {
         {"default", [] {}},
         {"gemv pdl at any rows", [] { kd::gemv_tuning().pdl_max_rows = 16; }},
-        {"attention max carveout at any rows",
-         [] { kd::attention_tuning().carveout_max_shared_rows = 1 << 20; }},
+        {"attention max carveout to 8 rows",
+         [] { kd::attention_tuning().carveout_max_shared_rows = 8; }},
         {"attention driver carveout", [] { kd::attention_tuning().carveout_max_shared = false; }},
         {"early triggers off", [] { kd::kernel_tuning().early_trigger = false; }},
         {"gemv ring path for m > 8", [] { kd::gemv_tuning().large_m_registers = false; }},
