@@ -1,8 +1,8 @@
 // Fuzz target: profile YAML -> parse_calibration_profile (policies/calibration_profile.h), the
 // loader behind `hardware: NAME` for calibrated profiles. Contract: any input either parses or
 // throws ConfigError starting with the source name; a parsed profile has the rates the cost
-// model divides by positive and finite, kernel fits finite, and survives the writer: parsing
-// write_calibration_profile(p) succeeds and writes the same text again.
+// model divides by positive and finite, kernel fits (class, name, model) finite, and survives the
+// writer: parsing write_calibration_profile(p) succeeds and writes the same text again.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -30,12 +30,17 @@ void check_hardware(const twinstep::HardwareSpec& hw) {
               hw.graph_node_gap_ns >= 0 && hw.pdl_node_gap_ns >= 0 && hw.d2h_latency_ns >= 0 &&
               hw.host_wake_ns >= 0,
           "times >= 0");
-  for (const twinstep::KernelFit& f : hw.kernel_fits) {
-    if (!f.fitted) continue;
+  auto check_fit = [](const twinstep::KernelFit& f) {
+    if (!f.fitted) return;
     for (const double x : {f.base_ns, f.ns_per_byte, f.ns_per_flop, f.split_intensity,
-                           f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop})
+                           f.split_bytes, f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop})
       require(std::isfinite(x) && x >= 0, "kernel fit coefficients finite >= 0");
     require(f.samples >= 0, "kernel fit sample count >= 0");
+  };
+  for (const twinstep::KernelFit& f : hw.kernel_fits) check_fit(f);
+  for (const auto& [name, f] : hw.kernel_name_fits) check_fit(f);
+  for (const twinstep::HardwareSpec::ModelKernelFits& m : hw.kernel_model_fits) {
+    for (const auto& [name, f] : m.names) check_fit(f);
   }
 }
 

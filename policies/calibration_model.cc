@@ -56,12 +56,31 @@ void calibration_step_kernels(const std::string& label, const StepShape& shape, 
   }
 }
 
-std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int32_t tp) {
+namespace {
+
+// `model`'s TP-shard label where `measured(label)` holds for it, else `model`.
+template <typename Measured>
+std::string shard_or_model(const std::string& model, int32_t tp, Measured measured) {
   if (tp <= 1) return model;
-  const std::string shard = calibration_model_label(model, tp);
-  for (const HardwareSpec::PdlGap& g : hw.pdl_node_gap_by_rows)
-    if (g.model == shard) return shard;
-  return model;
+  std::string shard = calibration_model_label(model, tp);
+  return measured(shard) ? shard : model;
+}
+
+}  // namespace
+
+std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int32_t tp) {
+  return shard_or_model(model, tp, [&](const std::string& shard) {
+    for (const HardwareSpec::PdlGap& g : hw.pdl_node_gap_by_rows) {
+      if (g.model == shard) return true;
+    }
+    return false;
+  });
+}
+
+std::string kernel_fit_model(const HardwareSpec& hw, const std::string& model, int32_t tp) {
+  return shard_or_model(model, tp, [&](const std::string& shard) {
+    return kernel_model_fits_for(hw, shard) != nullptr;
+  });
 }
 
 }  // namespace twinstep

@@ -35,4 +35,9 @@ void calibration_step_kernels(const std::string& label, const StepShape& shape, 
 // the shard's label where the profile measured that shard, else the model's name.
 std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int32_t tp);
 
+// The key of HardwareSpec::kernel_model_fits a rank of a `tp`-wide stage prices `model`'s
+// kernels with, chosen like pdl_gap_model: the shard's label where the profile has kernel fits
+// for that shard, else the model's name (whose entry may be missing: the pooled fits then).
+std::string kernel_fit_model(const HardwareSpec& hw, const std::string& model, int32_t tp);
+
 }  // namespace twinstep

@@ -326,9 +326,10 @@ void read_collective_tables(Reader& r,
 }
 
 CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
-  const auto top = r.mapping(doc, "the profile",
-                             {"format", "name", "base", "header", "figures", "kernels",
-                              "kernel_names", "pdl_node_gap_by_rows", "host_ops", "measurements"});
+  const auto top =
+      r.mapping(doc, "the profile",
+                {"format", "name", "base", "header", "figures", "kernels", "kernel_names",
+                 "kernel_model_fits", "pdl_node_gap_by_rows", "host_ops", "measurements"});
   CalibrationProfile p;
   const YAML::Node& format = r.require(top, doc, "format", "the profile");
   if (r.integer(format, "format", 0, 1000000) != kFormat) {
@@ -384,6 +385,16 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
   if (const YAML::Node* kn = Reader::find(top, "kernel_names")) {
     for (const auto& [key, v] : r.mapping(*kn, "kernel_names", {})) {
       p.hw.kernel_name_fits.emplace_back(key, read_fit(r, v, "kernel_names." + key));
+    }
+  }
+  if (const YAML::Node* mn = Reader::find(top, "kernel_model_fits")) {
+    for (const auto& [model, mv] : r.mapping(*mn, "kernel_model_fits", {})) {
+      const std::string mwhat = "kernel_model_fits." + model;
+      HardwareSpec::ModelKernelFits fits{model, {}};
+      for (const auto& [key, v] : r.mapping(mv, mwhat, {})) {
+        fits.names.emplace_back(key, read_fit(r, v, mwhat + "." + key));
+      }
+      p.hw.kernel_model_fits.push_back(std::move(fits));
     }
   }
   if (const YAML::Node* gn = Reader::find(top, "pdl_node_gap_by_rows")) {
@@ -442,11 +453,11 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
   }
   o << "# Per kernel class: t_ns = base_ns + ns_per_byte * (bytes read + written) + ns_per_flop "
        "* flops;\n# r2, max_rel_err and samples describe the fit on its own samples.\n";
-  auto write_fit = [&](const std::string& key, const KernelFit& f) {
-    o << "\n  " << key << ": {base_ns: " << num(f.base_ns)
-      << ", ns_per_byte: " << num(f.ns_per_byte) << ", ns_per_flop: " << num(f.ns_per_flop)
-      << ", r2: " << num(f.r2) << ", max_rel_err: " << num(f.max_rel_err)
-      << ", samples: " << f.samples;
+  // `lead`: the newline and indentation before the entry.
+  auto write_fit = [&](const std::string& key, const KernelFit& f, const char* lead = "\n  ") {
+    o << lead << key << ": {base_ns: " << num(f.base_ns) << ", ns_per_byte: " << num(f.ns_per_byte)
+      << ", ns_per_flop: " << num(f.ns_per_flop) << ", r2: " << num(f.r2)
+      << ", max_rel_err: " << num(f.max_rel_err) << ", samples: " << f.samples;
     if (f.split_intensity > 0 || f.split_bytes > 0) {
       o << (f.split_intensity > 0 ? ", split_intensity: " : ", split_bytes: ")
         << num(f.split_intensity > 0 ? f.split_intensity : f.split_bytes)
@@ -470,6 +481,18 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
          "its own fit,\n# any other kernel by its class's.\n";
     o << "kernel_names:";
     for (const auto& [name, f] : p.hw.kernel_name_fits) write_fit(quoted(name), f);
+    o << "\n";
+  }
+  if (!p.hw.kernel_model_fits.empty()) {
+    o << "# Per calibration model (a preset, or <preset>@tp<N> for a TP shard) and kernel name, "
+         "fitted on that\n# model's samples alone; a simulated run of the model (its shard on "
+         "the run's layout) prices\n# these names by them before kernel_names.\n";
+    o << "kernel_model_fits:";
+    for (const HardwareSpec::ModelKernelFits& m : p.hw.kernel_model_fits) {
+      o << "\n  " << quoted(m.model) << ":";
+      for (const auto& [name, f] : m.names) write_fit(quoted(name), f, "\n    ");
+      if (m.names.empty()) o << " {}";
+    }
     o << "\n";
   }
   if (!p.hw.pdl_node_gap_by_rows.empty()) {

@@ -148,4 +148,12 @@ int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64
   return last != nullptr ? last->gap_ns : hw.pdl_node_gap_ns;
 }
 
+const HardwareSpec::ModelKernelFits* kernel_model_fits_for(const HardwareSpec& hw,
+                                                           const std::string& model) {
+  for (const HardwareSpec::ModelKernelFits& m : hw.kernel_model_fits) {
+    if (m.model == model) return &m;
+  }
+  return nullptr;
+}
+
 }  // namespace twinstep

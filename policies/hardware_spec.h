@@ -98,6 +98,17 @@ struct HardwareSpec {
   // roofline. Projections of one class differ in efficiency (shape, cuBLAS algorithm), so a
   // name fit is closer; a new model's kernels carry the same names.
   std::vector<std::pair<std::string, KernelFit>> kernel_name_fits;
+  // Calibrated per-(model, kernel name) fits: one entry per calibration model label
+  // (policies/calibration_model.h: a preset, or "<preset>@tp<N>" for a TP shard), models
+  // distinct, each fitted on that model's samples alone. A kernel_name_fits entry pools every
+  // model's samples of a name; a model's own kernels fit its own line better. The cost model of
+  // a run prices a kernel by its model's fit for the name, else by kernel_name_fits, else by
+  // the class fit (CostModel resolves this once, at construction).
+  struct ModelKernelFits {
+    std::string model;
+    std::vector<std::pair<std::string, KernelFit>> names;  // names distinct
+  };
+  std::vector<ModelKernelFits> kernel_model_fits;
   // Measured PDL node gap per model and rows (tokens) of the decode step, for the models
   // measured: a step of R rows uses the model's entry of the smallest rows >= R (the runtime pads
   // a batch to the next power of two), its last entry above it. Signed: a negative gap is an
@@ -116,6 +127,9 @@ struct HardwareSpec {
 // The PDL node gap of a step of `model` with `rows` rows (pdl_node_gap_by_rows, else
 // pdl_node_gap_ns).
 int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows);
+// The kernel_model_fits entry of `model`, or nullptr; points into hw.
+const HardwareSpec::ModelKernelFits* kernel_model_fits_for(const HardwareSpec& hw,
+                                                           const std::string& model);
 
 // Presets by name: h100, h200, h20, b200, b300. Throws ConfigError for an unknown name.
 const HardwareSpec& hardware_preset(const std::string& name);

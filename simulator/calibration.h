@@ -53,8 +53,12 @@ KernelFit fit_kernel_class_split_bytes(std::span<const KernelSample> samples, Ke
 Distribution distribution(std::vector<double> values);
 
 // The profile from raw samples: `base` preset figures, replaced where samples of that kind
-// exist; kernel classes fitted where >= 3 kernel samples exist. Samples of unknown kinds or
-// kernel classes throw Error.
+// exist; kernel classes fitted where >= 3 kernel samples exist, kernel names (every model's
+// samples pooled) likewise, and each (model label, kernel name) with at least
+// kModelFitMinSamples samples over kModelFitMinBytes distinct byte counts on its samples alone
+// (HardwareSpec::kernel_model_fits). Samples of unknown kinds or kernel classes throw Error.
+inline constexpr size_t kModelFitMinSamples = 8;
+inline constexpr size_t kModelFitMinBytes = 2;
 CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples,
                                    const std::string& name, const std::string& base,
                                    const ProfileHeader& header);
@@ -67,6 +71,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
 // the model preset. Points of unknown models are skipped.
 struct ResidualSample {
   std::string name;
+  std::string model;  // the grid point's calibration model label
   KernelSample sample;
 };
 std::vector<ResidualSample> residual_kernel_samples(const std::vector<CalibrationSample>& samples,

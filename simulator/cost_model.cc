@@ -7,7 +7,7 @@
 
 namespace twinstep {
 
-CostModel::CostModel(const HardwareSpec& hw)
+CostModel::CostModel(const HardwareSpec& hw, const std::string& model)
     : ns_per_byte_(1e9 / (hw.stream_read_tbps * 1e12 * hw.mem_efficiency)),
       ns_per_flop_(1e9 / (hw.bf16_tflops * 1e12 * hw.flop_efficiency)),
       floor_ns_(hw.kernel_floor_ns),
@@ -18,19 +18,33 @@ CostModel::CostModel(const HardwareSpec& hw)
       alltoall_alpha_ns_(hw.alltoall_alpha_ns),
       p2p_alpha_ns_(hw.p2p_alpha_ns) {
   static_assert(size_t(KernelClass::kCount) <= kKernelFitSlots);
+  auto linear = [](const KernelFit& f) {
+    return LinearFit{true,           f.base_ns,          f.ns_per_byte,
+                     f.ns_per_flop,  f.split_intensity,  f.split_bytes,
+                     f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop};
+  };
   for (size_t c = 0; c < fits_.size(); ++c) {
     const KernelFit& f = hw.kernel_fits[c];
-    if (f.fitted && KernelClass(c) != KernelClass::kCollective) {
-      fits_[c] = {true,           f.base_ns,          f.ns_per_byte,
-                  f.ns_per_flop,  f.split_intensity,  f.split_bytes,
-                  f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop};
-    }
+    if (f.fitted && KernelClass(c) != KernelClass::kCollective) fits_[c] = linear(f);
   }
   for (const auto& [name, f] : hw.kernel_name_fits) {
-    if (!f.fitted) continue;
-    name_fits_.emplace_back(
-        name, LinearFit{true, f.base_ns, f.ns_per_byte, f.ns_per_flop, f.split_intensity,
-                        f.split_bytes, f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop});
+    if (f.fitted) name_fits_.emplace_back(name, linear(f));
+  }
+  // The model's own fits replace the pooled ones name by name (or add names the pooled fits
+  // lack), so that kernel_ns still scans one table per call.
+  const HardwareSpec::ModelKernelFits* own =
+      model.empty() ? nullptr : kernel_model_fits_for(hw, model);
+  if (own != nullptr) {
+    for (const auto& [name, f] : own->names) {
+      if (!f.fitted) continue;
+      auto it = std::find_if(name_fits_.begin(), name_fits_.end(),
+                             [&](const auto& e) { return e.first == name; });
+      if (it != name_fits_.end()) {
+        it->second = linear(f);
+      } else {
+        name_fits_.emplace_back(name, linear(f));
+      }
+    }
   }
   static_assert(size_t(CollectiveKind::kSendRecv) < std::tuple_size_v<decltype(curves_)>);
   curve_ranks_ = hw.collective_table_ranks;
@@ -81,8 +95,9 @@ double CostModel::price(const LinearFit& f, const KernelDesc& k) {
 
 int64_t CostModel::kernel_ns(const KernelDesc& k) const {
   if (k.cls != KernelClass::kCollective && k.name != nullptr) {
+    const std::string_view kn(k.name);  // one strlen; each entry then compares lengths first
     for (const auto& [name, f] : name_fits_) {
-      if (name == k.name) return static_cast<int64_t>(price(f, k) + 0.5);
+      if (name == kn) return static_cast<int64_t>(price(f, k) + 0.5);
     }
   }
   const LinearFit& f = fits_[size_t(k.cls)];

@@ -1,6 +1,7 @@
-// CostModel: kernel durations from a HardwareSpec. A kernel with a calibrated fit for its name
-// (HardwareSpec::kernel_name_fits) or else its class (HardwareSpec::kernel_fits, both from
-// `twinstep calibrate`) costs base + per-byte + per-flop terms;
+// CostModel: kernel durations from a HardwareSpec. A kernel with a calibrated fit (from
+// `twinstep calibrate`) for the priced model and its name (HardwareSpec::kernel_model_fits),
+// else for its name pooled over the models measured (kernel_name_fits), else for its class
+// (kernel_fits) costs base + per-byte + per-flop terms;
 // any other class the roofline: the larger of bytes / (stream_read_tbps · mem_efficiency) and
 // flops / (bf16_tflops · flop_efficiency), at least kernel_floor_ns (a fit's base_ns is its
 // own measured floor). Rounded half up.
@@ -29,7 +30,10 @@ struct GraphCost {
 
 class CostModel {
  public:
-  explicit CostModel(const HardwareSpec& hw);
+  // `model`: the calibration model label whose own kernel fits apply (kernel_fit_model() in
+  // policies/calibration_model.h picks it for a run's layout); empty or without an entry in
+  // hw.kernel_model_fits: the pooled name fits. Resolved here, once, into one fit per name.
+  explicit CostModel(const HardwareSpec& hw, const std::string& model = {});
   int64_t kernel_ns(const KernelDesc& k) const;
   GraphCost graph_cost(const StepKernels& step) const;
   // Device-to-host copy of `bytes`, issue to completion.
@@ -68,7 +72,8 @@ class CostModel {
   static double price(const LinearFit& f, const KernelDesc& k);
   static double interpolate(const CollectiveCurve& c, double bytes);
   std::array<LinearFit, size_t(KernelClass::kCount)> fits_{};
-  // Per-kernel-name fits (HardwareSpec::kernel_name_fits), looked up by name; few entries.
+  // Per-kernel-name fits, looked up by name (few entries): the model's own fit where
+  // hw.kernel_model_fits has one for the name, else the pooled kernel_name_fits entry.
   std::vector<std::pair<std::string, LinearFit>> name_fits_;
   double ns_per_byte_;
   double ns_per_flop_;

@@ -503,12 +503,13 @@ TEST_F(ProfileDir, BrokenProfileGivesItsPositionAndTheAvailableProfiles) {
   write("h200-test", kGoodProfile);
   write("broken", replace(kGoodProfile, "name: h200-test", "name: broken\nextra: 1"));
   const std::string path = (dir_ / "broken.yaml").string();
-  EXPECT_EQ(error_of_name("broken"),
-            path +
-                ":3:1: unknown field 'extra' in the profile; known: format, name, base, "
-                "header, figures, kernels, kernel_names, pdl_node_gap_by_rows, host_ops, "
-                "measurements (presets: b200, b300, h100, h20, h200; calibrated profiles in " +
-                dir_.string() + ": broken, h200-test)");
+  EXPECT_EQ(
+      error_of_name("broken"),
+      path +
+          ":3:1: unknown field 'extra' in the profile; known: format, name, base, "
+          "header, figures, kernels, kernel_names, kernel_model_fits, pdl_node_gap_by_rows, "
+          "host_ops, measurements (presets: b200, b300, h100, h20, h200; calibrated profiles in " +
+          dir_.string() + ": broken, h200-test)");
   write("renamed", kGoodProfile);
   EXPECT_NE(error_of_name("renamed").find("profile name 'h200-test' does not match its file name "
                                           "'renamed.yaml'"),
@@ -758,6 +759,7 @@ TEST(ResidualKernels, TheOneLostEpilogueKernelIsTheStepLessTheRest) {
   const std::vector<ResidualSample> r = residual_kernel_samples(s, 500);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].name, "lm_head");
+  EXPECT_EQ(r[0].model, "llama-3-8b");
   EXPECT_EQ(r[0].sample.cls, KernelClass::kLmHead);
   EXPECT_NEAR(r[0].sample.ns, 290000, 1e-3);
   EXPECT_GT(r[0].sample.bytes, 1e9);  // the vocabulary projection's weights
