@@ -464,6 +464,7 @@ struct CalibrateGrid {
   std::vector<int> contexts, batches;  // empty: the default grid
   std::vector<int64_t> sessions;       // --fit-only: the sessions fitted together (empty: latest)
   int tp = 1;                          // > 1: rank 0's shard of tp-way tensor parallelism
+  std::string collectives_from;  // a profile whose collective calibration (calibrate-nccl) is kept
 };
 
 int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool quick,
@@ -547,7 +548,29 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
                   "'; give --base with a hardware preset name (twinstep hardware lists them)");
     }
   }
-  const CalibrationProfile profile = fit_calibration(samples, name, base, header);
+  CalibrationProfile profile = fit_calibration(samples, name, base, header);
+  if (!grid.collectives_from.empty()) {
+    // Refitting the kernels keeps the collectives calibrate-nccl measured into another profile:
+    // its figures and its nccl.* measurements (the tables the simulator prices collectives by).
+    const CalibrationProfile c = load_calibration_profile(grid.collectives_from);
+    profile.hw.interconnect_gbps = c.hw.interconnect_gbps;
+    profile.hw.allreduce_alpha_ns = c.hw.allreduce_alpha_ns;
+    profile.hw.alltoall_alpha_ns = c.hw.alltoall_alpha_ns;
+    profile.hw.p2p_alpha_ns = c.hw.p2p_alpha_ns;
+    profile.hw.collective_tables = c.hw.collective_tables;
+    size_t kept = 0;
+    for (const auto& [key, value] : c.measurements) {
+      if (key.rfind("nccl.", 0) != 0) continue;
+      profile.measurements.emplace_back(key, value);
+      ++kept;
+    }
+    if (kept == 0) {
+      throw ConfigError("", "--collectives-from " + grid.collectives_from +
+                                ": the profile holds no nccl.* measurements (run calibrate-nccl)");
+    }
+    profile.header.command += "; collectives from " + grid.collectives_from + " (" +
+                              c.header.command + ")";
+  }
   std::ofstream out(out_path);
   out << write_calibration_profile(profile);
   out.close();
@@ -736,6 +759,8 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   calibrate->add_option("--tp", cal_grid.tp,
                         "measure rank 0's shard of TP-N (MoE: EP-N) on one GPU, no collectives");
+  calibrate->add_option("--collectives-from", cal_grid.collectives_from,
+                        "keep the collective calibration (calibrate-nccl) of this profile file");
   calibrate->add_option("--sessions", cal_grid.sessions,
                         "with --fit-only: stored sessions fitted together (default: the latest)")
       ->delimiter(',');

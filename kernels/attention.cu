@@ -556,8 +556,8 @@ size_t fused_smem_bytes(int row_tiles, int stages) {
 // x q_len), the largest shared-memory carveout: every attention kernel then runs in the
 // configuration the split kernel needs (~200 KB per SM), so the combine's blocks (and the next
 // split's, under PDL) can be resident beside the previous kernel's instead of waiting for the SM
-// to drain and switch its L1 / shared split. The row limit (default: none) is for a chain whose
-// next kernel needs L1 and never lets the SMs drain (see AttentionTuning).
+// to drain and switch its L1 / shared split. The row limit is for a chain whose next kernel
+// needs L1 and never lets the SMs drain (see AttentionTuning).
 template <typename... KernelArgs, typename... Args>
 void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, bool pdl, int cluster, int token_rows,

@@ -456,6 +456,25 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   // FLOPs where another layout falls back to it (kernel_fit_model). Fitting it free changed the
   // mean in-sample error there by 0.1 points at most, except on Qwen3-30B-A3B's moe_router (9.3 %
   // held, 7.1 % free: ~0.5 us whatever its bytes).
+  // A model's samples of one shape (the same bytes and FLOPs: its layers at one grid point) are
+  // averaged before the relative-error fit: where the layers' times differ at one shape (an
+  // expert-parallel shard's MoE kernels, 27-53 us at batch 1 as the routing puts 0-8 of a token's
+  // experts on the rank), a relative-error fit of the raw samples lands below their mean.
+  // Each sample keeps its place (the regime split counts samples) with its shape's mean time.
+  auto mean_by_shape = [](std::span<const KernelSample> v) {
+    std::map<std::pair<double, double>, std::pair<double, int>> sum;
+    for (const KernelSample& k : v) {
+      auto& [ns, n] = sum[{k.bytes, k.flops}];
+      ns += k.ns;
+      ++n;
+    }
+    std::vector<KernelSample> out(v.begin(), v.end());
+    for (KernelSample& k : out) {
+      const auto& [ns, n] = sum[{k.bytes, k.flops}];
+      k.ns = ns / n;
+    }
+    return out;
+  };
   std::map<std::string, std::map<std::string, std::vector<KernelSample>>> by_model;
   for (size_t i = 0; i < kernels.size(); ++i) {
     by_model[kernel_models[i]][kernel_names[i]].push_back(kernels[i]);
@@ -466,7 +485,8 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
       std::set<double> distinct;
       for (const KernelSample& k : v) distinct.insert(k.bytes);
       if (v.size() < kModelFitMinSamples || distinct.size() < kModelFitMinBytes) continue;
-      if (const KernelFit f = fit_name(v); f.fitted) fits.names.emplace_back(name, f);
+      if (const KernelFit f = fit_name(mean_by_shape(v)); f.fitted)
+        fits.names.emplace_back(name, f);
     }
     if (!fits.names.empty()) p.hw.kernel_model_fits.push_back(std::move(fits));
   }

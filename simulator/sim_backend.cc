@@ -481,6 +481,10 @@ class Engine {
                : hw_.graph_node_gap_ns;
   }
 
+  // The gap before the first node after a collective: no overlap with it (at least the plain
+  // graph node gap).
+  int64_t resume_gap_ns(int64_t gap_ns) const { return std::max(gap_ns, hw_.graph_node_gap_ns); }
+
   // One rank alone: the graph is priced as a whole where nothing observes its nodes.
   void launch_single(int32_t rank_id, Rank& r, const Op& op) {
     const Plan& plan = r.plan;
@@ -602,6 +606,9 @@ class Engine {
     return k;
   }
 
+  // gap_ns: between two compute nodes (under PDL possibly negative: an overlap); the first node
+  // after a collective waits for it (an NCCL kernel neither triggers early nor is PDL-launched),
+  // so it gets resume_gap_ns(gap_ns).
   const SegmentTemplate& segment_template(const ModelSpec& m, int32_t requests, int32_t q_tokens,
                                           int32_t rank, int64_t gap_ns) {
     const auto key = std::make_tuple(&m == &draft_, requests, q_tokens, rank, gap_ns);
@@ -619,6 +626,7 @@ class Engine {
     for_each_node(kfar, 1, [&](const KernelDesc& d) { nfar.push_back(&d); });
     t.affine = n0.size() == n1.size() && n0.size() == nfar.size();
     SegmentTemplate::Segment seg;
+    bool after_coll = false;
     for (size_t i = 0; t.affine && i < n0.size(); ++i) {
       const KernelDesc& a = *n0[i];
       const KernelDesc& b = *n1[i];
@@ -636,9 +644,11 @@ class Engine {
         seg.has_coll = true;
         t.segments.push_back(std::move(seg));
         seg = {};
+        after_coll = true;
         continue;
       }
-      seg.gap_ns += gap_ns;
+      seg.gap_ns += after_coll ? resume_gap_ns(gap_ns) : gap_ns;
+      after_coll = false;
       if (v.slope.bytes_read == 0 && v.slope.bytes_written == 0 && v.slope.flops == 0) {
         seg.fixed_ns += cost_.kernel_ns(a);
         seg.fixed_bytes += a.bytes_read;
@@ -670,9 +680,9 @@ class Engine {
       is.g = &r.plan.launches[size_t(op.graph)];
       if (layout.pp > 1) pipeline_lengths(r, *is.g);  // before device_execute moves contexts
       const DeviceWork work = device_execute(r, r.plan, *is.g, *r.out, r.sample);
-      // Multi-rank launches keep node-by-node timing: an overlap (negative PDL gap) is not
-      // modelled there, the gap is at least 0.
-      const int64_t gap_ns = std::max<int64_t>(0, node_gap_ns(*is.g, work));
+      // Node-by-node timing: a negative PDL gap overlaps a node with its predecessor, except
+      // right after a collective (resume_gap_ns).
+      const int64_t gap_ns = node_gap_ns(*is.g, work);
       const bool eager = is.g->mode == GraphMode::kEager;
       const bool prefill = is.g->phase == Phase::kPrefill;
       // Under PP the draft module runs on the last stage (draft_module_kernels), whole.
@@ -728,6 +738,7 @@ class Engine {
           pipeline_step_kernels(*work.model, is.microbatches, layout, int32_t(ri), is.kernels,
                                 pass_key);
         }
+        bool after_coll = false;
         for_each_node(is.kernels, work.repeat, [&](const KernelDesc& k) {
           if (eager) {
             r.host_ns += hw_.eager_launch_ns;
@@ -735,8 +746,11 @@ class Engine {
           const int64_t ready = eager ? r.host_ns : 0;
           if (k.cls == KernelClass::kCollective) {
             is.items.push_back({0, 0, ready, k.name, &k});
+            after_coll = true;
           } else {
-            is.items.push_back({cost_.kernel_ns(k), gap_ns, ready, k.name, nullptr});
+            is.items.push_back({cost_.kernel_ns(k), after_coll ? resume_gap_ns(gap_ns) : gap_ns,
+                                ready, k.name, nullptr});
+            after_coll = false;
             bytes += k.bytes_read;
           }
         });

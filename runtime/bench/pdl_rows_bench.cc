@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
     const std::vector<Tuning> tunings = {
         {"default", [] {}},
         {"gemv pdl at any rows", [] { kd::gemv_tuning().pdl_max_rows = 16; }},
-        {"attention max carveout to 8 rows",
-         [] { kd::attention_tuning().carveout_max_shared_rows = 8; }},
+        {"attention max carveout at any rows",
+         [] { kd::attention_tuning().carveout_max_shared_rows = 1 << 30; }},
         {"attention driver carveout", [] { kd::attention_tuning().carveout_max_shared = false; }},
         {"early triggers off", [] { kd::kernel_tuning().early_trigger = false; }},
         {"gemv ring path for m > 8", [] { kd::gemv_tuning().large_m_registers = false; }},

@@ -161,18 +161,29 @@ check "compare --accept prints the distribution" grep -q "tv_distance" "$work/ac
 check "compare --accept-tolerance exits 3 when exceeded" test $? -eq 3
 check "compare --accept-tolerance says by how much" grep -q "mean accept length differ by up to" "$work/accept.err"
 
-# calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 session 1).
+# calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 calibration
+# of 583eee2: sessions 1-4, Llama-3-8B, Qwen3-30B-A3B and their TP2 shards).
 cdb=$work/calib.db
-cp "$src/results/calib_h200_session1.db" "$cdb"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 1 --out "$work/s1.yaml" >/dev/null 2>&1
-check "fit-only of session 1 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
+cp "$src/results/h200/calibration_583eee2.db" "$cdb"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 4 --out "$work/s1.yaml" >/dev/null 2>&1
+check "fit-only of session 4 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
-check "session 1 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
+check "session 4 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
+  --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
+check "the committed profile is the refit of the committed sessions" test "$(grep -v 'command:' "$work/h200-calibrated.yaml")" = "$(grep -v 'command:' "$src/results/profiles/h200-calibrated.yaml")"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,7 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions.err"
 check "a missing session is refused by number" grep -q "has no calibration session 7" "$work/sessions.err"
 check "and no profile is written" test ! -e "$work/bad.yaml"
 "$bin" --db "$cdb" calibrate --sessions 1 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions2.err"
 check "--sessions without --fit-only is refused" grep -q "give it with --fit-only" "$work/sessions2.err"
+# --collectives-from keeps another profile's NCCL calibration through a kernel refit.
+"$bin" --db "$cdb" calibrate --fit-only --collectives-from "$src/results/profiles/h200-calibrated.yaml" \
+  --out "$work/kept.yaml" >/dev/null 2>&1
+check "a refit keeps the collective tables" test "$(grep -c '"nccl\.all_reduce\.graph\.[0-9]*[KM]\.median_ns"' "$work/kept.yaml")" -ge 10
+check "and the all-reduce alpha" test "$(grep 'allreduce_alpha_ns' "$work/kept.yaml")" = "$(grep 'allreduce_alpha_ns' "$src/results/profiles/h200-calibrated.yaml")"
+"$bin" --db "$cdb" calibrate --fit-only --collectives-from "$work/s1.yaml" --out "$work/none.yaml" >/dev/null 2>"$work/kept.err"
+check "a profile without collectives is refused" grep -q "holds no nccl.\* measurements" "$work/kept.err"
 
 # models / hardware list presets.
 check "models lists llama-3-8b" bash -c "'$bin' models | grep -q 'llama-3-8b .* 8.0303'"

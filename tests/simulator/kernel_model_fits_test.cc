@@ -121,6 +121,29 @@ TEST(KernelModelFits, EachModelsLineIsRecoveredThePooledLineFitsNeither) {
   EXPECT_NE(report.find("qwen3-30b-a3b        o_proj"), std::string::npos) << report;
 }
 
+// Layers of one shape measured at different times (an EP shard's routing moves experts between
+// ranks from layer to layer): the model fit goes through their mean. Here every shape has one
+// sample at 0.5 t and one at 1.5 t of the llama line; a relative-error fit of the raw pairs
+// would give 0.6 t (f = (1/0.5 + 1/1.5) / (1/0.25 + 1/2.25) t).
+TEST(KernelModelFits, SamplesOfOneShapeAreAveragedBeforeTheFit) {
+  std::vector<CalibrationSample> v = two_lines();
+  for (const double bytes : {1e6, 2e6, 4e6, 8e6}) {
+    for (const double intensity : {1.0, 2.0, 4.0}) {
+      const double flops = intensity * bytes;
+      const double t = kLlama.base + kLlama.per_byte * bytes + kLlama.per_flop * flops;
+      for (const double k : {0.5, 1.5})
+        v.push_back(kernel_sample("llama-3-8b@tp2", "o_proj", bytes, flops, k * t));
+    }
+  }
+  const CalibrationProfile p = fit_calibration(v, "t", "h200", kHeader);
+  const KernelFit* f = model_fit(p.hw, "llama-3-8b@tp2", "o_proj");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->samples, 24);  // every sample, at its shape's mean
+  EXPECT_NEAR(f->base_ns, kLlama.base, 1e-6 * kLlama.base);
+  EXPECT_NEAR(f->ns_per_byte, kLlama.per_byte, 1e-6 * kLlama.per_byte);
+  EXPECT_NEAR(f->ns_per_flop, kLlama.per_flop, 1e-6 * kLlama.per_flop);
+}
+
 TEST(KernelModelFits, CostModelPricesEachModelByItsOwnLineOthersByThePooledFit) {
   const CalibrationProfile p = fit_calibration(two_lines(), "t", "h200", kHeader);
   // 2 MB read, 1 MB written, 6 MFLOP: 2000 + 750 + 6 and 5000 + 1200 + 18.
