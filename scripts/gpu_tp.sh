@@ -9,7 +9,8 @@
 # experiments/validation/h200_ep2.yaml into OUT/ep2.db (about 31 GB of weights per rank).
 #   scripts/gpu_tp.sh OUT_DIR            EP=1 scripts/gpu_tp.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,tp_test_1rank,tp_test_2ranks,tp2_run}.log, OUT_DIR/tp2.db,
-# OUT_DIR/tp2.sim_vs_real.txt, OUT_DIR/tp2.metrics.csv; with EP=1 the same ep2_run.log, ep2.db,
+# OUT_DIR/tp2.sim_vs_real.txt, OUT_DIR/tp2.ops.txt (traced steps per operation), OUT_DIR/tp2.metrics.csv;
+# with EP=1 the same ep2_run.log, ep2.db, ep2.ops.txt,
 # ep2.sim_vs_real.txt, ep2.metrics.csv.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2);
 # EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2).
@@ -68,6 +69,10 @@ validate() {
   "$build/twinstep" --db "$db" compare --experiment "$xname" --sim-vs-real \
     --metrics tpot_ms_mean step_ms_mean ttft_ms_mean gpu_busy_frac output_throughput_tok_s |
     tee "$out/$tag.sim_vs_real.txt" || status=1
+  # The traced steps (the YAML's trace), operation by operation: measured against simulated.
+  "$build/twinstep" --db "$db" compare --experiment "$xname" --ops >"$out/$tag.ops.txt" 2>&1 ||
+    status=1
+  head -40 "$out/$tag.ops.txt"
   "$build/twinstep" --db "$db" query --csv "SELECT r.id, r.variant_label, r.backend, r.status,
     m.key, m.value, m.unit FROM run r JOIN metric m ON m.run_id = r.id
     WHERE m.key LIKE 'rank%' OR m.key LIKE 'tp_%' OR m.key IN ('tpot_ms_mean', 'gpu_busy_frac',
