@@ -483,7 +483,8 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   if (fit_only) {
     // One session (the latest by default), or several fitted as one sample set (e.g. a dense
     // model's full grid and a MoE model's narrow grid, measured by two commands): same GPU only.
-    const std::vector<int64_t> ids = grid.sessions.empty() ? std::vector<int64_t>{0} : grid.sessions;
+    const std::vector<int64_t> ids =
+        grid.sessions.empty() ? std::vector<int64_t>{0} : grid.sessions;
     for (const int64_t id : ids) {
       if (id < 1 && !grid.sessions.empty())
         throw ConfigError("", "--sessions takes session ids >= 1, got " + std::to_string(id));
@@ -568,8 +569,8 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
       throw ConfigError("", "--collectives-from " + grid.collectives_from +
                                 ": the profile holds no nccl.* measurements (run calibrate-nccl)");
     }
-    profile.header.command += "; collectives from " + grid.collectives_from + " (" +
-                              c.header.command + ")";
+    profile.header.command +=
+        "; collectives from " + grid.collectives_from + " (" + c.header.command + ")";
   }
   std::ofstream out(out_path);
   out << write_calibration_profile(profile);
@@ -761,8 +762,9 @@ int main(int argc, char** argv) {
                         "measure rank 0's shard of TP-N (MoE: EP-N) on one GPU, no collectives");
   calibrate->add_option("--collectives-from", cal_grid.collectives_from,
                         "keep the collective calibration (calibrate-nccl) of this profile file");
-  calibrate->add_option("--sessions", cal_grid.sessions,
-                        "with --fit-only: stored sessions fitted together (default: the latest)")
+  calibrate
+      ->add_option("--sessions", cal_grid.sessions,
+                   "with --fit-only: stored sessions fitted together (default: the latest)")
       ->delimiter(',');
 
   std::string nccl_out, nccl_json, nccl_name, nccl_profile;

@@ -560,8 +560,7 @@ size_t fused_smem_bytes(int row_tiles, int stages) {
 // needs L1 and never lets the SMs drain (see AttentionTuning).
 template <typename... KernelArgs, typename... Args>
 void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, bool pdl, int cluster, int token_rows,
-                      Args&&... args) {
+                      cudaStream_t stream, bool pdl, int cluster, int token_rows, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;

@@ -55,8 +55,8 @@ void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStre
   p.n = n;
   p.k = k;
   p.out = out;
-  detail::launch_gemv<detail::GemvEpilogue::kStore>(
-      p, stream, pdl && m <= detail::gemv_tuning().pdl_max_rows);
+  detail::launch_gemv<detail::GemvEpilogue::kStore>(p, stream,
+                                                    pdl && m <= detail::gemv_tuning().pdl_max_rows);
 }
 
 void gemv_swiglu(const bf16* w_gate_up, const bf16* x, bf16* out, int m, int n, int k,

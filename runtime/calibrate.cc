@@ -7,18 +7,18 @@
 #include <map>
 #include <memory>
 
+#include "policies/calibration_model.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
 #include "policies/host_costs.h"
 #include "policies/model_spec.h"
-#include "policies/calibration_model.h"
 #include "policies/step_kernels.h"
-#include "runtime/tensor_parallel.h"
 #include "policies/workload.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_ops.h"
 #include "runtime/engine.h"
 #include "runtime/real_backend.h"
+#include "runtime/tensor_parallel.h"
 
 namespace twinstep::runtime {
 
@@ -284,14 +284,13 @@ class InSitu {
     label_ = calibration_model_label(name, o_.tp);
     const LlamaConfig full = llama_config_from_spec(spec);
     const LlamaConfig config = o_.tp > 1 ? tp_shard_config(full, 0, o_.tp) : full;
-    const std::vector<int> contexts =
-        !o_.contexts.empty() ? o_.contexts
-        : o_.quick           ? std::vector<int>{128, 2048}
-                             : std::vector<int>{128, 512, 2048, 8192};
+    const std::vector<int> contexts = !o_.contexts.empty() ? o_.contexts
+                                      : o_.quick           ? std::vector<int>{128, 2048}
+                                                           : std::vector<int>{128, 512, 2048, 8192};
     for (const int ctx : contexts) {
       std::vector<int> batches = !o_.batches.empty() ? o_.batches
-                                 : o_.quick ? std::vector<int>{1, 4, 16, 64}
-                                            : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
+                                 : o_.quick          ? std::vector<int>{1, 4, 16, 64}
+                                                     : std::vector<int>{1, 2, 4, 8, 16, 32, 64};
       // Long contexts: the prefill of every slot and the KV of 64 slots cost more than the
       // points add (batches up to 16 cover the validation shapes at 8K). A given grid is kept.
       if (ctx > 4096 && o_.batches.empty())
@@ -413,8 +412,8 @@ class InSitu {
   // interval d_j between timestamps, less the per-node profiling overhead
   // δ = (T_profiled − T_unprofiled) / nodes, median over launches, less one node gap per step
   // kernel, so that Σ kernels + nodes · gap reproduces the unprofiled step.
-  void kernel_samples(Engine& engine, const GridPoint& p,
-                      double profiled_step_ns, const std::vector<int64_t>& seqs, int64_t ctx_mid) {
+  void kernel_samples(Engine& engine, const GridPoint& p, double profiled_step_ns,
+                      const std::vector<int64_t>& seqs, int64_t ctx_mid) {
     const std::vector<const char*>& names = engine.decode_node_names(p.batch);
     const size_t n = names.size();
     const double delta = (profiled_step_ns - p.step_graph_ns) / double(n);
@@ -550,7 +549,8 @@ void host_ops(const std::string& model_name, bool quick, std::vector<Calibration
 CalibrationRun run_calibration(const CalibrateOptions& o) {
   std::string why;
   if (!real_backend_available(&why)) throw Error("calibrate needs a CUDA GPU: " + why);
-  if (o.tp < 1 || o.tp > 64) throw Error("calibrate: --tp " + std::to_string(o.tp) + " outside [1, 64]");
+  if (o.tp < 1 || o.tp > 64)
+    throw Error("calibrate: --tp " + std::to_string(o.tp) + " outside [1, 64]");
   for (const std::string& m : o.models) {
     // Throws for a model the runtime cannot run, or one whose heads/experts do not split tp ways.
     const LlamaConfig full = llama_config_from_spec(model_preset(m));

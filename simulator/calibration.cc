@@ -8,8 +8,8 @@
 #include <set>
 #include <tuple>
 
-#include "policies/error.h"
 #include "policies/calibration_model.h"
+#include "policies/error.h"
 #include "policies/model_spec.h"
 
 namespace twinstep {

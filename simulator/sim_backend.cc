@@ -9,8 +9,8 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "policies/error.h"
 #include "policies/calibration_model.h"
+#include "policies/error.h"
 #include "policies/layout.h"
 #include "policies/spec_rules.h"
 #include "policies/step_kernels.h"
@@ -476,8 +476,7 @@ class Engine {
   // kernel's prologue with its predecessor's tail), which shortens the launch's span.
   int64_t node_gap_ns(const GraphLaunch& g, const DeviceWork& w) const {
     return g.mode == GraphMode::kCudaGraphPdl
-               ? pdl_node_gap_for(hw_, w.model == &draft_ ? pdl_draft_ : pdl_model_,
-                                  w.shape.tokens)
+               ? pdl_node_gap_for(hw_, w.model == &draft_ ? pdl_draft_ : pdl_model_, w.shape.tokens)
                : hw_.graph_node_gap_ns;
   }
 

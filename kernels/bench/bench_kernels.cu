@@ -769,11 +769,14 @@ void bench_layer_chain(int m, bool diagnose) {
     detail::KernelTuning& kt = detail::kernel_tuning();
     detail::GemvTuning& gt = detail::gemv_tuning();
     const detail::GemvTuning gemv_saved = gt;
-    tuned("early triggers off", [&] { kt.early_trigger = false; }, [&] { kt.early_trigger = true; });
+    tuned(
+        "early triggers off", [&] { kt.early_trigger = false; }, [&] { kt.early_trigger = true; });
     if (m > 8)
-      tuned("gemv ring path for m > 8", [&] { gt.large_m_registers = false; },
-            [&] { gt = gemv_saved; });
-    tuned("gemv split 1 (no clusters)", [&] { gt.split = 1; }, [&] { gt = gemv_saved; });
+      tuned(
+          "gemv ring path for m > 8", [&] { gt.large_m_registers = false; },
+          [&] { gt = gemv_saved; });
+    tuned(
+        "gemv split 1 (no clusters)", [&] { gt.split = 1; }, [&] { gt = gemv_saved; });
   }
   for (int pdl = 0; pdl < 2; ++pdl) {
     Row row;

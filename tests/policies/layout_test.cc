@@ -679,8 +679,8 @@ TEST(LayoutSkew, SampledRoutingSplitsEachTokensExpertsBetweenTheRanks) {
   for (int pass = 0; pass < passes; ++pass) {
     const ExpertShare a = sampled_expert_share(uniform, mlp, 1, 2, 0, 7, uint64_t(pass), 3);
     const ExpertShare b = sampled_expert_share(uniform, mlp, 1, 2, 1, 7, uint64_t(pass), 3);
-    ASSERT_EQ(a.routed_tokens + b.routed_tokens, 8);     // the same draw on both ranks
-    ASSERT_EQ(a.distinct_experts, a.routed_tokens);      // one token: distinct picks
+    ASSERT_EQ(a.routed_tokens + b.routed_tokens, 8);  // the same draw on both ranks
+    ASSERT_EQ(a.distinct_experts, a.routed_tokens);   // one token: distinct picks
     sum_busier += std::max(a.routed_tokens, b.routed_tokens);
     sum_rank0 += double(a.routed_tokens);
   }
@@ -692,8 +692,8 @@ TEST(LayoutSkew, SampledRoutingSplitsEachTokensExpertsBetweenTheRanks) {
   EXPECT_EQ(sampled_expert_share(uniform, mlp, 16, 2, 0, 7, 11, 3).routed_tokens, x.routed_tokens);
   int differ = 0;
   for (int layer = 0; layer < 20; ++layer)
-    differ += sampled_expert_share(uniform, mlp, 16, 2, 0, 7, 11, layer).routed_tokens !=
-              x.routed_tokens;
+    differ +=
+        sampled_expert_share(uniform, mlp, 16, 2, 0, 7, 11, layer).routed_tokens != x.routed_tokens;
   EXPECT_GT(differ, 10);
   // 16 tokens: distinct experts <= routed copies, and <= the 64 the rank holds.
   EXPECT_LE(x.distinct_experts, x.routed_tokens);

@@ -17,8 +17,8 @@
 #include "policies/layout.h"
 #include "simulator/cost_model.h"
 #include "simulator/sim_backend.h"
-#include "tests/support/sim_fixtures.h"
 #include "tests/simulator/profile_text.h"
+#include "tests/support/sim_fixtures.h"
 
 namespace twinstep {
 namespace {
