@@ -796,6 +796,18 @@ int main(int argc, char** argv) {
     if (*validate) return cmd_validate(file);
     if (*query) return cmd_query(sql, db_path, f);
     if (*compare) {
+      // `--metrics a b 5 6` takes the run ids too (a list option is greedy); a metric key is
+      // never an integer, so integers among the metrics are run ids given after them.
+      for (auto it = compare_metrics.begin(); it != compare_metrics.end();) {
+        const bool id = !it->empty() && it->find_first_not_of("0123456789") == std::string::npos &&
+                        it->size() < 19;
+        if (!id) {
+          ++it;
+          continue;
+        }
+        run_ids.push_back(std::stoll(*it));
+        it = compare_metrics.erase(it);
+      }
       return cmd_compare(run_ids, experiment, db_path, f, compare_sim_real, compare_ops,
                          compare_tolerance, compare_metrics, compare_accept,
                          compare_accept_tolerance);

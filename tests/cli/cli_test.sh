@@ -131,6 +131,12 @@ check "compare --tolerance says by how much" grep -q "over the tolerance of 1.00
 check "compare --ops without timelines exits 1" test $? -eq 1
 check "compare --ops says how to get timelines" grep -q "add \`trace:" "$work/ops.err"
 check "sim-vs-real rows carry the error" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode --sim-vs-real --csv | head -1 | grep -q 'variant,metric,sim,real,error_pct'"
+# Run ids after --metrics (a greedy list option) are still run ids: the same table as before it.
+ids=$(q "$db5" "SELECT group_concat(id, ' ') FROM (SELECT id FROM run ORDER BY id LIMIT 2)")
+before=$("$bin" --db "$db5" compare $ids --metrics tpot_ms_mean --csv 2>&1)
+after=$("$bin" --db "$db5" compare --metrics tpot_ms_mean $ids --csv 2>&1)
+check "run ids after --metrics are run ids" test "$before" = "$after"
+check "and the table has both runs" test "$(echo "$after" | head -1 | tr ',' '\n' | grep -c '\[')" -ge 2
 
 # Calibrated acceptance: simulated policies replay the verify rounds of a measured chain run. A
 # simulated chain stands in for the measurement here (its runs relabelled 'real' with sqlite3).
