@@ -401,8 +401,7 @@ ExpertShare sampled_expert_share(const std::vector<double>& p, const MlpSpec& ml
   ++stamp;
   const uint64_t stream = splitmix64(splitmix64(pass_key) ^ uint64_t(uint32_t(layer)));
   const int32_t k = std::min(mlp.top_k, experts);
-  std::vector<int32_t> picked;
-  picked.reserve(size_t(k));
+  thread_local std::vector<int32_t> picked;  // one token's experts (no allocation per call)
   for (int64_t t = 0; t < tokens; ++t) {
     picked.clear();
     // 64 draws per token: a repeat is drawn again; far more than top_k distinct experts need

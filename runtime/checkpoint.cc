@@ -121,28 +121,29 @@ ModelSpec model_spec_from_config(const LlamaConfig& c, const std::string& name) 
   return m;
 }
 
-ModelSpec tiny_runtime_spec() {
+namespace {
+// The tiny test models' attention: 2 layers, 4 query heads of 128 over 2 KV heads, vocab 1024.
+LlamaConfig tiny_attention_config(int64_t hidden) {
   LlamaConfig c;
-  c.hidden = 512;
-  c.intermediate = 1024;
+  c.hidden = hidden;
   c.vocab = 1024;
   c.layers = 2;
   c.q_heads = 4;
   c.kv_heads = 2;
   c.head_dim = 128;
   c.rope_theta = 10000.0;
+  return c;
+}
+}  // namespace
+
+ModelSpec tiny_runtime_spec() {
+  LlamaConfig c = tiny_attention_config(512);
+  c.intermediate = 1024;
   return model_spec_from_config(c, "tiny-runtime");
 }
 
 ModelSpec tiny_moe_runtime_spec(bool shared_expert) {
-  LlamaConfig c;
-  c.hidden = 256;
-  c.vocab = 1024;
-  c.layers = 2;
-  c.q_heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 128;
-  c.rope_theta = 10000.0;
+  LlamaConfig c = tiny_attention_config(256);
   c.num_experts = 16;
   c.top_k = 2;
   c.expert_intermediate = 128;
