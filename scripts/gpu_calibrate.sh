@@ -17,6 +17,8 @@
 # session. CALIBRATE_INSTALL=1 copies the profile into results/profiles/ (for gpu_nccl.sh
 # TWINSTEP_NCCL_PROFILE=h200-calibrated in the same session). CALIBRATE_VALIDATE="NAME ..."
 # validates only those experiments/validation/NAME.yaml (default: all that run on one GPU).
+# CALIBRATE_PROFILE=FILE skips steps 2-3 and validates against that profile (e.g. the committed
+# results/profiles/h200-calibrated.yaml), with the real runs made here and now.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_calibrate.sh OUT_DIR}
 mkdir -p "$out"
@@ -34,14 +36,18 @@ cmake --build "$build" -j"$(nproc)" --target twinstep runtime_calibrate_gpu_test
   >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
+db="$out/validation.db"
+profile="$out/h200-calibrated.yaml"
+if [ -n "${CALIBRATE_PROFILE:-}" ]; then
+  cp "$CALIBRATE_PROFILE" "$profile" || exit 1
+  echo "validating against $CALIBRATE_PROFILE (no calibration)"
+else
 step "calibrate test (quick)"
 "$build/tests/runtime/runtime_calibrate_gpu_test" >"$out/calibrate_test.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |kernel_class|^[a-z_]+ +[0-9]+ |measured .* fitted" \
   "$out/calibrate_test.log"
 
 step calibrate
-db="$out/validation.db"
-profile="$out/h200-calibrated.yaml"
 "$build/twinstep" calibrate --out "$profile" --db "$db" ${CALIBRATE_ARGS:-} \
   >"$out/calibrate.log" 2>&1 || { status=1; tail -30 "$out/calibrate.log"; }
 narrow="--contexts 128,1024 --batches 1,2,4,8,16"
@@ -66,6 +72,7 @@ if [ -n "$sessions" ] && [ "$sessions" != 1 ]; then
 fi
 cat "$out/calibrate.log" | grep -v "^calibrate: " || true
 [ "${CALIBRATE_INSTALL:-0}" = 1 ] && [ -f "$profile" ] && cp "$profile" "$root/results/profiles/"
+fi
 
 if [ -f "$profile" ]; then
   export TWINSTEP_PROFILES="$out"
