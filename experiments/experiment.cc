@@ -119,7 +119,9 @@
 //       only that rank's host (default: every rank)}
 //
 //   trace: {first_step: 100, steps: 8}   optional; first_step 0..1e9 (default 0),
-//                                        steps 0..100000 (required; 0: no timeline)
+//                                        steps 0..100000 (required; 0: no timeline),
+//                                        nodes: bool (default false; real runs time every
+//                                        kernel of the traced decode steps)
 //
 //   sweep:                         optional; a non-empty mapping from a dotted path to a
 //                                  non-empty list of values
@@ -983,12 +985,13 @@ HostCostSpec parse_host(const Context& ctx, const Node& node) {
 }
 
 TraceSpec parse_trace(const Context& ctx, const Node& node) {
-  MapReader m(ctx, node, "trace", {"first_step", "steps"});
+  MapReader m(ctx, node, "trace", {"first_step", "steps", "nodes"});
   TraceSpec t;
   if (const Node* n = m.get("first_step")) {
     t.first_step = read_int(ctx, *n, "trace.first_step", 0, kMaxSteps);
   }
   t.step_count = read_int(ctx, m.require("steps"), "trace.steps", 0, 100'000);
+  if (const Node* n = m.get("nodes")) t.nodes = read_bool(ctx, *n, "trace.nodes");
   return t;
 }
 

@@ -24,6 +24,10 @@ const char* backend_kind_name(BackendKind b);
 struct TraceSpec {
   int64_t first_step = 0;
   int64_t step_count = 0;  // 0: no timeline
+  // Real runs: a GPU timestamp per kernel in the traced steps (profiled graphs), so the measured
+  // timeline has the simulated one's operations. Inflates those steps by the profiling overhead
+  // (metric trace_inflation_pct); off by default, since the traced steps count in every metric.
+  bool nodes = false;
 };
 
 struct Variant {

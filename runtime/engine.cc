@@ -377,7 +377,8 @@ void Engine::allocate() {
   TS_CUDA_CHECK(cudaMemset(b.seq, 0, 8));
   TS_CUDA_CHECK(cudaMemset(b.sample_step, 0, 8));
   b.ts_nodes = 16 * c.layers + 16 + lm_chunks;
-  if (options_.profile_nodes) b.ts = b.dev<uint64_t>(size_t(kTsRing) * b.ts_nodes);
+  if (options_.profile_nodes || options_.node_trace)
+    b.ts = b.dev<uint64_t>(size_t(kTsRing) * b.ts_nodes);
 
   // Host-to-device staging: [tokens T][chunk ctx C][last rows S][slots S][lens S][chunk base C].
   const size_t T = size_t(options_.max_prefill_tokens), C = size_t(b.chunks_max);
@@ -483,6 +484,9 @@ void Engine::proj(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, 
 void Engine::node(const char* name) {
   if (names_ != nullptr) names_->push_back(name);
   if (timestamps_) {
+    if (node_index_ >= b_->ts_nodes)
+      throw Error("node timestamps: launch has more than " + std::to_string(b_->ts_nodes) +
+                  " nodes");
     launch_timestamp(b_->ts, b_->seq, node_index_, b_->ts_nodes, compute_);
   }
   ++node_index_;
@@ -514,7 +518,7 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     kernels::decode_attention(b.q, cache, l, ctx_lens, b.attn, shape, attn_ws, s, pdl);
     node("o_proj");
     project(b.w_o[l], b.attn, b.o, B, H, int(c.q_dim()));
-    tp_all_reduce(b.o, B, "o_all_reduce");
+    tp_all_reduce(b.o, B, "attn_all_reduce");
     node("mlp_norm");
     kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, B, H, eps, s, pdl);
     if (c.moe()) {
@@ -536,7 +540,7 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     }
     node("down_proj");
     project(b.w_down[l], b.act, b.mlp, B, H, I);
-    tp_all_reduce(b.mlp, B, "down_all_reduce");
+    tp_all_reduce(b.mlp, B, "mlp_all_reduce");
   }
 }
 
@@ -570,7 +574,7 @@ void Engine::moe_ffn_prefill(int l, int rows) {
                          moe_shape(c), b.moe_ws, b.mlp + size_t(r0) * H, compute_);
 }
 
-void Engine::decode_forward(int B, bool pdl, bool commit) {
+void Engine::decode_forward(int B, bool pdl, bool commit, bool profiled) {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
   const int H = int(c.hidden), V = int(c.vocab);
@@ -578,7 +582,7 @@ void Engine::decode_forward(int B, bool pdl, bool commit) {
   cudaStream_t s = compute_;
   std::vector<const char*> names;
   names_ = &names;
-  timestamps_ = options_.profile_nodes && commit;
+  timestamps_ = profiled && commit;
   node_index_ = 0;
 
   node("gather");
@@ -636,42 +640,51 @@ void Engine::upload_batch(std::span<const int32_t> slots, int bucket) {
 void Engine::prepare(GraphMode mode, int max_batch) {
   if (mode == GraphMode::kEager) return;
   const int top = bucket_for(std::min(max_batch, options_.max_slots));
+  // profile_nodes: every launch profiled; node_trace: both sets, profiled on request.
+  std::vector<bool> variants = {options_.profile_nodes};
+  if (options_.node_trace && !options_.profile_nodes) variants.push_back(true);
   for (int B = 1; B <= top; B *= 2) {
-    const GraphKey key{B, mode, sampling_};
-    if (graphs_.count(key)) continue;
-    const bool pdl = mode == GraphMode::kCudaGraphPdl;
-    // Warm-up outside capture (cuBLAS heuristics, kernel attributes), relay untouched.
-    std::vector<int32_t> pad;
-    upload_batch(pad, B);
-    decode_forward(B, pdl, /*commit=*/false);
-    TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
-    cudaGraph_t graph = nullptr;
-    TS_CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
-    decode_forward(B, pdl, /*commit=*/true);
-    TS_CUDA_CHECK(cudaStreamEndCapture(compute_, &graph));
-    cudaGraphExec_t exec = nullptr;
-    TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    TS_CUDA_CHECK(cudaGraphDestroy(graph));
-    TS_CUDA_CHECK(cudaGraphUpload(exec, compute_));
-    graphs_[key] = exec;
+    for (const bool profiled : variants) {
+      const GraphKey key{B, mode, sampling_, profiled};
+      if (graphs_.count(key)) continue;
+      const bool pdl = mode == GraphMode::kCudaGraphPdl;
+      // Warm-up outside capture (cuBLAS heuristics, kernel attributes), relay untouched.
+      std::vector<int32_t> pad;
+      upload_batch(pad, B);
+      decode_forward(B, pdl, /*commit=*/false, profiled);
+      TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+      cudaGraph_t graph = nullptr;
+      TS_CUDA_CHECK(cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal));
+      decode_forward(B, pdl, /*commit=*/true, profiled);
+      TS_CUDA_CHECK(cudaStreamEndCapture(compute_, &graph));
+      cudaGraphExec_t exec = nullptr;
+      TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      TS_CUDA_CHECK(cudaGraphDestroy(graph));
+      TS_CUDA_CHECK(cudaGraphUpload(exec, compute_));
+      graphs_[key] = exec;
+    }
   }
   TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
 
-int64_t Engine::enqueue_decode(std::span<const int32_t> slots, GraphMode mode) {
+int64_t Engine::enqueue_decode(std::span<const int32_t> slots, GraphMode mode, bool profiled) {
   const int n = int(slots.size());
   if (n < 1 || n > options_.max_slots)
     throw Error("decode batch of " + std::to_string(n) + " outside [1, " +
                 std::to_string(options_.max_slots) + "]");
+  if (profiled && !options_.node_trace && !options_.profile_nodes)
+    throw Error("a profiled decode launch needs an engine created with node_trace");
+  profiled = profiled || options_.profile_nodes;
   const int B = bucket_for(n);
   if (mode == GraphMode::kEager) {
     upload_batch(slots, B);
-    decode_forward(B, /*pdl=*/false, /*commit=*/true);
+    decode_forward(B, /*pdl=*/false, /*commit=*/true, profiled);
   } else {
-    auto it = graphs_.find({B, mode, sampling_});
+    const GraphKey key{B, mode, sampling_, profiled};
+    auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       prepare(mode, n);
-      it = graphs_.find({B, mode, sampling_});
+      it = graphs_.find(key);
     }
     upload_batch(slots, B);
     TS_CUDA_CHECK(cudaGraphLaunch(it->second, compute_));
@@ -734,7 +747,7 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     kernels::rope_kv_append(b.qkv, d_chunk_ctx, cache, l, b.q, C, b.chunk, c.q_heads, rope_, s);
     kernels::decode_attention(b.q, cache, l, d_chunk_ctx, b.attn, shape, b.attn_ws, s);
     proj(b.w_o[l], b.attn, b.o, T, H, int(c.q_dim()), false);
-    tp_all_reduce(b.o, T, "o_all_reduce");
+    tp_all_reduce(b.o, T, "attn_all_reduce");
     kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, T, H, eps, s);
     if (c.moe()) {
       if (T > kernels::kGemvMaxRows)
@@ -747,7 +760,7 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     proj(b.w_gu[l], b.xn, b.gu, T, 2 * I, H, false);
     kernels::swiglu(b.gu, b.act, T, I, s);
     proj(b.w_down[l], b.act, b.mlp, T, H, I, false);
-    tp_all_reduce(b.mlp, T, "down_all_reduce");
+    tp_all_reduce(b.mlp, T, "mlp_all_reduce");
   }
   if (options_.draft) {
     // The draft needs every position's pre-norm hidden state: complete the residual stream of
@@ -819,7 +832,7 @@ const OutputRow* Engine::host_outputs(int64_t seq) const {
 std::map<int64_t, std::vector<uint64_t>> Engine::node_timestamps(int64_t first_seq,
                                                                  int64_t last_seq) {
   std::map<int64_t, std::vector<uint64_t>> out;
-  if (!options_.profile_nodes) return out;
+  if (!options_.profile_nodes && !options_.node_trace) return out;
   first_seq = std::max(first_seq, next_seq_ - kTsRing);
   for (int64_t q = first_seq; q <= last_seq && q < next_seq_; ++q) {
     std::vector<uint64_t> ts(size_t(b_->ts_nodes));

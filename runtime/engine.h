@@ -65,6 +65,9 @@ struct EngineOptions {
   int32_t capacity_tokens = 0;         // KV positions per slot
   int32_t max_prefill_tokens = 16384;  // tokens per prefill pass (more are split into passes)
   bool profile_nodes = false;          // decode graphs/launches write a GPU timestamp per kernel
+  // Profiled decode launches on request (enqueue_decode's `profiled`): a second set of decode
+  // graphs, captured with a timestamp per kernel, beside the unprofiled ones.
+  bool node_trace = false;
   bool draft = false;  // hold the draft module and run speculative decoding (engine_spec.cc)
   // Confidence/device drafts in graphs: each step past min_steps behind a conditional IF node
   // (skipped once every request stopped drafting). Off: every step runs, stopped rows padded.
@@ -120,8 +123,10 @@ class Engine {
   // Returns the launch sequence number of its output entry (rows in `slots` order).
   int64_t enqueue_prefill(std::span<const int32_t> slots,
                           std::span<const std::vector<int32_t>> prompts);
-  // Enqueues one decode step of `slots` (1..max_slots distinct slots) in `mode`.
-  int64_t enqueue_decode(std::span<const int32_t> slots, GraphMode mode);
+  // Enqueues one decode step of `slots` (1..max_slots distinct slots) in `mode`. profiled (needs
+  // options().node_trace): the launch writes a GPU timestamp per kernel (node_timestamps);
+  // options().profile_nodes profiles every launch.
+  int64_t enqueue_decode(std::span<const int32_t> slots, GraphMode mode, bool profiled = false);
   // Speculative decoding (options().draft, greedy sampling; docs/runtime.md). With a draft, a
   // prefill also seeds the slot's draft state. One round of `slots` is enqueue_draft, then
   // enqueue_verify, then enqueue_extend, with the same slots in the same order, nothing else of
@@ -151,11 +156,13 @@ class Engine {
   // launches were issued.
   const OutputRow* host_outputs(int64_t seq) const;
 
-  // Kernel names of one decode launch of `batch` rows in node order (profile_nodes timestamps
-  // bracket them: timestamp j is taken just before kernel j, the last one after the last kernel).
+  // Kernel names of one decode launch of `batch` rows in node order (a profiled launch's
+  // timestamps bracket them: timestamp j is taken just before kernel j, the last one after the
+  // last kernel).
   const std::vector<const char*>& decode_node_names(int batch) const;
   // Copies the timestamps (GPU globaltimer ns) of the most recent launches back:
-  // result[seq] = timestamps, for seqs still in the timestamp ring. Synchronises.
+  // result[seq] = timestamps, for seqs still in the timestamp ring (meaningful for profiled
+  // launches only; empty without profile_nodes or node_trace). Synchronises.
   std::map<int64_t, std::vector<uint64_t>> node_timestamps(int64_t first_seq, int64_t last_seq);
 
   // Device weight bits of a Hugging Face tensor (tests). Synchronises.
@@ -170,8 +177,10 @@ class Engine {
     int bucket;
     GraphMode mode;
     Sampling sampling;
+    bool profiled;  // a timestamp per kernel
     bool operator<(const GraphKey& o) const {
-      return std::tie(bucket, mode, sampling) < std::tie(o.bucket, o.mode, o.sampling);
+      return std::tie(bucket, mode, sampling, profiled) <
+             std::tie(o.bucket, o.mode, o.sampling, o.profiled);
     }
   };
 
@@ -187,8 +196,9 @@ class Engine {
   void init_synthetic_tp(const LlamaConfig& full, uint64_t seed, double draft_fidelity);
   void tp_all_reduce(kernels::bf16* x, int rows, const char* name);
   // The decode forward of bucket B on compute_ (eager or under capture). commit = false runs
-  // the forward without touching the relay or the counters (warm-up before capture).
-  void decode_forward(int bucket, bool pdl, bool commit);
+  // the forward without touching the relay or the counters (warm-up before capture); profiled
+  // (with commit) writes a timestamp before each kernel and after the last.
+  void decode_forward(int bucket, bool pdl, bool commit, bool profiled);
   // The target's layers over requests * q_len embedded rows of the residual stream (decode:
   // q_len 1; verify: the draft width). Leaves the last layer's MLP output in mlp (not yet added).
   void target_layers(int requests, int q_len, const int* ctx_lens, kernels::bf16* const* bases,

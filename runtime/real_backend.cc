@@ -7,6 +7,7 @@
 #include <cassert>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -56,6 +57,7 @@ struct LaunchRecord {
   int32_t batch;
   int64_t flow;
   bool decode;
+  bool profiled;  // a timestamp per kernel (RealOptions::trace_nodes)
 };
 
 struct CopyRecord {
@@ -112,6 +114,7 @@ struct RealBackend::State {
   std::array<StepOutputsPlan, kStepRing> step_outputs;
   int64_t prev_step_end_ns = 0;
   int64_t last_gpu_end_ns = 0;
+  std::map<int32_t, int64_t> plain_decode_ns;  // batch -> GPU span of its last unprofiled decode
   int64_t flow = 0;
   // Slots and the host's mirror of the device's context lengths (the backend's own truth, as in
   // the simulator; the policy never sees it).
@@ -321,7 +324,9 @@ struct RealBackend::State {
         out.requests.push_back(ids[i]);
         out.expect_ctx.push_back(c);
       }
-      out.seq = engine.enqueue_decode(decode_slots, g.mode);
+      // An engine made with profile_nodes profiles every launch (the spans are then uncorrected).
+      rec.profiled = engine.options().profile_nodes || (p.trace && b.options_.trace_nodes);
+      out.seq = engine.enqueue_decode(decode_slots, g.mode, rec.profiled);
       decode_slots.clear();
       p.sample.batch += g.request_count;
       p.sample.tokens += g.request_count;
@@ -576,9 +581,10 @@ struct RealBackend::State {
           s.idle_launch_ns += gap - host;
         }
         s.gpu_busy_ns += end - std::max(start, prev);
+        if (l.decode && !l.profiled) plain_decode_ns[l.batch] = end - start;
         if (p.trace) {
           span(Lane::kCompute, l.gpu_name, s.step, start, end - start, l.flow);
-          if (l.decode) trace_nodes(l, s.step, start);
+          if (l.decode && l.profiled) trace_nodes(l, s.step, start, end - start);
         }
         prev = std::max(prev, end);
       }
@@ -617,15 +623,27 @@ struct RealBackend::State {
     }
   }
 
-  void trace_nodes(const LaunchRecord& l, int64_t step, int64_t start) {
+  // The kernels of profiled launch `l` (GPU span start, dur_ns) as spans. Each timestamp
+  // node adds a delay; spread evenly, it is δ = (dur − the last unprofiled decode launch of the
+  // same batch) / nodes, taken off every interval (clamped at 0) so the spans add up to an
+  // unprofiled launch, as calibrate's kernel samples do (docs/calibration.md).
+  void trace_nodes(const LaunchRecord& l, int64_t step, int64_t start, int64_t dur_ns) {
     const std::vector<const char*>& names = engine.decode_node_names(l.batch);
     const auto ts = engine.node_timestamps(l.seq, l.seq);
     auto it = ts.find(l.seq);
     if (it == ts.end() || names.empty()) return;
     const std::vector<uint64_t>& t = it->second;
+    const auto plain = plain_decode_ns.find(l.batch);
+    const int64_t delta =
+        plain == plain_decode_ns.end()
+            ? 0
+            : std::max<int64_t>(0, (dur_ns - plain->second) / int64_t(names.size()));
+    int64_t at = start;
     for (size_t j = 0; j + 1 < names.size() && j + 1 < t.size(); ++j) {
       if (t[j + 1] < t[j]) break;
-      span(Lane::kCompute, names[j], step, start + int64_t(t[j] - t[0]), int64_t(t[j + 1] - t[j]));
+      const int64_t d = std::max<int64_t>(0, int64_t(t[j + 1] - t[j]) - delta);
+      span(Lane::kCompute, names[j], step, at, d);
+      at += d;
     }
   }
 };

@@ -48,6 +48,10 @@ struct RealOptions {
   // Timeline for plan steps [trace_first_step, trace_first_step + trace_steps).
   int64_t trace_first_step = 0;
   int64_t trace_steps = 0;
+  // The traced plain decode launches are profiled (Engine::enqueue_decode's `profiled`; needs an
+  // engine with node_trace): their timelines get a span per kernel, less the per-node profiling
+  // overhead (see trace_nodes in real_backend.cc). The launches themselves run longer by it.
+  bool trace_nodes = false;
   GraphMode prepare_mode = GraphMode::kCudaGraph;  // graphs captured before the run starts
   int32_t prepare_max_batch = 1;
   float temperature = 0.0f;  // sampling of every request of the run (<= 0: greedy)

@@ -41,6 +41,8 @@ class OwningRealBackend final : public Backend {
     eo.capacity_tokens = (need + 63) / 64 * 64;
     eo.draft = spec;
     eo.draft_early_exit = v.policy.spec.early_exit;
+    const bool trace_nodes = v.trace.nodes && v.trace.step_count > 0;
+    eo.node_trace = trace_nodes;
     // Before any allocation: the engine's full memory plan against what the GPU has, with the
     // model's name in the message (runtime/memory_plan.h). A TP rank's shard is checked by the
     // engine itself, against its shard's plan.
@@ -58,6 +60,7 @@ class OwningRealBackend final : public Backend {
     RealOptions ro;
     ro.trace_first_step = v.trace.first_step;
     ro.trace_steps = v.trace.step_count;
+    ro.trace_nodes = trace_nodes;
     ro.prepare_mode = v.policy.graph_mode;
     ro.prepare_max_batch = eo.max_slots;
     ro.prompt_seed = v.workload.seed;

@@ -851,8 +851,10 @@ class Engine {
           }
           const int64_t resume = std::max(is.t, inst.done_ns);
           if (r.trace && resume > is.coll_arrival) {
-            span(int32_t(ri), Lane::kCompute, collective_kind_name(item.coll->coll), r.plan.step,
-                 is.coll_arrival, resume - is.coll_arrival);
+            // Named as the kernel (attn_all_reduce, moe_all_reduce, ...): the real backend's
+            // profiled nodes carry the same names.
+            span(int32_t(ri), Lane::kCompute, item.name, r.plan.step, is.coll_arrival,
+                 resume - is.coll_arrival);
           }
           is.t = resume;
           is.waiting = false;

@@ -105,6 +105,7 @@ TEST(ExperimentGood, QuickstartFields) {
 
   EXPECT_EQ(v.trace.first_step, 100);
   EXPECT_EQ(v.trace.step_count, 8);
+  EXPECT_TRUE(v.trace.nodes);
 }
 
 TEST(ExperimentGood, MinimalTakesDefaults) {
@@ -133,6 +134,7 @@ TEST(ExperimentGood, MinimalTakesDefaults) {
   }
   EXPECT_TRUE(v.host_costs.spikes.empty());
   EXPECT_EQ(v.trace.step_count, 0);
+  EXPECT_FALSE(v.trace.nodes);
 }
 
 TEST(ExperimentGood, WorkloadSeedDerivesFromExperimentSeed) {

@@ -268,6 +268,65 @@ TEST_F(TinyEngine, StepSamplesAddUpAndTimelineIsFilled) {
   EXPECT_EQ(nodes, 3 * 2);  // profile_nodes: one qkv_proj per layer per traced step
 }
 
+// trace: {nodes: true}: only the traced steps launch the profiled graphs. Their kernels appear as
+// spans inside the launch's span, and the tokens equal an engine's that never profiles.
+TEST(RealRuntime, NodeTraceProfilesOnlyTheTracedSteps) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpec spec = tiny_runtime_spec();
+  const LlamaConfig config = llama_config_from_spec(spec);
+  EngineOptions eo;
+  eo.max_slots = 2;
+  eo.capacity_tokens = 256;
+  auto plain = Engine::create_synthetic(config, 7, eo);
+  eo.node_trace = true;
+  auto traced = Engine::create_synthetic(config, 7, eo);
+  EXPECT_THROW(plain->enqueue_decode(std::vector<int32_t>{0}, GraphMode::kCudaGraph, true), Error);
+  WorkloadSpec w;
+  w.input_len = {32, 32};
+  w.output_len = {40, 40};
+  w.num_requests = 4;
+  w.max_concurrency = 2;
+  for (const GraphMode mode : {GraphMode::kCudaGraphPdl, GraphMode::kEager}) {
+    RealOptions ro;
+    ro.trace_first_step = 10;
+    ro.trace_steps = 2;
+    const PolicySpec p = policy(HostSchedule::kRunahead, mode);
+    const RunResult a = run_policy(*plain, spec, w, p, ro);
+    ro.trace_nodes = true;
+    const RunResult b = run_policy(*traced, spec, w, p, ro);
+    EXPECT_EQ(a.tokens, b.tokens) << "graph mode " << int(mode);
+    // Per traced step: the launch span, then its kernels in order, inside it.
+    const std::vector<const char*>& names = traced->decode_node_names(2);
+    ASSERT_FALSE(names.empty());
+    for (int64_t step : {10, 11}) {
+      const TimelineSpan* launch = nullptr;
+      std::vector<const TimelineSpan*> kernels;
+      for (const TimelineSpan& t : b.record.timeline) {
+        if (t.step != step || t.lane != Lane::kCompute) continue;
+        if (std::string(t.name).rfind("decode_", 0) == 0)
+          launch = &t;
+        else
+          kernels.push_back(&t);
+      }
+      ASSERT_NE(launch, nullptr) << "step " << step;
+      ASSERT_EQ(kernels.size(), names.size() - 1) << "every node but the last (commit)";
+      int64_t at = launch->start_ns;
+      for (size_t j = 0; j < kernels.size(); ++j) {
+        EXPECT_STREQ(kernels[j]->name, names[j]);
+        EXPECT_EQ(kernels[j]->start_ns, at) << "kernel " << j << ": spans follow each other";
+        EXPECT_GE(kernels[j]->dur_ns, 0);
+        at += kernels[j]->dur_ns;
+      }
+      EXPECT_LE(at, launch->start_ns + launch->dur_ns) << "kernels outside the launch";
+      EXPECT_GT(at, launch->start_ns) << "no kernel time at all";
+    }
+    int kernel_spans = 0;
+    for (const TimelineSpan& t : a.record.timeline)
+      kernel_spans += t.lane == Lane::kCompute && std::string(t.name) == "qkv_proj";
+    EXPECT_EQ(kernel_spans, 0) << "no node spans without trace_nodes";
+  }
+}
+
 TEST(RealRuntime, CheckpointMatchesInMemorySynthetic) {
   SKIP_WITHOUT_GPU();
   const ModelSpec spec = tiny_runtime_spec();

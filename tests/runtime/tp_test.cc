@@ -556,7 +556,7 @@ TEST(ExpertParallel, OneRankPathEqualsPlainMoeEngine) {
     }
     // The moe_all_reduce node sits right after every MoE FFN in the decode forward (the
     // simulator's moe_all_reduce after the experts), and there is no other all-reduce but
-    // o_all_reduce.
+    // attn_all_reduce.
     int moe = 0, reduce = 0, other = 0;
     const std::vector<const char*>& names = ep1->decode_node_names(3);
     ASSERT_FALSE(names.empty());
@@ -567,7 +567,7 @@ TEST(ExpertParallel, OneRankPathEqualsPlainMoeEngine) {
         EXPECT_EQ(std::string(names[i + 1]), "moe_all_reduce");
       }
       reduce += std::string(names[i]) == "moe_all_reduce";
-      other += std::string(names[i]) == "down_all_reduce";
+      other += std::string(names[i]) == "mlp_all_reduce";
     }
     EXPECT_EQ(moe, config.layers);
     EXPECT_EQ(reduce, config.layers);
