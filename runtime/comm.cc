@@ -108,6 +108,7 @@ void Communicator::split_data_communicator() {
   // The split of a non-blocking parent runs as a job of the parent: the parent reports its
   // progress, and NCCL writes data_ when the job ends (joined once the parent reports success).
   wait_ready(init_, what, options_.join_timeout_s);
+  split_done_ = true;
   if (data_ == nullptr) fail(what, "ncclCommSplit gave no communicator");
   wait_ready(data_, what, options_.join_timeout_s);
 }
@@ -131,10 +132,35 @@ Communicator::~Communicator() {
 void Communicator::abort_all() {
   if (aborted_) return;
   aborted_ = true;
-  // The parent first: its abort ends a split still in progress (joining NCCL's job), after which
-  // data_ holds its final value: null, or a child to abort as well.
+  if (split_done_) {
+    // The child first: a collective still running on the device (a peer that never entered it)
+    // stops only at its own communicator's abort flag (NCCL unlinks the parent's from it once the
+    // split is done), and the parent's abort frees device memory, which can wait for that kernel.
+    if (data_ != nullptr) ncclCommAbort(data_);
+    ncclCommAbort(init_);
+    return;
+  }
+  // A split in flight: the parent first; its abort ends the split (joining NCCL's job), after
+  // which data_ holds its final value: null, or a child to abort as well.
   ncclCommAbort(init_);
   if (data_ != nullptr) ncclCommAbort(data_);
+}
+
+std::string Communicator::describe(const Call& call) {
+  const std::string n = std::to_string(call.count), peer = std::to_string(call.peer);
+  switch (call.kind) {
+    case CallKind::kNone:
+      return "";
+    case CallKind::kAllReduceSum:
+      return "all_reduce_sum of " + n + " elements";
+    case CallKind::kAllToAll:
+      return "all_to_all of " + n + " elements per rank";
+    case CallKind::kSend:
+      return "send of " + n + " elements to rank " + peer;
+    case CallKind::kRecv:
+      return "recv of " + n + " elements from rank " + peer;
+  }
+  return "";
 }
 
 void Communicator::fail(const std::string& what, const std::string& why) {
@@ -185,13 +211,16 @@ void Communicator::wait_ready(ncclComm_t comm, const std::string& what, double t
 
 void Communicator::all_reduce_sum(const void* send, void* recv, size_t count, CommType type,
                                   cudaStream_t stream) {
+  last_call_ = Call{CallKind::kAllReduceSum, count, -1};
+  // describe() runs only on an error path of the macro: the eager path builds no string.
   TS_NCCL_ENQUEUE(ncclAllReduce(send, recv, count, nccl_type(type), ncclSum, data_, stream),
-                  "all_reduce_sum of " + std::to_string(count) + " elements");
+                  describe(last_call_));
 }
 
 void Communicator::all_to_all(const void* send, void* recv, size_t count, CommType type,
                               cudaStream_t stream) {
-  const std::string what = "all_to_all of " + std::to_string(count) + " elements per rank";
+  last_call_ = Call{CallKind::kAllToAll, count, -1};
+  const std::string what = describe(last_call_);
   const size_t bytes = count * type_bytes(type);
   TS_NCCL_ENQUEUE(ncclGroupStart(), what);
   for (int p = 0; p < size_; ++p) {
@@ -208,18 +237,20 @@ void Communicator::all_to_all(const void* send, void* recv, size_t count, CommTy
 
 void Communicator::send(const void* buf, size_t count, CommType type, int peer,
                         cudaStream_t stream) {
-  const std::string what =
-      "send of " + std::to_string(count) + " elements to rank " + std::to_string(peer);
+  const Call call{CallKind::kSend, count, peer};
+  const std::string what = describe(call);
   if (peer < 0 || peer >= size_)
     throw CommError(what + ": no such rank (size " + std::to_string(size_) + ")");
+  last_call_ = call;
   TS_NCCL_ENQUEUE(ncclSend(buf, count, nccl_type(type), peer, data_, stream), what);
 }
 
 void Communicator::recv(void* buf, size_t count, CommType type, int peer, cudaStream_t stream) {
-  const std::string what =
-      "recv of " + std::to_string(count) + " elements from rank " + std::to_string(peer);
+  const Call call{CallKind::kRecv, count, peer};
+  const std::string what = describe(call);
   if (peer < 0 || peer >= size_)
     throw CommError(what + ": no such rank (size " + std::to_string(size_) + ")");
+  last_call_ = call;
   TS_NCCL_ENQUEUE(ncclRecv(buf, count, nccl_type(type), peer, data_, stream), what);
 }
 
@@ -232,9 +263,12 @@ void Communicator::synchronize(cudaStream_t stream, const std::string& what) {
     in_progress(data_, what);
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) fail(what, std::string("CUDA: ") + cudaGetErrorString(q));
-    if (Clock::now() >= deadline)
-      fail(what, "did not complete within " + seconds_text(options_.op_timeout_s) +
-                     " s (a rank is missing or stuck)");
+    if (Clock::now() >= deadline) {
+      std::string why = "did not complete within " + seconds_text(options_.op_timeout_s) +
+                        " s (a rank is missing or stuck";
+      if (last_call_.kind != CallKind::kNone) why += "; last enqueued: " + describe(last_call_);
+      fail(what, why + ")");
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }

@@ -86,7 +86,10 @@ class Communicator {
   void recv(void* buf, size_t count, CommType type, int peer, cudaStream_t stream);
   // Waits until the work enqueued on `stream` is done, polling both communicators' asynchronous
   // error state. Past options.op_timeout_s, or on an NCCL error, aborts both (the Communicator is
-  // unusable afterwards) and throws CommError naming `what`.
+  // unusable afterwards; destroying it is safe) and throws CommError naming `what`, this rank, the
+  // deadline and the last operation enqueued ("x on rank 0 of 2: did not complete within 3 s (a
+  // rank is missing or stuck; last enqueued: all_reduce_sum of 1024 elements); communicator
+  // aborted").
   void synchronize(cudaStream_t stream, const std::string& what);
 
  private:
@@ -99,8 +102,20 @@ class Communicator {
   void wait_ready(ncclComm_t comm, const std::string& what, double timeout_s);
   // True while `comm` is in progress; an asynchronous error fails.
   bool in_progress(ncclComm_t comm, const std::string& what);
+  // Aborts both communicators, once: later enqueues and synchronize() throw, the destructor does
+  // nothing.
   void abort_all();
   [[noreturn]] void fail(const std::string& what, const std::string& why);
+
+  // The last enqueuing call, for synchronize's message (recorded without building a string).
+  enum class CallKind { kNone, kAllReduceSum, kAllToAll, kSend, kRecv };
+  struct Call {
+    CallKind kind = CallKind::kNone;
+    size_t count = 0;
+    int peer = -1;
+  };
+  // "all_reduce_sum of 1024 elements", "send of 4 elements to rank 1", ...; "" for kNone.
+  static std::string describe(const Call& call);
 
   ncclComm_t init_;            // non-blocking: init and split with deadlines, no collectives
   ncclComm_t data_ = nullptr;  // blocking child of init_: every collective; NCCL writes it when
@@ -108,6 +123,8 @@ class Communicator {
   int rank_;
   int size_;
   CommOptions options_;
+  Call last_call_;
+  bool split_done_ = false;  // data_ holds the split's final result (null or a communicator)
   bool aborted_ = false;
 };
 

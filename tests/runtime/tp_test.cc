@@ -5,18 +5,27 @@
 // (one GPU per rank): the ranks' greedy tokens agree, TP2 against TP1 on the Llama-3-8B shape
 // over 256 tokens (agreement rate and first divergence printed: bf16 all-reduce rounding may
 // flip a near-tie), and the tiny model's TP2 against the CPU reference; likewise TP2-EP2 of the
-// tiny MoE model (against the CPU reference) and of the Qwen3-30B-A3B shape (against one GPU).
+// tiny MoE model (against the CPU reference) and of the Qwen3-30B-A3B shape (against one GPU);
+// and a collective that hangs because rank 1 stays out of it ends on rank 0 at the deadline with
+// a CommError, both ranks tearing down cleanly (a communicator of its own, not the world one).
 // Tests needing more ranks or GPUs than present skip.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "experiments/tp_run.h"
 #include "policies/decode_loop.h"
@@ -651,6 +660,166 @@ TEST(ExpertParallel, Qwen3TwoRanksAgainstOneGpu) {
   EXPECT_EQ(ranks4[0], ranks4[1]) << "the ranks sampled different tokens (4 requests)";
   if (comm.rank() != 0) return;
   compare_with_one_gpu(config, spec, eo, one, ep_one[0], 128, 72, "qwen3-30b-a3b TP2-EP2");
+}
+
+// Ends the process when a test outlives `limit_s`, naming the rank and the phase it is stuck in:
+// under mpirun the job then ends at once instead of at its wall-clock limit.
+class Watchdog {
+ public:
+  explicit Watchdog(double limit_s) : limit_s_(limit_s), thread_([this] { watch(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  void phase(const char* p) { phase_.store(p); }
+
+ private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (done_cv_.wait_for(lock, std::chrono::duration<double>(limit_s_), [this] { return done_; }))
+      return;
+    std::fflush(stdout);
+    std::fprintf(stderr, "rank %d: hung in \"%s\" (test past its %g s limit); exiting\n",
+                 world_rank(), phase_.load(), limit_s_);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  const double limit_s_;
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::atomic<const char*> phase_{"start"};
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// True once `stream`'s work is done, false if it is still running after limit_s.
+bool stream_drains(cudaStream_t stream, double limit_s) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(stream);
+    if (q != cudaErrorNotReady) return q == cudaSuccess;
+    if (seconds_since(start) > limit_s) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+struct DeviceFloats {
+  explicit DeviceFloats(size_t n) { EXPECT_EQ(cudaMalloc(&p, n * 4), cudaSuccess); }
+  ~DeviceFloats() { cudaFree(p); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+  float* p = nullptr;
+};
+
+// Two ranks, a communicator of their own (3 s op deadline; the world communicator the other
+// tests use is not touched until the end). Both enter one all-reduce, which completes (and makes
+// NCCL's connections, so the next enqueue does not wait for the peer). Rank 1 then stays out of
+// the next all-reduce while rank 0 enqueues it and synchronizes: rank 0 gets a CommError at the
+// deadline naming the operation, the rank and the deadline, its communicators aborted. Rank 1
+// waits for rank 0's report over MPI (bootstrap_world, with its own deadline: an abort that
+// needed rank 1 would fail the test rather than hang it), then destroys its communicator, whose
+// peer is gone (the finalize fails or times out, then abort). Last, both ranks all-reduce over
+// the world communicator, which still works, and learn whether the other rank's part passed.
+TEST(Comm, TwoRanksAllReduceWithoutRankOneEndsAtTheDeadline) {
+  SKIP_WITHOUT_RANKS(2);
+  if (world_size() != 2) GTEST_SKIP() << "written for 2 ranks";
+  Watchdog watchdog(120);
+  constexpr double kDeadline = 3;
+  constexpr size_t kN = 1024;
+  const std::string expected =
+      "all-reduce without rank 1 on rank 0 of 2: did not complete within 3 s (a rank is missing "
+      "or stuck; last enqueued: all_reduce_sum of 1024 elements); communicator aborted";
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  DeviceFloats send(kN), recv(kN);  // outlive the communicator: destroyed after it
+  CommOptions o;
+  o.join_timeout_s = 30;
+  o.op_timeout_s = kDeadline;
+  watchdog.phase("creating the test communicator");
+  std::unique_ptr<Communicator> comm = Communicator::create_world(o);
+  const int rank = comm->rank();
+  ASSERT_EQ(rank, world_rank());
+
+  watchdog.phase("the all-reduce both ranks enter");
+  const std::vector<float> mine(kN, float(rank + 1));
+  EXPECT_EQ(cudaMemcpy(send.p, mine.data(), kN * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  comm->all_reduce_sum(send.p, recv.p, kN, CommType::kF32, stream);
+  comm->synchronize(stream, "all-reduce of both ranks");
+  std::vector<float> sum(kN);
+  EXPECT_EQ(cudaMemcpy(sum.data(), recv.p, kN * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(sum, std::vector<float>(kN, 3.0f)) << "1 + 2 on every element";
+
+  std::string report;  // rank 0's outcome, carried to rank 1
+  if (rank == 0) {
+    watchdog.phase("rank 0: the all-reduce rank 1 stays out of");
+    EXPECT_EQ(cudaMemset(recv.p, 0, kN * 4), cudaSuccess);
+    const auto start = std::chrono::steady_clock::now();
+    double enqueue_s = -1, error_s = -1;
+    try {
+      comm->all_reduce_sum(send.p, recv.p, kN, CommType::kF32, stream);
+      enqueue_s = seconds_since(start);
+      comm->synchronize(stream, "all-reduce without rank 1");
+      report = "the all-reduce completed without rank 1";
+    } catch (const CommError& e) {
+      error_s = seconds_since(start);
+      report = e.what();
+    }
+    std::printf("rank 0: enqueue %.4f s, CommError after %.3f s (deadline %g s): %s\n", enqueue_s,
+                error_s, kDeadline, report.c_str());
+    EXPECT_STREQ(report.c_str(), expected.c_str());
+    EXPECT_GE(enqueue_s, 0.0) << "the enqueue threw";
+    EXPECT_LT(enqueue_s, 1.0) << "the enqueue waited for rank 1";
+    EXPECT_GE(error_s, kDeadline) << "the error came before the deadline";
+    EXPECT_LT(error_s, kDeadline + 10) << "the abort after the deadline took too long";
+    if (error_s >= 0) {
+      // The abort stopped the kernel (it returns instead of waiting for rank 1) ...
+      EXPECT_TRUE(stream_drains(stream, 10)) << "the aborted all-reduce still runs on the GPU";
+      // ... and the communicator refuses further work instead of hanging in it.
+      try {
+        comm->all_reduce_sum(send.p, recv.p, kN, CommType::kF32, stream);
+        ADD_FAILURE() << "an aborted communicator accepted an all-reduce";
+      } catch (const CommError& e) {
+        EXPECT_STREQ(e.what(), "all_reduce_sum of 1024 elements: the communicator was aborted");
+      }
+    }
+    watchdog.phase("rank 0: reporting to rank 1");
+    bootstrap_world([&] { return report; }, 15);
+    watchdog.phase("rank 0: destroying its aborted communicator");
+    const auto destroy = std::chrono::steady_clock::now();
+    comm.reset();
+    EXPECT_LT(seconds_since(destroy), 1.0) << "an aborted communicator has nothing to destroy";
+  } else {
+    watchdog.phase("rank 1: waiting for rank 0's report");
+    try {
+      report = bootstrap_world([] { return std::string(); }, 15);
+    } catch (const CommError& e) {
+      report = std::string("no report from rank 0: ") + e.what();
+    }
+    EXPECT_STREQ(report.c_str(), expected.c_str()) << "what rank 0 reported";
+    watchdog.phase("rank 1: destroying its communicator, rank 0's aborted");
+    const auto destroy = std::chrono::steady_clock::now();
+    comm.reset();
+    const double destroy_s = seconds_since(destroy);
+    std::printf("rank 1: communicator destroyed in %.3f s (finalize deadline %g s)\n", destroy_s,
+                kDeadline);
+    EXPECT_LT(destroy_s, kDeadline + 10) << "the finalize deadline and abort took too long";
+  }
+
+  watchdog.phase("an all-reduce on the world communicator after the test one's abort");
+  const auto passed = gather_tokens(runtime::tp_world_communicator(), {HasFailure() ? 0 : 1});
+  EXPECT_EQ(passed[size_t(1 - rank)], std::vector<int32_t>{1})
+      << "rank " << 1 - rank << "'s part failed (its log says why)";
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 }  // namespace
