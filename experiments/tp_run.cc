@@ -1,8 +1,14 @@
 #include "experiments/tp_run.h"
 
+#include <algorithm>
+#include <cassert>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "experiments/runner.h"
@@ -147,6 +153,57 @@ void check_real_layouts(const Experiment& e) {
                   std::to_string(launcher_world_size()) + " variants into separate experiments)");
 }
 
+std::string pack_timeline(const std::vector<TimelineSpan>& spans) {
+  FinishedRun run;  // the run wire format, timeline alone: one encoder for both transports
+  run.record.timeline = spans;
+  return encode_finished_run(run);
+}
+
+std::vector<TimelineSpan> unpack_timeline(std::string_view bytes, int32_t rank) {
+  std::vector<TimelineSpan> spans = decode_finished_run(bytes).record.timeline;
+  for (TimelineSpan& t : spans) t.rank = rank;
+  return spans;
+}
+
+std::optional<int64_t> timeline_offset_ns(const std::vector<TimelineSpan>& ref,
+                                          const std::vector<TimelineSpan>& other) {
+  // (step, name) -> launch spans' (start, end); names compare by text (another rank's are
+  // interned copies).
+  using Launches =
+      std::map<std::pair<int64_t, std::string_view>, std::vector<std::pair<int64_t, int64_t>>>;
+  auto launches = [](const std::vector<TimelineSpan>& spans) {
+    Launches out;
+    for (const TimelineSpan& t : spans)
+      if (t.lane == Lane::kCompute && t.flow > 0)
+        out[{t.step, t.name ? t.name : ""}].push_back({t.start_ns, t.start_ns + t.dur_ns});
+    for (auto& [key, v] : out) std::sort(v.begin(), v.end());
+    return out;
+  };
+  const Launches a = launches(ref), b = launches(other);
+  std::vector<int64_t> d;
+  for (const auto& [key, va] : a) {
+    const auto it = b.find(key);
+    if (it == b.end()) continue;
+    for (size_t k = 0; k < std::min(va.size(), it->second.size()); ++k)
+      d.push_back(va[k].second - it->second[k].second);
+  }
+  if (d.empty()) return std::nullopt;
+  std::nth_element(d.begin(), d.begin() + std::ptrdiff_t(d.size() / 2), d.end());
+  return d[d.size() / 2];
+}
+
+void append_rank_timeline(std::vector<TimelineSpan>& timeline,
+                          const std::vector<TimelineSpan>& spans, int64_t offset_ns) {
+  int64_t flow_base = 0;
+  for (const TimelineSpan& t : timeline) flow_base = std::max(flow_base, t.flow);
+  timeline.reserve(timeline.size() + spans.size());
+  for (TimelineSpan t : spans) {
+    t.start_ns += offset_ns;
+    if (t.flow > 0) t.flow += flow_base;
+    timeline.push_back(t);
+  }
+}
+
 #ifdef TWINSTEP_HAVE_RUNTIME
 namespace {
 
@@ -169,20 +226,56 @@ uint64_t plan_fingerprint(const RunRecord& r) {
   return h;
 }
 
-// Every rank's `values` (same length), gathered through an NCCL sum over rank-owned slots.
-std::vector<float> gather_floats(Communicator& comm, const std::vector<float>& values,
-                                 cudaStream_t stream) {
-  const size_t k = values.size(), n = k * size_t(comm.size());
-  std::vector<float> all(n, 0.0f);
-  for (size_t i = 0; i < k; ++i) all[size_t(comm.rank()) * k + i] = values[i];
+// Every rank's values through an NCCL sum over rank-owned slots: rank r writes `mine` at
+// [offsets[r], offsets[r + 1]) of a zeroed buffer, so each sum is x + 0 + ... (exact). Returns the
+// whole buffer (offsets.back() elements) on every rank. Collective: same offsets on every rank.
+template <typename T>
+std::vector<T> gather_slots(Communicator& comm, const std::vector<T>& mine,
+                            const std::vector<size_t>& offsets, CommType type,
+                            cudaStream_t stream) {
+  static_assert(sizeof(T) == 4, "kF32 / kI32 elements");
+  const size_t n = offsets.back(), at = offsets[size_t(comm.rank())];
+  assert(offsets[size_t(comm.rank()) + 1] - at == mine.size());
+  std::vector<T> all(n, T(0));
+  std::copy(mine.begin(), mine.end(), all.begin() + std::ptrdiff_t(at));
+  if (n == 0) return all;
   void* d = nullptr;
   TS_CUDA_CHECK(cudaMalloc(&d, n * 4));
   TS_CUDA_CHECK(cudaMemcpyAsync(d, all.data(), n * 4, cudaMemcpyHostToDevice, stream));
-  comm.all_reduce_sum(d, d, n, CommType::kF32, stream);
-  comm.synchronize(stream, "gathering per-rank metrics");
+  comm.all_reduce_sum(d, d, n, type, stream);
+  comm.synchronize(stream, "gathering per-rank results");
   TS_CUDA_CHECK(cudaMemcpy(all.data(), d, n * 4, cudaMemcpyDeviceToHost));
   cudaFree(d);
   return all;
+}
+
+// Every rank's `values` (same length), rank r's at [r * size, (r + 1) * size).
+std::vector<float> gather_floats(Communicator& comm, const std::vector<float>& values,
+                                 cudaStream_t stream) {
+  std::vector<size_t> offsets(size_t(comm.size()) + 1);
+  for (size_t r = 0; r < offsets.size(); ++r) offsets[r] = r * values.size();
+  return gather_slots(comm, values, offsets, CommType::kF32, stream);
+}
+
+// Every rank's bytes (any length), rank r's at index r: the lengths first, then the bytes as
+// int32 words (the last one zero-padded).
+std::vector<std::string> gather_bytes(Communicator& comm, const std::string& mine,
+                                      cudaStream_t stream) {
+  if (mine.size() > size_t(INT32_MAX))
+    throw Error("tensor-parallel run: a rank's timeline exceeds 2 GiB; trace fewer steps");
+  const size_t ranks = size_t(comm.size());
+  std::vector<size_t> offsets(ranks + 1);
+  for (size_t r = 0; r < offsets.size(); ++r) offsets[r] = r;
+  const std::vector<int32_t> sizes =
+      gather_slots<int32_t>(comm, {int32_t(mine.size())}, offsets, CommType::kI32, stream);
+  for (size_t r = 0; r < ranks; ++r) offsets[r + 1] = offsets[r] + (size_t(sizes[r]) + 3) / 4;
+  std::vector<int32_t> words((mine.size() + 3) / 4, 0);
+  if (!mine.empty()) std::memcpy(words.data(), mine.data(), mine.size());
+  const std::vector<int32_t> all = gather_slots(comm, words, offsets, CommType::kI32, stream);
+  std::vector<std::string> out(ranks);
+  for (size_t r = 0; r < ranks; ++r)
+    out[r].assign(reinterpret_cast<const char*>(all.data() + offsets[r]), size_t(sizes[r]));
+  return out;
 }
 
 double metric_value(const std::vector<Metric>& m, const std::string& key) {
@@ -270,6 +363,11 @@ DistributedOutcome run_experiment_tp(DistributedSession& session, const Experime
           if (root) db->fail_run(id, "failed", why);
           throw Error("variant " + std::to_string(v.index) + " '" + v.label + "' [real]: " + why);
         }
+      // Every rank's timeline to rank 0 (rank 0's own stays in place: it sends nothing; no
+      // trace: nothing but the lengths travels).
+      const bool send_timeline = !root && !run.record.timeline.empty();
+      const std::vector<std::string> timelines = gather_bytes(
+          comm, send_timeline ? pack_timeline(run.record.timeline) : std::string(), stream);
       const int64_t rows = runtime::Engine::bucket_for(std::max(1, v.workload.max_concurrency));
       const double ar_ns =
           runtime::time_graph_all_reduce_ns(comm, rows * v.model.hidden, 2 * 8, 20, stream);
@@ -279,6 +377,24 @@ DistributedOutcome run_experiment_tp(DistributedSession& session, const Experime
             run.metrics.push_back({"rank" + std::to_string(r) + "_" + keys[i],
                                    double(all[size_t(r) * K + 2 + i]),
                                    keys[i] == "tpot_ms_mean" ? "ms" : "fraction"});
+        const std::vector<TimelineSpan> rank0 = run.record.timeline;
+        for (int r = 1; r < comm.size(); ++r) {
+          if (timelines[size_t(r)].empty()) continue;  // nothing traced on rank r
+          std::vector<TimelineSpan> spans;
+          try {
+            spans = unpack_timeline(timelines[size_t(r)], r);
+          } catch (const Error& err) {
+            db->fail_run(id, "failed", err.what());
+            throw;
+          }
+          const std::optional<int64_t> offset = timeline_offset_ns(rank0, spans);
+          if (!offset)
+            progress.message("real " + layout_name(v.layout) + " " + v.label + ": rank " +
+                             std::to_string(r) +
+                             "'s timeline has no launch in common with rank 0's; stored on its "
+                             "own clock (time from its run start)");
+          append_rank_timeline(run.record.timeline, spans, offset.value_or(0));
+        }
         run.metrics.push_back({"tp_all_reduce_us", ar_ns / 1e3, "us"});
         run.metrics.push_back({"tp_all_reduce_layer_us", 2 * ar_ns / 1e3, "us"});
         db->finish_run(id, run.record, run.metrics, run.wall_s);
