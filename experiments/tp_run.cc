@@ -61,11 +61,29 @@ std::string real_layout_problem(const Variant& v, const RealLayoutEnv& env) {
   if (l.world() == 1) return "";
   const std::string name = "variant " + std::to_string(v.index) + " '" + v.label + "': layout " +
                            layout_name(l) + " on the real backend";
-  if (l.pp != 1 || l.dp != 1 || l.cp != 1 || l.tp != l.world() || (l.ep != 1 && l.ep != l.tp))
+  if (l.pp > 1) {
+    // A two-stage pipeline (runtime/pipeline_parallel.h), one microbatch, whole prefills.
+    if (l.pp != 2 || l.tp != 1 || l.dp != 1 || l.cp != 1 || l.ep != 1)
+      return name +
+             ": the multi-GPU runtime runs a pipeline only as two stages alone (pp 2, every other "
+             "degree 1: layout {pp: 2, microbatches: 1}); other PP layouts run in the simulator";
+    if (l.microbatches != 1)
+      return name + ": the runtime's pipeline runs each launch as one microbatch, and " +
+             (l.microbatches == 0
+                  ? std::string("the default splits it into pp = 2")
+                  : "microbatches " + std::to_string(l.microbatches) + " splits it") +
+             "; set `layout: {pp: 2, microbatches: 1}` so the simulated twin prices the same "
+             "pipeline";
+    if (l.prefill_chunk_tokens != 0)
+      return name +
+             ": the runtime's pipeline passes each prefill through the stages whole; leave "
+             "layout.prefill_chunk_tokens unset";
+  } else if (l.dp != 1 || l.cp != 1 || l.tp != l.world() || (l.ep != 1 && l.ep != l.tp)) {
     return name +
            ": the multi-GPU runtime does tensor parallelism only (tp > 1, ep 1 or ep = tp for an "
-           "MoE model, every other degree 1); PP, DP, CP and other EP layouts run in the "
-           "simulator";
+           "MoE model, every other degree 1) or a two-stage pipeline (pp 2 alone); DP, CP and "
+           "other EP layouts run in the simulator";
+  }
   // MoE layers run expert parallel inside the TP group (runtime/tensor_parallel.h), the
   // simulator's TP-EP layout with ep = tp.
   const bool moe = !v.model.layers.empty() && v.model.layers[0].mlp.kind == MlpKind::kMoe;
@@ -84,22 +102,22 @@ std::string real_layout_problem(const Variant& v, const RealLayoutEnv& env) {
            " routed experts do not divide into " + std::to_string(l.ep) +
            " equal blocks (unequal expert blocks are not implemented in the runtime)";
   if (v.policy.spec.method != SpecMethod::kNone)
-    return name + ": speculative decoding with tensor parallelism is not implemented yet";
-  if (l.vocab_parallel)
+    return name + ": speculative decoding with tensor or pipeline parallelism is not implemented";
+  if (l.vocab_parallel && l.width() > 1)  // a stage of one GPU holds the whole vocabulary anyway
     return name +
            ": the runtime holds the whole embedding and LM head on every rank (no vocabulary "
            "split); give layout.vocab_parallel: false so the simulated twin prices the same";
   if (v.workload.arrival_rate_per_s > 0)
     return name +
            ": open-loop arrivals are admitted by each rank's own clock, so the ranks' plans "
-           "could differ; real TP runs need a closed loop (arrival_rate 0)";
+           "could differ; real TP and PP runs need a closed loop (arrival_rate 0)";
   if (!env.mpi)
     return name +
            " needs one process per GPU under mpirun, and this twinstep was built without MPI";
   if (!env.nccl) return name + " needs NCCL, and this twinstep was built without it";
-  if (env.world != l.tp)
-    return name + " needs one process per GPU: run it under `mpirun -np " + std::to_string(l.tp) +
-           "` (this is " +
+  if (env.world != l.world())
+    return name + " needs one process per GPU: run it under `mpirun -np " +
+           std::to_string(l.world()) + "` (this is " +
            (env.world == 1 ? std::string("a single process")
                            : "one of " + std::to_string(env.world) + " ranks") +
            ")";

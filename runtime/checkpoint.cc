@@ -383,9 +383,11 @@ bool residual_output(const std::string& name) {
 
 std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c) {
   std::vector<WeightDesc> w;
-  w.push_back({"model.embed_tokens.weight", {c.vocab, c.hidden}, 1.0});
+  if (c.holds_embedding || (c.holds_head && c.tie_embeddings))
+    w.push_back({"model.embed_tokens.weight", {c.vocab, c.hidden}, 1.0});
   for (int32_t i = 0; i < c.layers; ++i)
-    push_layer(c, "model.layers." + std::to_string(i) + ".", w);
+    push_layer(c, "model.layers." + std::to_string(c.first_layer + i) + ".", w);
+  if (!c.holds_head) return w;
   w.push_back({"model.norm.weight", {c.hidden}, 0});
   if (!c.tie_embeddings)
     w.push_back({"lm_head.weight", {c.vocab, c.hidden}, 1.0 / std::sqrt(double(c.hidden))});

@@ -49,6 +49,14 @@ struct LlamaConfig {
   // num_local_experts 0: every expert (an unsharded config).
   int32_t expert_begin = 0;
   int32_t num_local_experts = 0;
+  // Pipeline parallelism (runtime/pipeline_parallel.h): a stage's config holds the model layers
+  // [first_layer, first_layer + layers) (named by their model index), the embedding only when
+  // holds_embedding (the first stage), the final norm and LM head only when holds_head (the last;
+  // a tied LM head is the embedding matrix, so that stage holds it too). An unsplit config holds
+  // everything. A stage config describes one engine's share, never a checkpoint.
+  int32_t first_layer = 0;
+  bool holds_embedding = true;
+  bool holds_head = true;
 
   bool moe() const { return num_experts > 0; }
   int32_t local_experts() const { return num_local_experts > 0 ? num_local_experts : num_experts; }
@@ -89,7 +97,9 @@ struct WeightDesc {
 // and mlp.experts.J.down_proj [hidden][expert_inter] for J in [0, num_experts), then with a
 // shared expert mlp.shared_expert.{gate_proj,up_proj,down_proj} likewise. Init std
 // 1/sqrt(fan_in) for every projection, the router included. An expert-parallel shard config
-// lists only its experts (J in [expert_begin, expert_begin + local_experts()), global names).
+// lists only its experts (J in [expert_begin, expert_begin + local_experts()), global names); a
+// pipeline stage config only its layers (model.layers.N for N from first_layer) and the
+// embedding / final norm / LM head it holds.
 std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c);
 
 // The speculative draft module (NEXTN/MTP style, docs/runtime.md), extra tensors of a checkpoint:

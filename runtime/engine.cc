@@ -96,6 +96,21 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
   }
   need(c.q_heads % c.kv_heads == 0 && c.q_heads / c.kv_heads <= 64,
        "q heads must be a multiple of KV heads, group <= 64");
+  // Pipeline parallelism: the config is this stage's (pp_stage_config), the stage needs its
+  // communicator, and the other parallelisms and the draft are not combined with it.
+  const PipelineParallel& pp = options.pp;
+  need(pp.stages >= 1 && pp.stage >= 0 && pp.stage < pp.stages,
+       "pipeline stage " + std::to_string(pp.stage) + " outside [0, " + std::to_string(pp.stages) +
+           ")");
+  need(c.holds_embedding == pp.first() && c.holds_head == pp.last(),
+       "the config is not stage " + std::to_string(pp.stage) + " of " + std::to_string(pp.stages) +
+           "'s (runtime/pipeline_parallel.h pp_stage_config)");
+  if (pp.stages > 1) {
+    need(pp.active(), "a pipeline stage needs its communicator (EngineOptions::pp.comm)");
+    need(!options.tp.active() && options.tp.size == 1,
+         "pipeline and tensor parallelism together are not implemented");
+    need(!options.draft, "speculative decoding with pipeline parallelism is not implemented");
+  }
   need(options.max_slots >= 1 && options.max_slots <= 1024, "max_slots outside [1, 1024]");
   need(options.capacity_tokens >= 16 && options.capacity_tokens % 16 == 0,
        "capacity_tokens must be a positive multiple of 16");
@@ -162,7 +177,10 @@ void Engine::allocate() {
   const int64_t E = c.num_experts, E_local = c.local_experts(), EI = c.expert_intermediate,
                 SI = c.shared_intermediate;
   std::vector<int64_t> at_in, at_qkv, at_o, at_post, at_gu, at_down, at_router, at_sgu, at_sdown;
-  const int64_t at_embed = reserve(V * H);
+  // A pipeline stage (pipeline_parallel.h) holds the embedding on the first stage, the final norm
+  // and lm_head on the last (a tied lm_head is the embedding matrix); -1: not held.
+  const bool embed_held = c.holds_embedding || (c.holds_head && c.tie_embeddings);
+  const int64_t at_embed = embed_held ? reserve(V * H) : -1;
   for (int l = 0; l < c.layers; ++l) {
     at_in.push_back(reserve(H));
     at_qkv.push_back(reserve(c.qkv_dim() * H));
@@ -181,8 +199,8 @@ void Engine::allocate() {
       at_down.push_back(reserve(H * I));
     }
   }
-  const int64_t at_norm = reserve(H);
-  const int64_t at_lm = c.tie_embeddings ? at_embed : reserve(V * H);
+  const int64_t at_norm = c.holds_head ? reserve(H) : -1;
+  const int64_t at_lm = !c.holds_head ? -1 : c.tie_embeddings ? at_embed : reserve(V * H);
   std::vector<std::pair<std::string, int64_t>> at_draft;  // draft tensors, draft_weight_list order
   if (options_.draft) {
     for (const WeightDesc& d : draft_weight_list(c)) {
@@ -193,9 +211,9 @@ void Engine::allocate() {
   }
   bf16* w = b.dev<bf16>(size_t(elems), "weights");
   weight_bytes_ = elems * 2;
-  b.embed = w + at_embed;
-  b.final_norm = w + at_norm;
-  b.lm_head = w + at_lm;
+  b.embed = at_embed < 0 ? nullptr : w + at_embed;
+  b.final_norm = at_norm < 0 ? nullptr : w + at_norm;
+  b.lm_head = at_lm < 0 ? nullptr : w + at_lm;
   for (int l = 0; l < c.layers; ++l) {
     b.in_norm.push_back(w + at_in[l]);
     b.w_qkv.push_back(w + at_qkv[l]);
@@ -249,7 +267,8 @@ void Engine::allocate() {
       p = b.lm_head;
     else {
       const size_t dot = nm.find('.', 13);
-      const int l = std::stoi(nm.substr(13, dot - 13));
+      const int l = std::stoi(nm.substr(13, dot - 13)) - c.first_layer;  // the stage's index
+      assert(l >= 0 && l < c.layers);
       const std::string rest = nm.substr(dot + 1);
       if (rest == "input_layernorm.weight")
         p = b.in_norm[l];
@@ -442,6 +461,7 @@ void Engine::upload(const Checkpoint& ck) {
 std::unique_ptr<Engine> Engine::create_synthetic(const LlamaConfig& config, uint64_t seed,
                                                  const EngineOptions& options,
                                                  double draft_fidelity) {
+  if (options.pp.active()) return create_synthetic_pp(config, seed, options, draft_fidelity);
   if (options.tp.active()) return create_synthetic_tp(config, seed, options, draft_fidelity);
   std::unique_ptr<Engine> e(new Engine(config, options));
   e->init_synthetic(seed, draft_fidelity);
@@ -452,6 +472,10 @@ std::unique_ptr<Engine> Engine::create_from_checkpoint(const Checkpoint& ck,
                                                        const EngineOptions& options) {
   if (options.tp.active())
     throw ConfigError("", "tensor parallelism: checkpoints are not sharded yet (synthetic only)");
+  if (options.pp.active())
+    throw ConfigError("",
+                      "pipeline parallelism: checkpoints are not split into stages yet "
+                      "(synthetic only)");
   std::unique_ptr<Engine> e(new Engine(ck.config(), options));
   e->upload(ck);
   return e;
@@ -505,10 +529,12 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
   };
   const kernels::KvCache cache{bases, c.layers, c.kv_heads, options_.capacity_tokens};
   const kernels::AttentionShape shape{requests, q_len, c.q_heads, 0.08838834764831845f};
+  // A later pipeline stage's first layer adds the previous stage's last MLP output (received).
+  const bool model_first = options_.pp.first();
   for (int l = 0; l < c.layers; ++l) {
     node("attn_norm");
-    kernels::rmsnorm_residual(l == 0 ? nullptr : b.mlp, b.residual, b.in_norm[l], b.xn, B, H, eps,
-                              s, pdl);
+    kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual, b.in_norm[l],
+                              b.xn, B, H, eps, s, pdl);
     node("qkv_proj");
     project(b.w_qkv[l], b.xn, b.qkv, B, int(c.qkv_dim()), H);
     node("rope_kv_append");
@@ -588,19 +614,32 @@ void Engine::decode_forward(int B, bool pdl, bool commit, bool profiled) {
   node("gather");
   launch_gather_batch(B, b.batch_slots, b.tokens, b.ctx, b.slot_base, b.tok_in, b.ctx_b, b.base_b,
                       s);
-  node("embedding");
-  kernels::embedding_gather(b.embed, b.tok_in, b.residual, B, V, H, s, pdl);
-  target_layers(B, 1, b.ctx_b, b.base_b, b.attn_ws, /*row_exact=*/false, pdl);
-  node("final_norm");
-  kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s, pdl);
-  for (int r0 = 0, chunk = 0; r0 < B; r0 += kernels::kGemvMaxRows, ++chunk) {
-    const int m = std::min(kernels::kGemvMaxRows, B - r0);
-    node("lm_head");
-    kernels::lm_head(b.lm_head, b.xn + size_t(r0) * H, m, V, H,
-                     {sampling_.temperature, sampling_.seed, b.sample_step},
-                     b.lm_ws + b.lm_ws_chunk * chunk,
-                     {b.argmax + r0, b.top1 + r0, b.sampled + r0, nullptr}, s, pdl);
+  // Pipeline (pipeline_parallel.h): stage 0 embeds, a later stage receives the hidden state; a
+  // stage before the last sends it on, the last samples; the sampled ids then go back, so every
+  // stage commits the same tokens. The hand-offs run whether or not the launch commits (warm-up
+  // included), so the stages' NCCL calls always pair.
+  if (options_.pp.first()) {
+    node("embedding");
+    kernels::embedding_gather(b.embed, b.tok_in, b.residual, B, V, H, s, pdl);
+  } else {
+    pp_recv_hidden(B);
   }
+  target_layers(B, 1, b.ctx_b, b.base_b, b.attn_ws, /*row_exact=*/false, pdl);
+  if (!options_.pp.last()) {
+    pp_send_hidden(B);
+  } else {
+    node("final_norm");
+    kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s, pdl);
+    for (int r0 = 0, chunk = 0; r0 < B; r0 += kernels::kGemvMaxRows, ++chunk) {
+      const int m = std::min(kernels::kGemvMaxRows, B - r0);
+      node("lm_head");
+      kernels::lm_head(b.lm_head, b.xn + size_t(r0) * H, m, V, H,
+                       {sampling_.temperature, sampling_.seed, b.sample_step},
+                       b.lm_ws + b.lm_ws_chunk * chunk,
+                       {b.argmax + r0, b.top1 + r0, b.sampled + r0, nullptr}, s, pdl);
+    }
+  }
+  pp_ids(B);
   if (commit) {
     node("commit");
     launch_decode_commit(B, b.batch_slots, options_.max_slots, b.sampled, b.ctx_b, b.tokens, b.ctx,
@@ -739,10 +778,16 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
   // rope_kv_append writes every position of the prompt, which the attention prologue may read.
   const kernels::KvCache cache{d_bases, c.layers, c.kv_heads, options_.capacity_tokens};
   const kernels::AttentionShape shape{C, b.chunk, c.q_heads, 0.08838834764831845f};
-  kernels::embedding_gather(b.embed, d_tok, b.residual, T, V, H, s);
+  // Pipeline: stage 0 embeds, a later stage receives the residual stream and the last MLP output
+  // (added by its first layer's norm, as on one GPU).
+  const bool model_first = options_.pp.first();
+  if (model_first)
+    kernels::embedding_gather(b.embed, d_tok, b.residual, T, V, H, s);
+  else
+    pp_recv_hidden(T);
   for (int l = 0; l < c.layers; ++l) {
-    kernels::rmsnorm_residual(l == 0 ? nullptr : b.mlp, b.residual, b.in_norm[l], b.xn, T, H, eps,
-                              s);
+    kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual, b.in_norm[l],
+                              b.xn, T, H, eps, s);
     proj(b.w_qkv[l], b.xn, b.qkv, T, int(c.qkv_dim()), H, false);
     kernels::rope_kv_append(b.qkv, d_chunk_ctx, cache, l, b.q, C, b.chunk, c.q_heads, rope_, s);
     kernels::decode_attention(b.q, cache, l, d_chunk_ctx, b.attn, shape, b.attn_ws, s);
@@ -762,7 +807,9 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     proj(b.w_down[l], b.act, b.mlp, T, H, I, false);
     tp_all_reduce(b.mlp, T, "mlp_all_reduce");
   }
-  if (options_.draft) {
+  if (!options_.pp.last()) {
+    pp_send_hidden(T);  // every row: the next stage's attention needs the whole prompt's KV
+  } else if (options_.draft) {
     // The draft needs every position's pre-norm hidden state: complete the residual stream of
     // all rows (the same bf16 sum as the last-row path below), then norm the last rows.
     kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, T, H, eps, s);
@@ -773,13 +820,14 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     launch_gather_rows(b.mlp, d_last, b.last_mlp, n, H, s);
     kernels::rmsnorm_residual(b.last_mlp, b.last_res, b.final_norm, b.xn, n, H, eps, s);
   }
-  for (int r0 = 0, chunk = 0; r0 < n; r0 += kernels::kGemvMaxRows, ++chunk) {
+  for (int r0 = 0, chunk = 0; options_.pp.last() && r0 < n; r0 += kernels::kGemvMaxRows, ++chunk) {
     const int m = std::min(kernels::kGemvMaxRows, n - r0);
     kernels::lm_head(b.lm_head, b.xn + size_t(r0) * H, m, V, H,
                      {sampling_.temperature, sampling_.seed, b.sample_step},
                      b.lm_ws + b.lm_ws_chunk * chunk,
                      {b.argmax + r0, b.top1 + r0, b.sampled + r0, nullptr}, s);
   }
+  pp_ids(n);  // pipeline: the last stage's sampled ids to the earlier stages
   launch_prefill_commit(n, d_slots, d_lens, b.sampled, row_offset, b.tokens, b.ctx, b.out_ring,
                         b.ring_rows, b.seq, b.sample_step, last_pass, s);
   if (options_.draft) {

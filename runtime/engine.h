@@ -38,6 +38,7 @@
 #include "policies/policy_spec.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_ops.h"
+#include "runtime/pipeline_parallel.h"
 #include "runtime/tensor_parallel.h"
 
 #define TS_CUBLAS_CHECK(expr)                                                     \
@@ -77,6 +78,11 @@ struct EngineOptions {
   // down_proj (MoE: expert parallelism, one all-reduce after the MoE FFN). Plain decode only (no
   // draft); checkpoints are not sharded yet.
   TensorParallel tp;
+  // Pipeline parallelism (runtime/pipeline_parallel.h): with a communicator, create_synthetic
+  // builds this stage of the model it is given (pp_stage_config) and the forwards hand the hidden
+  // state to the next stage and the sampled ids back to stage 0 (NCCL send/recv, in prefill and
+  // inside the decode graphs). Plain decode only (no draft, no tp), synthetic weights only.
+  PipelineParallel pp;
 };
 
 // One draft launch: `steps` autoregressive draft forwards (1..kMaxDraftTokens). device_stop: a
@@ -195,6 +201,18 @@ class Engine {
                                                      double draft_fidelity);
   void init_synthetic_tp(const LlamaConfig& full, uint64_t seed, double draft_fidelity);
   void tp_all_reduce(kernels::bf16* x, int rows, const char* name);
+  // tensor_parallel.cc, pipeline parallelism: the stage of `full` (options.pp) and its synthetic
+  // init (the one-GPU engine's values of the tensors it holds); the hand-offs of `rows` rows
+  // between stages, on compute_ (no-ops without options.pp): pp_send_hidden / pp_recv_hidden
+  // carry the residual stream and the last layer's MLP output (not yet added) to the next stage,
+  // pp_ids the sampled ids of `rows` rows from the last stage to stage 0 (sampled on both).
+  static std::unique_ptr<Engine> create_synthetic_pp(const LlamaConfig& full, uint64_t seed,
+                                                     const EngineOptions& options,
+                                                     double draft_fidelity);
+  void init_synthetic_pp(const LlamaConfig& full, uint64_t seed, double draft_fidelity);
+  void pp_send_hidden(int rows);
+  void pp_recv_hidden(int rows);
+  void pp_ids(int rows);
   // The decode forward of bucket B on compute_ (eager or under capture). commit = false runs
   // the forward without touching the relay or the counters (warm-up before capture); profiled
   // (with commit) writes a timestamp before each kernel and after the last.

@@ -33,10 +33,13 @@ EngineMemoryPlan plan_engine_memory(const LlamaConfig& c, int32_t max_slots,
     ffn = pad128(E * H) + pad128(EL * 2 * EI * H) + pad128(EL * H * EI);
     if (S > 0) ffn += pad128(2 * S * H) + pad128(H * S);
   }
-  int64_t elements = pad128(V * H) + pad128(H);
+  // A pipeline stage's config (pipeline_parallel.h) holds its layers, the embedding on the first
+  // stage and the final norm and lm_head on the last (a tied lm_head: the embedding matrix).
+  const bool embedding = c.holds_embedding || (c.holds_head && c.tie_embeddings);
+  int64_t elements = embedding ? pad128(V * H) : 0;
   elements += int64_t{c.layers} *
               (pad128(H) + pad128(c.qkv_dim() * H) + pad128(H * c.q_dim()) + pad128(H) + ffn);
-  if (!c.tie_embeddings) elements += pad128(V * H);
+  if (c.holds_head) elements += pad128(H) + (c.tie_embeddings ? 0 : pad128(V * H));
   if (draft) {
     for (const WeightDesc& d : draft_weight_list(c)) {
       int64_t n = 1;

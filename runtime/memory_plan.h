@@ -39,6 +39,8 @@ struct EngineMemoryPlan {
 // packed gate_up and down, shared expert; an expert-parallel shard config holds its block of
 // local_experts() and its shared slice) and one MoE workspace: the larger of moe_forward's for its
 // widest call (16 rows) and moe_prefill's for min(kMoePrefillRowsPerCall, prefill rows) rows.
+// A pipeline stage's config (pipeline_parallel.h pp_stage_config): its layers' weights and KV,
+// the embedding only on the first stage, the final norm and lm_head only on the last.
 // Sizes are computed in 64 bits; configs come from parse_llama_config or a ModelSpec, whose
 // ranges keep every product far below 2^63.
 EngineMemoryPlan plan_engine_memory(const LlamaConfig& config, int32_t max_slots,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "policies/error.h"
+#include "policies/layout.h"
 #include "runtime/checkpoint.h"
 #include "runtime/engine.h"
 #include "runtime/memory_plan.h"
@@ -37,6 +38,17 @@ class OwningRealBackend final : public Backend {
                                 " needs ep = tp (expert parallelism); splitting each expert's "
                                 "intermediate is not implemented");
     if (v.layout.tp > 1) eo.tp = runtime::tp_world(v.layout.tp);
+    // Pipeline parallelism (runtime/pipeline_parallel.h): this rank's stage, one microbatch (the
+    // runner refuses other pipelines first, experiments/tp_run.h real_layout_problem).
+    if (v.layout.pp > 1) {
+      if (v.layout.tp > 1 || v.layout.ep > 1 || v.layout.microbatches != 1 ||
+          v.layout.prefill_chunk_tokens != 0)
+        throw ConfigError("", "real runtime: layout " + layout_name(v.layout) +
+                                  ": pipeline parallelism runs alone (tp, ep 1) with one "
+                                  "microbatch and unchunked prefill: layout: {pp: " +
+                                  std::to_string(v.layout.pp) + ", microbatches: 1}");
+      eo.pp = runtime::pp_world(v.layout.pp);
+    }
     eo.max_slots = std::max(1, v.workload.max_concurrency);
     eo.capacity_tokens = (need + 63) / 64 * 64;
     eo.draft = spec;
@@ -44,9 +56,9 @@ class OwningRealBackend final : public Backend {
     const bool trace_nodes = v.trace.nodes && v.trace.step_count > 0;
     eo.node_trace = trace_nodes;
     // Before any allocation: the engine's full memory plan against what the GPU has, with the
-    // model's name in the message (runtime/memory_plan.h). A TP rank's shard is checked by the
-    // engine itself, against its shard's plan.
-    if (v.layout.tp <= 1) {
+    // model's name in the message (runtime/memory_plan.h). A TP rank's shard and a pipeline
+    // stage are checked by the engine itself, against their own plans.
+    if (v.layout.world() <= 1) {
       size_t free_bytes = 0, total_bytes = 0;
       TS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
       int device = 0;

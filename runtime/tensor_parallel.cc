@@ -1,5 +1,7 @@
 // Tensor parallelism (runtime/tensor_parallel.h): shard configs and slices, the sharded
-// synthetic init, the all-reduce hook of the engine's forwards, the process's communicator.
+// synthetic init, the all-reduce hook of the engine's forwards, the process's communicator; and
+// the engine side of pipeline parallelism (runtime/pipeline_parallel.h): a stage's synthetic init
+// and its NCCL send/recv hand-offs, which share the communicator plumbing.
 #include "runtime/tensor_parallel.h"
 
 #include <cuda_runtime.h>
@@ -13,6 +15,7 @@
 #include "runtime/comm.h"
 #include "runtime/engine.h"
 #include "runtime/engine_internal.h"
+#include "runtime/pipeline_parallel.h"
 #include "runtime/synthetic.h"
 
 namespace twinstep::runtime {
@@ -146,6 +149,12 @@ int comm_rank(Communicator& c) { return c.rank(); }
 void all_reduce_bf16(Communicator& c, void* x, size_t n, cudaStream_t s) {
   c.all_reduce_sum(x, x, n, CommType::kBF16, s);
 }
+void comm_send(Communicator& c, const void* x, size_t n, CommType t, int peer, cudaStream_t s) {
+  c.send(x, n, t, peer, s);
+}
+void comm_recv(Communicator& c, void* x, size_t n, CommType t, int peer, cudaStream_t s) {
+  c.recv(x, n, t, peer, s);
+}
 #else
 [[noreturn]] void no_nccl() {
   throw Error("tensor parallelism: this build has no NCCL (runtime/comm.cc not built)");
@@ -153,6 +162,8 @@ void all_reduce_bf16(Communicator& c, void* x, size_t n, cudaStream_t s) {
 int comm_size(Communicator&) { no_nccl(); }
 int comm_rank(Communicator&) { no_nccl(); }
 void all_reduce_bf16(Communicator&, void*, size_t, cudaStream_t) { no_nccl(); }
+void comm_send(Communicator&, const void*, size_t, CommType, int, cudaStream_t) { no_nccl(); }
+void comm_recv(Communicator&, void*, size_t, CommType, int, cudaStream_t) { no_nccl(); }
 #endif
 
 }  // namespace
@@ -207,6 +218,88 @@ void Engine::tp_all_reduce(bf16* x, int rows, const char* name) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Engine members of pipeline parallelism (declared in engine.h)
+
+std::unique_ptr<Engine> Engine::create_synthetic_pp(const LlamaConfig& full, uint64_t seed,
+                                                    const EngineOptions& options,
+                                                    double draft_fidelity) {
+  const PipelineParallel& pp = options.pp;
+#ifndef TWINSTEP_HAVE_NCCL
+  throw Error("pipeline parallelism: this build has no NCCL (runtime/comm.cc not built)");
+#endif
+  if (options.draft)
+    throw ConfigError("", "speculative decoding with pipeline parallelism is not implemented");
+  if (comm_size(*pp.comm) != pp.stages || comm_rank(*pp.comm) != pp.stage)
+    throw Error("pipeline parallelism: stage " + std::to_string(pp.stage) + " of " +
+                std::to_string(pp.stages) + " given a communicator of rank " +
+                std::to_string(comm_rank(*pp.comm)) + " of " + std::to_string(comm_size(*pp.comm)));
+  std::unique_ptr<Engine> e(new Engine(pp_stage_config(full, pp.stage, pp.stages), options));
+  e->init_synthetic_pp(full, seed, draft_fidelity);
+  return e;
+}
+
+void Engine::init_synthetic_pp(const LlamaConfig& full, uint64_t seed, double draft_fidelity) {
+  // The full model's list (its init scales: draft_layer_scale depends on the model's depth),
+  // restricted to the tensors this stage holds, each generated whole as the one-GPU engine does.
+  size_t held = 0;
+  for (const WeightDesc& d : synthetic_weight_list(full, false, draft_fidelity)) {
+    const auto it = b_->by_name.find(d.name);
+    if (it == b_->by_name.end()) continue;  // another stage's
+    ++held;
+    const auto& [p, n] = it->second;
+    int64_t elements = 1;
+    for (const int64_t x : d.shape) elements *= x;
+    if (d.eye || elements != n)
+      throw Error("pipeline parallelism: " + d.name + " has " + std::to_string(elements) +
+                  " elements, the stage's tensor " + std::to_string(n));
+    const float scale = d.init_std == 0 ? 0.0f : synthetic::scale_for_std(d.init_std);
+    launch_init_synthetic(reinterpret_cast<uint16_t*>(p), uint64_t(n), seed,
+                          synthetic::tensor_stream(d.name), scale, compute_);
+  }
+  if (held != b_->by_name.size())
+    throw Error("pipeline parallelism: stage " + std::to_string(options_.pp.stage) +
+                " initialised " + std::to_string(held) + " tensors, the engine holds " +
+                std::to_string(b_->by_name.size()));
+  TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+// The hand-offs are plain NCCL sends and receives on compute_ (captured into the decode graphs
+// like the all-reduces). Each rank's sends and receives of one launch go in one fixed order,
+// sends to the next stage before the receive from the last stage, and the peer posts them in
+// the same order (stage s: recv from s-1, send to s+1, recv ids from the last; the last: recv,
+// send ids to 0, 1, ...), so no two ranks wait on each other: no group call is needed.
+void Engine::pp_send_hidden(int rows) {
+  const PipelineParallel& pp = options_.pp;
+  if (!pp.active() || pp.last()) return;
+  const size_t n = size_t(rows) * size_t(config_.hidden);
+  node("pp_send");  // one node: the simulator's pp_send of hidden state + residual
+  comm_send(*pp.comm, b_->residual, n, CommType::kBF16, pp.stage + 1, compute_);
+  comm_send(*pp.comm, b_->mlp, n, CommType::kBF16, pp.stage + 1, compute_);
+}
+
+void Engine::pp_recv_hidden(int rows) {
+  const PipelineParallel& pp = options_.pp;
+  if (!pp.active() || pp.first()) return;
+  const size_t n = size_t(rows) * size_t(config_.hidden);
+  node("pp_recv");
+  comm_recv(*pp.comm, b_->residual, n, CommType::kBF16, pp.stage - 1, compute_);
+  comm_recv(*pp.comm, b_->mlp, n, CommType::kBF16, pp.stage - 1, compute_);
+}
+
+void Engine::pp_ids(int rows) {
+  const PipelineParallel& pp = options_.pp;
+  if (!pp.active() || pp.stages == 1) return;
+  if (pp.last()) {
+    node("pp_ids_send");
+    for (int to = 0; to < pp.stages - 1; ++to)
+      comm_send(*pp.comm, b_->sampled, size_t(rows), CommType::kI32, to, compute_);
+  } else {
+    node("pp_ids_recv");
+    comm_recv(*pp.comm, b_->sampled, size_t(rows), CommType::kI32, pp.stages - 1, compute_);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The process's communicator
 
 namespace {
@@ -254,6 +347,15 @@ TensorParallel tp_world(int32_t tp) {
                 " ranks (mpirun -np " + std::to_string(tp) + "), this job has " +
                 std::to_string(comm_size(comm)));
   return TensorParallel{comm_rank(comm), tp, &comm};
+}
+
+PipelineParallel pp_world(int32_t pp) {
+  Communicator& comm = tp_world_communicator();
+  if (comm_size(comm) != pp)
+    throw Error("pipeline parallelism pp " + std::to_string(pp) + " needs " + std::to_string(pp) +
+                " ranks (mpirun -np " + std::to_string(pp) + "), this job has " +
+                std::to_string(comm_size(comm)));
+  return PipelineParallel{comm_rank(comm), pp, &comm};
 }
 
 void tp_release_world_communicator() {

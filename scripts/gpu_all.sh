@@ -31,7 +31,7 @@ db="$out/twinstep.db"
 for exp in "$root"/experiments/validation/*.yaml; do
   name=$(basename "$exp" .yaml)
   # Multi-GPU (TP2, TP2-EP2): under mpirun (scripts/gpu_tp.sh, EP=1 for the EP one).
-  case $name in *_tp[0-9]* | *_ep[0-9]*) continue ;; esac
+  case $name in *_tp[0-9]* | *_ep[0-9]* | *_pp[0-9]*) continue ;; esac
   # Their own scripts: speculative decoding (gpu_spec_validation.sh, minutes and ordered
   # runs) and the MoE model (gpu_moe.sh, 61 GB of weights).
   case $name in *_spec* | *_moe*) continue ;; esac

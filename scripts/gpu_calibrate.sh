@@ -80,7 +80,7 @@ if [ -f "$profile" ]; then
   for exp in "$root"/experiments/validation/*.yaml; do
     name=$(basename "$exp" .yaml)
     # Multi-GPU (TP2, TP2-EP2): under mpirun (scripts/gpu_tp.sh, EP=1 for the EP one).
-    case $name in *_tp[0-9]* | *_ep[0-9]*) continue ;; esac
+    case $name in *_tp[0-9]* | *_ep[0-9]* | *_pp[0-9]*) continue ;; esac
     # Their own scripts: speculative decoding (gpu_spec_validation.sh, minutes and ordered
     # runs) and, unless CALIBRATE_MOE=1, the MoE model (gpu_moe.sh, 61 GB of weights).
     if [ -n "${CALIBRATE_VALIDATE:-}" ]; then

@@ -6,14 +6,19 @@
 # and `twinstep compare --sim-vs-real` of it. With EP=1, also expert parallelism of the MoE model
 # (TP2-EP2): the ExpertParallel tests in both test runs (tp = 1 path == plain MoE engine; tiny
 # MoE TP2-EP2 vs the CPU reference; Qwen3-30B-A3B TP2-EP2 vs one GPU) and
-# experiments/validation/h200_ep2.yaml into OUT/ep2.db (about 31 GB of weights per rank).
-#   scripts/gpu_tp.sh OUT_DIR            EP=1 scripts/gpu_tp.sh OUT_DIR
+# experiments/validation/h200_ep2.yaml into OUT/ep2.db (about 31 GB of weights per rank). With
+# PP=1, also pipeline parallelism (runtime/pipeline_parallel.h): the PipelineParallel tests (a
+# one-stage pipeline == the plain engine; tiny dense and MoE PP2 and Llama-3-8B PP2 identical to
+# one GPU) and experiments/validation/h200_pp2.yaml into OUT/pp2.db.
+#   scripts/gpu_tp.sh OUT_DIR            EP=1 scripts/gpu_tp.sh OUT_DIR     PP=1 scripts/gpu_tp.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,tp_test_1rank,tp_test_2ranks,tp2_run}.log, OUT_DIR/tp2.db,
 # OUT_DIR/tp2.sim_vs_real.txt, OUT_DIR/tp2.ops.txt (traced steps per operation), OUT_DIR/tp2.metrics.csv;
 # with EP=1 the same ep2_run.log, ep2.db, ep2.ops.txt,
-# ep2.sim_vs_real.txt, ep2.metrics.csv.
+# ep2.sim_vs_real.txt, ep2.metrics.csv; with PP=1 pp2_run.log, pp2.db, pp2.ops.txt,
+# pp2.sim_vs_real.txt, pp2.metrics.csv.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2);
-# EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2).
+# EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2); PP (0: the
+# PipelineParallel tests filtered out; 1: also PP2).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_tp.sh OUT_DIR}
 mkdir -p "$out"
@@ -21,11 +26,15 @@ source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 np=${NP:-2}
 ep=${EP:-0}
+pp=${PP:-0}
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 mpi="mpirun --allow-run-as-root -np $np"
-filter="--gtest_filter=-ExpertParallel.*"
-[ "$ep" = 1 ] && filter="--gtest_filter=*"
+skip=""
+[ "$ep" = 1 ] || skip="ExpertParallel.*"
+[ "$pp" = 1 ] || skip="${skip:+$skip:}PipelineParallel.*"
+filter="--gtest_filter=${skip:+-$skip}"
+[ -z "$skip" ] && filter="--gtest_filter=*"
 
 step configure
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -44,7 +53,7 @@ grep -E "OK \]|FAILED|SKIPPED|PASSED" "$out/tp_test_1rank.log"
 step "tp tests, $np ranks"
 timeout 900 $mpi "$build/tests/runtime/runtime_tp_gpu_test" "$filter" \
   >"$out/tp_test_2ranks.log" 2>&1 || status=1
-grep -E "TP2|tiny TP2|tiny MoE|OK \]|FAILED \]|SKIPPED \]|diverge|ranks sampled" \
+grep -E "TP2|tiny TP2|tiny MoE|PP2|OK \]|FAILED \]|SKIPPED \]|diverge|ranks sampled|stages committed" \
   "$out/tp_test_2ranks.log"
 
 # validate TAG YAML: the experiment on both backends under mpirun into OUT/TAG.db, then the
@@ -80,4 +89,5 @@ validate() {
 }
 validate tp2 "$root/experiments/validation/h200_tp2.yaml"
 [ "$ep" = 1 ] && validate ep2 "$root/experiments/validation/h200_ep2.yaml"
+[ "$pp" = 1 ] && validate pp2 "$root/experiments/validation/h200_pp2.yaml"
 exit $status

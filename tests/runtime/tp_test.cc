@@ -1,6 +1,8 @@
 // Tensor parallelism of the real runtime (runtime/tensor_parallel.h), with expert parallelism of
-// MoE layers (ep = tp). Run as a plain process (CPU: shard slicing and config errors; one GPU:
-// the tp = 1 path through the NCCL hooks, dense and MoE) and under
+// MoE layers (ep = tp), and pipeline parallelism (runtime/pipeline_parallel.h: two stages whose
+// greedy tokens must equal one GPU's exactly, tiny dense and MoE models and the Llama-3-8B
+// shape). Run as a plain process (CPU: shard slicing and config errors; one GPU:
+// the tp = 1 path through the NCCL hooks, dense and MoE, and a one-stage pipeline) and under
 //   mpirun --allow-run-as-root -np 2 runtime_tp_gpu_test
 // (one GPU per rank): the ranks' greedy tokens agree, TP2 against TP1 on the Llama-3-8B shape
 // over 256 tokens (agreement rate and first divergence printed: bf16 all-reduce rounding may
@@ -29,11 +31,14 @@
 
 #include "experiments/tp_run.h"
 #include "policies/decode_loop.h"
+#include "policies/layout.h"
 #include "policies/model_spec.h"
+#include "policies/step_kernels.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
 #include "runtime/memory_plan.h"
+#include "runtime/pipeline_parallel.h"
 #include "runtime/real_backend.h"
 #include "runtime/tensor_parallel.h"
 #include "tests/runtime/cpu_reference.h"
@@ -356,9 +361,52 @@ TEST(TensorParallel, RealLayoutChecks) {
   RealLayoutEnv nompi = ok;
   nompi.mpi = false;
   EXPECT_NE(problem(v, nompi).find("without MPI"), std::string::npos);
+  // Pipeline parallelism: pp 2 alone with one microbatch runs; the default microbatches (pp),
+  // other counts, chunked prefill, pp with tp, and pp 4 are refused, saying what to write.
   Variant pp = v;
+  pp.layout.tp = 1;
   pp.layout.pp = 2;
-  EXPECT_NE(problem(pp, ok).find("tensor parallelism only"), std::string::npos);
+  pp.layout.microbatches = 1;
+  EXPECT_EQ(problem(pp, ok), "");
+  pp.layout.vocab_parallel = true;  // a stage of one GPU: nothing to split, nothing refused
+  EXPECT_EQ(problem(pp, ok), "");
+  EXPECT_NE(problem(pp, one).find("mpirun -np 2` (this is a single process)"), std::string::npos)
+      << problem(pp, one);
+  Variant pp_default = pp;
+  pp_default.layout.microbatches = 0;
+  EXPECT_NE(problem(pp_default, ok)
+                .find("the default splits it into pp = 2; set `layout: {pp: 2, "
+                      "microbatches: 1}`"),
+            std::string::npos)
+      << problem(pp_default, ok);
+  Variant pp_mb = pp;
+  pp_mb.layout.microbatches = 4;
+  EXPECT_NE(problem(pp_mb, ok).find("microbatches 4 splits it"), std::string::npos)
+      << problem(pp_mb, ok);
+  Variant pp_chunk = pp;
+  pp_chunk.layout.prefill_chunk_tokens = 512;
+  EXPECT_NE(problem(pp_chunk, ok).find("prefill_chunk_tokens"), std::string::npos);
+  Variant pp_tp = pp;
+  pp_tp.layout.tp = 2;
+  EXPECT_NE(problem(pp_tp, ok).find("two stages alone"), std::string::npos) << problem(pp_tp, ok);
+  Variant pp4 = pp;
+  pp4.layout.pp = 4;
+  RealLayoutEnv four = ok;
+  four.world = four.local_ranks = four.devices = 4;
+  EXPECT_NE(problem(pp4, four).find("two stages alone"), std::string::npos);
+  Variant pp_moe = pp;
+  pp_moe.model = model_preset("qwen3-30b-a3b");
+  EXPECT_EQ(problem(pp_moe, ok), "");
+  Variant pp_spec = pp;
+  pp_spec.policy.spec.method = SpecMethod::kChain;
+  EXPECT_NE(problem(pp_spec, ok).find("speculative"), std::string::npos);
+  Variant pp_open = pp;
+  pp_open.workload.arrival_rate_per_s = 5;
+  EXPECT_NE(problem(pp_open, ok).find("closed loop"), std::string::npos);
+  Variant dp = v;
+  dp.layout.tp = 1;
+  dp.layout.dp = 2;
+  EXPECT_NE(problem(dp, ok).find("tensor parallelism only"), std::string::npos);
   Variant spec = v;
   spec.policy.spec.method = SpecMethod::kChain;
   EXPECT_NE(problem(spec, ok).find("speculative"), std::string::npos);
@@ -660,6 +708,182 @@ TEST(ExpertParallel, Qwen3TwoRanksAgainstOneGpu) {
   EXPECT_EQ(ranks4[0], ranks4[1]) << "the ranks sampled different tokens (4 requests)";
   if (comm.rank() != 0) return;
   compare_with_one_gpu(config, spec, eo, one, ep_one[0], 128, 72, "qwen3-30b-a3b TP2-EP2");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipeline parallelism (runtime/pipeline_parallel.h): no sum is split across ranks, so a pipeline
+// must give one GPU's tokens exactly.
+
+// One GPU: a pipeline of one stage over a one-rank communicator (create_synthetic_pp: the
+// stage's init from the full model's list; no hand-offs) is the plain engine, weights and tokens.
+TEST(PipelineParallel, OneStageEqualsPlainEngine) {
+  SKIP_WITHOUT_GPU();
+  const std::unique_ptr<Communicator> comm =
+      Communicator::create(Communicator::new_unique_id(), 0, 1);
+  const ModelSpec spec = tiny_runtime_spec();
+  const LlamaConfig config = llama_config_from_spec(spec);
+  EngineOptions eo;
+  eo.max_slots = 4;
+  eo.capacity_tokens = 256;
+  auto plain = Engine::create_synthetic(config, 7, eo);
+  eo.pp = runtime::PipelineParallel{0, 1, comm.get()};
+  auto pp1 = Engine::create_synthetic(config, 7, eo);
+  EXPECT_EQ(pp1->weight_bytes(), plain->weight_bytes());
+  for (const WeightDesc& w : llama_weight_list(config))
+    EXPECT_EQ(plain->download_weight(w.name), pp1->download_weight(w.name)) << w.name;
+  for (GraphMode mode : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+    const auto a = greedy(*plain, spec, workload(37, 48, 3), HostSchedule::kRunahead, mode);
+    const auto b = greedy(*pp1, spec, workload(37, 48, 3), HostSchedule::kRunahead, mode);
+    EXPECT_EQ(a, b) << "graph mode " << int(mode);
+  }
+}
+
+// Stage `stage` of 2 of `full`: its config is pp_stage_config's, its weight allocation its memory
+// plan's, and (check_bits: small models) it holds exactly its tensors, with the bits of the
+// model's synthetic init.
+void expect_stage(const Engine& engine, const LlamaConfig& full, uint64_t seed, int stage,
+                  bool check_bits) {
+  const LlamaConfig want = runtime::pp_stage_config(full, stage, 2);
+  EXPECT_EQ(engine.config().first_layer, want.first_layer);
+  EXPECT_EQ(engine.config().layers, want.layers);
+  EXPECT_EQ(engine.weight_bytes(), plan_engine_memory(engine.config(), engine.options().max_slots,
+                                                      engine.options().capacity_tokens,
+                                                      engine.options().max_prefill_tokens)
+                                       .weight_bytes);
+  if (!check_bits) return;
+  std::map<std::string, int64_t> held;
+  for (const WeightDesc& w : llama_weight_list(want)) held[w.name] = 1;
+  for (const WeightDesc& w : llama_weight_list(full)) {
+    if (!held.count(w.name)) {
+      EXPECT_THROW(engine.download_weight(w.name), Error) << w.name << " on stage " << stage;
+      continue;
+    }
+    EXPECT_EQ(engine.download_weight(w.name), full_bits(w, seed)) << w.name;
+  }
+}
+
+// The hand-offs a stage's decode launch makes (its node names starting with "pp_"), against the
+// simulator's collectives of the same rank and layout (pipeline_step_kernels at one microbatch).
+void expect_simulator_hand_offs(const Engine& engine, const ModelSpec& spec, int stage) {
+  std::vector<std::string> engine_pp, sim_pp;
+  for (const char* n : engine.decode_node_names(1))
+    if (std::string(n).rfind("pp_", 0) == 0) engine_pp.push_back(n);
+  LayoutSpec l;
+  l.pp = 2;
+  l.microbatches = 1;
+  std::vector<StepShape> shapes;
+  const int64_t ctx[] = {100};
+  decode_microbatch_shapes(l, ctx, 1, shapes);
+  StepKernels k;
+  pipeline_step_kernels(spec, shapes, l, stage, k);
+  for (const KernelDesc& d : k.kernels)
+    if (d.coll != CollectiveKind::kNone) sim_pp.push_back(d.name);
+  const std::vector<std::string> want = stage == 0
+                                            ? std::vector<std::string>{"pp_send", "pp_ids_recv"}
+                                            : std::vector<std::string>{"pp_recv", "pp_ids_send"};
+  EXPECT_EQ(sim_pp, want) << "the simulator's hand-offs of stage " << stage;
+  EXPECT_EQ(engine_pp, sim_pp) << "stage " << stage;
+}
+
+// Two ranks, the tiny model (dense, and MoE with a shared expert): stage r holds layer r (and
+// the embedding on 0, the final norm and LM head on 1) with the one-GPU bits; greedy tokens over
+// 48 steps at batch 1 and 3 in eager, graph and graph+PDL modes (and eager lockstep) are the
+// same on both ranks and identical to the one-GPU engine's (each rank runs it on its own GPU).
+TEST(PipelineParallel, TinyTwoStagesEqualOneGpu) {
+  SKIP_WITHOUT_RANKS(2);
+  Communicator& comm = runtime::tp_world_communicator();
+  if (comm.size() != 2) GTEST_SKIP() << "written for 2 ranks";
+  const int r = comm.rank();
+  for (const bool moe : {false, true}) {
+    const ModelSpec spec = moe ? tiny_moe_runtime_spec(true) : tiny_runtime_spec();
+    const LlamaConfig config = llama_config_from_spec(spec);
+    const char* what = moe ? "tiny MoE PP2" : "tiny PP2";
+    EngineOptions eo;
+    eo.max_slots = 4;
+    eo.capacity_tokens = 256;
+    struct Case {
+      HostSchedule schedule;
+      GraphMode mode;
+      int requests;
+    };
+    std::vector<Case> cases;
+    for (GraphMode mode : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
+      for (int n : {1, 3}) cases.push_back({HostSchedule::kRunahead, mode, n});
+    cases.push_back({HostSchedule::kLockstep, GraphMode::kEager, 3});
+    std::vector<std::vector<std::vector<int32_t>>> staged;
+    {
+      EngineOptions o = eo;
+      o.pp = runtime::pp_world(2);
+      auto stage = Engine::create_synthetic(config, 7, o);
+      expect_stage(*stage, config, 7, r, /*check_bits=*/true);
+      for (const Case& c : cases)
+        staged.push_back(greedy(*stage, spec, workload(37, 48, c.requests), c.schedule, c.mode));
+      expect_simulator_hand_offs(*stage, spec, r);
+    }
+    auto single = Engine::create_synthetic(config, 7, eo);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      ASSERT_EQ(staged[i].size(), size_t(c.requests));
+      ASSERT_EQ(staged[i][0].size(), 48u);
+      const auto ranks = gather_tokens(comm, flat(staged[i]));
+      EXPECT_EQ(ranks[0], ranks[1])
+          << what << ": the stages committed different tokens, case " << i;
+      const auto ref = greedy(*single, spec, workload(37, 48, c.requests), c.schedule, c.mode);
+      EXPECT_EQ(staged[i], ref) << what << " vs one GPU, graph mode " << int(c.mode) << ", "
+                                << c.requests << " requests";
+    }
+    if (!HasFailure())
+      std::printf("%s rank %d: %zu cases x 48 greedy tokens identical to one GPU\n", what, r,
+                  cases.size());
+  }
+}
+
+// Two ranks, Llama-3-8B shape: stage r holds layers [16 r, 16 r + 16) (the simulator's split);
+// 128 greedy tokens at batch 1 and 32 for 4 concurrent requests (run-ahead, graphs with PDL; and
+// batch 1 in eager lockstep) are the same on both ranks and identical to one GPU's (each rank
+// runs the one-GPU engine on its own GPU after freeing its stage; 24 GB free needed).
+TEST(PipelineParallel, Llama8BTwoStagesEqualOneGpu) {
+  SKIP_WITHOUT_RANKS(2);
+  Communicator& comm = runtime::tp_world_communicator();
+  if (comm.size() != 2) GTEST_SKIP() << "written for 2 ranks";
+  const ModelSpec& spec = model_preset("llama-3-8b");
+  const LlamaConfig config = llama_config_from_spec(spec);
+  EngineOptions eo;
+  eo.max_slots = 4;
+  eo.capacity_tokens = 512;
+  const WorkloadSpec one = workload(128, 128, 1), four = workload(128, 32, 4);
+  std::vector<std::vector<int32_t>> pp_one, pp_four;
+  {
+    EngineOptions o = eo;
+    o.pp = runtime::pp_world(2);
+    auto stage = Engine::create_synthetic(config, 1, o);
+    expect_stage(*stage, config, 1, comm.rank(), /*check_bits=*/false);
+    pp_one = greedy(*stage, spec, one, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+    pp_four = greedy(*stage, spec, four, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+    const auto lock = greedy(*stage, spec, one, HostSchedule::kLockstep, GraphMode::kEager);
+    EXPECT_EQ(lock, pp_one) << "PP2 eager lockstep vs graphs with PDL run-ahead";
+  }
+  ASSERT_EQ(pp_one[0].size(), 128u);
+  const auto ranks = gather_tokens(comm, flat(pp_one));
+  EXPECT_EQ(ranks[0], ranks[1]) << "the stages committed different tokens (batch 1)";
+  const auto ranks4 = gather_tokens(comm, flat(pp_four));
+  EXPECT_EQ(ranks4[0], ranks4[1]) << "the stages committed different tokens (4 requests)";
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  if (free_bytes < (size_t{24} << 30)) GTEST_SKIP() << "one GPU needs 24 GB free";
+  auto single = Engine::create_synthetic(config, 1, eo);
+  const auto ref_one =
+      greedy(*single, spec, one, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+  const auto ref_four =
+      greedy(*single, spec, four, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+  int first = -1;
+  for (size_t i = 0; i < pp_one[0].size() && first < 0; ++i)
+    if (pp_one[0][i] != ref_one[0][i]) first = int(i);
+  std::printf(
+      "8B PP2 rank %d vs one GPU, 128 greedy tokens at batch 1: %s\n", comm.rank(),
+      first < 0 ? "identical" : ("first divergence at token " + std::to_string(first)).c_str());
+  EXPECT_EQ(pp_one, ref_one) << "PP2 vs one GPU, batch 1";
+  EXPECT_EQ(pp_four, ref_four) << "PP2 vs one GPU, 4 requests";
 }
 
 // Ends the process when a test outlives `limit_s`, naming the rank and the phase it is stuck in:
