@@ -34,6 +34,7 @@
 #include "results/trace.h"
 #include "runtime/checkpoint.h"
 #include "simulator/calibration.h"
+#include "simulator/calibration_eval.h"
 #include "simulator/sim_backend.h"
 #ifdef TWINSTEP_HAVE_RUNTIME
 #include "runtime/calibrate.h"
@@ -465,7 +466,50 @@ struct CalibrateGrid {
   std::vector<int64_t> sessions;       // --fit-only: the sessions fitted together (empty: latest)
   int tp = 1;                          // > 1: rank 0's shard of tp-way tensor parallelism
   std::string collectives_from;  // a profile whose collective calibration (calibrate-nccl) is kept
+  // Held-out evaluation of the fitted profile (calibrate-eval): sessions of this database.
+  std::string evaluate_db;
+  std::vector<int64_t> evaluate_sessions;  // empty: the latest
+  bool evaluate_by_batch = false;
 };
+
+// The samples of calibration sessions `ids` (empty: the latest) of the existing database `path`.
+std::vector<CalibrationSample> stored_calibration_samples(const std::string& path,
+                                                          const std::vector<int64_t>& ids) {
+  if (!std::filesystem::exists(path)) {
+    throw ConfigError("", "results database " + path + " does not exist");
+  }
+  ResultsDb db = ResultsDb::open(path);
+  std::vector<CalibrationSample> out;
+  for (const int64_t id : ids.empty() ? std::vector<int64_t>{0} : ids) {
+    if (id < 1 && !ids.empty())
+      throw ConfigError("", "session ids are >= 1, got " + std::to_string(id));
+    std::vector<CalibrationSample> part = db.calibration_samples(id);
+    out.insert(out.end(), std::make_move_iterator(part.begin()),
+               std::make_move_iterator(part.end()));
+  }
+  return out;
+}
+
+// Prints the held-out evaluation (simulator/calibration_eval.h) of `hw` on stored sessions.
+void print_evaluation(const HardwareSpec& hw, const std::string& path,
+                      const std::vector<int64_t>& ids, bool by_batch) {
+  std::string which;
+  for (const int64_t id : ids) which += (which.empty() ? "" : ",") + std::to_string(id);
+  std::printf("evaluation of profile '%s' on %s, calibration session(s) %s\n", hw.name.c_str(),
+              path.c_str(), which.empty() ? "latest" : which.c_str());
+  const CalibrationEvaluation e = evaluate_calibration(hw, stored_calibration_samples(path, ids));
+  std::printf("%s", evaluation_report(e, by_batch).c_str());
+}
+
+// `twinstep calibrate-eval`: a profile (file, or a name hardware: accepts) against stored
+// calibration sessions it was not fitted on.
+int cmd_calibrate_eval(const std::string& profile, const std::string& db_path,
+                       const std::vector<int64_t>& sessions, bool by_batch) {
+  const HardwareSpec hw = std::filesystem::exists(profile) ? load_calibration_profile(profile).hw
+                                                           : hardware_by_name(profile);
+  print_evaluation(hw, db_path, sessions, by_batch);
+  return 0;
+}
 
 int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool quick,
                   bool fit_only, std::string base, const std::vector<std::string>& models,
@@ -581,6 +625,9 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
       "wrote %s (profile '%s' over preset %s; load it with hardware: %s once it is in %s)\n",
       out_path.c_str(), name.c_str(), base.c_str(), name.c_str(),
       calibration_profile_dir().c_str());
+  if (!grid.evaluate_db.empty()) {
+    print_evaluation(profile.hw, grid.evaluate_db, grid.evaluate_sessions, grid.evaluate_by_batch);
+  }
   return 0;
 }
 
@@ -766,6 +813,30 @@ int main(int argc, char** argv) {
       ->add_option("--sessions", cal_grid.sessions,
                    "with --fit-only: stored sessions fitted together (default: the latest)")
       ->delimiter(',');
+  calibrate->add_option("--evaluate-db", cal_grid.evaluate_db,
+                        "after the fit, price the kernel and step samples of this database's "
+                        "calibration sessions with the profile (held-out evaluation)");
+  calibrate
+      ->add_option("--evaluate-sessions", cal_grid.evaluate_sessions,
+                   "sessions of --evaluate-db evaluated (default: the latest)")
+      ->delimiter(',');
+  calibrate->add_flag("--evaluate-by-batch", cal_grid.evaluate_by_batch,
+                      "also print the kernel errors per batch");
+
+  std::string eval_profile;
+  std::vector<int64_t> eval_sessions;
+  bool eval_by_batch = false;
+  CLI::App* calibrate_eval = app.add_subcommand(
+      "calibrate-eval",
+      "price stored calibration samples with a profile: per-kernel and per-step errors");
+  calibrate_eval->add_option("--profile", eval_profile, "profile file, or a hardware name")
+      ->required();
+  calibrate_eval->add_option("--db", db_path, "results database holding the sessions")
+      ->capture_default_str();
+  calibrate_eval
+      ->add_option("--sessions", eval_sessions, "calibration sessions (default: the latest)")
+      ->delimiter(',');
+  calibrate_eval->add_flag("--by-batch", eval_by_batch, "also print the kernel errors per batch");
 
   std::string nccl_out, nccl_json, nccl_name, nccl_profile;
   bool nccl_quick = false, nccl_single = false;
@@ -823,6 +894,9 @@ int main(int argc, char** argv) {
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
       return cmd_calibrate(cal_out, db_path, cal_quick, cal_fit_only, cal_base, cal_models,
                            cal_grid, command);
+    }
+    if (*calibrate_eval) {
+      return cmd_calibrate_eval(eval_profile, db_path, eval_sessions, eval_by_batch);
     }
     if (*calibrate_nccl) {
       std::string command = "twinstep";

@@ -69,6 +69,7 @@ constexpr Figure kFigures[] = {
     {"graph_launch_ns", &HardwareSpec::graph_launch_ns, nullptr, false},
     {"graph_node_gap_ns", &HardwareSpec::graph_node_gap_ns, nullptr, false},
     {"pdl_node_gap_ns", &HardwareSpec::pdl_node_gap_ns, nullptr, false},
+    {"eager_node_gap_ns", &HardwareSpec::eager_node_gap_ns, nullptr, false},
     {"d2h_latency_ns", &HardwareSpec::d2h_latency_ns, nullptr, false},
     {"d2h_gbps", nullptr, &HardwareSpec::d2h_gbps, true},
     {"host_wake_ns", &HardwareSpec::host_wake_ns, nullptr, false},
@@ -191,10 +192,16 @@ Distribution read_distribution(Reader& r, const YAML::Node& n, const std::string
 // One fit: {base_ns, ns_per_byte, ns_per_flop, r2, max_rel_err, samples[, split_intensity,
 // wide_*]} (kernels.<class> and kernel_names.<name>).
 KernelFit read_fit(Reader& r, const YAML::Node& node, const std::string& what) {
-  const auto m = r.mapping(
-      node, what,
-      {"base_ns", "ns_per_byte", "ns_per_flop", "r2", "max_rel_err", "samples", "split_intensity",
-       "split_bytes", "wide_base_ns", "wide_ns_per_byte", "wide_ns_per_flop"});
+  const auto m =
+      r.mapping(node, what,
+                {"base_ns", "ns_per_byte", "ns_per_flop", "ns_per_request", "r2", "max_rel_err",
+                 "samples", "split_intensity", "split_bytes", "wide_base_ns", "wide_ns_per_byte",
+                 "wide_ns_per_flop", "wide_ns_per_request"});
+  // Optional coefficients (absent: 0), so profiles written before them still load.
+  auto optional = [&](const char* field, double hi) {
+    const YAML::Node* n = Reader::find(m, field);
+    return n == nullptr ? 0.0 : r.number(*n, what + "." + field, 0, false, hi);
+  };
   auto coefficient = [&](const char* field, double hi) {
     return r.number(r.require(m, node, field, what), what + "." + field, 0, false, hi);
   };
@@ -203,6 +210,7 @@ KernelFit read_fit(Reader& r, const YAML::Node& node, const std::string& what) {
   fit.base_ns = coefficient("base_ns", 1e12);
   fit.ns_per_byte = coefficient("ns_per_byte", 1e6);
   fit.ns_per_flop = coefficient("ns_per_flop", 1e6);
+  fit.ns_per_request = optional("ns_per_request", 1e9);
   fit.r2 = r.number(r.require(m, node, "r2", what), what + ".r2", -1e300, false, 1);
   fit.max_rel_err = coefficient("max_rel_err", std::numeric_limits<double>::max());
   fit.samples =
@@ -221,8 +229,10 @@ KernelFit read_fit(Reader& r, const YAML::Node& node, const std::string& what) {
     fit.wide_base_ns = coefficient("wide_base_ns", 1e12);
     fit.wide_ns_per_byte = coefficient("wide_ns_per_byte", 1e6);
     fit.wide_ns_per_flop = coefficient("wide_ns_per_flop", 1e6);
+    fit.wide_ns_per_request = optional("wide_ns_per_request", 1e9);
   } else {
-    for (const char* wide : {"wide_base_ns", "wide_ns_per_byte", "wide_ns_per_flop"}) {
+    for (const char* wide :
+         {"wide_base_ns", "wide_ns_per_byte", "wide_ns_per_flop", "wide_ns_per_request"}) {
       if (const YAML::Node* n = Reader::find(m, wide)) {
         r.fail(n->Mark(), what + "." + wide + " needs " + what + ".split_intensity or " + what +
                               ".split_bytes");
@@ -452,18 +462,22 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
       << (f.i64 != nullptr ? std::to_string(p.hw.*f.i64) : num(p.hw.*f.number)) << "\n";
   }
   o << "# Per kernel class: t_ns = base_ns + ns_per_byte * (bytes read + written) + ns_per_flop "
-       "* flops;\n# r2, max_rel_err and samples describe the fit on its own samples.\n";
+       "* flops\n# (+ ns_per_request * requests where given); r2, max_rel_err and samples describe "
+       "the fit on\n# its own samples.\n";
   // `lead`: the newline and indentation before the entry.
   auto write_fit = [&](const std::string& key, const KernelFit& f, const char* lead = "\n  ") {
     o << lead << key << ": {base_ns: " << num(f.base_ns) << ", ns_per_byte: " << num(f.ns_per_byte)
-      << ", ns_per_flop: " << num(f.ns_per_flop) << ", r2: " << num(f.r2)
-      << ", max_rel_err: " << num(f.max_rel_err) << ", samples: " << f.samples;
+      << ", ns_per_flop: " << num(f.ns_per_flop);
+    if (f.ns_per_request > 0) o << ", ns_per_request: " << num(f.ns_per_request);
+    o << ", r2: " << num(f.r2) << ", max_rel_err: " << num(f.max_rel_err)
+      << ", samples: " << f.samples;
     if (f.split_intensity > 0 || f.split_bytes > 0) {
       o << (f.split_intensity > 0 ? ", split_intensity: " : ", split_bytes: ")
         << num(f.split_intensity > 0 ? f.split_intensity : f.split_bytes)
         << ", wide_base_ns: " << num(f.wide_base_ns)
         << ", wide_ns_per_byte: " << num(f.wide_ns_per_byte)
         << ", wide_ns_per_flop: " << num(f.wide_ns_per_flop);
+      if (f.wide_ns_per_request > 0) o << ", wide_ns_per_request: " << num(f.wide_ns_per_request);
     }
     o << "}";
   };

@@ -19,7 +19,8 @@ namespace twinstep {
 // One measurement. `kind` says what was measured and which fields mean something:
 //   kernel          cls, model, mode, batch, ctx_tokens, bytes, flops; value_ns = the kernel's
 //                   time with the node gap and the profiling overhead removed
-//   node_gap        mode (graph | pdl), nodes; value_ns = GPU time per graph node
+//   node_gap        mode (graph | pdl | eager), nodes; value_ns = GPU time per node (eager:
+//                   between eagerly launched kernels already queued)
 //   eager_launch    value_ns = host time of one eager kernel launch
 //   graph_launch    nodes; value_ns = host time of one cudaGraphLaunch
 //   event_sync      value_ns = an event's completion to cudaEventSynchronize returning

@@ -19,7 +19,9 @@ HardwareSpec with_h200_launch_figures(HardwareSpec h) {
   // ANCHORS.md, H200: eager empty-kernel launch 3.96 us; one node of a captured graph 0.59 us.
   h.eager_launch_ns = 3960;
   h.graph_node_gap_ns = 590;
-  h.pdl_node_gap_ns = 200;   // assumption: PDL overlaps most of the node gap
+  h.pdl_node_gap_ns = 200;  // assumption: PDL overlaps most of the node gap
+  // results/h200/decode.json (b6a5f5f): (T_eager - T_graph) / 323 nodes + the graph gap.
+  h.eager_node_gap_ns = 1570;
   h.graph_launch_ns = 5000;  // assumption: one cudaGraphLaunch call on the host
   h.d2h_latency_ns = 5000;   // assumption: small pinned copy, issue to completion
   h.d2h_gbps = 25;           // assumption: PCIe Gen5 x16 pinned, one direction, achieved

@@ -12,17 +12,19 @@
 namespace twinstep {
 
 // A kernel-time model fitted by `twinstep calibrate` for one kernel class (simulator/
-// calibration.h): t_ns = base_ns + ns_per_byte · (bytes read + written) + ns_per_flop · flops,
-// every coefficient >= 0. With split_intensity > 0 the class has two regimes: kernels whose
-// flops / bytes exceed it use the wide_* coefficients (a projection's flops / bytes is about its
-// row count, and the runtime switches from GEMV to cuBLAS above 16 rows). The quality figures
-// are those of the fit on its own samples, both regimes together. kernel_floor_ns does not apply
-// to a fitted class (base_ns is its measured floor).
+// calibration.h): t_ns = base_ns + ns_per_byte · (bytes read + written) + ns_per_flop · flops
+// + ns_per_request · requests (attention only: its time grows with the (request, KV head)
+// blocks at equal bytes), every coefficient >= 0. With split_intensity > 0 the class has two
+// regimes: kernels whose flops / bytes exceed it use the wide_* coefficients (a projection's flops
+// / bytes is about its row count, and the runtime switches from GEMV to cuBLAS above 16 rows). The
+// quality figures are those of the fit on its own samples, both regimes together. kernel_floor_ns
+// does not apply to a fitted class (base_ns is its measured floor).
 struct KernelFit {
   bool fitted = false;  // false: the class is priced by the roofline below
   double base_ns = 0;
   double ns_per_byte = 0;
   double ns_per_flop = 0;
+  double ns_per_request = 0;   // per request the kernel serves (KernelDesc::requests)
   double split_intensity = 0;  // flops per byte; 0: one regime
   // Bytes (read + written); > 0: kernels moving more use the wide_* coefficients (attention:
   // small kernels are latency-bound, large ones stream at a higher marginal bandwidth). At most
@@ -31,6 +33,7 @@ struct KernelFit {
   double wide_base_ns = 0;
   double wide_ns_per_byte = 0;
   double wide_ns_per_flop = 0;
+  double wide_ns_per_request = 0;
   double r2 = 0;           // coefficient of determination on the samples
   double max_rel_err = 0;  // max |fit - measured| / measured over the samples
   int64_t samples = 0;
@@ -62,9 +65,15 @@ struct HardwareSpec {
   int64_t graph_launch_ns = 5000;   // host cost of one cudaGraphLaunch
   int64_t graph_node_gap_ns = 600;  // GPU gap between consecutive graph nodes
   int64_t pdl_node_gap_ns = 200;    // the same with programmatic dependent launch
-  int64_t d2h_latency_ns = 5000;    // a small device-to-host copy, issue to completion
-  double d2h_gbps = 25;             // pinned device-to-host bandwidth, GB/s
-  int64_t host_wake_ns = 2000;      // event synchronise: completion to host resuming
+  // GPU gap between consecutive eagerly launched kernels of one stream, each queued before its
+  // predecessor ended (a graph's nodes are closer). Estimate for the H200 from
+  // results/h200/decode.json (b6a5f5f, Llama-3-8B, batch 1, run-ahead): eager 4.834 / 5.247 ms vs
+  // graph 4.518 / 4.930 ms at prompt 128 / 8192 over 323 nodes, + 0.98 us on the 0.59 us graph
+  // gap = 1.57 us. `twinstep calibrate` measures it (node_gap samples of mode eager).
+  int64_t eager_node_gap_ns = 1570;
+  int64_t d2h_latency_ns = 5000;  // a small device-to-host copy, issue to completion
+  double d2h_gbps = 25;           // pinned device-to-host bandwidth, GB/s
+  int64_t host_wake_ns = 2000;    // event synchronise: completion to host resuming
 
   // Collectives: time = alpha + algorithm bytes / interconnect bandwidth (ring all-reduce moves
   // 2(g-1)/g of the message per rank; all-gather and all-to-all (g-1)/g of what a rank receives).

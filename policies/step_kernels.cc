@@ -47,7 +47,8 @@ struct Emitter {
     return weight_bytes_in(l.weight_dtype, m.weight_bytes, values);
   }
   void add(const char* name, KernelClass cls, int64_t read, int64_t written, int64_t flops) {
-    out.kernels.push_back({name, cls, read, written, flops});
+    out.kernels.push_back(
+        {name, cls, read, written, flops, CollectiveKind::kNone, 0, own.requests});
   }
   // y[T, n] = x[T, k] · W[k, n] over the rank's own tokens.
   void gemm(const char* name, int64_t k, int64_t n) {

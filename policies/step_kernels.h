@@ -48,6 +48,9 @@ struct KernelDesc {
   int64_t flops;
   CollectiveKind coll = CollectiveKind::kNone;
   int32_t group = 0;
+  // Requests of the rank's own shape the kernel serves (0: not set). Fixed for a decode shape, so
+  // prices stay affine in the cached context; calibrated attention pays a cost per request.
+  int32_t requests = 0;
 };
 
 // What a step computes. attn_pairs is the number of (query, key) pairs summed over every

@@ -271,7 +271,9 @@ struct GridPoint {
   int batch;
   double step_graph_ns = 0;  // unprofiled medians
   double step_pdl_ns = 0;
-  int64_t ctx_sum = 0;  // Σ ctx of the batch at the profiled launches' middle
+  double step_eager_ns = 0;
+  double eager_host_ns = 0;  // median host time of the eager launch loop (enqueue_decode)
+  int64_t ctx_sum = 0;       // Σ ctx of the batch at the profiled launches' middle
 };
 
 class InSitu {
@@ -310,7 +312,9 @@ class InSitu {
                    const std::vector<int>& batches, bool profiled,
                    std::map<int, GridPoint>& points) {
     const int max_batch = batches.back();
-    const int launches = 2 * int(batches.size()) * (reps() + 2);  // per slot, worst case
+    // Per slot, worst case: every batch in three modes (graph, PDL, eager). Both passes size the
+    // engine alike (the same attention split), though only the unprofiled one runs eager.
+    const int launches = 3 * int(batches.size()) * (reps() + 2);
     EngineOptions eo;
     eo.max_slots = max_batch;
     // As the real backend sizes it (real_factory.cc): the KV capacity sets the attention split.
@@ -339,8 +343,12 @@ class InSitu {
       const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
       GridPoint& point = points[batch];
       point.batch = batch;
-      for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
-        const char* mode_name = mode == GraphMode::kCudaGraph ? "graph" : "pdl";
+      // Eager only unprofiled: its gap comes from step times, never from node timestamps.
+      std::vector<GraphMode> modes = {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl};
+      if (!profiled) modes.push_back(GraphMode::kEager);
+      for (const GraphMode mode : modes) {
+        const bool eager = mode == GraphMode::kEager;
+        const char* mode_name = eager ? "eager" : mode == GraphMode::kCudaGraph ? "graph" : "pdl";
         for (int w = 0; w < 2; ++w) engine->enqueue_decode(batch_slots, mode);  // warm-up
         for (int i = 0; i < batch; ++i) slot_ctx[size_t(i)] += 2;
         std::vector<double> host_ns;
@@ -370,7 +378,7 @@ class InSitu {
           x.ctx_tokens = ctx_mid / batch;
           x.nodes = nodes;
           out_.push_back(x);
-          if (!profiled) {
+          if (!profiled && !eager) {
             CalibrationSample h = sample("graph_launch", host_ns[size_t(r)]);
             h.name = "decode";
             h.model = label_;
@@ -381,26 +389,45 @@ class InSitu {
           }
         }
         if (!profiled) {
-          (mode == GraphMode::kCudaGraph ? point.step_graph_ns : point.step_pdl_ns) =
-              median(step_ns);
+          (eager                           ? point.step_eager_ns
+           : mode == GraphMode::kCudaGraph ? point.step_graph_ns
+                                           : point.step_pdl_ns) = median(step_ns);
+          if (eager) point.eager_host_ns = median(host_ns);
           if (mode == GraphMode::kCudaGraph) point.ctx_sum = ctx_mid;
         } else if (mode == GraphMode::kCudaGraph) {
           kernel_samples(*engine, point, median(step_ns), seqs, ctx_mid);
         }
       }
-      if (!profiled) pdl_gap_sample(point, ctx);
+      if (!profiled) {
+        pdl_gap_sample(point, ctx);
+        eager_gap_sample(point, ctx);
+      }
     }
+  }
+
+  // The eager node gap the same way: g_eager = g + (T_eager − T_graph) / nodes, the GPU time
+  // between eagerly launched kernels that were already queued. Only where the host's launch
+  // loop (median) is shorter than the GPU step: otherwise kernels waited for their launches and
+  // the step measures the host, which the simulator prices apart (eager_launch_ns per kernel).
+  // The first kernels may still wait for the host (the GPU starts as the loop does); that is a
+  // few microseconds per step, a few ns per node.
+  void eager_gap_sample(const GridPoint& p, int ctx) {
+    if (p.step_eager_ns <= 0 || p.eager_host_ns >= p.step_eager_ns) return;
+    gap_sample(p, ctx, p.step_eager_ns, "eager");
   }
 
   // The PDL node gap that makes Σ kernels + nodes · gap reproduce the measured PDL step, given
   // the graph step and gap: g_pdl = g + (T_pdl − T_graph) / nodes (step_kernels' node count).
-  void pdl_gap_sample(const GridPoint& p, int ctx) {
+  void pdl_gap_sample(const GridPoint& p, int ctx) { gap_sample(p, ctx, p.step_pdl_ns, "pdl"); }
+
+  // One node_gap sample of `mode` from its step time against the graph step's.
+  void gap_sample(const GridPoint& p, int ctx, double step_ns, const char* mode) {
     StepKernels sk;
     calibration_step_kernels(label_, decode_shape(p.batch, 1, p.ctx_sum), sk);
     const double nodes = double(sk.node_count());
     CalibrationSample x =
-        sample("node_gap", std::max(0.0, gap_ns_ + (p.step_pdl_ns - p.step_graph_ns) / nodes));
-    x.mode = "pdl";
+        sample("node_gap", std::max(0.0, gap_ns_ + (step_ns - p.step_graph_ns) / nodes));
+    x.mode = mode;
     x.model = label_;
     x.batch = p.batch;
     x.ctx_tokens = ctx;

@@ -104,30 +104,34 @@ Eigen::VectorXd nnls(const Eigen::MatrixXd& a, const Eigen::VectorXd& b) {
 
 namespace {
 
-// Weighted NNLS of t = c0 + c1·bytes + c2·flops over `s` (>= 1 sample): rows weighted by
-// 1 / measured time, columns scaled to unit maximum.
-// With `fixed_base` >= 0 the base is held at that value and only the byte and FLOP terms are
-// fitted (to t − base, still weighted by 1 / t).
-Eigen::Vector3d fit_coefficients(const std::vector<const KernelSample*>& s,
-                                 double fixed_base = -1) {
+// Weighted NNLS of t = c0 + c1·bytes + c2·flops + c3·requests over `s` (>= 1 sample): rows
+// weighted by 1 / measured time, columns scaled to unit maximum (a column of zeros, requests
+// outside attention, stays at 0; `requests` false holds c3 at 0).
+// With `fixed_base` >= 0 the base is held at that value and only the other terms are fitted
+// (to t − base, still weighted by 1 / t).
+Eigen::Vector4d fit_coefficients(const std::vector<const KernelSample*>& s, double fixed_base = -1,
+                                 bool requests = true) {
   const Eigen::Index m = Eigen::Index(s.size());
   const bool fixed = fixed_base >= 0;
   const int first = fixed ? 1 : 0;
-  const int n = 3 - first;
-  Eigen::MatrixXd a(m, 3);
-  for (Eigen::Index i = 0; i < m; ++i) a.row(i) << 1.0, s[size_t(i)]->bytes, s[size_t(i)]->flops;
-  Eigen::Vector3d scale = a.cwiseAbs().colwise().maxCoeff().transpose();
-  for (int j = 0; j < 3; ++j) scale(j) = scale(j) > 0 ? scale(j) : 1;
+  const int n = 4 - first;
+  Eigen::MatrixXd a(m, 4);
+  for (Eigen::Index i = 0; i < m; ++i) {
+    const KernelSample& k = *s[size_t(i)];
+    a.row(i) << 1.0, k.bytes, k.flops, requests ? k.requests : 0.0;
+  }
+  Eigen::Vector4d scale = a.cwiseAbs().colwise().maxCoeff().transpose();
+  for (int j = 0; j < 4; ++j) scale(j) = scale(j) > 0 ? scale(j) : 1;
   Eigen::MatrixXd aw(m, n);
   Eigen::VectorXd bw(m);
   for (Eigen::Index i = 0; i < m; ++i) {
-    for (int j = first; j < 3; ++j) aw(i, j - first) = a(i, j) / scale(j) / s[size_t(i)]->ns;
+    for (int j = first; j < 4; ++j) aw(i, j - first) = a(i, j) / scale(j) / s[size_t(i)]->ns;
     bw(i) = fixed ? 1.0 - fixed_base / s[size_t(i)]->ns : 1.0;  // measured ns · weight = 1
   }
   const Eigen::VectorXd x = nnls(aw, bw);
-  Eigen::Vector3d c;
+  Eigen::Vector4d c;
   c(0) = fixed ? fixed_base : x(0) / scale(0);
-  for (int j = 1; j < 3; ++j) c(j) = x(j - first) / scale(j);
+  for (int j = 1; j < 4; ++j) c(j) = x(j - first) / scale(j);
   return c;
 }
 
@@ -161,26 +165,31 @@ KernelFit fit_regimes(std::span<const KernelSample> samples, KernelClass cls,
   if (all.size() < 3) return fit;
   fit.fitted = true;
   const bool split = narrow.size() >= 3 && wide.size() >= 3;
-  const Eigen::Vector3d c = fit_coefficients(split ? narrow : all, base_ns);
+  const Eigen::Vector4d c = fit_coefficients(split ? narrow : all, base_ns);
   fit.base_ns = c(0);
   fit.ns_per_byte = c(1);
   fit.ns_per_flop = c(2);
-  Eigen::Vector3d cw = c;
+  fit.ns_per_request = c(3);
+  Eigen::Vector4d cw = c;
   if (split) {
-    cw = fit_coefficients(wide, wide_base_ns);
+    // No per-request term above the split: long attention is bound by its waves of blocks
+    // (Llama-3-8B: 8 requests x 8233 tokens, 270 MB, 85.2 us; 32 x 2092 tokens, 275 MB, 79.1 us),
+    // where more requests can cost less.
+    cw = fit_coefficients(wide, wide_base_ns, /*requests=*/false);
     fit.split_intensity = split_intensity;
     fit.split_bytes = split_intensity > 0 ? 0 : split_bytes;
     fit.wide_base_ns = cw(0);
     fit.wide_ns_per_byte = cw(1);
     fit.wide_ns_per_flop = cw(2);
+    fit.wide_ns_per_request = cw(3);
   }
   double mean = 0;
   for (const KernelSample* k : all) mean += k->ns;
   mean /= double(all.size());
   double ss_res = 0, ss_tot = 0, ss_rel = 0;
   for (const KernelSample* k : all) {
-    const Eigen::Vector3d& cc = split && is_wide(*k) ? cw : c;
-    const double f = cc(0) + cc(1) * k->bytes + cc(2) * k->flops;
+    const Eigen::Vector4d& cc = split && is_wide(*k) ? cw : c;
+    const double f = cc(0) + cc(1) * k->bytes + cc(2) * k->flops + cc(3) * k->requests;
     ss_res += (k->ns - f) * (k->ns - f);
     ss_tot += (k->ns - mean) * (k->ns - mean);
     ss_rel += (f - k->ns) * (f - k->ns) / (k->ns * k->ns);
@@ -310,8 +319,10 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
       const double ns = step_ns - it->second - double(sk.node_count()) * graph_gap_ns;
       if (ns > 0) {
         const KernelDesc& k = *missing.front();
-        out.push_back(
-            {k.name, model, {k.cls, double(k.bytes_read + k.bytes_written), double(k.flops), ns}});
+        out.push_back({k.name,
+                       model,
+                       batch,
+                       {k.cls, double(k.bytes_read + k.bytes_written), double(k.flops), ns}});
       }
     }
   }
@@ -371,7 +382,18 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
       throw Error("calibration sample has unknown kind '" + s.kind + "'");
     }
     if (s.kind == "kernel") {
-      kernels.push_back({class_by_name(s.cls), double(s.bytes), double(s.flops), s.value_ns});
+      // Decode attention (kernels/attention.h) streams the KV cache in blocks per (split, KV
+      // head, request), a request's query heads of one KV head padded into one 16-row MMA tile:
+      // its work per cached token does not grow with the query heads, so it gets no FLOP term
+      // (a FLOP term fitted on one GQA ratio priced Llama-3.2-3B's 24 heads a quarter below
+      // Llama-3-8B's 32 at equal bytes). It gets a term per request instead: at equal bytes more
+      // requests mean more blocks and more splits to combine (Llama-3-8B in situ, H200: 32
+      // requests x 172 tokens, 23 MB, 22.4 us; 4 x 2085 tokens, 34 MB, 18.6 us), which bytes and
+      // FLOPs (both proportional to the summed context) cannot tell apart.
+      const KernelClass cls = class_by_name(s.cls);
+      const bool attn = cls == KernelClass::kAttention;
+      kernels.push_back({cls, double(s.bytes), attn ? 0.0 : double(s.flops), s.value_ns,
+                         attn ? double(s.batch) : 0.0});
       kernel_names.push_back(s.name);
       kernel_models.push_back(s.model);
     }
@@ -431,19 +453,33 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     }
     if (f.fitted) p.hw.kernel_fits[size_t(c)] = f;
   }
-  // Per kernel name: that name's samples alone. Where its bytes span less than 2x (a projection
-  // of one model: the weights dominate) the base is held at its class fit's, so that another
-  // shape scales by bytes and FLOPs; otherwise all three are fitted. Not fitted where the class
-  // has no fit.
+  // Per kernel name: that name's samples alone. Where a regime's bytes span less than 2x (a
+  // projection of one model: the weights dominate) its base is held at the class fit's for that
+  // regime, so that another shape scales by bytes and FLOPs; otherwise all three are fitted.
+  // Regime by regime: rows above 16 were measured on one model only (the narrow grids of the
+  // other sessions stop at 16), and a wide base fitted to one weight size absorbs the weights
+  // (gate_up_proj: base 59 us, 0 ns/byte), pricing every other shape like that one.
+  // Not fitted where the class has no fit.
   auto fit_name = [&](std::span<const KernelSample> v) {
     const KernelClass cls = v.front().cls;
     const KernelFit& cf = p.hw.kernel_fits[size_t(cls)];
     if (!cf.fitted) return KernelFit{};
     if (min_distinct_of(cls) > 0) return fit_kernel_class_split_bytes(v, cls, min_distinct_of(cls));
-    const bool hold = !bytes_vary(v);
-    return fit_kernel_class_with_base(
-        v, cls, split_of(cls), hold ? cf.base_ns : -1,
-        hold ? (cf.split_intensity > 0 ? cf.wide_base_ns : cf.base_ns) : -1);
+    const double split = split_of(cls);
+    std::vector<KernelSample> narrow, wide;
+    for (const KernelSample& k : v) {
+      (split > 0 && k.flops > split * k.bytes ? wide : narrow).push_back(k);
+    }
+    // One regime (no split, or fewer than 3 samples on a side): the whole set decides.
+    if (narrow.size() < 3 || wide.size() < 3) {
+      const bool hold = !bytes_vary(v);
+      return fit_kernel_class_with_base(
+          v, cls, split, hold ? cf.base_ns : -1,
+          hold ? (cf.split_intensity > 0 ? cf.wide_base_ns : cf.base_ns) : -1);
+    }
+    const double wide_base = cf.split_intensity > 0 ? cf.wide_base_ns : cf.base_ns;
+    return fit_kernel_class_with_base(v, cls, split, bytes_vary(narrow) ? -1 : cf.base_ns,
+                                      bytes_vary(wide) ? -1 : wide_base);
   };
   for (const auto& [name, v] : by_name) {
     if (const KernelFit f = fit_name(v); f.fitted) p.hw.kernel_name_fits.emplace_back(name, f);
@@ -462,15 +498,15 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   // experts on the rank), a relative-error fit of the raw samples lands below their mean.
   // Each sample keeps its place (the regime split counts samples) with its shape's mean time.
   auto mean_by_shape = [](std::span<const KernelSample> v) {
-    std::map<std::pair<double, double>, std::pair<double, int>> sum;
+    std::map<std::tuple<double, double, double>, std::pair<double, int>> sum;
     for (const KernelSample& k : v) {
-      auto& [ns, n] = sum[{k.bytes, k.flops}];
+      auto& [ns, n] = sum[{k.bytes, k.flops, k.requests}];
       ns += k.ns;
       ++n;
     }
     std::vector<KernelSample> out(v.begin(), v.end());
     for (KernelSample& k : out) {
-      const auto& [ns, n] = sum[{k.bytes, k.flops}];
+      const auto& [ns, n] = sum[{k.bytes, k.flops, k.requests}];
       k.ns = ns / n;
     }
     return out;
@@ -498,6 +534,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   };
   set_median("node_gap", "graph", &p.hw.graph_node_gap_ns);
   set_median("node_gap", "pdl", &p.hw.pdl_node_gap_ns);
+  set_median("node_gap", "eager", &p.hw.eager_node_gap_ns);
   set_median("eager_launch", nullptr, &p.hw.eager_launch_ns);
   set_median("event_sync", nullptr, &p.hw.host_wake_ns);
   if (const std::vector<double> v = values(samples, "node_gap", "pdl_empty"); !v.empty()) {
@@ -593,21 +630,30 @@ std::string calibration_report(const CalibrationProfile& p) {
   std::snprintf(line, sizeof line, "%-14s %8s %10s %12s %14s %16s\n", "kernel_class", "samples",
                 "r2", "max_rel_err", "base_ns", "ns_per_byte");
   out += line;
+  // " ns/request R" where a fit has a per-request term.
+  auto per_request = [&](double ns) {
+    if (ns <= 0) return std::string("\n");
+    std::snprintf(line, sizeof line, ", %.4g ns/request\n", ns);
+    return std::string(line);
+  };
   auto fit_lines = [&](const std::string& key, const KernelFit& f) {
-    std::snprintf(line, sizeof line, "%-14s %8lld %10.5f %12.4f %14.1f %16.6g  ns/flop %.4g\n",
+    std::snprintf(line, sizeof line, "%-14s %8lld %10.5f %12.4f %14.1f %16.6g  ns/flop %.4g",
                   key.c_str(), static_cast<long long>(f.samples), f.r2, f.max_rel_err, f.base_ns,
                   f.ns_per_byte, f.ns_per_flop);
     out += line;
+    out += per_request(f.ns_per_request);
     if (f.split_intensity > 0) {
       std::snprintf(line, sizeof line,
-                    "%-14s above %.1f flops/byte: base %.1f ns, %.6g ns/byte, %.4g ns/flop\n", "",
+                    "%-14s above %.1f flops/byte: base %.1f ns, %.6g ns/byte, %.4g ns/flop", "",
                     f.split_intensity, f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop);
       out += line;
+      out += per_request(f.wide_ns_per_request);
     } else if (f.split_bytes > 0) {
       std::snprintf(line, sizeof line,
-                    "%-14s above %.4g bytes: base %.1f ns, %.6g ns/byte, %.4g ns/flop\n", "",
+                    "%-14s above %.4g bytes: base %.1f ns, %.6g ns/byte, %.4g ns/flop", "",
                     f.split_bytes, f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop);
       out += line;
+      out += per_request(f.wide_ns_per_request);
     }
   };
   for (int c = 0; c < int(KernelClass::kCount); ++c) {
@@ -629,12 +675,20 @@ std::string calibration_report(const CalibrationProfile& p) {
                     m.model.c_str(), name.c_str(), static_cast<long long>(f.samples), f.r2,
                     f.max_rel_err, f.base_ns, f.ns_per_byte, f.ns_per_flop);
       out += line;
+      if (f.ns_per_request > 0) {
+        std::snprintf(line, sizeof line, " %.4g/req", f.ns_per_request);
+        out += line;
+      }
       if (f.split_intensity > 0 || f.split_bytes > 0) {
         std::snprintf(line, sizeof line, " | above %.4g %s: %.1f %.5g %.4g",
                       f.split_intensity > 0 ? f.split_intensity : f.split_bytes,
                       f.split_intensity > 0 ? "flops/byte" : "bytes", f.wide_base_ns,
                       f.wide_ns_per_byte, f.wide_ns_per_flop);
         out += line;
+        if (f.wide_ns_per_request > 0) {
+          std::snprintf(line, sizeof line, " %.4g/req", f.wide_ns_per_request);
+          out += line;
+        }
       }
       out += "\n";
     }
@@ -647,12 +701,12 @@ std::string calibration_report(const CalibrationProfile& p) {
   std::snprintf(
       line, sizeof line,
       "figures: eager_launch %lld ns, graph_launch %lld ns, node gap %lld ns (graph) "
-      "%lld ns (pdl), d2h %lld ns + %.2f GB/s, host wake %lld ns, stream read %.3f "
-      "TB/s, kernel floor %lld ns\n",
+      "%lld ns (pdl) %lld ns (eager), d2h %lld ns + %.2f GB/s, host wake %lld ns, stream read "
+      "%.3f TB/s, kernel floor %lld ns\n",
       static_cast<long long>(p.hw.eager_launch_ns), static_cast<long long>(p.hw.graph_launch_ns),
       static_cast<long long>(p.hw.graph_node_gap_ns), static_cast<long long>(p.hw.pdl_node_gap_ns),
-      static_cast<long long>(p.hw.d2h_latency_ns), p.hw.d2h_gbps,
-      static_cast<long long>(p.hw.host_wake_ns), p.hw.stream_read_tbps,
+      static_cast<long long>(p.hw.eager_node_gap_ns), static_cast<long long>(p.hw.d2h_latency_ns),
+      p.hw.d2h_gbps, static_cast<long long>(p.hw.host_wake_ns), p.hw.stream_read_tbps,
       static_cast<long long>(p.hw.kernel_floor_ns));
   out += line;
   for (const auto& [op, d] : p.host_ops) {

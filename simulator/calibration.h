@@ -1,7 +1,7 @@
 // Fitting calibration samples (policies/calibration_profile.h) into a calibrated profile:
-// per kernel class t_ns = base_ns + ns_per_byte · bytes + ns_per_flop · flops by non-negative
-// least squares, and the launch, gap, copy and wake figures from their samples
-// (docs/calibration.md). CPU only.
+// per kernel class t_ns = base_ns + ns_per_byte · bytes + ns_per_flop · flops (+ ns_per_request
+// · requests where samples carry requests) by non-negative least squares, and the launch, gap, copy
+// and wake figures from their samples (docs/calibration.md). CPU only.
 #pragma once
 
 #include <Eigen/Dense>
@@ -24,14 +24,16 @@ struct KernelSample {
   KernelClass cls;
   double bytes;  // read + written
   double flops;
-  double ns;  // measured, > 0
+  double ns;            // measured, > 0
+  double requests = 0;  // requests served (attention; 0 elsewhere: no per-request term)
 };
 
 // The fit of one class's samples (those of other classes are ignored). Rows are weighted by
 // 1 / measured time, so the fit minimises relative error (kernels of one class span 1 µs to
 // 1 ms); columns are scaled to unit maximum before solving. Needs >= 3 samples, else the result
 // is not `fitted`. With split_intensity > 0 and >= 3 samples on each side of flops / bytes =
-// split_intensity, each side gets its own coefficients (KernelFit::wide_*). r2 is computed on
+// split_intensity, each side gets its own coefficients (KernelFit::wide_*). Samples with
+// requests > 0 (attention) get a per-request term below the split only. r2 is computed on
 // unweighted times.
 KernelFit fit_kernel_class(std::span<const KernelSample> samples, KernelClass cls,
                            double split_intensity = 0);
@@ -72,6 +74,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
 struct ResidualSample {
   std::string name;
   std::string model;  // the grid point's calibration model label
+  int64_t batch = 0;  // the grid point's decode batch
   KernelSample sample;
 };
 std::vector<ResidualSample> residual_kernel_samples(const std::vector<CalibrationSample>& samples,

@@ -19,9 +19,17 @@ CostModel::CostModel(const HardwareSpec& hw, const std::string& model)
       p2p_alpha_ns_(hw.p2p_alpha_ns) {
   static_assert(size_t(KernelClass::kCount) <= kKernelFitSlots);
   auto linear = [](const KernelFit& f) {
-    return LinearFit{true,           f.base_ns,          f.ns_per_byte,
-                     f.ns_per_flop,  f.split_intensity,  f.split_bytes,
-                     f.wide_base_ns, f.wide_ns_per_byte, f.wide_ns_per_flop};
+    return LinearFit{true,
+                     f.base_ns,
+                     f.ns_per_byte,
+                     f.ns_per_flop,
+                     f.ns_per_request,
+                     f.split_intensity,
+                     f.split_bytes,
+                     f.wide_base_ns,
+                     f.wide_ns_per_byte,
+                     f.wide_ns_per_flop,
+                     f.wide_ns_per_request};
   };
   for (size_t c = 0; c < fits_.size(); ++c) {
     const KernelFit& f = hw.kernel_fits[c];
@@ -87,10 +95,13 @@ double CostModel::interpolate(const CollectiveCurve& c, double bytes) {
 double CostModel::price(const LinearFit& f, const KernelDesc& k) {
   const double bytes = double(k.bytes_read + k.bytes_written);
   const double flops = double(k.flops);
+  const double requests = double(k.requests);
   const bool wide = (f.split_intensity > 0 && flops > f.split_intensity * bytes) ||
                     (f.split_bytes > 0 && bytes > f.split_bytes);
-  return wide ? f.wide_base_ns + bytes * f.wide_ns_per_byte + flops * f.wide_ns_per_flop
-              : f.base_ns + bytes * f.ns_per_byte + flops * f.ns_per_flop;
+  return wide ? f.wide_base_ns + bytes * f.wide_ns_per_byte + flops * f.wide_ns_per_flop +
+                    requests * f.wide_ns_per_request
+              : f.base_ns + bytes * f.ns_per_byte + flops * f.ns_per_flop +
+                    requests * f.ns_per_request;
 }
 
 int64_t CostModel::kernel_ns(const KernelDesc& k) const {

@@ -1,7 +1,7 @@
 // CostModel: kernel durations from a HardwareSpec. A kernel with a calibrated fit (from
 // `twinstep calibrate`) for the priced model and its name (HardwareSpec::kernel_model_fits),
 // else for its name pooled over the models measured (kernel_name_fits), else for its class
-// (kernel_fits) costs base + per-byte + per-flop terms;
+// (kernel_fits) costs base + per-byte + per-flop (+ per-request) terms;
 // any other class the roofline: the larger of bytes / (stream_read_tbps · mem_efficiency) and
 // flops / (bf16_tflops · flop_efficiency), at least kernel_floor_ns (a fit's base_ns is its
 // own measured floor). Rounded half up.
@@ -55,11 +55,13 @@ class CostModel {
     double base_ns = 0;
     double ns_per_byte = 0;
     double ns_per_flop = 0;
+    double ns_per_request = 0;
     double split_intensity = 0;  // > 0: flops > split · bytes uses the wide coefficients
     double split_bytes = 0;      // > 0: bytes > split_bytes uses the wide coefficients
     double wide_base_ns = 0;
     double wide_ns_per_byte = 0;
     double wide_ns_per_flop = 0;
+    double wide_ns_per_request = 0;
   };
   // A measured collective table prepared for lookup (built once, by the constructor).
   struct CollectiveCurve {

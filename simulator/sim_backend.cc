@@ -357,10 +357,10 @@ class Engine {
     const DecodeCost& c = decode_cost(m, shape.requests, q_tokens);
     GraphCost g{c.fixed_busy_ns, c.nodes, c.fixed_bytes_read};
     for (const DecodeCost::Varying& v : c.varying) {
-      const KernelDesc k{v.at_zero.name, v.at_zero.cls,
-                         v.at_zero.bytes_read + v.per_token.bytes_read * shape.ctx_tokens,
-                         v.at_zero.bytes_written + v.per_token.bytes_written * shape.ctx_tokens,
-                         v.at_zero.flops + v.per_token.flops * shape.ctx_tokens};
+      KernelDesc k = v.at_zero;  // name, class and requests
+      k.bytes_read += v.per_token.bytes_read * shape.ctx_tokens;
+      k.bytes_written += v.per_token.bytes_written * shape.ctx_tokens;
+      k.flops += v.per_token.flops * shape.ctx_tokens;
       g.busy_ns += v.repeat * cost_.kernel_ns(k);
       g.bytes_read += v.repeat * k.bytes_read;
     }
@@ -473,11 +473,18 @@ class Engine {
 
   // The GPU time between consecutive nodes of launch `g` running `w`. PDL: by model and rows
   // where the profile measured it (pdl_node_gap_for); it may be negative (an overlap of a
-  // kernel's prologue with its predecessor's tail), which shortens the launch's span.
+  // kernel's prologue with its predecessor's tail), which shortens the launch's span. Eager:
+  // between kernels already queued (eager_node_gap_ns); a kernel launched late waits for its
+  // launch besides.
   int64_t node_gap_ns(const GraphLaunch& g, const DeviceWork& w) const {
-    return g.mode == GraphMode::kCudaGraphPdl
-               ? pdl_node_gap_for(hw_, w.model == &draft_ ? pdl_draft_ : pdl_model_, w.shape.tokens)
-               : hw_.graph_node_gap_ns;
+    switch (g.mode) {
+      case GraphMode::kCudaGraphPdl:
+        return pdl_node_gap_for(hw_, w.model == &draft_ ? pdl_draft_ : pdl_model_, w.shape.tokens);
+      case GraphMode::kEager:
+        return hw_.eager_node_gap_ns;
+      default:
+        return hw_.graph_node_gap_ns;
+    }
   }
 
   // The gap before the first node after a collective: no overlap with it (at least the plain
@@ -546,7 +553,9 @@ class Engine {
             r.host_ns += hw_.eager_launch_ns;
             const int64_t ready = s.free_ns + gap_ns;
             const int64_t start = std::max({ready, r.host_ns, s.dep_ns});
-            const IdleSplit idle = split_idle(s.free_ns, start, host_begin, r.host_ns);
+            // The node gap is launch latency (launch-bound idle) like the wait for the launch.
+            const IdleSplit idle =
+                split_idle(s.free_ns, start, host_begin, std::max(r.host_ns, ready));
             sample.idle_host_ns += idle.host;
             sample.idle_launch_ns += idle.launch;
             sample.idle_dep_ns += idle.dep;

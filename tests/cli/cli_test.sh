@@ -191,6 +191,21 @@ check "and the all-reduce alpha" test "$(grep 'allreduce_alpha_ns' "$work/kept.y
 "$bin" --db "$cdb" calibrate --fit-only --collectives-from "$work/s1.yaml" --out "$work/none.yaml" >/dev/null 2>"$work/kept.err"
 check "a profile without collectives is refused" grep -q "holds no nccl.\* measurements" "$work/kept.err"
 
+# Held-out evaluation: Llama-3-8B (session 1) priced by a fit of the other three sessions, i.e.
+# by the pooled name and class fits, as a simulated run of a never-measured model would be.
+"$bin" --db "$cdb" calibrate --fit-only --sessions 2,3,4 --out "$work/lomo.yaml" \
+  --evaluate-db "$cdb" --evaluate-sessions 1 >"$work/lomo.out" 2>&1
+check "--evaluate-db evaluates after the fit" test $? -eq 0
+check "the held-out model has no fits of its own" grep -q "model llama-3-8b priced with the kernel fits of no model of its own" "$work/lomo.out"
+check "errors per kernel name over every sample" grep -Eq "^llama-3-8b +qkv_proj +832 " "$work/lomo.out"
+check "the lost lm_head from the step residuals" grep -Eq "^llama-3-8b +lm_head \(residual\) +26 " "$work/lomo.out"
+check "and the step sums per mode" grep -q "^steps llama-3-8b pdl: 26 points" "$work/lomo.out"
+"$bin" calibrate-eval --profile "$src/results/profiles/h200-calibrated.yaml" --db "$cdb" --sessions 3 --by-batch >"$work/eval.out" 2>&1
+check "calibrate-eval prices a fitted shard by its own fits" grep -q "model llama-3-8b@tp2 priced with the kernel fits of 'llama-3-8b@tp2'" "$work/eval.out"
+check "--by-batch splits the kernel errors by batch" grep -Eq "^llama-3-8b@tp2 +o_proj +16 +64 " "$work/eval.out"
+"$bin" calibrate-eval --profile h200-calibrated --db "$work/nope.db" >/dev/null 2>"$work/eval.err"
+check "calibrate-eval refuses a missing database" grep -q "nope.db does not exist" "$work/eval.err"
+
 # models / hardware list presets.
 check "models lists llama-3-8b" bash -c "'$bin' models | grep -q 'llama-3-8b .* 8.0303'"
 check "hardware lists h200" bash -c "'$bin' hardware | grep -q '^h200 '"

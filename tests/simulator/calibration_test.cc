@@ -213,6 +213,11 @@ std::vector<CalibrationSample> synthetic_session() {
     s.mode = "pdl";
     v.push_back(s);
   }
+  for (double g : {1500.0, 1700.0, 1600.0, 2500.0}) {
+    CalibrationSample s = sample("node_gap", g);
+    s.mode = "eager";
+    v.push_back(s);
+  }
   for (double e : {4100.0, 3900.0, 4000.0}) v.push_back(sample("eager_launch", e));
   for (double e : {1800.0, 2200.0, 2000.0}) v.push_back(sample("event_sync", e));
   // Graph launch host cost 3000 + 10 ns per node.
@@ -265,6 +270,7 @@ TEST(FitCalibration, FiguresFromTheirSamples) {
   EXPECT_EQ(p.hw.hbm_bytes, hardware_preset("h200").hbm_bytes);  // unmeasured: the base's
   EXPECT_EQ(p.hw.graph_node_gap_ns, 650);                        // medians
   EXPECT_EQ(p.hw.pdl_node_gap_ns, 200);
+  EXPECT_EQ(p.hw.eager_node_gap_ns, 1650);  // median of 1500, 1600, 1700, 2500
   EXPECT_EQ(p.hw.eager_launch_ns, 4000);
   EXPECT_EQ(p.hw.host_wake_ns, 2000);
   EXPECT_EQ(p.hw.graph_launch_ns, 3000 + 10 * 300);  // at the largest graph
@@ -332,6 +338,7 @@ void expect_same(const KernelFit& a, const KernelFit& b) {
   EXPECT_EQ(a.base_ns, b.base_ns);
   EXPECT_EQ(a.ns_per_byte, b.ns_per_byte);
   EXPECT_EQ(a.ns_per_flop, b.ns_per_flop);
+  EXPECT_EQ(a.ns_per_request, b.ns_per_request);
   EXPECT_EQ(a.r2, b.r2);
   EXPECT_EQ(a.max_rel_err, b.max_rel_err);
   EXPECT_EQ(a.samples, b.samples);
@@ -340,6 +347,7 @@ void expect_same(const KernelFit& a, const KernelFit& b) {
   EXPECT_EQ(a.wide_base_ns, b.wide_base_ns);
   EXPECT_EQ(a.wide_ns_per_byte, b.wide_ns_per_byte);
   EXPECT_EQ(a.wide_ns_per_flop, b.wide_ns_per_flop);
+  EXPECT_EQ(a.wide_ns_per_request, b.wide_ns_per_request);
 }
 
 TEST(CalibrationProfile, WriteThenParseRoundTrips) {
@@ -364,6 +372,7 @@ TEST(CalibrationProfile, WriteThenParseRoundTrips) {
   EXPECT_EQ(q.hw.graph_launch_ns, p.hw.graph_launch_ns);
   EXPECT_EQ(q.hw.graph_node_gap_ns, p.hw.graph_node_gap_ns);
   EXPECT_EQ(q.hw.pdl_node_gap_ns, p.hw.pdl_node_gap_ns);
+  EXPECT_EQ(q.hw.eager_node_gap_ns, 1650);
   EXPECT_EQ(q.hw.d2h_latency_ns, p.hw.d2h_latency_ns);
   EXPECT_EQ(q.hw.d2h_gbps, p.hw.d2h_gbps);
   EXPECT_EQ(q.hw.host_wake_ns, p.hw.host_wake_ns);
@@ -427,8 +436,8 @@ TEST(CalibrationProfile, BadProfilesSayWhereAndWhat) {
   EXPECT_EQ(error_of(replace(kGoodProfile, "graph_node_gap_ns", "node_gap_ns")),
             "p.yaml:11:3: unknown field 'node_gap_ns' in figures; known: stream_read_tbps, "
             "kernel_floor_ns, eager_launch_ns, graph_launch_ns, graph_node_gap_ns, "
-            "pdl_node_gap_ns, d2h_latency_ns, d2h_gbps, host_wake_ns, interconnect_gbps, "
-            "allreduce_alpha_ns, alltoall_alpha_ns, p2p_alpha_ns");
+            "pdl_node_gap_ns, eager_node_gap_ns, d2h_latency_ns, d2h_gbps, host_wake_ns, "
+            "interconnect_gbps, allreduce_alpha_ns, alltoall_alpha_ns, p2p_alpha_ns");
   EXPECT_EQ(error_of(replace(kGoodProfile, "format: 1", "format: 2")),
             "p.yaml:1:9: format 2 is not supported (this twinstep reads 1)");
   EXPECT_EQ(error_of("format: 1\nname: [x\n"), error_of("format: 1\nname: [x\n"));
@@ -677,6 +686,50 @@ TEST(KernelFit, HeldBaseRecoversTheByteAndFlopTerms) {
   EXPECT_EQ(g.ns_per_byte, h.ns_per_byte);
 }
 
+TEST(FitCalibration, AWideRegimeOfOneWeightSizeKeepsTheClassWideBase) {
+  // Narrow (<= 16 rows): t = 3000 + 2.5e-4·bytes + 1e-6·flops; wide: t = 4000 + 2.4e-4·bytes.
+  // o_proj is measured wide at three weight sizes, gate_up_proj at one (40 MB: a single model's
+  // projection above 16 rows), narrow at two sizes 4x apart. Its wide base cannot be told from its
+  // byte term, so it is held at the class's wide base (4000, recovered from o_proj's sizes and
+  // gate_up_proj's) and its byte term comes out exact: a 20 MB projection costs
+  // 4000 + 2.4e-4 · 20e6 = 8800 ns, where a base fitted to 40 MB alone would price it like 40 MB.
+  std::vector<CalibrationSample> v;
+  auto add = [&](const char* name, double bytes, double rows) {
+    const double flops = rows * bytes;
+    const double ns = rows > 16 ? 4000 + 2.4e-4 * bytes : 3000 + 2.5e-4 * bytes + 1e-6 * flops;
+    CalibrationSample s = sample("kernel", ns);
+    s.name = name;
+    s.cls = kernel_class_name(KernelClass::kGemm);
+    s.model = "llama-3-8b";
+    s.bytes = int64_t(bytes);
+    s.flops = int64_t(flops);
+    v.push_back(s);
+  };
+  for (const double bytes : {1e6, 2e6, 4e6}) {
+    for (const double rows : {1.0, 4.0, 32.0, 64.0}) add("o_proj", bytes, rows);
+  }
+  for (const double bytes : {10e6, 40e6}) {
+    for (const double rows : {1.0, 2.0, 4.0}) add("gate_up_proj", bytes, rows);
+  }
+  for (const double rows : {32.0, 48.0, 64.0}) add("gate_up_proj", 40e6, rows);
+  const CalibrationProfile p = fit_calibration(v, "t", "h200", kHeader);
+  const KernelFit& cls = p.hw.kernel_fits[size_t(KernelClass::kGemm)];
+  ASSERT_GT(cls.split_intensity, 0);
+  EXPECT_NEAR(cls.wide_base_ns, 4000, 1e-6);
+  const KernelFit* gate_up = nullptr;
+  for (const auto& [name, f] : p.hw.kernel_name_fits) {
+    if (name == "gate_up_proj") gate_up = &f;
+  }
+  ASSERT_NE(gate_up, nullptr);
+  EXPECT_EQ(gate_up->wide_base_ns, cls.wide_base_ns);
+  EXPECT_NEAR(gate_up->wide_ns_per_byte, 2.4e-4, 1e-12);
+  EXPECT_NEAR(gate_up->base_ns, 3000, 1e-6);  // narrow: two sizes 4x apart, all three fitted
+  const CostModel cost(p.hw);
+  EXPECT_NEAR(double(cost.kernel_ns(
+                  {"gate_up_proj", KernelClass::kGemm, 20'000'000, 0, int64_t(32 * 20e6)})),
+              8800, 1);
+}
+
 TEST(KernelFit, TwoLinesSplitByBytesRecoveredWithTheSplitBetweenThem) {
   // Below 1e7 bytes: 9000 + 3e-4·bytes; above: 15000 + 2.4e-4·bytes (eight shapes each side).
   std::vector<KernelSample> s;
@@ -845,6 +898,8 @@ TEST(CalibrationProfile, NameFitsAndPdlGapsRoundTrip) {
   p.hw.kernel_name_fits = {{"qkv_proj", f}, {"lm_head", f}, {"attention", f}};
   p.hw.kernel_name_fits[2].second.split_bytes = 3.5e7;
   p.hw.kernel_name_fits[2].second.wide_ns_per_byte = 2.4e-4;
+  p.hw.kernel_name_fits[2].second.ns_per_request = 187.25;  // written only where set
+  p.hw.kernel_name_fits[2].second.wide_ns_per_request = 12.5;
   p.hw.kernel_name_fits[1].second.split_intensity = 16.5;
   p.hw.kernel_name_fits[1].second.wide_base_ns = 4000;
   p.hw.pdl_node_gap_by_rows = {{"llama-3-8b", 1, -966}, {"llama-3-8b", 16, 9516}, {"other", 4, 0}};
@@ -865,6 +920,55 @@ TEST(CalibrationProfile, NameFitsAndPdlGapsRoundTrip) {
                    "driver: d, date: d}\npdl_node_gap_by_rows: {m: {4: 1, 2: 1}}\n",
                    "mem"),
                ConfigError);  // rows not ascending
+}
+
+TEST(AttentionFit, PerRequestTermBelowTheSplitNoFlopTermAndPricedPerRequest) {
+  // Llama-3-8B decode attention samples on two lines split by bytes: below 2e7 bytes
+  // t = 8000 + 3e-4·bytes + 200·requests, above t = 20000 + 2.2e-4·bytes (no request term: there
+  // waves of blocks decide). FLOPs are 4x the bytes with noise the fit must ignore (no FLOP term).
+  std::vector<CalibrationSample> v;
+  int i = 0;
+  for (const int64_t batch : {1, 2, 4, 8, 16, 32, 64}) {
+    for (const double bytes : {1e5, 1e6, 4e6, 1.5e7, 5e7, 2e8, 8e8, 3.2e9}) {
+      const double ns =
+          bytes < 2e7 ? 8000 + 3e-4 * bytes + 200.0 * double(batch) : 20000 + 2.2e-4 * bytes;
+      CalibrationSample s = sample("kernel", ns);
+      s.name = "attention";
+      s.cls = kernel_class_name(KernelClass::kAttention);
+      s.model = "llama-3-8b";
+      s.batch = batch;
+      s.bytes = int64_t(bytes);
+      s.flops = int64_t(bytes * (4 + 0.5 * (i++ % 3)));
+      v.push_back(s);
+    }
+  }
+  const CalibrationProfile p = fit_calibration(v, "t", "h200", kHeader);
+  const KernelFit& f = p.hw.kernel_fits[size_t(KernelClass::kAttention)];
+  ASSERT_TRUE(f.fitted);
+  EXPECT_GT(f.split_bytes, 1.5e7);
+  EXPECT_LT(f.split_bytes, 5e7);
+  EXPECT_NEAR(f.base_ns, 8000, 1e-3);
+  EXPECT_NEAR(f.ns_per_byte, 3e-4, 1e-12);
+  EXPECT_NEAR(f.ns_per_request, 200, 1e-6);
+  EXPECT_EQ(f.ns_per_flop, 0);
+  EXPECT_NEAR(f.wide_base_ns, 20000, 1e-3);
+  EXPECT_NEAR(f.wide_ns_per_byte, 2.2e-4, 1e-12);
+  EXPECT_EQ(f.wide_ns_per_request, 0);
+  EXPECT_EQ(f.wide_ns_per_flop, 0);
+  // The cost model charges the term per KernelDesc::requests, which step_kernels sets from the
+  // shape: 8 requests of 100 cached tokens each.
+  StepKernels sk;
+  step_kernels(model_preset("llama-3-8b"), decode_shape(8, 1, 800), sk);
+  const KernelDesc* attention = nullptr;
+  for (const KernelDesc& k : sk.kernels) {
+    if (std::string(k.name) == "attention") attention = &k;
+  }
+  ASSERT_NE(attention, nullptr);
+  EXPECT_EQ(attention->requests, 8);
+  const CostModel cost(p.hw);
+  const double bytes = double(attention->bytes_read + attention->bytes_written);
+  ASSERT_LT(bytes, f.split_bytes);
+  EXPECT_NEAR(double(cost.kernel_ns(*attention)), 8000 + 3e-4 * bytes + 200 * 8, 1.0);
 }
 
 TEST(CostModelFits, NameFitWinsOverTheClassFitAndOthersFallBack) {

@@ -184,6 +184,27 @@ TEST(SimBackend, EagerLaunchSlowerThanKernelsIsLaunchBound) {
   }
 }
 
+TEST(SimBackend, EagerKernelsQueuedAheadAreSeparatedByTheEagerNodeGap) {
+  // The host launches 23 kernels and one copy per step at 1 µs each (24 µs), far ahead of the
+  // 230 µs of kernels: every kernel is queued before its predecessor ends, so it starts one
+  // eager node gap (3 µs) after it; graph launches would use the 0.5 µs graph gap instead.
+  HardwareSpec hw = ideal_machine();
+  hw.eager_launch_ns = 1 * kUs;
+  hw.eager_node_gap_ns = 3 * kUs;
+  hw.graph_node_gap_ns = kUs / 2;
+  const SimRun eager =
+      simulate(HostSchedule::kRunahead, host_costs(0, 0, 0), hw, false, 200, GraphMode::kEager);
+  ASSERT_FALSE(eager.steady().empty());
+  for (const StepSample& st : eager.steady()) {
+    EXPECT_EQ(st.dur_ns, kGpuStepNs + 23 * 3 * kUs);
+    EXPECT_EQ(st.gpu_busy_ns, kGpuStepNs);  // an eager kernel's gap is launch-bound idle
+    EXPECT_EQ(st.idle_launch_ns, 23 * 3 * kUs);
+    EXPECT_EQ(st.idle_host_ns, 0);
+  }
+  for (const StepSample& st : simulate(HostSchedule::kRunahead, host_costs(0, 0, 0), hw).steady())
+    EXPECT_EQ(st.dur_ns, kGpuStepNs + 23 * kUs / 2);
+}
+
 // Plans are data: the simulator issues exactly the operation sequence the policy decided, the
 // same sequence a zero-time recording backend sees.
 class PlanLogger final : public HostProgram {

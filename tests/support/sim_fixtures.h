@@ -17,6 +17,7 @@ inline HardwareSpec ideal_machine() {
   hw.bf16_tflops = 1e12;
   hw.kernel_floor_ns = kFloorNs;
   hw.eager_launch_ns = hw.graph_launch_ns = hw.graph_node_gap_ns = hw.pdl_node_gap_ns = 0;
+  hw.eager_node_gap_ns = 0;
   hw.d2h_latency_ns = hw.host_wake_ns = 0;
   hw.d2h_gbps = 1e12;
   return hw;
