@@ -171,7 +171,7 @@ class Engine {
   // followed by a collective.
   struct Item {
     int64_t compute_ns;      // node durations before the collective
-    int64_t gap_ns;          // node gaps among them (launch-bound idle)
+    int64_t gap_ns;          // node gaps among them (inside the launch's span: GPU busy)
     int64_t ready_ns;        // eager: when the item's launch lands (0 for graphs)
     const char* name;        // for traces (node-level items only)
     const KernelDesc* coll;  // the collective ending the item, or null
@@ -542,8 +542,11 @@ class Engine {
     }
 
     // Eager: every kernel is a host launch call; the GPU cannot start a kernel before its
-    // launch reaches it.
+    // launch reaches it. Before the launch's first kernel the GPU is idle (host- or
+    // launch-bound); after it, node gaps and waits for later launch calls are inside the
+    // launch's span, busy as the real backend measures it (one event pair per launch).
     int64_t first_flow = flow;
+    bool first_kernel = true;
     for (int32_t pass = 0; pass < repeat_; ++pass) {
       for (const LayerRun& run : kernels_.runs) {
         for (int32_t rep = 0; rep < run.repeat; ++rep) {
@@ -553,12 +556,16 @@ class Engine {
             r.host_ns += hw_.eager_launch_ns;
             const int64_t ready = s.free_ns + gap_ns;
             const int64_t start = std::max({ready, r.host_ns, s.dep_ns});
-            // The node gap is launch latency (launch-bound idle) like the wait for the launch.
-            const IdleSplit idle =
-                split_idle(s.free_ns, start, host_begin, std::max(r.host_ns, ready));
-            sample.idle_host_ns += idle.host;
-            sample.idle_launch_ns += idle.launch;
-            sample.idle_dep_ns += idle.dep;
+            if (first_kernel) {
+              const IdleSplit idle =
+                  split_idle(s.free_ns, start, host_begin, std::max(r.host_ns, ready));
+              sample.idle_host_ns += idle.host;
+              sample.idle_launch_ns += idle.launch;
+              sample.idle_dep_ns += idle.dep;
+              first_kernel = false;
+            } else {
+              sample.gpu_busy_ns += start - s.free_ns;
+            }
             const int64_t dur = cost_.kernel_ns(k);
             sample.gpu_busy_ns += dur;
             if (trace) {
@@ -806,13 +813,12 @@ class Engine {
         while (is.next < is.items.size()) {
           const Item& item = is.items[is.next];
           if (!is.waiting) {
-            // The compute part: eager items wait for their launch; the gap is launch-bound.
+            // The compute part: eager items wait for their launch. Everything inside a launch's
+            // span on the GPU is busy, node gaps and waits for a late eager launch call included:
+            // what the real backend measures with one event pair per launch (docs/calibration.md,
+            // "GPU busy inside a graph").
             const int64_t begin = std::max(is.t, item.ready_ns);
-            r.sample.idle_launch_ns += begin - is.t;
-            // A graph's node gaps are part of its launch span: GPU busy (docs/calibration.md,
-            // "GPU busy inside a graph"); an eager kernel's gap is launch-bound idle.
-            (is.g->mode == GraphMode::kEager ? r.sample.idle_launch_ns : r.sample.gpu_busy_ns) +=
-                item.gap_ns;
+            r.sample.gpu_busy_ns += begin - is.t + item.gap_ns;
             r.sample.gpu_busy_ns += item.compute_ns;
             if (r.trace && item.name != nullptr && item.coll == nullptr) {
               span(int32_t(ri), Lane::kCompute, item.name, r.plan.step, begin + item.gap_ns,

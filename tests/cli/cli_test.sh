@@ -168,9 +168,9 @@ check "compare --accept-tolerance exits 3 when exceeded" test $? -eq 3
 check "compare --accept-tolerance says by how much" grep -q "mean accept length differ by up to" "$work/accept.err"
 
 # calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 calibration
-# of 583eee2: sessions 1-4, Llama-3-8B, Qwen3-30B-A3B and their TP2 shards).
+# of d6c9f62: sessions 1-4, Llama-3-8B, Qwen3-30B-A3B and their TP2 shards).
 cdb=$work/calib.db
-cp "$src/results/h200/calibration_583eee2.db" "$cdb"
+cp "$src/results/h200/calibration_d6c9f62.db" "$cdb"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 4 --out "$work/s1.yaml" >/dev/null 2>&1
 check "fit-only of session 4 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
