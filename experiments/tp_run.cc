@@ -387,8 +387,11 @@ DistributedOutcome run_experiment_tp(DistributedSession& session, const Experime
       const std::vector<std::string> timelines = gather_bytes(
           comm, send_timeline ? pack_timeline(run.record.timeline) : std::string(), stream);
       const int64_t rows = runtime::Engine::bucket_for(std::max(1, v.workload.max_concurrency));
+      // The decode all-reduce exists under tensor parallelism only (a pipeline sends instead).
+      const bool tp = v.layout.tp > 1;
       const double ar_ns =
-          runtime::time_graph_all_reduce_ns(comm, rows * v.model.hidden, 2 * 8, 20, stream);
+          tp ? runtime::time_graph_all_reduce_ns(comm, rows * v.model.hidden, 2 * 8, 20, stream)
+             : 0.0;
       if (root) {
         for (int r = 0; r < comm.size(); ++r)
           for (size_t i = 0; i < keys.size(); ++i)
@@ -413,14 +416,19 @@ DistributedOutcome run_experiment_tp(DistributedSession& session, const Experime
                              "own clock (time from its run start)");
           append_rank_timeline(run.record.timeline, spans, offset.value_or(0));
         }
-        run.metrics.push_back({"tp_all_reduce_us", ar_ns / 1e3, "us"});
-        run.metrics.push_back({"tp_all_reduce_layer_us", 2 * ar_ns / 1e3, "us"});
+        if (tp) {
+          run.metrics.push_back({"tp_all_reduce_us", ar_ns / 1e3, "us"});
+          run.metrics.push_back({"tp_all_reduce_layer_us", 2 * ar_ns / 1e3, "us"});
+        }
         db->finish_run(id, run.record, run.metrics, run.wall_s);
         out.stored.push_back({id, v.index, b});
         progress.message("real " + layout_name(v.layout) + " " + v.label + ": TPOT " +
-                         std::to_string(tpot) + " ms, all-reduce of " + std::to_string(rows) +
-                         " x " + std::to_string(v.model.hidden) + " bf16 " +
-                         std::to_string(ar_ns / 1e3) + " us (in a graph), ranks agree");
+                         std::to_string(tpot) + " ms" +
+                         (tp ? ", all-reduce of " + std::to_string(rows) + " x " +
+                                   std::to_string(v.model.hidden) + " bf16 " +
+                                   std::to_string(ar_ns / 1e3) + " us (in a graph)"
+                             : std::string()) +
+                         ", ranks agree");
       }
       ++done;
     }

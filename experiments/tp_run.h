@@ -81,9 +81,10 @@ void append_rank_timeline(std::vector<TimelineSpan>& timeline,
 // real run on all ranks together; rank 0 stores each run (db non-null on rank 0 only) with every
 // rank's timeline (above; a rank with no launch to align on keeps its own clock, with a progress
 // message) and extra metrics: per-rank GPU busy/idle and TPOT (rank<R>_gpu_busy_frac,
-// rank<R>_idle_host_frac, rank<R>_idle_launch_frac, rank<R>_tpot_ms_mean), and the NCCL all-reduce
-// of the decode message (bucket rows x hidden bf16) timed inside a captured graph after the run
-// (tp_all_reduce_us: one all-reduce; tp_all_reduce_layer_us: the two of one layer).
+// rank<R>_idle_host_frac, rank<R>_idle_launch_frac, rank<R>_tpot_ms_mean), and, under tensor
+// parallelism, the NCCL all-reduce of the decode message (bucket rows x hidden bf16) timed inside
+// a captured graph after the run (tp_all_reduce_us: one all-reduce; tp_all_reduce_layer_us: the
+// two of one layer).
 DistributedOutcome run_experiment_tp(DistributedSession& session, const Experiment& e,
                                      ResultsDb* db, Progress& progress,
                                      const std::atomic<bool>& stop);
