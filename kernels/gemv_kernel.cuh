@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/device.cuh"
+#include "kernels/gemv_split.h"
 #include "kernels/philox.h"
 #include "kernels/tuning.h"
 
@@ -836,24 +837,9 @@ void launch_gemv_regpipe(const GemvParams& p, cudaStream_t stream, bool pdl) {
 
 int num_sms();
 
-// Blocks of gemv_split_kernel resident per SM for a ring of `stages` (the same for every m, so
-// the split choice, and with it the bits of every row, never depends on m).
-inline int split_blocks_per_sm(int stages) { return stages >= 6 ? 1 : 2; }
-
-// Split count: the smallest S in {1, 2, 4} whose full rounds of clusters waste < 3% more tile
-// slots than the best (each warp keeps >= 4 chunks of K); fixed by n, k, stages and the tuning.
+// The split rule (kernels/gemv_split.h, shared with the simulator) on this device's SMs.
 inline int choose_split(int tiles, int k, int stages, int forced) {
-  if (forced > 0) return forced;
-  const int blocks = split_blocks_per_sm(stages) * num_sms();
-  auto efficiency = [&](int s) {
-    const int clusters = blocks / s;
-    const int rounds = (tiles + clusters - 1) / clusters;
-    return static_cast<double>(tiles) / (static_cast<double>(rounds) * clusters);
-  };
-  int best = 1;
-  for (const int s : {2, 4})
-    if (k / 32 / (8 * s) >= 4 && efficiency(s) > efficiency(best) + 0.03) best = s;
-  return best;
+  return gemv_choose_split(tiles, k, stages, num_sms(), forced);
 }
 
 template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
@@ -925,11 +911,7 @@ void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t st
   int stages = t.stages;
   if (stages < 0) {
     const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
-    auto efficiency = [&](int blocks) {
-      const int rounds = (tiles + blocks - 1) / blocks;
-      return static_cast<double>(tiles) / (static_cast<double>(rounds) * blocks);
-    };
-    stages = efficiency(2 * num_sms()) < 0.9 && efficiency(num_sms()) >= 0.9 ? 6 : 3;
+    stages = gemv_auto_stages(tiles, num_sms());
   }
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
   const int split = choose_split(tiles, p.k, stages, t.split);  // never depends on m

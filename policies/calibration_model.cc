@@ -83,4 +83,19 @@ std::string kernel_fit_model(const HardwareSpec& hw, const std::string& model, i
   });
 }
 
+std::map<std::string, std::pair<int32_t, int32_t>> calibration_gemv_shapes(
+    const std::string& label) {
+  std::map<std::string, std::pair<int32_t, int32_t>> shapes;
+  StepKernels sk;
+  try {
+    calibration_step_kernels(label, decode_shape(1, 1, 0), sk);
+  } catch (const ConfigError&) {
+    return shapes;
+  }
+  for (const KernelDesc& k : sk.kernels) {
+    if (k.cls == KernelClass::kGemm && k.gemv_n > 0) shapes[k.name] = {k.gemv_n, k.gemv_k};
+  }
+  return shapes;
+}
+
 }  // namespace twinstep

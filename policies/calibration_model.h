@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 
 #include "policies/hardware_spec.h"
 #include "policies/layout.h"
@@ -30,6 +32,12 @@ LayoutSpec calibration_layout(const ModelSpec& model, int32_t tp);
 // The step kernels of the calibration grid point of `label` as the in-situ calibration ran them
 // on one GPU: rank 0's kernels with the collectives left out (the whole step when tp is 1).
 void calibration_step_kernels(const std::string& label, const StepShape& shape, StepKernels& out);
+
+// The GEMV weight shapes (KernelDesc::gemv_n, gemv_k) of `label`'s projections by kernel name,
+// from its calibration step kernels: what a stored kernel sample (name, bytes, FLOPs) lacks for
+// gemv_split_rows(). Empty for a label that parse_calibration_model refuses.
+std::map<std::string, std::pair<int32_t, int32_t>> calibration_gemv_shapes(
+    const std::string& label);
 
 // The key of HardwareSpec::pdl_node_gap_by_rows a rank of a `tp`-wide stage prices `model` with:
 // the shard's label where the profile measured that shard, else the model's name.

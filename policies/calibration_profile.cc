@@ -194,9 +194,9 @@ Distribution read_distribution(Reader& r, const YAML::Node& n, const std::string
 KernelFit read_fit(Reader& r, const YAML::Node& node, const std::string& what) {
   const auto m =
       r.mapping(node, what,
-                {"base_ns", "ns_per_byte", "ns_per_flop", "ns_per_request", "r2", "max_rel_err",
-                 "samples", "split_intensity", "split_bytes", "wide_base_ns", "wide_ns_per_byte",
-                 "wide_ns_per_flop", "wide_ns_per_request"});
+                {"base_ns", "ns_per_byte", "ns_per_flop", "ns_per_request", "ns_per_split_row",
+                 "r2", "max_rel_err", "samples", "split_intensity", "split_bytes", "wide_base_ns",
+                 "wide_ns_per_byte", "wide_ns_per_flop", "wide_ns_per_request"});
   // Optional coefficients (absent: 0), so profiles written before them still load.
   auto optional = [&](const char* field, double hi) {
     const YAML::Node* n = Reader::find(m, field);
@@ -211,6 +211,7 @@ KernelFit read_fit(Reader& r, const YAML::Node& node, const std::string& what) {
   fit.ns_per_byte = coefficient("ns_per_byte", 1e6);
   fit.ns_per_flop = coefficient("ns_per_flop", 1e6);
   fit.ns_per_request = optional("ns_per_request", 1e9);
+  fit.ns_per_split_row = optional("ns_per_split_row", 1e9);
   fit.r2 = r.number(r.require(m, node, "r2", what), what + ".r2", -1e300, false, 1);
   fit.max_rel_err = coefficient("max_rel_err", std::numeric_limits<double>::max());
   fit.samples =
@@ -469,6 +470,7 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
     o << lead << key << ": {base_ns: " << num(f.base_ns) << ", ns_per_byte: " << num(f.ns_per_byte)
       << ", ns_per_flop: " << num(f.ns_per_flop);
     if (f.ns_per_request > 0) o << ", ns_per_request: " << num(f.ns_per_request);
+    if (f.ns_per_split_row > 0) o << ", ns_per_split_row: " << num(f.ns_per_split_row);
     o << ", r2: " << num(f.r2) << ", max_rel_err: " << num(f.max_rel_err)
       << ", samples: " << f.samples;
     if (f.split_intensity > 0 || f.split_bytes > 0) {

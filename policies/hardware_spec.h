@@ -24,7 +24,10 @@ struct KernelFit {
   double base_ns = 0;
   double ns_per_byte = 0;
   double ns_per_flop = 0;
-  double ns_per_request = 0;   // per request the kernel serves (KernelDesc::requests)
+  double ns_per_request = 0;  // per request the kernel serves (KernelDesc::requests)
+  // Per GEMV row per extra split CTA, gemv_split_rows() (policies/step_kernels.h): kGemm, below
+  // the split only; 0 when absent.
+  double ns_per_split_row = 0;
   double split_intensity = 0;  // flops per byte; 0: one regime
   // Bytes (read + written); > 0: kernels moving more use the wide_* coefficients (attention:
   // small kernels are latency-bound, large ones stream at a higher marginal bandwidth). At most

@@ -1,5 +1,7 @@
 #include "policies/step_kernels.h"
 
+#include "kernels/gemv_split.h"
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -54,6 +56,8 @@ struct Emitter {
   void gemm(const char* name, int64_t k, int64_t n) {
     add(name, KernelClass::kGemm, wgt(k * n) + own.tokens * k * kActBytes,
         own.tokens * n * kActBytes, 2 * own.tokens * k * n);
+    out.kernels.back().gemv_n = static_cast<int32_t>(n);
+    out.kernels.back().gemv_k = static_cast<int32_t>(k);
   }
   void norm(const char* name, int64_t width, bool residual) {
     const int64_t rw = residual ? 2 : 1;
@@ -375,6 +379,14 @@ bool same_layer(const LayerSpec& a, const LayerSpec& b) {
 }
 
 }  // namespace
+
+double gemv_split_rows(const KernelDesc& k, int32_t sms) {
+  if (k.cls != KernelClass::kGemm || k.gemv_n <= 0 || k.gemv_k <= 0 || sms <= 0) return 0;
+  const double rows = double(k.flops) / (2.0 * k.gemv_n * double(k.gemv_k));
+  if (rows <= 0 || rows > 16.5) return 0;
+  const int split = kernels::gemv_default_split(k.gemv_n, k.gemv_k, sms);
+  return split > 1 ? (rows - 1) * (split - 1) : 0.0;
+}
 
 const char* kernel_class_name(KernelClass c) {
   switch (c) {

@@ -51,7 +51,21 @@ struct KernelDesc {
   // Requests of the rank's own shape the kernel serves (0: not set). Fixed for a decode shape, so
   // prices stay affine in the cached context; calibrated attention pays a cost per request.
   int32_t requests = 0;
+  // kGemm: the projection's weight shape, output rows × input columns (one rank's shard; 0: not
+  // set). With the row count flops / (2·n·k) it gives the split-K the runtime's GEMV picks
+  // (kernels/gemv_split.h), whose cost per row grows with the split (CostModel).
+  int32_t gemv_n = 0;
+  int32_t gemv_k = 0;
 };
+
+// The split-K regressor of a kGemm kernel: (rows − 1) · (S − 1), S the split the runtime's GEMV
+// picks for the kernel's weight shape on `sms` SMs (kernels/gemv_split.h) and rows = flops /
+// (2·n·k), where rows <= 16 (kGemvMaxRows: more rows go to cuBLAS); 0 for any other kernel, a
+// GEMV without its shape (gemv_n, gemv_k unset) or sms <= 0. The GEMV's cost per added row grows
+// with S, not with bytes or FLOPs (in situ, H200: ~0.04-0.17 us per row at S = 1, 0.29-0.35 at
+// S = 2, 0.67-0.82 at S = 4); the first row's cost stays with the base and byte terms (counting
+// it too priced Llama-3.2-3B's batch-1 TPOT 1.2 points further above the real runs).
+double gemv_split_rows(const KernelDesc& k, int32_t sms);
 
 // What a step computes. attn_pairs is the number of (query, key) pairs summed over every
 // request: Σ_i [q_i·ctx_i + q_i(q_i+1)/2] for q_i new tokens after ctx_i cached tokens.

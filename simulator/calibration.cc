@@ -109,29 +109,37 @@ namespace {
 // outside attention, stays at 0; `requests` false holds c3 at 0).
 // With `fixed_base` >= 0 the base is held at that value and only the other terms are fitted
 // (to t − base, still weighted by 1 / t).
-Eigen::Vector4d fit_coefficients(const std::vector<const KernelSample*>& s, double fixed_base = -1,
-                                 bool requests = true) {
+// A fifth coefficient, c4 · split_rows (the GEMV's per-split-row cost), is fitted likewise, or
+// held at `split_row_ns` when that is >= 0 (subtracted from t like a held base).
+using Coefficients = Eigen::Matrix<double, 5, 1>;
+Coefficients fit_coefficients(const std::vector<const KernelSample*>& s, double fixed_base = -1,
+                              bool requests = true, double split_row_ns = -1) {
   const Eigen::Index m = Eigen::Index(s.size());
   const bool fixed = fixed_base >= 0;
+  const bool held = split_row_ns >= 0;
   const int first = fixed ? 1 : 0;
-  const int n = 4 - first;
-  Eigen::MatrixXd a(m, 4);
+  const int last = held ? 4 : 5;  // columns [first, last) are fitted
+  const int n = last - first;
+  Eigen::MatrixXd a(m, 5);
   for (Eigen::Index i = 0; i < m; ++i) {
     const KernelSample& k = *s[size_t(i)];
-    a.row(i) << 1.0, k.bytes, k.flops, requests ? k.requests : 0.0;
+    a.row(i) << 1.0, k.bytes, k.flops, requests ? k.requests : 0.0, k.split_rows;
   }
-  Eigen::Vector4d scale = a.cwiseAbs().colwise().maxCoeff().transpose();
-  for (int j = 0; j < 4; ++j) scale(j) = scale(j) > 0 ? scale(j) : 1;
+  Coefficients scale = a.cwiseAbs().colwise().maxCoeff().transpose();
+  for (int j = 0; j < 5; ++j) scale(j) = scale(j) > 0 ? scale(j) : 1;
   Eigen::MatrixXd aw(m, n);
   Eigen::VectorXd bw(m);
   for (Eigen::Index i = 0; i < m; ++i) {
-    for (int j = first; j < 4; ++j) aw(i, j - first) = a(i, j) / scale(j) / s[size_t(i)]->ns;
-    bw(i) = fixed ? 1.0 - fixed_base / s[size_t(i)]->ns : 1.0;  // measured ns · weight = 1
+    const KernelSample& k = *s[size_t(i)];
+    for (int j = first; j < last; ++j) aw(i, j - first) = a(i, j) / scale(j) / k.ns;
+    const double offset = (fixed ? fixed_base : 0.0) + (held ? split_row_ns * k.split_rows : 0.0);
+    bw(i) = 1.0 - offset / k.ns;  // measured ns · weight = 1
   }
   const Eigen::VectorXd x = nnls(aw, bw);
-  Eigen::Vector4d c;
+  Coefficients c;
   c(0) = fixed ? fixed_base : x(0) / scale(0);
   for (int j = 1; j < 4; ++j) c(j) = x(j - first) / scale(j);
+  c(4) = held ? split_row_ns : x(4 - first) / scale(4);
   return c;
 }
 
@@ -149,7 +157,7 @@ namespace {
 // error over the class's samples in *msre when given.
 KernelFit fit_regimes(std::span<const KernelSample> samples, KernelClass cls,
                       double split_intensity, double split_bytes, double base_ns,
-                      double wide_base_ns, double* msre = nullptr) {
+                      double wide_base_ns, double* msre = nullptr, double split_row_ns = -1) {
   auto is_wide = [&](const KernelSample& k) {
     return (split_intensity > 0 && k.flops > split_intensity * k.bytes) ||
            (split_bytes > 0 && k.bytes > split_bytes);
@@ -165,17 +173,18 @@ KernelFit fit_regimes(std::span<const KernelSample> samples, KernelClass cls,
   if (all.size() < 3) return fit;
   fit.fitted = true;
   const bool split = narrow.size() >= 3 && wide.size() >= 3;
-  const Eigen::Vector4d c = fit_coefficients(split ? narrow : all, base_ns);
+  const Coefficients c = fit_coefficients(split ? narrow : all, base_ns, true, split_row_ns);
   fit.base_ns = c(0);
   fit.ns_per_byte = c(1);
   fit.ns_per_flop = c(2);
   fit.ns_per_request = c(3);
-  Eigen::Vector4d cw = c;
+  fit.ns_per_split_row = c(4);
+  Coefficients cw = c;
   if (split) {
     // No per-request term above the split: long attention is bound by its waves of blocks
     // (Llama-3-8B: 8 requests x 8233 tokens, 270 MB, 85.2 us; 32 x 2092 tokens, 275 MB, 79.1 us),
     // where more requests can cost less.
-    cw = fit_coefficients(wide, wide_base_ns, /*requests=*/false);
+    cw = fit_coefficients(wide, wide_base_ns, /*requests=*/false, /*split_row_ns=*/0);
     fit.split_intensity = split_intensity;
     fit.split_bytes = split_intensity > 0 ? 0 : split_bytes;
     fit.wide_base_ns = cw(0);
@@ -188,8 +197,9 @@ KernelFit fit_regimes(std::span<const KernelSample> samples, KernelClass cls,
   mean /= double(all.size());
   double ss_res = 0, ss_tot = 0, ss_rel = 0;
   for (const KernelSample* k : all) {
-    const Eigen::Vector4d& cc = split && is_wide(*k) ? cw : c;
-    const double f = cc(0) + cc(1) * k->bytes + cc(2) * k->flops + cc(3) * k->requests;
+    const Coefficients& cc = split && is_wide(*k) ? cw : c;
+    const double f =
+        cc(0) + cc(1) * k->bytes + cc(2) * k->flops + cc(3) * k->requests + cc(4) * k->split_rows;
     ss_res += (k->ns - f) * (k->ns - f);
     ss_tot += (k->ns - mean) * (k->ns - mean);
     ss_rel += (f - k->ns) * (f - k->ns) / (k->ns * k->ns);
@@ -204,8 +214,10 @@ KernelFit fit_regimes(std::span<const KernelSample> samples, KernelClass cls,
 }  // namespace
 
 KernelFit fit_kernel_class_with_base(std::span<const KernelSample> samples, KernelClass cls,
-                                     double split_intensity, double base_ns, double wide_base_ns) {
-  return fit_regimes(samples, cls, split_intensity, 0, base_ns, wide_base_ns);
+                                     double split_intensity, double base_ns, double wide_base_ns,
+                                     double split_row_ns) {
+  return fit_regimes(samples, cls, split_intensity, 0, base_ns, wide_base_ns, nullptr,
+                     split_row_ns);
 }
 
 KernelFit fit_kernel_class_split_bytes(std::span<const KernelSample> samples, KernelClass cls,
@@ -373,6 +385,22 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   p.hw.source = "calibrated profile '" + name + "' (" + header.gpu + ", " + header.date +
                 ", commit " + header.commit + ") over preset " + base;
 
+  // The GEMV weight shapes (gemv_n, gemv_k) of each model's step kernels by name, for the
+  // split-K regressor (gemv_split_rows on the base preset's SMs); none for an unknown label.
+  std::map<std::string, std::map<std::string, std::pair<int32_t, int32_t>>> gemv_shapes;
+  auto split_rows_of = [&](const CalibrationSample& s) {
+    auto it = gemv_shapes.find(s.model);
+    if (it == gemv_shapes.end())
+      it = gemv_shapes.emplace(s.model, calibration_gemv_shapes(s.model)).first;
+    const auto shape = it->second.find(s.name);
+    if (shape == it->second.end()) return 0.0;
+    KernelDesc k{};
+    k.cls = KernelClass::kGemm;
+    k.flops = s.flops;
+    k.gemv_n = shape->second.first;
+    k.gemv_k = shape->second.second;
+    return gemv_split_rows(k, p.hw.sm_count);
+  };
   std::vector<KernelSample> kernels;
   std::vector<std::string> kernel_names;   // parallel to `kernels`
   std::vector<std::string> kernel_models;  // parallel to `kernels`
@@ -393,7 +421,8 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
       const KernelClass cls = class_by_name(s.cls);
       const bool attn = cls == KernelClass::kAttention;
       kernels.push_back({cls, double(s.bytes), attn ? 0.0 : double(s.flops), s.value_ns,
-                         attn ? double(s.batch) : 0.0});
+                         attn ? double(s.batch) : 0.0,
+                         cls == KernelClass::kGemm ? split_rows_of(s) : 0.0});
       kernel_names.push_back(s.name);
       kernel_models.push_back(s.model);
     }
@@ -460,7 +489,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   // other sessions stop at 16), and a wide base fitted to one weight size absorbs the weights
   // (gate_up_proj: base 59 us, 0 ns/byte), pricing every other shape like that one.
   // Not fitted where the class has no fit.
-  auto fit_name = [&](std::span<const KernelSample> v) {
+  auto fit_name = [&](std::span<const KernelSample> v, bool hold_split_row) {
     const KernelClass cls = v.front().cls;
     const KernelFit& cf = p.hw.kernel_fits[size_t(cls)];
     if (!cf.fitted) return KernelFit{};
@@ -471,18 +500,24 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
       (split > 0 && k.flops > split * k.bytes ? wide : narrow).push_back(k);
     }
     // One regime (no split, or fewer than 3 samples on a side): the whole set decides.
+    // Pooled names: the per-split-row cost is held at the class's (only shapes of several splits
+    // tell it apart, and a name pooled over few shapes would absorb it into its bytes and FLOPs).
+    // One model's name (one split) fits it freely with the others: the column is its rows again,
+    // and holding the class's value there cost Llama-3-8B TP2's qkv_proj (S = 4) R² 0.998 → 0.75.
+    const double split_row = hold_split_row ? cf.ns_per_split_row : -1;
     if (narrow.size() < 3 || wide.size() < 3) {
       const bool hold = !bytes_vary(v);
       return fit_kernel_class_with_base(
           v, cls, split, hold ? cf.base_ns : -1,
-          hold ? (cf.split_intensity > 0 ? cf.wide_base_ns : cf.base_ns) : -1);
+          hold ? (cf.split_intensity > 0 ? cf.wide_base_ns : cf.base_ns) : -1, split_row);
     }
     const double wide_base = cf.split_intensity > 0 ? cf.wide_base_ns : cf.base_ns;
     return fit_kernel_class_with_base(v, cls, split, bytes_vary(narrow) ? -1 : cf.base_ns,
-                                      bytes_vary(wide) ? -1 : wide_base);
+                                      bytes_vary(wide) ? -1 : wide_base, split_row);
   };
   for (const auto& [name, v] : by_name) {
-    if (const KernelFit f = fit_name(v); f.fitted) p.hw.kernel_name_fits.emplace_back(name, f);
+    if (const KernelFit f = fit_name(v, true); f.fitted)
+      p.hw.kernel_name_fits.emplace_back(name, f);
   }
   // Per (model label, kernel name), where the model measured the name over enough samples and
   // shapes: the pooled line of several models' samples fits none of them (qkv_proj over
@@ -521,7 +556,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
       std::set<double> distinct;
       for (const KernelSample& k : v) distinct.insert(k.bytes);
       if (v.size() < kModelFitMinSamples || distinct.size() < kModelFitMinBytes) continue;
-      if (const KernelFit f = fit_name(mean_by_shape(v)); f.fitted)
+      if (const KernelFit f = fit_name(mean_by_shape(v), false); f.fitted)
         fits.names.emplace_back(name, f);
     }
     if (!fits.names.empty()) p.hw.kernel_model_fits.push_back(std::move(fits));

@@ -24,8 +24,9 @@ struct KernelSample {
   KernelClass cls;
   double bytes;  // read + written
   double flops;
-  double ns;            // measured, > 0
-  double requests = 0;  // requests served (attention; 0 elsewhere: no per-request term)
+  double ns;              // measured, > 0
+  double requests = 0;    // requests served (attention; 0 elsewhere: no per-request term)
+  double split_rows = 0;  // gemv_split_rows() (GEMV (rows − 1) · (split − 1); 0 elsewhere)
 };
 
 // The fit of one class's samples (those of other classes are ignored). Rows are weighted by
@@ -41,8 +42,11 @@ KernelFit fit_kernel_class(std::span<const KernelSample> samples, KernelClass cl
 // The same with the base held: base_ns for the narrow regime (or the only one), wide_base_ns for
 // the wide one; only ns_per_byte and ns_per_flop are fitted (to t − base, weighted by 1 / t). A
 // negative base means "fit it" (fit_kernel_class).
+// split_row_ns >= 0 likewise holds the per-split-row term (KernelFit::ns_per_split_row; < 0:
+// fitted with the others).
 KernelFit fit_kernel_class_with_base(std::span<const KernelSample> samples, KernelClass cls,
-                                     double split_intensity, double base_ns, double wide_base_ns);
+                                     double split_intensity, double base_ns, double wide_base_ns,
+                                     double split_row_ns = -1);
 
 // Two regimes split by bytes (KernelFit::split_bytes): every geometric midpoint between
 // consecutive distinct byte counts that leaves >= min_distinct distinct counts on each side is

@@ -61,6 +61,7 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
   };
 
   std::map<std::pair<std::string, std::string>, ErrorSum> by_name;
+  std::map<std::string, std::map<std::string, std::pair<int32_t, int32_t>>> gemv_shapes;
   std::map<std::tuple<std::string, std::string, int64_t>, ErrorSum> by_batch;
   using StepKey = std::tuple<std::string, std::string, int64_t, int64_t>;
   std::map<StepKey, std::vector<double>> steps;
@@ -76,8 +77,16 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     if (cls == KernelClass::kCount) continue;  // fit_calibration refuses these; nothing to price
     // The price depends on bytes read + written only, so the sample's total stands for both;
     // a decode grid point serves `batch` requests.
-    const KernelDesc k{s.name.c_str(),        cls, s.bytes,         0, s.flops,
-                       CollectiveKind::kNone, 0,   int32_t(s.batch)};
+    KernelDesc k{s.name.c_str(),        cls, s.bytes,         0, s.flops,
+                 CollectiveKind::kNone, 0,   int32_t(s.batch)};
+    // A projection's weight shape, for its GEMV split (gemv_split_rows).
+    auto shapes = gemv_shapes.find(s.model);
+    if (shapes == gemv_shapes.end())
+      shapes = gemv_shapes.emplace(s.model, calibration_gemv_shapes(s.model)).first;
+    if (const auto shape = shapes->second.find(s.name); shape != shapes->second.end()) {
+      k.gemv_n = shape->second.first;
+      k.gemv_k = shape->second.second;
+    }
     const double priced = double(pricing_of(s.model).cost->kernel_ns(k));
     by_name[{s.model, s.name}].add(s.value_ns, priced);
     by_batch[{s.model, s.name, s.batch}].add(s.value_ns, priced);

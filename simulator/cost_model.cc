@@ -10,6 +10,7 @@ namespace twinstep {
 CostModel::CostModel(const HardwareSpec& hw, const std::string& model)
     : ns_per_byte_(1e9 / (hw.stream_read_tbps * 1e12 * hw.mem_efficiency)),
       ns_per_flop_(1e9 / (hw.bf16_tflops * 1e12 * hw.flop_efficiency)),
+      sm_count_(hw.sm_count),
       floor_ns_(hw.kernel_floor_ns),
       d2h_latency_ns_(hw.d2h_latency_ns),
       d2h_ns_per_byte_(1e9 / (hw.d2h_gbps * 1e9)),
@@ -29,7 +30,8 @@ CostModel::CostModel(const HardwareSpec& hw, const std::string& model)
                      f.wide_base_ns,
                      f.wide_ns_per_byte,
                      f.wide_ns_per_flop,
-                     f.wide_ns_per_request};
+                     f.wide_ns_per_request,
+                     f.ns_per_split_row};
   };
   for (size_t c = 0; c < fits_.size(); ++c) {
     const KernelFit& f = hw.kernel_fits[c];
@@ -92,7 +94,7 @@ double CostModel::interpolate(const CollectiveCurve& c, double bytes) {
   return c.ns[i] * std::exp(c.slope[i] * (std::log(bytes) - c.log_bytes[i]));
 }
 
-double CostModel::price(const LinearFit& f, const KernelDesc& k) {
+double CostModel::price(const LinearFit& f, const KernelDesc& k) const {
   const double bytes = double(k.bytes_read + k.bytes_written);
   const double flops = double(k.flops);
   const double requests = double(k.requests);
@@ -101,7 +103,9 @@ double CostModel::price(const LinearFit& f, const KernelDesc& k) {
   return wide ? f.wide_base_ns + bytes * f.wide_ns_per_byte + flops * f.wide_ns_per_flop +
                     requests * f.wide_ns_per_request
               : f.base_ns + bytes * f.ns_per_byte + flops * f.ns_per_flop +
-                    requests * f.ns_per_request;
+                    requests * f.ns_per_request +
+                    (f.ns_per_split_row > 0 ? f.ns_per_split_row * gemv_split_rows(k, sm_count_)
+                                            : 0.0);
 }
 
 int64_t CostModel::kernel_ns(const KernelDesc& k) const {

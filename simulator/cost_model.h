@@ -62,6 +62,7 @@ class CostModel {
     double wide_ns_per_byte = 0;
     double wide_ns_per_flop = 0;
     double wide_ns_per_request = 0;
+    double ns_per_split_row = 0;  // below the split: per gemv_split_rows()
   };
   // A measured collective table prepared for lookup (built once, by the constructor).
   struct CollectiveCurve {
@@ -71,7 +72,7 @@ class CostModel {
     std::vector<double> slope;      // segment [i, i + 1]: d log(ns) / d log(bytes)
     double tail_ns_per_byte = 0;    // above bytes.back()
   };
-  static double price(const LinearFit& f, const KernelDesc& k);
+  double price(const LinearFit& f, const KernelDesc& k) const;
   static double interpolate(const CollectiveCurve& c, double bytes);
   std::array<LinearFit, size_t(KernelClass::kCount)> fits_{};
   // Per-kernel-name fits, looked up by name (few entries): the model's own fit where
@@ -79,6 +80,7 @@ class CostModel {
   std::vector<std::pair<std::string, LinearFit>> name_fits_;
   double ns_per_byte_;
   double ns_per_flop_;
+  int32_t sm_count_ = 0;  // the GEMV split rule's SMs (gemv_split_rows)
   int64_t floor_ns_;
   int64_t d2h_latency_ns_;
   double d2h_ns_per_byte_;

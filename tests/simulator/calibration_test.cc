@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "experiments/experiment.h"
+#include "kernels/gemv_split.h"
 #include "policies/calibration_profile.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
@@ -124,6 +125,70 @@ TEST(KernelFit, RecoversKnownCoefficientsUnderOnePercentNoise) {
   EXPECT_NEAR(f.base_ns, 2500, 0.25 * 2500);
   EXPECT_GT(f.r2, 0.999);
   EXPECT_LT(f.max_rel_err, 0.03);  // 1% noise plus the fit's own error
+}
+
+// ---- GEMV split-K (kernels/gemv_split.h, gemv_split_rows, ns_per_split_row) -----------------
+
+TEST(GemvSplit, RuntimeRuleOnTheH200HandComputed) {
+  // Llama-3.2-3B down_proj, 3072 x 8192 on 132 SMs: 192 tiles fill 264 two-block slots 73 %
+  // (auto stages: 3, two blocks per SM); S = 2: 132 clusters, 2 rounds, 73 %; S = 4: 66
+  // clusters, 3 rounds, 192 / 198 = 97 % (> 73 + 3) and 8192 / 32 / 32 = 8 >= 4 chunks: S = 4.
+  EXPECT_EQ(kernels::gemv_default_split(3072, 8192, 132), 4);
+  // 3B qkv_proj, 5120 x 3072: 320 tiles; S = 2: 132 clusters, 3 rounds, 320 / 396 = 81 % against
+  // 61 % at S = 1; S = 4 keeps only 3072 / 32 / 32 = 3 chunks per warp: S = 2.
+  EXPECT_EQ(kernels::gemv_default_split(5120, 3072, 132), 2);
+  // Llama-3-8B down_proj, 4096 x 14336: 256 tiles fill 264 slots 97 %: S = 1.
+  EXPECT_EQ(kernels::gemv_default_split(4096, 14336, 132), 1);
+  EXPECT_EQ(kernels::gemv_default_split(4100, 14336, 132), 0);  // not a GEMV shape
+}
+
+TEST(GemvSplit, SplitRowsOfAStepKernelAndItsPrice) {
+  // 3B down_proj at 8 rows: (rows − 1) · (S − 1) = 7 · 3 = 21; one row: 0.
+  KernelDesc k{"down_proj", KernelClass::kGemm, 0, 0, 2LL * 8 * 3072 * 8192};
+  k.gemv_n = 3072;
+  k.gemv_k = 8192;
+  EXPECT_DOUBLE_EQ(gemv_split_rows(k, 132), 21.0);
+  KernelDesc one = k;
+  one.flops = 2LL * 3072 * 8192;
+  EXPECT_DOUBLE_EQ(gemv_split_rows(one, 132), 0.0);
+  EXPECT_DOUBLE_EQ(gemv_split_rows(k, 0), 0.0);
+  KernelDesc wide = k;  // 32 rows: cuBLAS, no split term
+  wide.flops = 2LL * 32 * 3072 * 8192;
+  EXPECT_DOUBLE_EQ(gemv_split_rows(wide, 132), 0.0);
+  KernelDesc unset = k;
+  unset.gemv_n = 0;
+  EXPECT_DOUBLE_EQ(gemv_split_rows(unset, 132), 0.0);
+  // Priced: base 1000 + 100 ns per split row · 21 = 3100 ns (bytes 0, flops term 0).
+  HardwareSpec hw = hardware_preset("h200");
+  KernelFit f;
+  f.fitted = true;
+  f.base_ns = 1000;
+  f.ns_per_split_row = 100;
+  hw.kernel_fits[size_t(KernelClass::kGemm)] = f;
+  EXPECT_EQ(CostModel(hw).kernel_ns(k), 3100);
+  EXPECT_EQ(CostModel(hw).kernel_ns(unset), 1000);
+}
+
+TEST(GemvSplit, FitRecoversThePerSplitRowCostAndHoldsIt) {
+  // Two shapes, 50 MB of weights at S = 1 and 30 MB at S = 4, rows 1 … 16: t = 2000 + 2.5e-4 ·
+  // bytes + 150 · (rows − 1) · (S − 1). The two intercepts give base and byte cost, the two slopes
+  // the FLOP and split-row costs.
+  std::vector<KernelSample> s;
+  for (const auto& [split, weights] : {std::pair{1.0, 5e7}, std::pair{4.0, 3e7}}) {
+    for (const int rows : {1, 2, 4, 8, 16}) {
+      const double bytes = weights + rows * 2e4, flops = rows * weights;
+      const double sr = (rows - 1) * (split - 1);
+      s.push_back({KernelClass::kGemm, bytes, flops, 2000 + 2.5e-4 * bytes + 150 * sr, 0, sr});
+    }
+  }
+  const KernelFit f = fit_kernel_class(s, KernelClass::kGemm);
+  ASSERT_TRUE(f.fitted);
+  EXPECT_NEAR(f.ns_per_split_row, 150, 1e-6 * 150);
+  EXPECT_NEAR(f.base_ns, 2000, 1e-6 * 2000);
+  // Held at 150: the rest is fitted to t − 150 · split rows, the same line.
+  const KernelFit h = fit_kernel_class_with_base(s, KernelClass::kGemm, 0, -1, -1, 150);
+  EXPECT_DOUBLE_EQ(h.ns_per_split_row, 150);
+  EXPECT_NEAR(h.ns_per_byte, 2.5e-4, 1e-6 * 2.5e-4);
 }
 
 TEST(KernelFit, TwoRegimesSplitByIntensityEachRecovered) {

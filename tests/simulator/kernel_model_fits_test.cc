@@ -292,7 +292,8 @@ TEST(KernelModelFits, ProfilesWithoutTheSectionLoadUnchangedAndBadSectionsSayWhe
       "p.yaml:8:17: kernel_model_fits.llama-3-8b must be a mapping");
   EXPECT_EQ(profile_error_of(replace_once(kProfile, "base_ns: 2500", "bse_ns: 2500")),
             "p.yaml:9:16: unknown field 'bse_ns' in kernel_model_fits.llama-3-8b.o_proj; known: "
-            "base_ns, ns_per_byte, ns_per_flop, ns_per_request, r2, max_rel_err, samples, "
+            "base_ns, ns_per_byte, ns_per_flop, ns_per_request, ns_per_split_row, r2, max_rel_err, "
+            "samples, "
             "split_intensity, split_bytes, wide_base_ns, wide_ns_per_byte, wide_ns_per_flop, "
             "wide_ns_per_request");
   EXPECT_EQ(profile_error_of(replace_once(kProfile, "r2: 0.9, max_rel_err: 0.1, samples: 9}",
