@@ -1,38 +1,91 @@
 #!/usr/bin/env bash
-# compute-sanitizer over the GPU test suites: memcheck, racecheck, initcheck and synccheck on the
-# kernel tests, memcheck on the tiny-model runtime tests (the 8B-shape ones are far too slow
-# under the tools). Each tool invocation is time-boxed; the log says which finished.
+# compute-sanitizer over the GPU test suites, all four tools at one commit: memcheck, racecheck,
+# initcheck and synccheck on every kernel test and on the tiny-model runtime tests (plain, MoE and
+# speculative engines; the 8B-shape tests are far too slow under the tools). The runs go in
+# parallel (the tools are host-bound); each suite is split into gtest shards so racecheck, ~3 s per
+# test, finishes inside the time box. Each shard is time-boxed; the summary says which finished.
 #   scripts/gpu_sanitize.sh OUT_DIR
-# Writes OUT_DIR/<suite>.<tool>.log and OUT_DIR/summary.txt (one line per run: tool, suite,
-# "ERROR SUMMARY" or "timed out"). Env: TWINSTEP_CMAKE_ARGS, TWINSTEP_BUILD_DIR (default build),
-# TWINSTEP_SANITIZE_SECONDS (per invocation, default 90).
+# Writes OUT_DIR/<suite>.<tool>.<shard>.log and OUT_DIR/summary.txt: one line per tool and suite
+# with the summed errors, the shards that finished, and the tests that passed or failed.
+# Env: TWINSTEP_CMAKE_ARGS, TWINSTEP_BUILD_DIR (default build), TWINSTEP_SANITIZE_SECONDS (per
+# shard, default 300), TWINSTEP_SANITIZE_JOBS (parallel shards, default nproc / 2),
+# TWINSTEP_SANITIZE_TOOLS (default "memcheck racecheck initcheck synccheck").
 set -uo pipefail
 out=${1:?usage: scripts/gpu_sanitize.sh OUT_DIR}
 mkdir -p "$out"
-source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
+out=$(cd "$out" && pwd)
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps, gpu_build
 build=${TWINSTEP_BUILD_DIR:-$root/build}
-limit=${TWINSTEP_SANITIZE_SECONDS:-90}
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j"$(nproc)" --target kernels_test runtime_gpu_test >"$out/build.log" 2>&1 ||
-  { tail -30 "$out/build.log"; exit 1; }
-kernels="$build/tests/kernels/kernels_test"
-runtime="$build/tests/runtime/runtime_gpu_test"
-: >"$out/summary.txt"
-sanitize() {  # tool suite binary [gtest filter]
-  local tool=$1 suite=$2 bin=$3 filter=${4:-*}
-  local log="$out/$suite.$tool.log"
-  timeout "$limit" compute-sanitizer --tool "$tool" --print-limit 20 "$bin" \
-    --gtest_filter="$filter" >"$log" 2>&1
-  local rc=$?
-  local summary
-  summary=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$log" | tail -1)
-  [ "$rc" = 124 ] && summary="timed out after ${limit} s ($(grep -c '^\[       OK \]' "$log") tests passed before)"
-  echo "$tool $suite: ${summary:-rc $rc} ($(grep -c '^\[       OK \]' "$log") tests OK, $(grep -c '^\[  FAILED  \]' "$log") failed lines)" |
-    tee -a "$out/summary.txt"
+limit=${TWINSTEP_SANITIZE_SECONDS:-300}
+jobs=${TWINSTEP_SANITIZE_JOBS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
+tools=${TWINSTEP_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
+gpu_build "$out" kernels_test runtime_gpu_test runtime_spec_gpu_test || exit 1
+
+# suite name, binary, gtest filter, shards for racecheck (the slowest tool), shards otherwise.
+suites=(
+  "kernels|$build/tests/kernels/kernels_test|*|12|3"
+  "runtime_tiny|$build/tests/runtime/runtime_gpu_test|TinyEngine.*:*TinyMoeEngine.*|3|2"
+  "spec_tiny|$build/tests/runtime/runtime_spec_gpu_test|SpecTiny.*:TinySpec.*|3|2"
+)
+
+# One shard: tool suite binary filter shards index. Prints nothing; its log holds everything.
+run_shard() {
+  local tool=$1 suite=$2 bin=$3 filter=$4 shards=$5 index=$6
+  local log="$out/$suite.$tool.$index.log"
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$index timeout "$limit" \
+    compute-sanitizer --tool "$tool" --print-limit 20 "$bin" --gtest_filter="$filter" \
+    >"$log" 2>&1
+  echo "exit $?" >>"$log"
 }
-sanitize memcheck kernels "$kernels"
-sanitize racecheck kernels "$kernels"
-sanitize initcheck kernels "$kernels"
-sanitize synccheck kernels "$kernels"
-sanitize memcheck runtime "$runtime" 'TinyEngine.*'
+export -f run_shard
+export out limit
+
+plan="$out/plan.txt"
+: >"$plan"
+for tool in $tools; do
+  for entry in "${suites[@]}"; do
+    IFS='|' read -r suite bin filter race_shards shards <<<"$entry"
+    [ "$tool" = racecheck ] && shards=$race_shards
+    for ((i = 0; i < shards; i++)); do
+      echo "$tool $suite $bin $filter $shards $i" >>"$plan"
+    done
+  done
+done
+start=$(date +%s)
+# racecheck shards first: they are the long pole.
+cat <(grep '^racecheck ' "$plan") <(grep -v '^racecheck ' "$plan") |
+  xargs -P "$jobs" -L 1 bash -c 'run_shard "$@"' _
+echo "all shards done in $(( $(date +%s) - start )) s ($jobs at a time, $limit s limit each)" |
+  tee "$out/summary.txt"
+
+# Per tool and suite: errors summed over shards (memcheck/initcheck/synccheck "ERROR SUMMARY: N
+# errors"; racecheck "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)").
+for tool in $tools; do
+  for entry in "${suites[@]}"; do
+    IFS='|' read -r suite _ _ _ _ <<<"$entry"
+    logs=("$out/$suite.$tool".*.log)
+    total=${#logs[@]}
+    finished=0 errors=0 warnings=0 ok=0 failed=0 timed_out=0
+    for log in "${logs[@]}"; do
+      grep -q "^exit 124$" "$log" && timed_out=$((timed_out + 1))
+      if [ "$tool" = racecheck ]; then
+        line=$(grep -h "RACECHECK SUMMARY" "$log" | tail -1)
+        if [ -n "$line" ]; then
+          finished=$((finished + 1))
+          errors=$((errors + $(sed -E 's/.*\(([0-9]+) errors?.*/\1/' <<<"$line")))
+          warnings=$((warnings + $(sed -E 's/.* ([0-9]+) warnings?\).*/\1/' <<<"$line")))
+        fi
+      else
+        line=$(grep -h "ERROR SUMMARY" "$log" | tail -1)
+        if [ -n "$line" ]; then
+          finished=$((finished + 1))
+          errors=$((errors + $(sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/' <<<"$line")))
+        fi
+      fi
+      ok=$((ok + $(grep -c '^\[       OK \]' "$log")))
+      failed=$((failed + $(grep -c '^\[  FAILED  \] .* ms)$' "$log")))
+    done
+    echo "$tool $suite: $errors errors, $warnings warnings; $finished of $total shards finished ($timed_out timed out); tests $ok OK, $failed failed" |
+      tee -a "$out/summary.txt"
+  done
+done
