@@ -7,8 +7,15 @@
 #   scripts/gpu_sanitize.sh OUT_DIR
 # Writes OUT_DIR/<suite>.<tool>.<shard>.log and OUT_DIR/summary.txt: one line per tool and suite
 # with the summed errors, the shards that finished, and the tests that passed or failed.
+# The kernel shards and the runtime shards run as two concurrent pools (the runtime tests under a
+# tool need more device memory per process: too many of them on one GPU fail inside the tool with
+# "Unable to allocate enough memory"); on a machine with two GPUs give each pool its own.
+# Also runs tests/reliability/cublas_initcheck_probe.cu under initcheck (does the tool see what a
+# cuBLAS GEMM writes?).
 # Env: TWINSTEP_CMAKE_ARGS, TWINSTEP_BUILD_DIR (default build), TWINSTEP_SANITIZE_SECONDS (per
-# shard, default 300), TWINSTEP_SANITIZE_JOBS (parallel shards, default nproc / 2),
+# shard, default 300), TWINSTEP_SANITIZE_JOBS (kernel shards at once, default nproc / 2),
+# TWINSTEP_SANITIZE_RUNTIME_JOBS (runtime shards at once, default 4), TWINSTEP_SANITIZE_KERNELS_GPU
+# and TWINSTEP_SANITIZE_RUNTIME_GPU (CUDA_VISIBLE_DEVICES of each pool, default unset),
 # TWINSTEP_SANITIZE_TOOLS (default "memcheck racecheck initcheck synccheck").
 set -uo pipefail
 out=${1:?usage: scripts/gpu_sanitize.sh OUT_DIR}
@@ -18,14 +25,15 @@ source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps, gpu_build
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 limit=${TWINSTEP_SANITIZE_SECONDS:-300}
 jobs=${TWINSTEP_SANITIZE_JOBS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
+runtime_jobs=${TWINSTEP_SANITIZE_RUNTIME_JOBS:-4}
 tools=${TWINSTEP_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
-gpu_build "$out" kernels_test runtime_gpu_test runtime_spec_gpu_test || exit 1
+gpu_build "$out" kernels_test runtime_gpu_test runtime_spec_gpu_test cublas_initcheck_probe || exit 1
 
 # suite name, binary, gtest filter, shards for racecheck (the slowest tool), shards otherwise.
 suites=(
   "kernels|$build/tests/kernels/kernels_test|*|12|3"
-  "runtime_tiny|$build/tests/runtime/runtime_gpu_test|TinyEngine.*:*TinyMoeEngine.*|3|2"
-  "spec_tiny|$build/tests/runtime/runtime_spec_gpu_test|SpecTiny.*:TinySpec.*|3|2"
+  "runtime_tiny|$build/tests/runtime/runtime_gpu_test|TinyEngine.*:*TinyMoeEngine.*|7|7"
+  "spec_tiny|$build/tests/runtime/runtime_spec_gpu_test|SpecTiny.*:TinySpec.*|4|4"
 )
 
 # One shard: tool suite binary filter shards index. Prints nothing; its log holds everything.
@@ -52,11 +60,23 @@ for tool in $tools; do
   done
 done
 start=$(date +%s)
-# racecheck shards first: they are the long pole.
-cat <(grep '^racecheck ' "$plan") <(grep -v '^racecheck ' "$plan") |
-  xargs -P "$jobs" -L 1 bash -c 'run_shard "$@"' _
-echo "all shards done in $(( $(date +%s) - start )) s ($jobs at a time, $limit s limit each)" |
+# Two pools; in each, racecheck shards first (the long pole).
+pool() {  # suite-pattern jobs gpu
+  local pattern=$1 n=$2 gpu=$3
+  cat <(grep "^racecheck $pattern " "$plan") <(grep -v '^racecheck ' "$plan" | grep "^[a-z]* $pattern ") |
+    env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} xargs -P "$n" -L 1 bash -c 'run_shard "$@"' _
+}
+pool kernels "$jobs" "${TWINSTEP_SANITIZE_KERNELS_GPU:-}" &
+kernels_pool=$!
+pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}"
+wait $kernels_pool
+echo "all shards done in $(( $(date +%s) - start )) s ($jobs kernel and $runtime_jobs runtime shards at a time, $limit s limit each)" |
   tee "$out/summary.txt"
+runtime_gpu=${TWINSTEP_SANITIZE_RUNTIME_GPU:-}
+env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool initcheck --print-limit 5 "$build/tests/reliability/cublas_initcheck_probe" \
+  >"$out/cublas_probe.initcheck.log" 2>&1
+echo "cublas probe under initcheck (exit $?): $(grep -h '^cublas_initcheck_probe' "$out/cublas_probe.initcheck.log" | tr '\n' ' ')$(grep -h 'ERROR SUMMARY' "$out/cublas_probe.initcheck.log" | sed 's/=* *//'); reads reported in: $(grep -h -A1 'Uninitialized' "$out/cublas_probe.initcheck.log" | grep -o 'at [a-z_:<>A-Za-z]*read_kernel' | sort -u | tr '\n' ' ')" |
+  tee -a "$out/summary.txt"
 
 # Per tool and suite: errors summed over shards (memcheck/initcheck/synccheck "ERROR SUMMARY: N
 # errors"; racecheck "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)").

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -123,6 +124,23 @@ size_t mismatches(const std::vector<uint16_t>& got, const std::vector<uint16_t>&
   size_t n = 0;
   for (size_t i = 0; i < want.size(); ++i) n += got[i] != want[i];
   return n;
+}
+
+// For a failure message: the first mismatch and how many outputs still hold the poison (0xFFFF,
+// DeviceBuffer::poison), i.e. were never written.
+std::string describe_mismatches(const std::vector<uint16_t>& got,
+                                const std::vector<uint16_t>& want) {
+  size_t poisoned = 0, first = want.size();
+  for (size_t i = 0; i < want.size(); ++i) {
+    poisoned += got[i] == 0xFFFF;
+    if (got[i] != want[i] && first == want.size()) first = i;
+  }
+  if (first == want.size()) return "no mismatch";
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "first mismatch at %zu: got 0x%04x, want 0x%04x; %zu of %zu poisoned", first,
+                got[first], want[first], poisoned, want.size());
+  return text;
 }
 
 struct Case {
@@ -303,10 +321,11 @@ TEST_P(AttentionVariants, GraphReplaysAreBitIdentical) {
     out1.poison();
     TS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     TS_CUDA_CHECK(cudaStreamSynchronize(stream));
-    EXPECT_EQ(mismatches(out0.download<uint16_t>(), want), 0u)
-        << "replay " << replay << ", layer 0";
-    EXPECT_EQ(mismatches(out1.download<uint16_t>(), want), 0u)
-        << "replay " << replay << ", layer 1";
+    const auto got0 = out0.download<uint16_t>(), got1 = out1.download<uint16_t>();
+    EXPECT_EQ(mismatches(got0, want), 0u)
+        << "replay " << replay << ", layer 0: " << describe_mismatches(got0, want);
+    EXPECT_EQ(mismatches(got1, want), 0u)
+        << "replay " << replay << ", layer 1: " << describe_mismatches(got1, want);
   }
   TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TS_CUDA_CHECK(cudaGraphDestroy(graph));
