@@ -1,5 +1,3 @@
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -19,12 +17,6 @@ constexpr int kSplitThreads = kThreadsPerRowTile;  // per 16-row query tile
 constexpr int kMaxRows = 64;                       // query rows per (request, kv head)
 constexpr int kMaxSplits = 1024;                   // splits per (request, kv head)
 constexpr size_t kTileBytes = 2 * size_t{kTileElems} * sizeof(bf16);  // one K + V stage, 32 KB
-// Workspace: [counters (fixed size, so that launches of different shapes sharing one workspace
-// never write partials over another shape's counters)][partials].
-constexpr size_t kCounterBytes = size_t{256} << 10;
-constexpr int kMaxCounters = static_cast<int>(kCounterBytes / sizeof(unsigned));
-constexpr int kFinalBatch = 12;  // cluster partials loaded per batch by the final combine
-constexpr int kMaxCluster = 8;   // splits per thread-block cluster (portable maximum)
 
 struct SplitParams {
   const bf16* q;
@@ -32,22 +24,16 @@ struct SplitParams {
   int layer;
   const int* ctx_lens;
   int q_len, num_q_heads, group, rows;  // rows = group * q_len
-  // Split s covers tokens [s * split_tokens, (s + 1) * split_tokens), the last real split up to
-  // ctx + q_len; splits >= real_splits are empty.
-  int split_tokens, real_splits, num_splits;
+  // Split s covers tokens [s * split_tokens, (s + 1) * split_tokens) clipped to ctx + q_len, the
+  // last split up to ctx + q_len; a split starting at or past ctx + q_len is empty.
+  int split_tokens, num_splits;
   float scale_log2;  // softmax_scale * log2(e)
-  // Two-launch variant: part_o [request][head][split][row][128], unnormalised, relative to
-  // part_ml.m; part_ml [request][head][split][row] = (max in log2 units, sum of exp2).
-  // Fused variant: part_o [request][head][slice][cluster][row][128 / cluster_size] (dims
-  // slice * 128 / cluster_size onwards), part_ml [request][head][slice][cluster][row].
+  // part_o [request][head][split][row][128], unnormalised, relative to part_ml.m;
+  // part_ml [request][head][split][row] = (max in log2 units, sum of exp2).
   float* part_o;
   float2* part_ml;
-  // Fused variant only.
-  unsigned* counters;  // [request][head][slice]: clusters done; zero between launches
-  bf16* out;
-  int cluster_size, num_clusters;  // num_splits = cluster_size * num_clusters
-  bool skip_math;                  // benchmark diagnostic: stream K/V, skip the tile math
-  bool full_ring;                  // two-launch variant: all 3 stages in the prologue
+  bool skip_math;  // benchmark diagnostic: stream K/V, skip the tile math
+  bool full_ring;  // all 3 stages in the prologue (AttentionTuning::split_full_ring)
 };
 
 // Q row `row` (= j * group + g) of kv head `head`.
@@ -68,9 +54,11 @@ struct SplitView {
     ctx = p.ctx_lens[request];  // not written by the preceding kernel (contract)
     const int total = ctx + p.q_len;
     t_begin = split * p.split_tokens;
-    t_end = split + 1 < p.real_splits ? min(t_begin + p.split_tokens, total)
-            : split < p.real_splits   ? total
-                                      : t_begin;
+    // The last arm never runs (grid.x = num_splits). Kept: a two-arm form compiles to a different
+    // schedule and register allocation, not measured on the GPU.
+    t_end = split + 1 < p.num_splits ? min(t_begin + p.split_tokens, total)
+            : split < p.num_splits   ? total
+                                     : t_begin;
     num_tiles = t_end > t_begin ? (t_end - t_begin + kTileTokens - 1) / kTileTokens : 0;
     const bf16* base = p.cache.request_base[request];
     k_base = base + kv_offset(p.cache, p.layer, 0, head);
@@ -89,221 +77,8 @@ struct SplitView {
   }
 };
 
-// Merge of partials (max, sum, o) for 4 consecutive dims against a known overall max, added in
-// the caller's fixed order. A part that saw no key (max -inf) adds nothing, not even +0.
-struct PartialSum4 {
-  float m_max, l = 0.0f;
-  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-
-  __device__ __forceinline__ explicit PartialSum4(float overall_max) : m_max(overall_max) {}
-  __device__ __forceinline__ void add(float2 part_ml, float4 part_o) {
-    if (part_ml.x == -INFINITY) return;
-    const float scale = exp2f(part_ml.x - m_max);
-    l += part_ml.y * scale;
-    o.x += part_o.x * scale;
-    o.y += part_o.y * scale;
-    o.z += part_o.z * scale;
-    o.w += part_o.w * scale;
-  }
-};
-
 // ---------------------------------------------------------------------------------------------
-// kernels: fused variant (one launch)
-
-// Block = (split, kv head, request); clusters of cluster_size consecutive splits.
-//  1. K/V tiles of the split stream through a kStages-deep ring (cp.async, one commit group per
-//     tile). The first kStages tiles are issued up front, those made only of tokens older than this
-//     step before the PDL wait; tile t + kStages - 1 is issued as tile t >= 1 starts (into the
-//     stage of tile t - 1), so kStages - 1 tiles are in flight while one is consumed.
-//  2. Q (rows padded to 16 with zeros) is staged in shared memory after the wait.
-//  3. The 4 sub-warps of each row tile are merged in order (attention_tile.cuh) into the CTA's
-//     partial (max, sum, o) per row, kept in shared memory.
-//  4. Cluster rank k merges dims [k W, k W + W) (W = 128 / cluster_size) of every row over the
-//     cluster's CTAs in rank order (DSMEM) and writes that slice of the cluster partial.
-//  5. Per (request, head, slice) a counter counts the clusters done (__threadfence + atomicAdd);
-//     the CTA that completes it merges the slice over all clusters in cluster order, writes out
-//     and resets the counter, so the next launch (or graph replay) starts from zero.
-// The reduction tree depends on num_splits and cluster_size only (never on q_len or timing):
-// results are deterministic and row r is bit-identical for any row count.
-template <int kRowTiles, int kStages>
-__global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
-    attention_fused_kernel(const SplitParams p) {
-  namespace cg = cooperative_groups;
-  constexpr int kThreads = kSplitThreads * kRowTiles;
-  constexpr int kRows = kRowTiles * 16;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* ring = reinterpret_cast<bf16*>(smem_raw);
-  bf16* q_smem = ring + kStages * 2 * kTileElems;  // [kRows][128], swizzled like K
-  // After the loop the ring holds the warp partials; the CTA partial is merged in place into the
-  // sub-0 warp's rows (o) and into cta_ml.
-  float* o_smem = reinterpret_cast<float*>(smem_raw);
-  float2* ml_smem = reinterpret_cast<float2*>(o_smem + kRowTiles * kWarpsPerTile * 16 * kHeadDim);
-  float2* cta_ml = ml_smem + kRowTiles * kWarpsPerTile * 16;
-  __shared__ int s_last;
-
-  const int split = blockIdx.x, head = blockIdx.y, request = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tq = lane % 4;
-  const SplitView view(p, split, head, request);
-  const int ctx = view.ctx, t_begin = view.t_begin;
-  const int num_tiles = view.num_tiles;
-  auto issue_tile = [&](int tile) {
-    view.issue_tile<kThreads>(ring + (tile % kStages) * 2 * kTileElems, tile);
-  };
-
-  // Prologue: exactly kStages commit groups (tiles 0 .. kStages - 1; empty past the split). Tiles
-  // of tokens older than this step go before the wait: the preceding kernel never writes them.
-  int issued = 0;
-  while (issued < min(num_tiles, kStages) && t_begin + (issued + 1) * kTileTokens <= ctx) {
-    issue_tile(issued++);
-    detail::cp_async_commit();
-  }
-  detail::pdl_wait_and_trigger();
-  for (; issued < kStages; ++issued) {
-    if (issued < num_tiles) issue_tile(issued);
-    detail::cp_async_commit();
-  }
-  for (int i = threadIdx.x; i < kRows * 16; i += kThreads) {  // Q, 16 bytes per thread
-    const int row = i / 16, u = i % 16;
-    const uint4 v = row < p.rows ? detail::load_16(p.q + q_offset(p, request, head, row) + u * 8)
-                                 : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(q_smem + smem_index(row, u)) = v;
-  }
-
-  const int row_tile = warp / kWarpsPerTile, sub = warp % kWarpsPerTile;
-  const int row_a = row_tile * 16 + gid, row_b = row_a + 8;
-  const int limit_a = view.key_limit(p, row_a), limit_b = view.key_limit(p, row_b);
-  const int tok_base = sub * kWarpTokens;
-  WarpAcc acc;
-  warp_acc_init(acc);
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    // Tile t is commit group t: the prologue committed groups 0 .. kStages - 1 and iteration
-    // t >= 1 commits group t + kStages - 1, so kStages - 1 groups may stay pending at t = 0 and
-    // kStages - 2 after.
-    if (tile == 0)
-      detail::cp_async_wait<kStages - 1>();
-    else
-      detail::cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile visible to all warps; stage (tile - 1) % kStages consumed by all
-    if (tile > 0) {
-      if (tile + kStages - 1 < num_tiles) issue_tile(tile + kStages - 1);
-      detail::cp_async_commit();
-    }
-    if (p.skip_math) continue;
-    const bf16* k_smem = ring + (tile % kStages) * 2 * kTileElems;
-    uint4 qa[4], qb[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      qa[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_a, 4 * c + tq));
-      qb[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_b, 4 * c + tq));
-    }
-    attend_tile(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
-                t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
-  }
-  detail::cp_async_wait<0>();  // only empty groups can be pending here
-  __syncthreads();
-
-  // 3. CTA partial.
-  store_warp_partial(acc, o_smem, ml_smem);
-  __syncthreads();
-  for (int i = threadIdx.x; i < p.rows * kHeadDim; i += kThreads) {
-    const int row = i / kHeadDim, d = i % kHeadDim;
-    const RowPartial r = merge_warps(o_smem, ml_smem, row, d);
-    // In place: element (row, d) of the sub-0 warp is read above by this thread only.
-    o_smem[((row / 16) * kWarpsPerTile * 16 + row % 16) * kHeadDim + d] = r.o;
-    if (d == 0) cta_ml[row] = make_float2(r.m, r.l);
-  }
-
-  // 4. Cluster merge of dims slice `rank`, then its partial to the workspace.
-  const int csize = p.cluster_size, rank = split % csize, cluster_id = split / csize;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (csize > 1)
-    cluster.sync();  // every CTA partial of the cluster is in shared memory
-  else
-    __syncthreads();
-  const int width = kHeadDim / csize, quads = width / 4;
-  const size_t slot0 =
-      ((static_cast<size_t>(request) * gridDim.y + head) * csize + rank) * p.num_clusters * p.rows;
-  for (int i = threadIdx.x; i < p.rows * quads; i += kThreads) {
-    const int row = i / quads, d = rank * width + (i % quads) * 4;
-    const int o_index = ((row / 16) * kWarpsPerTile * 16 + row % 16) * kHeadDim + d;
-    // All peers' loads first (one DSMEM round trip); an empty split's o is zeros, not added.
-    float2 ml[kMaxCluster];
-    float4 ov[kMaxCluster];
-#pragma unroll
-    for (int peer = 0; peer < kMaxCluster; ++peer) {
-      if (peer < csize) {
-        const float2* peer_ml = csize > 1 ? cluster.map_shared_rank(cta_ml, peer) : cta_ml;
-        const float* peer_o = csize > 1 ? cluster.map_shared_rank(o_smem, peer) : o_smem;
-        ml[peer] = peer_ml[row];
-        ov[peer] = *reinterpret_cast<const float4*>(peer_o + o_index);
-      }
-    }
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int peer = 0; peer < kMaxCluster; ++peer)
-      if (peer < csize) m_max = fmaxf(m_max, ml[peer].x);
-    PartialSum4 sum(m_max);
-#pragma unroll
-    for (int peer = 0; peer < kMaxCluster; ++peer)
-      if (peer < csize) sum.add(ml[peer], ov[peer]);
-    const size_t slot = slot0 + static_cast<size_t>(cluster_id) * p.rows + row;
-    reinterpret_cast<float4*>(p.part_o)[slot * quads + i % quads] = sum.o;
-    if (i % quads == 0) p.part_ml[slot] = make_float2(m_max, sum.l);
-  }
-  __threadfence();  // this thread's partial writes before the counter increment below
-  if (csize > 1)
-    cluster.sync();  // peers are done reading this CTA's shared memory
-  else
-    __syncthreads();
-
-  // 5. Count the cluster in; the CTA completing slice `rank` of (request, head) merges it.
-  unsigned* counter = p.counters + (static_cast<size_t>(request) * gridDim.y + head) * csize + rank;
-  if (threadIdx.x == 0) {
-    const unsigned done = atomicAdd(counter, 1u);
-    s_last = done == static_cast<unsigned>(p.num_clusters - 1);
-    if (s_last) atomicExch(counter, 0u);  // every cluster of this launch has counted
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();  // acquire: the other clusters' partials (read below from L2, not L1)
-  const float2* ml_base = p.part_ml + slot0;
-  const float4* o_base = reinterpret_cast<const float4*>(p.part_o) + slot0 * quads;
-  for (int i = threadIdx.x; i < p.rows * quads; i += kThreads) {
-    const int row = i / quads, quad = i % quads;
-    const int n0 = min(p.num_clusters, kFinalBatch);
-    float2 ml[kFinalBatch];
-    float4 ov[kFinalBatch];
-#pragma unroll
-    for (int c = 0; c < kFinalBatch; ++c) {
-      if (c < n0) {
-        ml[c] = __ldcg(ml_base + static_cast<size_t>(c) * p.rows + row);
-        ov[c] = __ldcg(o_base + (static_cast<size_t>(c) * p.rows + row) * quads + quad);
-      }
-    }
-    float m_max = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kFinalBatch; ++c)
-      if (c < n0) m_max = fmaxf(m_max, ml[c].x);
-    for (int c = kFinalBatch; c < p.num_clusters; ++c)
-      m_max = fmaxf(m_max, __ldcg(ml_base + static_cast<size_t>(c) * p.rows + row).x);
-    PartialSum4 sum(m_max);
-#pragma unroll
-    for (int c = 0; c < kFinalBatch; ++c)
-      if (c < n0) sum.add(ml[c], ov[c]);
-    for (int c = kFinalBatch; c < p.num_clusters; ++c)
-      sum.add(__ldcg(ml_base + static_cast<size_t>(c) * p.rows + row),
-              __ldcg(o_base + (static_cast<size_t>(c) * p.rows + row) * quads + quad));
-    // Every row sees at least its own position, so sum.l > 0.
-    uint2 packed;
-    packed.x = detail::pack_bf16x2(sum.o.x / sum.l, sum.o.y / sum.l);
-    packed.y = detail::pack_bf16x2(sum.o.z / sum.l, sum.o.w / sum.l);
-    *reinterpret_cast<uint2*>(p.out + q_offset(p, request, head, row) + rank * width + quad * 4) =
-        packed;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// kernels: two-launch variant (179ce97), kept for comparison (AttentionTuning::variant = 1)
+// kernels: split + combine (the pair of 179ce97)
 
 // Block = (split, kv head, request), 3-stage cp.async ring of 64-token tiles, the 4 sub-warps of
 // each row tile merged in order; writes the split's partial to the workspace.
@@ -479,11 +254,10 @@ int num_sms() {
   return count;
 }
 
-// Split size of the two-launch variant: a multiple of 64 tokens chosen from the capacity, the
-// request count and the KV head count (never from q_len or the live lengths), so that about
-// ctas_per_sm blocks per SM run when the cache is full. Results depend on it at rounding level; for
-// one cache and batch it is fixed, so a verify pass and plain decode steps split the context
-// identically.
+// Split size: a multiple of 64 tokens chosen from the capacity, the request count and the KV head
+// count (never from q_len or the live lengths), so that about ctas_per_sm blocks per SM run when
+// the cache is full. Results depend on it at rounding level; for one cache and batch it is fixed,
+// so a verify pass and plain decode steps split the context identically.
 int split_tokens_for(const AttentionShape& shape, const KvCache& cache) {
   const int blocks_per_split = shape.num_requests * cache.num_kv_heads;
   const int target_blocks = detail::attention_tuning().ctas_per_sm * num_sms();
@@ -492,91 +266,40 @@ int split_tokens_for(const AttentionShape& shape, const KvCache& cache) {
   return std::max(kTileTokens, (tokens + kTileTokens - 1) / kTileTokens * kTileTokens);
 }
 
-// Partition of the fused variant, from the capacity, the request count and the kv heads only
-// (never q_len or the live lengths): at most as many splits per (request, head) as fit one wave of
-// ctas_per_sm blocks per SM, rounded down to whole clusters. Splits are whole 64-token tiles with
-// the last one taking the remainder when that costs it at most one more tile (8208 tokens: 31 x
-// 256 + 272), else equal lengths of any size >= 64 (tiles start at the split's first token). The
-// cluster size is halved while it exceeds the split count; the count is rounded up to whole
-// clusters with empty splits.
-struct FusedPartition {
-  int split_tokens, real_splits, cluster_size, num_clusters;
-};
-FusedPartition fused_partition(const AttentionShape& shape, const KvCache& cache) {
-  const detail::AttentionTuning& tuning = detail::attention_tuning();
-  const int heads = shape.num_requests * cache.num_kv_heads;
-  const int one_wave = std::max(1, tuning.ctas_per_sm * num_sms() / heads);
-  int cluster_size = tuning.cluster;
-  while (cluster_size > 1 && cluster_size > one_wave) cluster_size /= 2;
-  const int max_splits = one_wave / cluster_size * cluster_size;
-  const int capacity = cache.capacity_tokens;
-  const int equal_tokens = std::max(kTileTokens, (capacity + max_splits - 1) / max_splits);
-  int split_tokens = std::max(kTileTokens, equal_tokens / kTileTokens * kTileTokens);
-  int splits = std::max(1, std::min(max_splits, capacity / split_tokens));
-  if (capacity - (splits - 1) * split_tokens > split_tokens + kTileTokens) {
-    split_tokens = equal_tokens;
-    splits = (capacity + split_tokens - 1) / split_tokens;
-  }
-  while (cluster_size > 1 && cluster_size > splits) cluster_size /= 2;
-  return {split_tokens, splits, cluster_size, (splits + cluster_size - 1) / cluster_size};
-}
-
 size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 size_t rows_of(const AttentionShape& shape, const KvCache& cache) {
   return static_cast<size_t>(shape.num_q_heads / std::max(cache.num_kv_heads, 1)) * shape.q_len;
 }
 
-// Partial bytes of each variant (after the counter region).
-size_t two_launch_partial_bytes(const AttentionShape& shape, const KvCache& cache) {
+// Workspace bytes: part_o, then part_ml at the next multiple of 256 bytes.
+size_t partial_bytes(const AttentionShape& shape, const KvCache& cache) {
   const int split_tokens = split_tokens_for(shape, cache);
   const size_t splits = (cache.capacity_tokens + split_tokens - 1) / split_tokens;
   const size_t slots =
       static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * splits * rows_of(shape, cache);
   return round_up_256(slots * kHeadDim * sizeof(float)) + slots * sizeof(float2);
 }
-size_t fused_partial_bytes(const AttentionShape& shape, const KvCache& cache) {
-  const FusedPartition part = fused_partition(shape, cache);
-  const size_t rows_all = static_cast<size_t>(shape.num_requests) * cache.num_kv_heads *
-                          part.num_clusters * rows_of(shape, cache);
-  return round_up_256(rows_all * kHeadDim * sizeof(float)) +
-         rows_all * part.cluster_size * sizeof(float2);
-}
 
-// Dynamic shared memory of the fused kernel: the stage ring and Q, or the warp partials and the
-// CTA's (max, sum) per row, whichever is larger.
-size_t fused_smem_bytes(int row_tiles, int stages) {
-  const size_t ring = stages * kTileBytes + static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2;
-  const size_t merge = warp_partials_bytes(row_tiles) + static_cast<size_t>(row_tiles) * 16 * 8;
-  return std::max(ring, merge);
-}
-
-// cudaLaunchKernelEx with PDL (optional), a 1D cluster along x (cluster > 1) and, with
-// AttentionTuning::carveout_max_shared and at most carveout_max_shared_rows token rows (requests
-// x q_len), the largest shared-memory carveout: every attention kernel then runs in the
-// configuration the split kernel needs (~200 KB per SM), so the combine's blocks (and the next
-// split's, under PDL) can be resident beside the previous kernel's instead of waiting for the SM
-// to drain and switch its L1 / shared split. The row limit is for a chain whose next kernel
-// needs L1 and never lets the SMs drain (see AttentionTuning).
+// cudaLaunchKernelEx with PDL (optional) and, with AttentionTuning::carveout_max_shared and at
+// most carveout_max_shared_rows token rows (requests x q_len), the largest shared-memory carveout:
+// both attention kernels then run in the configuration the split kernel needs (~200 KB per SM), so
+// the combine's blocks (and the next split's, under PDL) can be resident beside the previous
+// kernel's instead of waiting for the SM to drain and switch its L1 / shared split. The row limit
+// is for a chain whose next kernel needs L1 and never lets the SMs drain (see AttentionTuning).
 template <typename... KernelArgs, typename... Args>
 void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, bool pdl, int cluster, int token_rows, Args&&... args) {
+                      cudaStream_t stream, bool pdl, int token_rows, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attributes[3];
+  cudaLaunchAttribute attributes[2];
   int count = 0;
   if (pdl) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[count++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = cluster;
-    attributes[count].val.clusterDim.y = 1;
-    attributes[count++].val.clusterDim.z = 1;
   }
   const detail::AttentionTuning& tuning = detail::attention_tuning();
   if (tuning.carveout_max_shared && token_rows <= tuning.carveout_max_shared_rows) {
@@ -588,24 +311,6 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   config.numAttrs = count;
   TS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   TS_CUDA_CHECK(cudaGetLastError());
-}
-
-template <int kStages>
-void run_fused(int row_tiles, const SplitParams& p, dim3 grid, cudaStream_t stream, bool pdl) {
-  static const bool configured = [] {  // > 48 KB of dynamic shared memory needs an opt-in
-    for (auto kernel : {attention_fused_kernel<1, kStages>, attention_fused_kernel<2, kStages>,
-                        attention_fused_kernel<3, kStages>, attention_fused_kernel<4, kStages>})
-      TS_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-    return true;
-  }();
-  (void)configured;
-  void (*kernels[4])(SplitParams) = {
-      attention_fused_kernel<1, kStages>, attention_fused_kernel<2, kStages>,
-      attention_fused_kernel<3, kStages>, attention_fused_kernel<4, kStages>};
-  launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles),
-                   fused_smem_bytes(row_tiles, kStages), stream, pdl, p.cluster_size,
-                   static_cast<int>(grid.z) * p.q_len, p);
 }
 
 template <bool kQSmem>
@@ -625,10 +330,11 @@ void run_split(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stre
       attention_split_kernel<1, kQSmem>, attention_split_kernel<2, kQSmem>,
       attention_split_kernel<3, kQSmem>, attention_split_kernel<4, kQSmem>};
   launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
-                   1, static_cast<int>(grid.z) * p.q_len, p);
+                   static_cast<int>(grid.z) * p.q_len, p);
 }
 
-void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
+void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, bf16* out, cudaStream_t stream,
+                    bool pdl) {
   const detail::AttentionTuning& tuning = detail::attention_tuning();
   if (tuning.launch_split) {
     if (tuning.split_q_smem)
@@ -638,7 +344,7 @@ void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t
   }
   if (tuning.launch_combine)
     launch_attention(attention_combine_kernel, dim3(p.rows, grid.y, grid.z), dim3(kHeadDim), 0,
-                     stream, pdl, 1, static_cast<int>(grid.z) * p.q_len, p, p.out,
+                     stream, pdl, static_cast<int>(grid.z) * p.q_len, p, out,
                      detail::kernel_tuning().early_trigger);
 }
 
@@ -648,8 +354,7 @@ void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t
 // launchers
 
 size_t attention_workspace_bytes(const AttentionShape& shape, const KvCache& cache) {
-  return kCounterBytes +
-         std::max(two_launch_partial_bytes(shape, cache), fused_partial_bytes(shape, cache));
+  return partial_bytes(shape, cache);
 }
 
 void decode_attention(const bf16* q, const KvCache& cache, int layer, const int* ctx_lens,
@@ -671,20 +376,8 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   TS_REQUIRE(cache.capacity_tokens >= shape.q_len, "capacity_tokens < q_len");
   const detail::AttentionTuning& tuning = detail::attention_tuning();
   TS_REQUIRE(
-      tuning.variant == 0 || split_tokens_for(shape, cache) * static_cast<int64_t>(kMaxSplits) >=
-                                 cache.capacity_tokens,
-      "capacity_tokens too large for 1024 splits (two-launch variant)");
-  TS_REQUIRE(tuning.variant == 0 || tuning.variant == 1, "attention_tuning().variant not 0 or 1");
-  TS_REQUIRE(
-      tuning.cluster == 1 || tuning.cluster == 2 || tuning.cluster == 4 || tuning.cluster == 8,
-      "attention_tuning().cluster not 1, 2, 4 or 8");
-  TS_REQUIRE(tuning.stages >= 2 && tuning.stages <= 4, "attention_tuning().stages not 2, 3 or 4");
-
-  const FusedPartition part = fused_partition(shape, cache);
-  TS_REQUIRE(static_cast<int64_t>(shape.num_requests) * cache.num_kv_heads * part.cluster_size <=
-                 kMaxCounters,
-             "num_requests * num_kv_heads * cluster size exceeds " + std::to_string(kMaxCounters) +
-                 " workspace counters");
+      split_tokens_for(shape, cache) * static_cast<int64_t>(kMaxSplits) >= cache.capacity_tokens,
+      "capacity_tokens too large for 1024 splits");
 
   SplitParams p = {};
   p.q = q;
@@ -696,43 +389,18 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   p.group = group;
   p.rows = group * shape.q_len;
   p.scale_log2 = shape.softmax_scale * kLog2e;
-  p.counters = static_cast<unsigned*>(workspace);
-  p.out = out;
   p.skip_math = tuning.skip_math;
   p.full_ring = tuning.split_full_ring;
   const int row_tiles = (p.rows + 15) / 16;
-  unsigned char* partials = static_cast<unsigned char*>(workspace) + kCounterBytes;
+  unsigned char* partials = static_cast<unsigned char*>(workspace);
   p.part_o = reinterpret_cast<float*>(partials);
-  if (tuning.variant == 1) {
-    p.split_tokens = split_tokens_for(shape, cache);
-    p.num_splits = p.real_splits = (cache.capacity_tokens + p.split_tokens - 1) / p.split_tokens;
-    const size_t slots =
-        static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_splits * p.rows;
-    p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(slots * kHeadDim * 4));
-    run_two_launch(p, row_tiles, dim3(p.num_splits, cache.num_kv_heads, shape.num_requests), stream,
-                   pdl);
-    return;
-  }
-  p.split_tokens = part.split_tokens;
-  p.real_splits = part.real_splits;
-  p.cluster_size = part.cluster_size;
-  p.num_clusters = part.num_clusters;
-  p.num_splits = part.cluster_size * part.num_clusters;
-  const size_t rows_all =
-      static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_clusters * p.rows;
-  p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(rows_all * kHeadDim * 4));
-  const dim3 grid(p.num_splits, cache.num_kv_heads, shape.num_requests);
-  switch (tuning.stages) {
-    case 2:
-      run_fused<2>(row_tiles, p, grid, stream, pdl);
-      break;
-    case 3:
-      run_fused<3>(row_tiles, p, grid, stream, pdl);
-      break;
-    default:
-      run_fused<4>(row_tiles, p, grid, stream, pdl);
-      break;
-  }
+  p.split_tokens = split_tokens_for(shape, cache);
+  p.num_splits = (cache.capacity_tokens + p.split_tokens - 1) / p.split_tokens;
+  const size_t slots =
+      static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_splits * p.rows;
+  p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(slots * kHeadDim * 4));
+  run_two_launch(p, row_tiles, dim3(p.num_splits, cache.num_kv_heads, shape.num_requests), out,
+                 stream, pdl);
 }
 
 namespace detail {

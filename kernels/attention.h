@@ -12,15 +12,12 @@
 // partition depends on capacity, kv heads and num_requests only).
 //
 // workspace: caller-owned, at least attention_workspace_bytes() for every shape it serves; it
-//   must be zero-filled once before its first launch (cudaMemset). Its first 256 KB hold
-//   completion counters that every launch returns to zero (so graphs replay without a reset);
-//   launches of different shapes may share one workspace, serially.
+//   needs no initialisation (a launch reads only the partials it wrote), and launches of
+//   different shapes may share one workspace, serially.
 // PDL (pdl = true): the prologue before the dependency wait reads only ctx_lens, request_base
 //   and KV tokens older than ctx, so none of these may be written by the kernel launched just
 //   before; q, the new tokens, the workspace and out are touched after the wait.
-// Default: two launches, a split kernel (partials to the workspace) and a combine kernel;
-// detail::attention_tuning().variant = 0 selects the one-launch kernel (split CTAs merged per
-// thread-block cluster, the last cluster of each (request, kv head) combining), slower on the H200.
+// Two launches: a split kernel (partials to the workspace) and a combine kernel.
 #pragma once
 
 #include <cstddef>

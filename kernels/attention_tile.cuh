@@ -1,7 +1,6 @@
-// Device pieces shared by the decode-attention kernels (attention.cu, nvcc only): the swizzled
-// K/V stage layout, the per-warp online-softmax state and the 64-token tile step, and the in-CTA
-// merge of the warps that share a row tile. Both kernel variants (fused one-launch and the old
-// split + combine pair) call these, so a row's arithmetic is the same in both.
+// Device pieces of the decode-attention split kernel (attention.cu, nvcc only): the swizzled K/V
+// stage layout, the per-warp online-softmax state and the 64-token tile step, and the in-CTA merge
+// of the warps that share a row tile.
 //
 // Token partition (the q_len-invariance contract): a CTA has 4 warps per 16-row query tile
 // (row = j * group + g); warp (row tile, sub) owns tokens [16 sub, 16 sub + 16) of every 64-token

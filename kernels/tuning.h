@@ -39,18 +39,13 @@ struct GemvTuning {
 };
 GemvTuning& gemv_tuning();
 
+// Decode attention (attention.cu): the split + combine pair of 179ce97. A one-launch variant
+// (cluster merge through DSMEM, the last cluster combining) was measured slower and withdrawn;
+// see docs/kernels.md.
 struct AttentionTuning {
-  // 1 (default) = the two-launch split + combine pair of 179ce97: the fastest on the H200 in the
-  // round-4 run, alone (ctx 8192: 16.1 us at q_len 1, 27.4 us at q_len 6) and in the layer chain
-  // (the one-launch kernel made the PDL-on chain slower than PDL off, 206 vs 157 us).
-  // 0 = one launch: split CTAs merged per thread-block cluster through DSMEM, the last cluster of
-  // each (request, kv head) combines (workspace counters); 24.2 / 35.1 us. See docs/kernels.md.
-  int variant = 1;
   int ctas_per_sm = 2;  // context splits are sized so a full cache gives this many blocks per SM
-  int stages = 3;       // variant 0: K/V stage ring depth, 2..4 stages of 32 KB
-  int cluster = 4;      // variant 0: splits per cluster, 1, 2, 4 or 8 (1: no cluster)
-  // Variant 1 options (same bits either way). split_full_ring: the split kernel's prologue issues
-  // all 3 ring stages (96 KB per block, 192 KB per SM in flight at the start) instead of 2;
+  // Split-kernel options (same bits either way). split_full_ring: the split kernel's prologue
+  // issues all 3 ring stages (96 KB per block, 192 KB per SM in flight at the start) instead of 2;
   // split_q_smem: Q staged in shared memory instead of 32 registers per thread (no spill at 8 and
   // 16 warps per block). Measured on the H200 at ctx 8192, graph+PDL (results/h200/attention.json,
   // 1550db9): default 14.98 / 25.16 us (q_len 1 / 6), q_smem 14.51 / 22.41, full ring 15.88 /
@@ -71,7 +66,7 @@ struct AttentionTuning {
   // validation runs (measured at 583eee2 with it) are redone without it. At 1 and 6 rows:
   // 137.3 vs 139.6 us, 143.2 vs 145.1 us.
   int carveout_max_shared_rows = 8;
-  bool launch_split = true, launch_combine = true;  // variant 1, benchmark only: halves alone
+  bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };
 AttentionTuning& attention_tuning();

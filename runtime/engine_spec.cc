@@ -93,7 +93,6 @@ void Engine::allocate_spec() {
           ws, kernels::attention_workspace_bytes({bucket, q_len, c.q_heads, kSoftmaxScale}, cache));
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&sp.side, cudaStreamNonBlocking));
   sp.attn_ws = b.dev<char>(ws);
-  TS_CUDA_CHECK(cudaMemset(sp.attn_ws, 0, ws));  // attention.h: zero-filled before first use
 }
 
 void Engine::proj_rows(const bf16* w, const bf16* x, bf16* out, int m, int n, int k,

@@ -58,18 +58,17 @@ bench=$(find "$build" -name twinstep_kernels_bench -type f -perm -u+x | head -1)
 bench_status=${PIPESTATUS[0]}
 echo "bench exit status: $bench_status (+$((SECONDS - start)) s)"
 
-# memcheck: every attention test but the two extra one-launch tunings (memcheck-clean in round 5,
-# unchanged since but for the shared tile step), so the run stays as long as before.
+# memcheck: every attention test.
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" \
-  --gtest_filter='*Attention*-*fused_c2_s2_3cta*:*fused_c8_s4_1cta*' >"$out/memcheck.log" 2>&1
+  --gtest_filter='*Attention*' >"$out/memcheck.log" 2>&1
 memcheck_status=$?
 echo "memcheck status: $memcheck_status (+$((SECONDS - start)) s)"
 grep -E "ERROR SUMMARY|^\[  (FAILED|PASSED) " "$out/memcheck.log" | tail -4
-# racecheck (shared-memory hazards) is slow: one case per kernel path (cluster of 4 through DSMEM,
-# no cluster, 3 row tiles = 384 threads, the pair (default), the pair with the full ring + Q in
+# racecheck (shared-memory hazards) is slow: one case per split-kernel path (Q in registers, Q in
+# shared memory (the default) with 2 and with 3 row tiles = 384 threads, the full ring + Q in
 # shared memory).
 timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-  --gtest_filter='Cases/AttentionCases.MatchesCpuReference/fused_default_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/fused_default_q8_kv2_len12_*:Cases/AttentionCases.MatchesCpuReference/fused_nocluster_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/two_launch_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/two_launch_full_ring_q_smem_q32_kv8_len6_*' \
+  --gtest_filter='Cases/AttentionCases.MatchesCpuReference/two_launch_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/two_launch_q_smem_q32_kv8_len6_*:Cases/AttentionCases.MatchesCpuReference/two_launch_q_smem_q8_kv2_len12_*:Cases/AttentionCases.MatchesCpuReference/two_launch_full_ring_q_smem_q32_kv8_len6_*' \
   >"$out/racecheck.log" 2>&1
 racecheck_status=$?
 echo "racecheck status: $racecheck_status (+$((SECONDS - start)) s)"

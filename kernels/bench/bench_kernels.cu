@@ -426,37 +426,25 @@ void free_kv(KvSetup& kv) {
 // Attention (Llama-3-8B heads: 32 q / 8 kv, 128 dims) over 32 layers of KV back to back in one
 // captured graph (cold: 32 x the layer's KV bytes >> L2). Bytes = the K and V rows read,
 // 2 x (ctx + q_len) x 8 heads x 256 B. Per context 1024 / 8192 / 32768 and q_len 1 / 6 / 16: the
-// default tuning (section `attention`: the two-launch pair), the pair with the driver's carveout,
-// the pair with both split options (full ring prologue, Q in shared memory) and the one-launch
-// kernel (clusters of 4 and of 2), PDL on and off. At ctx 8192, q_len 1 and 6: each split option
-// alone, stream-only runs (tile math skipped) of the pair and of the one-launch kernel, a sweep of
-// the one-launch tuning, the split and combine kernels alone, and the floor kernel over one layer's
-// K/V per launch.
+// default tuning (section `attention`), the pair with the driver's carveout and the pair with both
+// split options (full ring prologue, Q in shared memory), PDL on and off. At ctx 8192, q_len 1 and
+// 6: each split option alone, stream-only runs (tile math skipped), the split and combine kernels
+// alone, and the floor kernel over one layer's K/V per launch.
 std::string attention_label(const detail::AttentionTuning& t) {
-  std::string label =
-      t.variant == 1 ? "two_launch_cps" + std::to_string(t.ctas_per_sm) +
-                           (t.split_full_ring ? "_full" : "") + (t.split_q_smem ? "_qsmem" : "")
-                     : "fused_s" + std::to_string(t.stages) + "_cps" +
-                           std::to_string(t.ctas_per_sm) + "_c" + std::to_string(t.cluster);
-  return label + (t.carveout_max_shared ? "" : "_carvedrv") + (t.skip_math ? "_nomath" : "");
+  return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
+         (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
+         (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
 std::vector<detail::AttentionTuning> attention_contenders(const detail::AttentionTuning& defaults) {
-  detail::AttentionTuning pair = defaults, pair_opt = defaults, fused4 = defaults;
-  pair.variant = pair_opt.variant = 1;
+  detail::AttentionTuning pair = defaults, pair_opt = defaults;
   pair.split_full_ring = pair.split_q_smem = false;
   pair_opt.split_full_ring = pair_opt.split_q_smem = true;
-  fused4.variant = 0;
-  fused4.stages = 3;
-  fused4.ctas_per_sm = 2;
-  fused4.cluster = 4;
-  detail::AttentionTuning fused2 = fused4;
-  fused2.cluster = 2;
   detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
   pair_drv.carveout_max_shared = false;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {pair, pair_drv, pair_opt, fused4, fused2})
+  for (const auto& t : {pair, pair_drv, pair_opt})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
@@ -479,7 +467,6 @@ void bench_attention() {
     const size_t ws_bytes = attention_workspace_bytes(shape, kv.cache);
     void* ws = nullptr;
     TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-    TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));  // the counters start at zero (attention.h)
     const double bytes = 2.0 * (ctx + q_len) * 8 * kHeadDim * 2;
     auto timed = [&](bool pdl) {
       return time_graph_us([&](cudaStream_t s) {
@@ -556,8 +543,7 @@ void bench_attention() {
 
       // The pair: each split option alone, and stream-only (math skipped) without and with both.
       std::vector<detail::AttentionTuning> sweep;
-      detail::AttentionTuning pair = defaults;
-      pair.variant = 1;
+      const detail::AttentionTuning pair = defaults;
       for (const auto [full, qsmem, nomath] :
            {std::tuple{true, false, false}, std::tuple{false, true, false},
             std::tuple{false, false, true}, std::tuple{true, true, true}}) {
@@ -567,23 +553,6 @@ void bench_attention() {
         t.skip_math = nomath;
         sweep.push_back(t);
       }
-      // The one-launch kernel: ring depth / CTAs per SM / cluster size, and stream-only.
-      detail::AttentionTuning fused = defaults;
-      fused.variant = 0;
-      fused.stages = 3;
-      fused.ctas_per_sm = 2;
-      fused.cluster = 4;
-      for (const auto [stages, ctas, cluster] :
-           {std::tuple{3, 2, 1}, std::tuple{3, 2, 8}, std::tuple{2, 2, 4}, std::tuple{2, 2, 2},
-            std::tuple{2, 3, 4}, std::tuple{4, 1, 4}}) {
-        detail::AttentionTuning t = fused;
-        t.stages = stages;
-        t.ctas_per_sm = ctas;
-        t.cluster = cluster;
-        sweep.push_back(t);
-      }
-      fused.skip_math = true;
-      sweep.push_back(fused);
       for (const auto& t : sweep)
         for (const int q_len : {1, 6}) measure(kv, ctx, q_len, t, "attention_variant", false);
       // The pair's kernels alone (no PDL): default split options and both options on.
@@ -667,7 +636,6 @@ void bench_layer_chain(int m, bool diagnose) {
     detail::attention_tuning() = saved;
   }
   TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-  TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));  // counters
   const RopeTable rope = llama3_rope_table();
   // mask bit i: PDL on for the i-th launcher of the layer (norm1, qkv, rope, attention, o,
   // norm2, gate_up, down).
@@ -732,10 +700,9 @@ void bench_layer_chain(int m, bool diagnose) {
   const detail::AttentionTuning& b = contenders[best];
   std::printf(
       "  layer chain m=%d fastest attention with PDL on: %s (%.2f us; kernels/tuning.h "
-      "AttentionTuning: variant %d, split_full_ring %d, split_q_smem %d, carveout_max_shared %d, "
-      "stages %d, cluster %d)\n",
-      m, attention_label(b).c_str(), best_us, b.variant, b.split_full_ring ? 1 : 0,
-      b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0, b.stages, b.cluster);
+      "AttentionTuning: split_full_ring %d, split_q_smem %d, carveout_max_shared %d)\n",
+      m, attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0, b.split_q_smem ? 1 : 0,
+      b.carveout_max_shared ? 1 : 0);
 
   if (diagnose) {  // PDL off for one launcher at a time, and early triggers off
     const char* names[8] = {"norm1", "qkv", "rope", "attention", "o", "norm2", "gate_up", "down"};
