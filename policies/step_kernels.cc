@@ -422,6 +422,15 @@ const char* kernel_class_name(KernelClass c) {
   return "?";
 }
 
+std::string_view runtime_node_name(std::string_view name) {
+  if (name == "rope" || name == "kv_append") return "rope_kv_append";
+  if (name == "gate_up_proj" || name == "swiglu") return "gate_up_swiglu";
+  if (name == "moe_router" || name == "moe_gate_up" || name == "moe_down" ||
+      name == "shared_gate_up" || name == "shared_down" || name == "moe_combine")
+    return "moe";
+  return name;
+}
+
 const char* collective_kind_name(CollectiveKind c) {
   switch (c) {
     case CollectiveKind::kNone:

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "policies/layout.h"
@@ -34,6 +35,12 @@ const char* kernel_class_name(KernelClass c);
 
 enum class CollectiveKind : uint8_t { kNone, kAllReduce, kAllGather, kAllToAll, kSendRecv };
 const char* collective_kind_name(CollectiveKind c);
+
+// The real runtime's node that runs step kernel `name`: it fuses some of the kernels this file
+// lists (rope + kv_append -> rope_kv_append; gate_up_proj + swiglu -> gate_up_swiglu; the MoE's
+// router, expert, shared-expert and combine kernels -> moe). Other names are returned unchanged.
+// `compare --ops` merges consecutive kernels of one node on both timelines by this rule.
+std::string_view runtime_node_name(std::string_view name);
 
 // A collective's bytes_read is the message this rank contributes (a receive: 0) and
 // bytes_written what it ends up receiving (all-reduce: the message; all-gather: group × message;

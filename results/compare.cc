@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "policies/error.h"
+#include "policies/step_kernels.h"
 #include "results/acceptance.h"
 
 namespace twinstep {
@@ -149,17 +150,36 @@ struct Span {
 // (rank, step, lane, name) -> spans in start order (ties in insertion order).
 using SpanKey = std::tuple<int64_t, int64_t, std::string, std::string>;
 
+// Spans are named by the runtime's nodes (runtime_node_name): consecutive spans of one lane that
+// the runtime runs as one node (the simulator's rope then kv_append, say) become one span from the
+// first start to the latest end, so both timelines list the same operations.
 std::map<SpanKey, std::vector<Span>> load_spans(ResultsDb& db, int64_t run) {
   const QueryResult r = db.query_params(
       "SELECT rank, step, lane, name, start_ns, dur_ns FROM timeline_span WHERE run_id = ?1 "
       "ORDER BY rank, step, start_ns, rowid",
       {run});
   std::map<SpanKey, std::vector<Span>> spans;
+  std::map<std::tuple<int64_t, int64_t, std::string>, SpanKey> last;  // per (rank, step, lane)
   for (const auto& row : r.rows) {
-    spans[{cell_int(row[0], "timeline_span.rank"), cell_int(row[1], "timeline_span.step"),
-           cell_text(row[2], "timeline_span.lane"), cell_text(row[3], "timeline_span.name")}]
-        .push_back(
-            {cell_int(row[4], "timeline_span.start_ns"), cell_int(row[5], "timeline_span.dur_ns")});
+    const int64_t rank = cell_int(row[0], "timeline_span.rank");
+    const int64_t step = cell_int(row[1], "timeline_span.step");
+    const std::string lane = cell_text(row[2], "timeline_span.lane");
+    const std::string name = cell_text(row[3], "timeline_span.name");
+    const Span span{cell_int(row[4], "timeline_span.start_ns"),
+                    cell_int(row[5], "timeline_span.dur_ns")};
+    const std::string node(runtime_node_name(name));
+    const SpanKey key{rank, step, lane, node};
+    auto [prev, fresh] = last.try_emplace({rank, step, lane}, key);
+    if (!fresh && prev->second == key && node != name) {
+      // Fold a fused kernel into the node's span begun just before it in this lane. (A runtime
+      // span already carries the node's name, so two of them never merge.)
+      Span& open = spans[key].back();
+      open.dur_ns =
+          std::max(open.start_ns + open.dur_ns, span.start_ns + span.dur_ns) - open.start_ns;
+      continue;
+    }
+    prev->second = key;
+    spans[key].push_back(span);
   }
   return spans;
 }

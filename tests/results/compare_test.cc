@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <sstream>
 
 #include "policies/error.h"
@@ -139,6 +140,56 @@ TEST(Compare, OperationsMatchByStepLaneNameAndOccurrence) {
   EXPECT_EQ(count(t.rows[3][10]), 1);
   // A variant without a real run, or runs without timelines, give no rows.
   EXPECT_TRUE(sim_vs_real_ops(db, {sim}).rows.empty());
+}
+
+// Hand-worked: the simulator lists rope, kv_append, gate_up_proj, swiglu and four MoE kernels
+// where the runtime runs rope_kv_append, gate_up_swiglu and moe; consecutive kernels of one node
+// fold into one span (first start to latest end) and match the runtime's node.
+TEST(Compare, FusedRuntimeNodesMatchTheSimulatorsKernelRuns) {
+  auto db = ResultsDb::open(":memory:");
+  RunRecord sim_rec;
+  sim_rec.timeline = {{0, Lane::kCompute, "rope", 1, 0, 10, 0},
+                      {0, Lane::kCompute, "kv_append", 1, 10, 5, 0},
+                      {0, Lane::kCompute, "attention", 1, 15, 20, 0},
+                      {0, Lane::kCompute, "gate_up_proj", 1, 35, 100, 0},
+                      {0, Lane::kCompute, "swiglu", 1, 130, 10, 0},  // overlaps: ends at 140
+                      {0, Lane::kCompute, "moe_router", 1, 200, 5, 0},
+                      {0, Lane::kCompute, "moe_gate_up", 1, 205, 60, 0},
+                      {0, Lane::kCompute, "moe_down", 1, 265, 30, 0},
+                      {0, Lane::kCompute, "moe_combine", 1, 295, 5, 0},
+                      {0, Lane::kCompute, "rope", 1, 400, 10, 0},  // the next layer's rope alone
+                      {0, Lane::kCompute, "kv_append", 1, 410, 6, 0}};
+  RunRecord real_rec;
+  real_rec.timeline = {{0, Lane::kCompute, "rope_kv_append", 1, 1000, 12, 0},
+                       {0, Lane::kCompute, "attention", 1, 1012, 22, 0},
+                       {0, Lane::kCompute, "gate_up_swiglu", 1, 1034, 95, 0},
+                       {0, Lane::kCompute, "moe", 1, 1200, 110, 0},
+                       {0, Lane::kCompute, "rope_kv_append", 1, 1400, 18, 0}};
+  const int64_t sim = db.begin_run(info("e", "y", 0, "sim"));
+  db.finish_run(sim, sim_rec, {}, 1);
+  const int64_t real = db.begin_run(info("e", "y", 0, "real"));
+  db.finish_run(real, real_rec, {}, 1);
+
+  const QueryResult t = sim_vs_real_ops(db, {sim, real});
+  ASSERT_EQ(t.rows.size(), 4u);
+  std::map<std::string, std::vector<Cell>> by_op;
+  for (const auto& row : t.rows) by_op[std::get<std::string>(row[2])] = row;
+  auto num = [](const Cell& c) { return std::get<double>(c); };
+  auto count = [](const Cell& c) { return std::get<int64_t>(c); };
+  // rope_kv_append: sim 15 and 16 ns, real 12 and 18 -> means 15.5 vs 15.
+  ASSERT_TRUE(by_op.count("rope_kv_append"));
+  EXPECT_EQ(count(by_op["rope_kv_append"][3]), 2);
+  EXPECT_DOUBLE_EQ(num(by_op["rope_kv_append"][4]), 0.0155);
+  EXPECT_DOUBLE_EQ(num(by_op["rope_kv_append"][5]), 0.015);
+  // gate_up_swiglu: 35 .. 140 = 105 ns vs 95; moe: 200 .. 300 = 100 ns vs 110.
+  EXPECT_DOUBLE_EQ(num(by_op["gate_up_swiglu"][4]), 0.105);
+  EXPECT_DOUBLE_EQ(num(by_op["gate_up_swiglu"][5]), 0.095);
+  EXPECT_DOUBLE_EQ(num(by_op["moe"][4]), 0.100);
+  EXPECT_DOUBLE_EQ(num(by_op["moe"][5]), 0.110);
+  for (const auto& [op, row] : by_op) {
+    EXPECT_EQ(count(row[9]), 0) << op;  // nothing left unmatched on either side
+    EXPECT_EQ(count(row[10]), 0) << op;
+  }
 }
 
 }  // namespace
