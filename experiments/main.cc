@@ -465,6 +465,9 @@ struct CalibrateGrid {
   std::vector<int> contexts, batches;  // empty: the default grid
   std::vector<int64_t> sessions;       // --fit-only: the sessions fitted together (empty: latest)
   int tp = 1;                          // > 1: rank 0's shard of tp-way tensor parallelism
+  // Speculative graphs (runtime/calibrate.h CalibrateOptions::spec, spec_only).
+  bool no_spec = false;
+  bool spec_only = false;
   std::string collectives_from;  // a profile whose collective calibration (calibrate-nccl) is kept
   // Held-out evaluation of the fitted profile (calibrate-eval): sessions of this database.
   std::string evaluate_db;
@@ -524,6 +527,10 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   ProfileHeader header;
   if (!fit_only && !grid.sessions.empty())
     throw ConfigError("", "--sessions selects stored sessions to refit: give it with --fit-only");
+  if (fit_only && (grid.spec_only || grid.no_spec))
+    throw ConfigError("",
+                      "--spec-only and --no-spec choose what calibrate measures; --fit-only "
+                      "measures nothing (it refits every stored sample, spec_graph ones too)");
   if (fit_only) {
     // One session (the latest by default), or several fitted as one sample set (e.g. a dense
     // model's full grid and a MoE model's narrow grid, measured by two commands): same GPU only.
@@ -558,6 +565,8 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     o.contexts = grid.contexts;
     o.tp = grid.tp;
     o.batches = grid.batches;
+    o.spec = !grid.no_spec;
+    o.spec_only = grid.spec_only;
     runtime::CalibrationRun run = runtime::run_calibration(o);
     samples = std::move(run.samples);
     const std::time_t t = std::time(nullptr);
@@ -603,6 +612,9 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     profile.hw.alltoall_alpha_ns = c.hw.alltoall_alpha_ns;
     profile.hw.p2p_alpha_ns = c.hw.p2p_alpha_ns;
     profile.hw.collective_tables = c.hw.collective_tables;
+    // And its arrival-skew curves (a section of their own; absent in older profiles).
+    profile.hw.collective_skew_ranks = c.hw.collective_skew_ranks;
+    profile.hw.collective_skew = c.hw.collective_skew;
     size_t kept = 0;
     for (const auto& [key, value] : c.measurements) {
       if (key.rfind("nccl.", 0) != 0) continue;
@@ -635,12 +647,12 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
 // mpirun: NCCL collective times against message size, fitted into a calibration profile.
 int cmd_calibrate_nccl(const std::string& out_path, const std::string& json_path,
                        const std::string& name, const std::string& profile, bool quick,
-                       bool single_process, const std::string& command) {
+                       bool single_process, const std::string& command, bool skew) {
 #ifdef TWINSTEP_HAVE_NCCL_CALIBRATE
   DistributedSession session;  // MPI up under mpirun; refused without MPI in the build
   try {
     return calibrate_nccl_command(out_path, json_path, name, profile, quick, single_process,
-                                  command);
+                                  command, skew);
   } catch (const std::exception& ex) {
     if (!session.distributed()) throw;
     std::fflush(stdout);
@@ -650,7 +662,7 @@ int cmd_calibrate_nccl(const std::string& out_path, const std::string& json_path
   }
 #else
   (void)out_path, (void)json_path, (void)name, (void)profile, (void)quick, (void)single_process,
-      (void)command;
+      (void)command, (void)skew;
   throw Error("calibrate-nccl needs a CUDA + NCCL + MPI build (this twinstep has no NCCL)");
 #endif
 }
@@ -807,6 +819,12 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   calibrate->add_option("--tp", cal_grid.tp,
                         "measure rank 0's shard of TP-N (MoE: EP-N) on one GPU, no collectives");
+  calibrate->add_flag("--no-spec", cal_grid.no_spec,
+                      "skip the speculative graphs (measured by default for models with a draft "
+                      "module, ~11 s for llama-3-8b on an H200)");
+  calibrate->add_flag("--spec-only", cal_grid.spec_only,
+                      "measure only the speculative graphs (fit them with stored sessions: "
+                      "--fit-only --sessions)");
   calibrate->add_option("--collectives-from", cal_grid.collectives_from,
                         "keep the collective calibration (calibrate-nccl) of this profile file");
   calibrate
@@ -839,7 +857,7 @@ int main(int argc, char** argv) {
   calibrate_eval->add_flag("--by-batch", eval_by_batch, "also print the kernel errors per batch");
 
   std::string nccl_out, nccl_json, nccl_name, nccl_profile;
-  bool nccl_quick = false, nccl_single = false;
+  bool nccl_quick = false, nccl_single = false, nccl_no_skew = false;
   CLI::App* calibrate_nccl = app.add_subcommand(
       "calibrate-nccl",
       "time NCCL collectives vs message size (mpirun -np GPUS) and fit them into a profile");
@@ -852,6 +870,9 @@ int main(int argc, char** argv) {
   calibrate_nccl->add_flag("--quick", nccl_quick, "x4 size steps, fewer repetitions");
   calibrate_nccl->add_flag("--single-process", nccl_single,
                            "no mpirun: one thread per visible GPU in this process");
+  calibrate_nccl->add_flag("--no-skew", nccl_no_skew,
+                           "skip the skewed-arrival sweep (graph all-reduce, one rank late; "
+                           "a few seconds on 2 GPUs)");
 
   int32_t bench_requests = 1000;
   CLI::App* bench =
@@ -902,7 +923,7 @@ int main(int argc, char** argv) {
       std::string command = "twinstep";
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
       return cmd_calibrate_nccl(nccl_out, nccl_json, nccl_name, nccl_profile, nccl_quick,
-                                nccl_single, command);
+                                nccl_single, command, !nccl_no_skew);
     }
     if (*capacity) return cmd_capacity(cap_model, cap_hardware, cap_layouts, cap_seed004, f);
     if (*import) return cmd_import(import_records, import_as, db_path);

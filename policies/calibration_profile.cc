@@ -336,11 +336,169 @@ void read_collective_tables(Reader& r,
   }
 }
 
+// ---- collective arrival skew (HardwareSpec::collective_skew, issue #11) ----------------------
+
+// collective_skew: {ranks: G, COLLECTIVE: {MODE: [[skew_ns, extra_ns], ...]}}: COLLECTIVE one of
+// all_reduce, all_gather, all_to_all; MODE eager or graph; skew_ns strictly ascending; both
+// finite and >= 0.
+void read_collective_skew(Reader& r, const YAML::Node& node, HardwareSpec& hw) {
+  static const std::vector<std::string> kCollectives = {"all_reduce", "all_gather", "all_to_all"};
+  std::vector<std::string> allowed = {"ranks"};
+  allowed.insert(allowed.end(), kCollectives.begin(), kCollectives.end());
+  const auto m = r.mapping(node, "collective_skew", allowed);
+  const YAML::Node& ranks = r.require(m, node, "ranks", "collective_skew");
+  hw.collective_skew_ranks = int32_t(r.integer(ranks, "collective_skew.ranks", 2, 1 << 20));
+  for (const auto& [coll, cv] : m) {
+    if (coll == "ranks") continue;
+    const std::string cwhat = "collective_skew." + coll;
+    for (const auto& [mode, tv] : r.mapping(cv, cwhat, {"eager", "graph"})) {
+      const std::string what = cwhat + "." + mode;
+      if (!tv.IsSequence() || tv.size() == 0) {
+        r.fail(tv.Mark(), what + " must be a non-empty list of [skew_ns, extra_ns] points");
+      }
+      HardwareSpec::CollectiveSkewTable table{coll, mode == "graph", {}};
+      for (size_t i = 0; i < tv.size(); ++i) {
+        const YAML::Node& pt = tv[i];
+        const std::string pwhat = what + "[" + std::to_string(i) + "]";
+        if (!pt.IsSequence() || pt.size() != 2) {
+          r.fail(pt.Mark(), pwhat + " must be a point [skew_ns, extra_ns]");
+        }
+        const HardwareSpec::SkewPoint p{r.number(pt[0], pwhat + ".skew_ns", 0, false, 1e12),
+                                        r.number(pt[1], pwhat + ".extra_ns", 0, false, 1e12)};
+        if (!table.points.empty() && p.skew_ns <= table.points.back().skew_ns) {
+          r.fail(pt[0].Mark(),
+                 pwhat + ".skew_ns = " + num(p.skew_ns) + " must exceed the previous point's " +
+                     num(table.points.back().skew_ns) + " (points sorted by skew_ns, distinct)");
+        }
+        table.points.push_back(p);
+      }
+      hw.collective_skew.push_back(std::move(table));
+    }
+  }
+}
+
+// The section, after the measurements: the tables of the collectives read_collective_skew
+// accepts, in its order (collective, then eager before graph; the first table of a pair), and
+// nothing when there are none (so profiles without one are written as before).
+void write_collective_skew(std::ostringstream& o, const HardwareSpec& hw) {
+  std::string body;
+  for (const char* coll : {"all_reduce", "all_gather", "all_to_all"}) {
+    std::string modes;
+    for (const bool graph : {false, true}) {
+      const auto t =
+          std::find_if(hw.collective_skew.begin(), hw.collective_skew.end(),
+                       [&](const auto& x) { return x.collective == coll && x.graph == graph; });
+      if (t == hw.collective_skew.end() || t->points.empty()) continue;
+      modes += std::string("\n    ") + (graph ? "graph" : "eager") + ": [";
+      for (size_t i = 0; i < t->points.size(); ++i) {
+        modes += (i > 0 ? ", [" : "[") + num(t->points[i].skew_ns) + ", " +
+                 num(t->points[i].extra_ns) + "]";
+      }
+      modes += "]";
+    }
+    if (!modes.empty()) body += std::string("\n  ") + coll + ":" + modes;
+  }
+  if (body.empty()) return;
+  o << "# Collective arrival skew (calibrate-nccl): a collective whose members arrive skew_ns "
+       "apart ends\n# extra_ns after the latest arrival plus its time; [skew_ns, extra_ns] "
+       "points, linear between,\n# clamped outside; groups of `ranks` GPUs only.\n";
+  o << "collective_skew:\n  ranks: " << hw.collective_skew_ranks << body << "\n";
+}
+
+// ---- speculative graphs (HardwareSpec::spec_graph_residuals, issue #6) ------------------------
+
+// The graph kinds of simulator/spec_graphs.h (spec_graph_name) and the graph modes.
+const std::vector<std::string>& spec_graph_kinds() {
+  static const std::vector<std::string> kinds = {"draft", "draft_early_exit", "verify", "extend"};
+  return kinds;
+}
+
+// spec_graph_residuals: a list of {model, graph, mode, batch, base_ns, ns_per_position,
+// ns_per_position_ctx[, ns_per_extra_chunk], r2, max_rel_err, max_rel_err_unfitted,
+// mean_err_unfitted, samples, points}, every field but ns_per_extra_chunk (absent: 0) required;
+// (model, graph, mode, batch) distinct.
+void read_spec_graph_residuals(Reader& r, const YAML::Node& node, HardwareSpec& hw) {
+  static const std::vector<std::string> kModes = {"graph", "pdl", "eager"};
+  if (!node.IsSequence()) r.fail(node.Mark(), "spec_graph_residuals must be a list of fits");
+  for (size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node& e = node[i];
+    const std::string what = "spec_graph_residuals[" + std::to_string(i) + "]";
+    const auto m = r.mapping(e, what,
+                             {"model", "graph", "mode", "batch", "base_ns", "ns_per_position",
+                              "ns_per_position_ctx", "ns_per_extra_chunk", "r2", "max_rel_err",
+                              "max_rel_err_unfitted", "mean_err_unfitted", "samples", "points"});
+    auto field = [&](const char* name) -> const YAML::Node& { return r.require(m, e, name, what); };
+    auto one_of = [&](const char* name, const std::vector<std::string>& allowed) {
+      const std::string v = r.text(field(name), what + "." + name);
+      if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+        r.fail(field(name).Mark(),
+               what + "." + name + " '" + v + "' is not one of " + join(allowed));
+      }
+      return v;
+    };
+    HardwareSpec::SpecGraphResidual f;
+    f.model = r.text(field("model"), what + ".model");
+    if (f.model.empty()) r.fail(field("model").Mark(), what + ".model must not be empty");
+    f.graph = one_of("graph", spec_graph_kinds());
+    f.mode = one_of("mode", kModes);
+    f.batch = r.integer(field("batch"), what + ".batch", 1, int64_t(1) << 20);
+    f.base_ns = r.number(field("base_ns"), what + ".base_ns", -1e12, false, 1e12);
+    f.ns_per_position =
+        r.number(field("ns_per_position"), what + ".ns_per_position", -1e12, false, 1e12);
+    f.ns_per_position_ctx =
+        r.number(field("ns_per_position_ctx"), what + ".ns_per_position_ctx", -1e9, false, 1e9);
+    if (const YAML::Node* c = Reader::find(m, "ns_per_extra_chunk")) {
+      f.ns_per_extra_chunk = r.number(*c, what + ".ns_per_extra_chunk", -1e12, false, 1e12);
+    }
+    f.r2 = r.number(field("r2"), what + ".r2", -1e300, false, 1);
+    f.max_rel_err = r.number(field("max_rel_err"), what + ".max_rel_err", 0, false, 1e300);
+    f.max_rel_err_unfitted =
+        r.number(field("max_rel_err_unfitted"), what + ".max_rel_err_unfitted", 0, false, 1e300);
+    f.mean_err_unfitted =
+        r.number(field("mean_err_unfitted"), what + ".mean_err_unfitted", -1e300, false, 1e300);
+    f.samples = r.integer(field("samples"), what + ".samples", 1, int64_t(1) << 50);
+    f.points = r.integer(field("points"), what + ".points", 1, int64_t(1) << 50);
+    for (const HardwareSpec::SpecGraphResidual& q : hw.spec_graph_residuals) {
+      if (q.model == f.model && q.graph == f.graph && q.mode == f.mode && q.batch == f.batch) {
+        r.fail(e.Mark(), what + ": a second fit of " + f.model + " " + f.graph + " in mode " +
+                             f.mode + " at batch " + std::to_string(f.batch));
+      }
+    }
+    hw.spec_graph_residuals.push_back(std::move(f));
+  }
+}
+
+// The section, after pdl_node_gap_by_rows; nothing when there are no fits (profiles without
+// speculative samples are written as before).
+void write_spec_graph_residuals(std::ostringstream& o, const HardwareSpec& hw) {
+  if (hw.spec_graph_residuals.empty()) return;
+  o << "# Speculative graphs: per model, graph, graph mode and batch, the measured launch less the "
+       "simulator's\n# price, ns = base_ns + ns_per_position * P + ns_per_position_ctx * P * ctx "
+       "(P: draft tokens,\n# or verify / extend width; ctx: cached tokens per request) + "
+       "ns_per_extra_chunk * (16-row\n# GEMV chunks past the first, verify / extend), added to "
+       "those launches of a one-GPU run in\n# that mode; errors of the price with and without "
+       "it.\n";
+  o << "spec_graph_residuals:";
+  for (const HardwareSpec::SpecGraphResidual& f : hw.spec_graph_residuals) {
+    o << "\n  - {model: " << quoted(f.model) << ", graph: " << quoted(f.graph)
+      << ", mode: " << quoted(f.mode) << ", batch: " << f.batch << ", base_ns: " << num(f.base_ns)
+      << ", ns_per_position: " << num(f.ns_per_position)
+      << ", ns_per_position_ctx: " << num(f.ns_per_position_ctx);
+    if (f.ns_per_extra_chunk != 0) o << ", ns_per_extra_chunk: " << num(f.ns_per_extra_chunk);
+    o << ", r2: " << num(f.r2) << ", max_rel_err: " << num(f.max_rel_err)
+      << ", max_rel_err_unfitted: " << num(f.max_rel_err_unfitted)
+      << ", mean_err_unfitted: " << num(f.mean_err_unfitted) << ", samples: " << f.samples
+      << ", points: " << f.points << "}";
+  }
+  o << "\n";
+}
+
 CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
   const auto top =
       r.mapping(doc, "the profile",
                 {"format", "name", "base", "header", "figures", "kernels", "kernel_names",
-                 "kernel_model_fits", "pdl_node_gap_by_rows", "host_ops", "measurements"});
+                 "kernel_model_fits", "pdl_node_gap_by_rows", "host_ops", "measurements",
+                 "collective_skew", "spec_graph_residuals"});
   CalibrationProfile p;
   const YAML::Node& format = r.require(top, doc, "format", "the profile");
   if (r.integer(format, "format", 0, 1000000) != kFormat) {
@@ -427,6 +585,9 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
     }
   }
 
+  if (const YAML::Node* sn = Reader::find(top, "spec_graph_residuals")) {
+    read_spec_graph_residuals(r, *sn, p.hw);
+  }
   if (const YAML::Node* on = Reader::find(top, "host_ops")) {
     for (const auto& [key, v] : r.mapping(*on, "host_ops", {})) {
       p.host_ops.emplace_back(key, read_distribution(r, v, "host_ops." + key));
@@ -438,6 +599,9 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
       p.measurements.emplace_back(key, r.number(v, "measurements." + key, -1e300, false, 1e300));
     }
     read_collective_tables(r, m, p.hw);
+  }
+  if (const YAML::Node* sn = Reader::find(top, "collective_skew")) {
+    read_collective_skew(r, *sn, p.hw);
   }
   return p;
 }
@@ -528,6 +692,7 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
     }
     o << "}\n";
   }
+  write_spec_graph_residuals(o, p.hw);
   o << "host_ops:";
   for (const auto& [name, d] : p.host_ops) {
     o << "\n  " << quoted(name) << ": {n: " << d.n << ", mean_ns: " << num(d.mean_ns)
@@ -538,6 +703,7 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
   o << "measurements:";
   for (const auto& [name, v] : p.measurements) o << "\n  " << quoted(name) << ": " << num(v);
   o << (p.measurements.empty() ? " {}\n" : "\n");
+  write_collective_skew(o, p.hw);
   return o.str();
 }
 

@@ -29,6 +29,10 @@ namespace twinstep {
 //   host_op         name; value_ns = one real-backend host operation
 //   step            model, mode, batch, ctx_tokens, nodes; value_ns = unprofiled decode launch
 //   step_profiled   the same with a timestamp node before every kernel
+//   spec_graph      name (draft | draft_early_exit | verify | extend), model, mode, batch,
+//                   ctx_tokens (before the launch), nodes = positions per request (draft: the
+//                   draft tokens L, all L forwards run; verify, extend: the width W); value_ns =
+//                   GPU time of one speculative graph launch (events)
 struct CalibrationSample {
   std::string kind;
   std::string name;  // node, kernel or host-op name
@@ -37,7 +41,7 @@ struct CalibrationSample {
   std::string mode;  // eager | graph | pdl
   int64_t batch = 0;
   int64_t ctx_tokens = 0;  // per request
-  int64_t nodes = 0;
+  int64_t nodes = 0;       // spec_graph: positions per request
   int64_t bytes = 0;
   int64_t flops = 0;
   double value_ns = 0;
@@ -81,8 +85,13 @@ std::string write_calibration_profile(const CalibrationProfile& profile);
 
 // Parses profile YAML. Throws ConfigError "source:line:column: message" for malformed YAML, a
 // missing, unknown or out-of-range field, an unknown base preset or kernel class, a malformed
-// collective time (nccl.*.median_ns) or one without nccl.ranks. Never throws
+// collective time (nccl.*.median_ns) or one without nccl.ranks, a malformed collective_skew
+// table (HardwareSpec::collective_skew: a point not [skew_ns, extra_ns], a value negative or not
+// finite, skew_ns not strictly ascending; a profile without the section has none). Never throws
 // anything else for any input bytes (a fuzz target may call it).
+// spec_graph_residuals (HardwareSpec::spec_graph_residuals) is optional and written only when
+// non-empty; an entry with an unknown graph or mode, a missing or out-of-range field, or a
+// repeated (model, graph, mode, batch) is a ConfigError at its position.
 CalibrationProfile parse_calibration_profile(const std::string& text, const std::string& source);
 // Reads and parses the file at `path` (ConfigError naming the path when it cannot be read).
 CalibrationProfile load_calibration_profile(const std::string& path);

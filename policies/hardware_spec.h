@@ -134,6 +134,58 @@ struct HardwareSpec {
     int64_t gap_ns = 0;
   };
   std::vector<PdlGap> pdl_node_gap_by_rows;  // grouped by model, rows ascending in a model
+
+  // ---- Speculative graphs (issue #6; `twinstep calibrate`, docs/calibration.md "Speculative
+  // graphs") ----
+  // The runtime's draft / verify / extend graphs measured in situ, less what the simulator
+  // prices for the same launch (simulator/spec_graphs.h spec_graph_price_ns): per model, graph
+  // kind, graph mode and batch, ns = base_ns + ns_per_position · P + ns_per_position_ctx · P ·
+  // ctx + ns_per_extra_chunk · C, P the draft tokens of a draft launch (the runtime runs P draft
+  // forwards) or the width of a verify / extend launch, ctx the cached tokens per request, C the
+  // 16-row GEMV chunks past the first of a verify / extend (spec_graph_extra_chunks: these graphs
+  // read every weight once per chunk of the padded batch × width rows, where the simulator
+  // prices more than 16 rows as one GEMM; 0 for drafts). Signed: the simulator prices the
+  // NEXTN split (P − 1 draft forwards, a full draft forward in extend), the runtime P forwards
+  // and an extend that writes only the draft layer's K/V. A one-GPU run adds it to those
+  // launches in that mode (spec_graph_residual_for: the smallest measured batch >= the launch's
+  // requests, the largest above), the launch's span held at >= 0.
+  struct SpecGraphResidual {
+    std::string model;  // calibration model label (a preset: the graphs run on one GPU)
+    std::string graph;  // draft | draft_early_exit | verify | extend (spec_graph_name)
+    std::string mode;   // graph | pdl | eager: the graph mode measured
+    int64_t batch = 0;  // requests of the measured launches
+    double base_ns = 0;
+    double ns_per_position = 0;
+    double ns_per_position_ctx = 0;   // per position and cached token of a request
+    double ns_per_extra_chunk = 0;    // per 16-row chunk past the first (verify, extend)
+    double r2 = 0;                    // of the fit on the residuals (unweighted)
+    double max_rel_err = 0;           // max |price + residual − measured| / measured
+    double max_rel_err_unfitted = 0;  // the same without the residual
+    double mean_err_unfitted = 0;     // mean (price − measured) / measured, signed, no residual
+    int64_t samples = 0;              // launches measured
+    int64_t points = 0;               // (positions, context) medians fitted
+  };
+  std::vector<SpecGraphResidual> spec_graph_residuals;  // (model, graph, mode, batch) distinct
+
+  // ---- Collective arrival skew (issue #11; `twinstep calibrate-nccl`, docs/calibration.md
+  // "Collectives") ----
+  // A collective whose members reach it skew_ns apart (latest minus earliest arrival) ends
+  // extra_ns after the latest arrival plus its time (collective_tables or alpha-beta): the late
+  // rank's NCCL kernel runs longer than a synchronised one (2 H200s, graph all-reduce, TP2-EP2
+  // batch 1: 7.4-7.5 us against 6.55 us). Per collective and mode one curve, measured on
+  // collective_skew_ranks GPUs and applied to groups of that size only;
+  // CostModel::collective_skew_extra_ns interpolates it linearly in skew_ns, clamped at both ends.
+  struct SkewPoint {
+    double skew_ns = 0;   // >= 0; strictly ascending within a table
+    double extra_ns = 0;  // >= 0
+  };
+  struct CollectiveSkewTable {
+    std::string collective;  // all_reduce | all_gather | all_to_all (send/recv: no rendezvous)
+    bool graph = true;       // measured inside a captured CUDA graph, else eager
+    std::vector<SkewPoint> points;  // at least one
+  };
+  int32_t collective_skew_ranks = 0;  // 0: no skew tables (every extra is 0)
+  std::vector<CollectiveSkewTable> collective_skew;
 };
 
 // The PDL node gap of a step of `model` with `rows` rows (pdl_node_gap_by_rows, else

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 
@@ -526,6 +527,171 @@ class InSitu {
   std::string label_;  // the model being measured (calibration_model_label)
 };
 
+// ---- speculative graphs in situ ----------------------------------------------------------------
+
+// The engine runs speculative decoding for dense models whose FFN is at least as wide as the
+// hidden state (engine_spec.cc), on one GPU.
+bool drafts(const LlamaConfig& c, int tp) {
+  return tp == 1 && !c.moe() && c.intermediate >= c.hidden;
+}
+
+// The speculative graphs of `name` (docs/calibration.md "Speculative graphs"): at the smallest
+// and largest context of the decode grid, per batch and verify width W, rounds of draft(W − 1),
+// verify(W), extend(W) as a policy launches them, each graph bracketed by its own event pair;
+// then draft(W − 1) alone with device stops and early exit (conditional IF nodes), threshold 0 so
+// that no row stops and every step runs. Two untimed rounds first (they capture the graphs);
+// the context of a point is the mean per request before its middle round, read from the verify
+// output entries (verify commits a device-decided count; draft and extend commit nothing).
+void spec_graphs(const CalibrateOptions& o, const std::string& name,
+                 std::vector<CalibrationSample>& out) {
+  const LlamaConfig config = llama_config_from_spec(model_preset(name));
+  if (!drafts(config, o.tp)) {
+    std::fprintf(o.log, "calibrate: %s: no speculative graphs (%s)\n", name.c_str(),
+                 o.tp > 1 ? "tensor parallel" : "no draft module: MoE or intermediate < hidden");
+    return;
+  }
+  const std::string label = calibration_model_label(name, 1);
+  std::vector<int> contexts = o.quick ? std::vector<int>{128, 2048} : std::vector<int>{128, 8192};
+  if (!o.contexts.empty()) {
+    const auto [lo, hi] = std::minmax_element(o.contexts.begin(), o.contexts.end());
+    contexts = *lo == *hi ? std::vector<int>{*lo} : std::vector<int>{*lo, *hi};
+  }
+  std::vector<int> batches = o.quick ? std::vector<int>{1} : std::vector<int>{1, 4};
+  if (!o.batches.empty()) {
+    batches.clear();
+    for (const int b : o.batches) {
+      if (b <= 4) batches.push_back(b);
+    }
+    if (batches.empty()) batches.push_back(o.batches.front());
+  }
+  // The engine's verify widths: 16 rows of GEMV, 64 query rows of decode_attention per KV head.
+  const int max_width = std::min(kMaxDraftTokens + 1, 64 / (config.q_heads / config.kv_heads));
+  std::vector<int> widths;
+  for (const int w : o.quick ? std::vector<int>{2, 6, 16} : std::vector<int>{2, 4, 6, 8, 12, 16}) {
+    if (w <= max_width) widths.push_back(w);
+  }
+  // Verify entries are read after a width's rounds: 2 launches per round within kOutputRing.
+  constexpr int kWarm = 2;
+  const int reps = o.quick ? 6 : 20;
+  static_assert(2 * (kWarm + 20) <= kOutputRing);
+  int64_t growth = 16;  // a verify's width of margin
+  for (size_t b = 0; b < batches.size(); ++b) {
+    for (const int w : widths) growth += int64_t(kWarm + reps) * w;  // every draft accepted
+  }
+  const auto sample_of = [&](const char* graph, double ns, int batch, int64_t ctx, int positions) {
+    CalibrationSample x = sample("spec_graph", ns);
+    x.name = graph;
+    x.model = label;
+    x.mode = "graph";
+    x.batch = batch;
+    x.ctx_tokens = ctx;
+    x.nodes = positions;
+    out.push_back(x);
+  };
+  for (const int ctx : contexts) {
+    const int max_batch = *std::max_element(batches.begin(), batches.end());
+    EngineOptions eo;
+    eo.max_slots = max_batch;
+    eo.capacity_tokens = int32_t(((ctx + 15) / 16 * 16 + growth + 63) / 64 * 64);
+    eo.draft = true;
+    eo.draft_early_exit = true;  // used by drafts with device stops only
+    std::fprintf(o.log, "calibrate: %s speculative graphs, ctx %d, %d slots\n", label.c_str(), ctx,
+                 max_batch);
+    auto engine = Engine::create_synthetic(config, 1, eo, /*draft_fidelity=*/0.5);
+    const cudaStream_t stream = engine->compute_stream();
+    const size_t slot_count = static_cast<size_t>(max_batch);
+    std::vector<int32_t> slots(slot_count);
+    std::vector<std::vector<int32_t>> prompts(slot_count);
+    for (int i = 0; i < max_batch; ++i) {
+      slots[size_t(i)] = i;
+      prompts[size_t(i)].resize(size_t(ctx));
+      for (int t = 0; t < ctx; ++t) prompts[size_t(i)][size_t(t)] = (i * 7919 + t * 31) % 32000;
+    }
+    engine->enqueue_prefill(slots, prompts);
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    Events ev(size_t(6 * reps));
+    for (const int batch : batches) {
+      const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
+      for (const int width : widths) {
+        DraftControl plain;
+        plain.steps = width - 1;
+        plain.threshold = 0.0f;
+        DraftControl early = plain;
+        early.device_stop = true;  // threshold 0: no row stops, every step runs
+        std::vector<int64_t> verify_seqs;
+        for (int r = -kWarm; r < reps; ++r) {
+          const bool timed = r >= 0;
+          auto mark = [&](int k) {
+            if (timed) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(6 * r + k)], stream));
+          };
+          mark(0);
+          engine->enqueue_draft(batch_slots, plain, GraphMode::kCudaGraph);
+          mark(1);
+          mark(2);
+          const int64_t seq =
+              engine->enqueue_verify(batch_slots, width, plain.threshold, GraphMode::kCudaGraph);
+          mark(3);
+          mark(4);
+          engine->enqueue_extend(batch_slots, width, GraphMode::kCudaGraph);
+          mark(5);
+          engine->enqueue_output_copy(seq, batch, stream);  // after the extend's end event
+          if (timed) verify_seqs.push_back(seq);
+        }
+        TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+        // Per timed round, the mean context per request before it: ctx after the verify less
+        // the committed accepted + 1.
+        std::vector<double> ctx_before;
+        double ctx_after_last = 0;
+        for (const int64_t seq : verify_seqs) {
+          const OutputRow* rows = engine->host_outputs(seq);
+          double before = 0;
+          ctx_after_last = 0;
+          for (int i = 0; i < batch; ++i) {
+            if (rows[i].accepted < 0 || rows[i].accepted > width - 1 || rows[i].ctx < ctx) {
+              throw Error("calibrate: verify output entry " + std::to_string(seq) + " row " +
+                          std::to_string(i) + " has ctx " + std::to_string(rows[i].ctx) +
+                          ", accepted " + std::to_string(rows[i].accepted) + " (width " +
+                          std::to_string(width) + ", prompt " + std::to_string(ctx) + ")");
+            }
+            before += double(rows[i].ctx - rows[i].accepted - 1);
+            ctx_after_last += double(rows[i].ctx);
+          }
+          ctx_before.push_back(before / batch);
+          ctx_after_last /= batch;
+        }
+        const int64_t ctx_mid = std::llround(ctx_before[size_t(reps / 2)]);
+        std::vector<double> draft_ns, verify_ns, extend_ns, early_ns;
+        for (int r = 0; r < reps; ++r) {
+          draft_ns.push_back(ev.elapsed_ns(size_t(6 * r), size_t(6 * r + 1)));
+          verify_ns.push_back(ev.elapsed_ns(size_t(6 * r + 2), size_t(6 * r + 3)));
+          extend_ns.push_back(ev.elapsed_ns(size_t(6 * r + 4), size_t(6 * r + 5)));
+          sample_of("draft", draft_ns.back(), batch, ctx_mid, width - 1);
+          sample_of("verify", verify_ns.back(), batch, ctx_mid, width);
+          sample_of("extend", extend_ns.back(), batch, ctx_mid, width);
+        }
+        // The early-exit draft from the state the last round left (drafts commit nothing).
+        for (int r = -kWarm; r < reps; ++r) {
+          if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], stream));
+          engine->enqueue_draft(batch_slots, early, GraphMode::kCudaGraph);
+          if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], stream));
+        }
+        TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+        for (int r = 0; r < reps; ++r) {
+          early_ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
+          sample_of("draft_early_exit", early_ns.back(), batch, std::llround(ctx_after_last),
+                    width - 1);
+        }
+        std::fprintf(o.log,
+                     "calibrate: %s batch %d ctx %lld W %d: draft(%d) %.3f ms, with early exit "
+                     "%.3f ms, verify %.3f ms, extend %.3f ms (medians)\n",
+                     label.c_str(), batch, static_cast<long long>(ctx_mid), width, width - 1,
+                     median(draft_ns) / 1e6, median(early_ns) / 1e6, median(verify_ns) / 1e6,
+                     median(extend_ns) / 1e6);
+      }
+    }
+  }
+}
+
 // The real backend's host operations with no injected cost (only their real work), run-ahead,
 // CUDA graphs, 8 concurrent requests: per step and op, one sample.
 void host_ops(const std::string& model_name, bool quick, std::vector<CalibrationSample>& out) {
@@ -579,6 +745,9 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
   if (!real_backend_available(&why)) throw Error("calibrate needs a CUDA GPU: " + why);
   if (o.tp < 1 || o.tp > 64)
     throw Error("calibrate: --tp " + std::to_string(o.tp) + " outside [1, 64]");
+  if (o.spec_only && (!o.spec || o.tp > 1))
+    throw Error("calibrate: --spec-only measures the speculative graphs, which run on one GPU; " +
+                std::string(o.spec ? "drop --tp" : "drop --no-spec"));
   for (const std::string& m : o.models) {
     // Throws for a model the runtime cannot run, or one whose heads/experts do not split tp ways.
     const LlamaConfig full = llama_config_from_spec(model_preset(m));
@@ -605,6 +774,10 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
 
   const int reps = o.quick ? 10 : 50;
   std::vector<CalibrationSample>& out = run.samples;
+  if (o.spec_only) {
+    for (const std::string& m : o.models) spec_graphs(o, m, out);
+    return run;
+  }
   std::fprintf(o.log, "calibrate: launch, gap, event and copy microbenchmarks\n");
   eager_launches(reps, out);
   graph_costs(reps, out);
@@ -620,6 +793,9 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
 
   InSitu in_situ(o, gap_ns, out);
   for (const std::string& m : o.models) in_situ.model(m);
+  if (o.spec) {
+    for (const std::string& m : o.models) spec_graphs(o, m, out);
+  }
   std::fprintf(o.log, "calibrate: real backend host operations\n");
   host_ops(o.models.front(), o.quick, out);
   return run;

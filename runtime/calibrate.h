@@ -2,8 +2,9 @@
 // decode graphs profiled node by node over a batch × context grid, with and without PDL;
 // profiled vs unprofiled step time; eager launch, graph launch and node-gap costs on empty
 // kernels; event round trips; device-to-host copies; streaming reads; the real backend's host
-// operations. Returns raw samples (policies/calibration_profile.h); simulator/calibration.h
-// fits them.
+// operations; the speculative graphs (draft, draft with early exit, verify, extend) of models
+// with a draft module. Returns raw samples (policies/calibration_profile.h);
+// simulator/calibration.h fits them.
 #pragma once
 
 #include <cstdio>
@@ -29,6 +30,15 @@ struct CalibrateOptions {
   // parallel, ep = tp) on one GPU, without its collectives; samples labelled "<model>@tp<N>"
   // (policies/calibration_model.h).
   int tp = 1;
+  // Speculative graphs (docs/calibration.md "Speculative graphs"): every model the runtime runs
+  // speculative decoding for (dense, tp 1) gets its draft(L), draft(L) with early exit,
+  // verify(W) and extend(W) graphs timed in situ (spec_graph samples) at the smallest and largest
+  // context of the grid, batches 1 and 4 (quick: 1; with `batches`, those <= 4, else the
+  // smallest), W in 2..16 (L = W − 1); ~11 s for Llama-3-8B on an H200. spec_only: only these
+  // (no microbenchmarks, decode grid or host operations), to be fitted with stored sessions
+  // (calibrate --fit-only --sessions).
+  bool spec = true;
+  bool spec_only = false;
   std::FILE* log = stderr;  // progress lines
 };
 
@@ -39,8 +49,9 @@ struct CalibrationRun {
 };
 
 // Runs every measurement on device 0. Throws Error when no CUDA device is visible, a model is not
-// one the runtime can run (Llama-family dense or MoE), or a grid value is out of range; CUDA
-// failures throw through the runtime's checks.
+// one the runtime can run (Llama-family dense or MoE), a grid value is out of range, or
+// spec_only asks for nothing (spec off, or tp > 1); CUDA failures throw through the runtime's
+// checks.
 CalibrationRun run_calibration(const CalibrateOptions& options);
 
 }  // namespace twinstep::runtime

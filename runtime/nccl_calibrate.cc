@@ -1,5 +1,6 @@
 // The measuring half of runtime/nccl_calibrate.h: one process per GPU, NCCL collectives timed
-// with CUDA events, eager and inside captured graphs.
+// with CUDA events, eager and inside captured graphs; the skewed-arrival sweep delays one rank
+// with the spin kernel of runtime/nccl_calibrate_spin.cu.
 //
 // All-reduce and all-to-all go through the runtime's Communicator (runtime/comm.h, its blocking
 // data communicator), the calls the engine makes. Communicator has no all-gather and no grouped
@@ -25,6 +26,7 @@
 #include "results/build_info.h"
 #include "runtime/comm.h"
 #include "runtime/nccl_calibrate.h"
+#include "runtime/nccl_calibrate_spin.h"
 #include "simulator/calibration.h"
 
 namespace twinstep {
@@ -183,6 +185,24 @@ class Bench {
 
   void wait(const std::string& what) { comm_.synchronize(stream_.get(), what); }
 
+  // Captures what `enqueue` issues on the stream into g and instantiates it; a capture that
+  // fails part way is ended and discarded before the error propagates.
+  template <typename F>
+  void capture(Graph& g, F&& enqueue) {
+    cudaStream_t s = stream_.get();
+    TS_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue();
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(s, &broken);
+      if (broken != nullptr) cudaGraphDestroy(broken);
+      throw;
+    }
+    TS_CUDA(cudaStreamEndCapture(s, &g.graph_));
+    TS_CUDA(cudaGraphInstantiate(&g.exec_, g.graph_, 0));
+  }
+
   // Per repetition, the mean time of one collective, max over ranks.
   std::vector<double> reduce_max(std::vector<double> per_rep) {
     DeviceBuffer d(per_rep.size() * sizeof(double));
@@ -203,17 +223,9 @@ class Bench {
     cudaStream_t s = stream_.get();
     Graph g;
     if (graph) {
-      TS_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      try {
+      capture(g, [&] {
         for (int i = 0; i < ops; ++i) issue(c, bytes);
-      } catch (...) {
-        cudaGraph_t broken = nullptr;
-        cudaStreamEndCapture(s, &broken);
-        if (broken != nullptr) cudaGraphDestroy(broken);
-        throw;
-      }
-      TS_CUDA(cudaStreamEndCapture(s, &g.graph_));
-      TS_CUDA(cudaGraphInstantiate(&g.exec_, g.graph_, 0));
+      });
       TS_CUDA(cudaGraphLaunch(g.exec_, s));  // warm-up (uploads the graph)
     } else {
       for (int i = 0; i < warmup; ++i) issue(c, bytes);
@@ -248,12 +260,97 @@ class Bench {
     return p;
   }
 
+  // ---- skewed arrival (issue #11; NcclSkewPoint) ----
+
+  // The graph all-reduce of every size in o.skew_bytes with the last rank late by each delay of
+  // o.skew_delays_ns (the first 0), and the spin-only reference per delay. Two or more ranks.
+  std::vector<NcclSkewPoint> measure_skew(const NcclCalibrateOptions& o) {
+    const int ops = o.quick ? std::min(o.skew_ops, 10) : o.skew_ops;
+    const int reps = o.quick ? std::min(o.skew_reps, 10) : o.skew_reps;
+    const bool late = comm_.rank() == comm_.size() - 1;
+    const std::vector<int64_t>& delays = o.skew_delays_ns;
+    // S(D): `ops` spins alone, the late rank's time (the others contribute 0 to the max).
+    Graph spins;
+    capture(spins, [&] {
+      for (int i = 0; i < ops; ++i) TS_CUDA(launch_skew_spin(delay_ns_ptr(), stream_.get()));
+    });
+    replay(spins, ops, 1, 0, "warm-up of the spin-only graph");  // uploads it: untimed
+    std::vector<double> spin_ns;
+    for (const int64_t d : delays) {
+      std::vector<double> per_rep =
+          replay(spins, ops, reps, late ? d : 0, "spin-only graph, delay " + std::to_string(d));
+      if (!late) std::fill(per_rep.begin(), per_rep.end(), 0.0);
+      spin_ns.push_back(percentile(reduce_max(per_rep), 0.5));
+    }
+    // T(D): `ops` of [spin, all-reduce], max over ranks.
+    std::vector<NcclSkewPoint> out;
+    for (const int64_t request : o.skew_bytes) {
+      const int64_t bytes = message_bytes(NcclCollective::kAllReduce, request);
+      Graph g;
+      capture(g, [&] {
+        for (int i = 0; i < ops; ++i) {
+          TS_CUDA(launch_skew_spin(delay_ns_ptr(), stream_.get()));
+          issue(NcclCollective::kAllReduce, bytes);
+        }
+      });
+      const size_t first = out.size();
+      for (size_t i = 0; i < delays.size(); ++i) {
+        const std::string what = "skewed all_reduce of " + std::to_string(bytes) +
+                                 " bytes (graph), delay " + std::to_string(delays[i]) + " ns";
+        // The first replay of a graph uploads it and connects the buffers: untimed.
+        if (i == 0) replay(g, ops, 1, 0, "warm-up of " + what);
+        NcclSkewPoint p;
+        p.coll = NcclCollective::kAllReduce;
+        p.mode = "graph";
+        p.ranks = comm_.size();
+        p.bytes = bytes;
+        p.delay_ns = double(delays[i]);
+        p.ops = ops;
+        p.reps = reps;
+        p.total_ns = percentile(reduce_max(replay(g, ops, reps, late ? delays[i] : 0, what)), 0.5);
+        p.spin_ns = spin_ns[i];
+        p.total0_ns = i == 0 ? p.total_ns : out[first].total_ns;
+        p.spin0_ns = spin_ns[0];
+        out.push_back(p);
+      }
+    }
+    return out;
+  }
+
  private:
+  // Sets this rank's spin to delay_ns, then `reps` times: align the ranks (a tiny all-reduce on
+  // the data communicator, the one the all-reduce graphs use), launch g; per replay the mean
+  // time of one of its `ops` repetitions on this rank.
+  std::vector<double> replay(const Graph& g, int ops, int reps, int64_t delay_ns,
+                             const std::string& what) {
+    cudaStream_t s = stream_.get();
+    delay_host_ = delay_ns;
+    TS_CUDA(
+        cudaMemcpyAsync(delay_.get(), &delay_host_, sizeof delay_host_, cudaMemcpyHostToDevice, s));
+    wait("setting the delay for " + what);
+    std::vector<double> per_rep;
+    for (int rep = 0; rep < reps; ++rep) {
+      align(NcclCollective::kAllReduce);
+      TS_CUDA(cudaEventRecord(start_.get(), s));
+      TS_CUDA(cudaGraphLaunch(g.exec_, s));
+      TS_CUDA(cudaEventRecord(stop_.get(), s));
+      wait(what);
+      float ms = 0;
+      TS_CUDA(cudaEventElapsedTime(&ms, start_.get(), stop_.get()));
+      per_rep.push_back(double(ms) * 1e6 / ops);
+    }
+    return per_rep;
+  }
+
+  const int64_t* delay_ns_ptr() const { return reinterpret_cast<const int64_t*>(delay_.get()); }
+
   Communicator& comm_;
   RawComm& raw_;
   Stream stream_;
   DeviceBuffer send_, recv_, sync_;
   Event start_, stop_;
+  DeviceBuffer delay_{sizeof(int64_t)};  // the spin kernel's delay (ns), set by replay()
+  int64_t delay_host_ = 0;               // its source: outlives the copy (replay waits)
 };
 
 std::string utc_now() {
@@ -263,21 +360,23 @@ std::string utc_now() {
   return date;
 }
 
-// Every collective and size on this rank (the points are the same on every rank).
-std::vector<NcclPoint> measure_rank(const NcclCalibrateOptions& o, Communicator& comm,
-                                    RawComm& raw) {
+// Every collective and size on this rank, then the skewed-arrival sweep (with two or more
+// ranks): run.points and run.skew, the same on every rank.
+void measure_rank(const NcclCalibrateOptions& o, Communicator& comm, RawComm& raw,
+                  NcclCalibrationRun& run) {
   const int ops = o.ops > 0 ? o.ops : (o.quick ? 10 : 20);
   const int reps = o.reps > 0 ? o.reps : (o.quick ? 8 : 25);
   const int64_t step = o.quick ? 4 : 2;
-  std::vector<NcclPoint> points;
-  Bench bench(comm, raw, o.max_bytes);
+  int64_t max_bytes = o.max_bytes;
+  for (const int64_t b : o.skew_bytes) max_bytes = std::max(max_bytes, b);
+  Bench bench(comm, raw, max_bytes);
   for (NcclCollective c : o.collectives) {
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= step) {
-      points.push_back(bench.measure(c, bytes, false, ops, reps, o.warmup));
-      if (o.graphs) points.push_back(bench.measure(c, bytes, true, ops, reps, o.warmup));
+      run.points.push_back(bench.measure(c, bytes, false, ops, reps, o.warmup));
+      if (o.graphs) run.points.push_back(bench.measure(c, bytes, true, ops, reps, o.warmup));
     }
   }
-  return points;
+  if (o.skew && comm.size() >= 2) run.skew = bench.measure_skew(o);
 }
 
 }  // namespace
@@ -285,6 +384,17 @@ std::vector<NcclPoint> measure_rank(const NcclCalibrateOptions& o, Communicator&
 NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
   if (o.min_bytes < 8 || o.max_bytes < o.min_bytes)
     throw Error("calibrate-nccl: message sizes must satisfy 8 <= min <= max");
+  if (o.skew) {
+    const std::vector<int64_t>& d = o.skew_delays_ns;
+    if (d.empty() || d[0] != 0 || !std::is_sorted(d.begin(), d.end()) ||
+        std::adjacent_find(d.begin(), d.end()) != d.end()) {
+      throw Error("calibrate-nccl: the skew delays must ascend from 0, distinct");
+    }
+    if (o.skew_bytes.empty() || o.skew_ops < 1 || o.skew_reps < 1 ||
+        *std::min_element(o.skew_bytes.begin(), o.skew_bytes.end()) < 8) {
+      throw Error("calibrate-nccl: the skew sweep needs sizes >= 8 bytes, ops and reps >= 1");
+    }
+  }
   setenv("NCCL_NVLS_ENABLE", "0", 0);  // NVLink multicast off unless asked for
   NcclCalibrationRun run;
   run.rank = world_rank();
@@ -314,7 +424,7 @@ NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
     std::unique_ptr<Communicator> comm = Communicator::create_world(co);
     RawComm raw(bootstrap_world(&Communicator::new_unique_id, o.timeout_s), comm->rank(),
                 comm->size());
-    run.points = measure_rank(o, *comm, raw);
+    measure_rank(o, *comm, raw, run);
     return run;
   }
 
@@ -324,7 +434,7 @@ NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
   run.ranks = o.threads;
   const std::string id = Communicator::new_unique_id();
   const std::string raw_id = Communicator::new_unique_id();
-  std::vector<std::vector<NcclPoint>> points(size_t(o.threads));
+  std::vector<NcclCalibrationRun> parts(size_t(o.threads));
   std::vector<std::exception_ptr> errors(size_t(o.threads));
   std::vector<std::thread> threads;
   for (int r = 0; r < o.threads; ++r) {
@@ -333,7 +443,7 @@ NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
         TS_CUDA(cudaSetDevice(r % devices));
         std::unique_ptr<Communicator> comm = Communicator::create(id, r, o.threads, co);
         RawComm raw(raw_id, r, o.threads);
-        points[size_t(r)] = measure_rank(o, *comm, raw);
+        measure_rank(o, *comm, raw, parts[size_t(r)]);
       } catch (...) {
         errors[size_t(r)] = std::current_exception();
       }
@@ -343,13 +453,14 @@ NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
   for (const std::exception_ptr& e : errors) {
     if (e) std::rethrow_exception(e);
   }
-  run.points = std::move(points[0]);
+  run.points = std::move(parts[0].points);
+  run.skew = std::move(parts[0].skew);
   return run;
 }
 
 int calibrate_nccl_command(const std::string& out_path, const std::string& json_path,
                            const std::string& profile_name, const std::string& base_profile,
-                           bool quick, bool single_process, const std::string& command) {
+                           bool quick, bool single_process, const std::string& command, bool skew) {
   const std::string stem = std::filesystem::path(out_path).stem().string();
   if (std::filesystem::path(out_path).extension() != ".yaml" || stem.empty()) {
     throw ConfigError("", "--out must name a .yaml file, got '" + out_path + "'");
@@ -370,6 +481,7 @@ int calibrate_nccl_command(const std::string& out_path, const std::string& json_
   }
   NcclCalibrateOptions o;
   o.quick = quick;
+  o.skew = skew;
   if (single_process) {
     int devices = 0;
     TS_CUDA(cudaGetDeviceCount(&devices));
@@ -383,13 +495,17 @@ int calibrate_nccl_command(const std::string& out_path, const std::string& json_
   std::printf("%s\n", nccl_table(run.points).c_str());
   const std::vector<CollectiveFit> fits = fit_collectives(run.points);
   std::printf("%s\n", nccl_fit_report(fits).c_str());
+  if (!run.skew.empty()) {
+    std::printf("%s\n", nccl_skew_table(run.skew).c_str());
+    std::printf("%s\n", nccl_skew_fit_report(fit_skew(run.skew)).c_str());
+  }
 
   const std::string commit = build_info().git_sha + (build_info().git_dirty ? "-dirty" : "");
   // The record first: the raw measurements survive a profile that cannot be written.
   if (!json_path.empty()) {
     const ProfileHeader h = {command, commit, run.gpu_name, run.driver, utc_now()};
     std::ofstream j(json_path, std::ios::binary | std::ios::trunc);
-    j << nccl_record_json(h, run.nccl_version, run.points, fits);
+    j << nccl_record_json(h, run.nccl_version, run.points, fits, run.skew);
     j.close();
     if (!j) throw Error("cannot write " + json_path);
     std::printf("wrote %s\n", json_path.c_str());
@@ -409,7 +525,7 @@ int calibrate_nccl_command(const std::string& out_path, const std::string& json_
   }
   profile.name = name;
   profile.hw.name = name;
-  const std::string changes = apply_nccl_calibration(profile, run.points, fits);
+  const std::string changes = apply_nccl_calibration(profile, run.points, fits, run.skew);
   std::printf(
       "profile %s (over %s):\n%s", name.c_str(),
       from_profile ? ("profile " + base_profile).c_str() : ("preset " + profile.base).c_str(),

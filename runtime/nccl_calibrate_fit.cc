@@ -50,6 +50,48 @@ double max_rel_err(const std::vector<const NcclPoint*>& pts, double alpha_ns, do
   return worst;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The skew measurements and curves of apply_nccl_calibration (issue #11); a short account.
+std::string apply_skew(CalibrationProfile& profile, std::span<const NcclSkewPoint> skew) {
+  std::vector<std::pair<std::string, double>>& m = profile.measurements;
+  for (const NcclSkewPoint& p : skew) {
+    const std::string key = std::string("nccl.skew.") + nccl_collective_name(p.coll) + "." +
+                            p.mode + "." + size_text(p.bytes) + ".delay" +
+                            std::to_string(std::llround(p.delay_ns)) + ".";
+    m.emplace_back(key + "total_ns", p.total_ns);
+    m.emplace_back(key + "spin_ns", p.spin_ns);
+    m.emplace_back(key + "skew_ns", p.skew_ns());
+    m.emplace_back(key + "late_ns", p.late_ns());
+    m.emplace_back(key + "extra_ns", p.extra_ns());
+  }
+  HardwareSpec& hw = profile.hw;
+  const bool had = !hw.collective_skew.empty();
+  hw.collective_skew.clear();
+  hw.collective_skew_ranks = 0;
+  std::string out;
+  for (const SkewFit& f : fit_skew(skew)) {
+    if (f.ranks < 2 || f.points.empty()) continue;
+    m.emplace_back(std::string("nccl.skew.fit.") + nccl_collective_name(f.coll) + "." + f.mode +
+                       ".max_size_dev_ns",
+                   f.max_size_dev_ns);
+    hw.collective_skew_ranks = f.ranks;
+    hw.collective_skew.push_back({nccl_collective_name(f.coll), f.mode == "graph", f.points});
+    out += std::string("collective_skew.") + nccl_collective_name(f.coll) + "." + f.mode + ": " +
+           std::to_string(f.points.size()) + " points, extra " +
+           format("%.0f", f.points.front().extra_ns) + " .. " +
+           format("%.0f", f.points.back().extra_ns) + " ns\n";
+  }
+  if (had && hw.collective_skew.empty()) {
+    out += "collective_skew: dropped (no skewed-arrival sweep in this calibration)\n";
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* nccl_collective_name(NcclCollective c) {
@@ -191,7 +233,8 @@ std::string nccl_fit_report(std::span<const CollectiveFit> fits) {
 }
 
 std::string apply_nccl_calibration(CalibrationProfile& profile, std::span<const NcclPoint> points,
-                                   std::span<const CollectiveFit> fits) {
+                                   std::span<const CollectiveFit> fits,
+                                   std::span<const NcclSkewPoint> skew) {
   std::vector<std::pair<std::string, double>>& m = profile.measurements;
   m.erase(std::remove_if(m.begin(), m.end(),
                          [](const auto& kv) { return kv.first.rfind("nccl.", 0) == 0; }),
@@ -218,20 +261,24 @@ std::string apply_nccl_calibration(CalibrationProfile& profile, std::span<const 
     m.emplace_back(key + "samples", double(f.samples));
   }
 
+  const std::string skew_changes = apply_skew(profile, skew);
+
   const CollectiveFit* ar = nullptr;
   for (const CollectiveFit& f : fits) {
     if (f.coll == NcclCollective::kAllReduce && f.mode == "graph" && f.fitted) ar = &f;
   }
   if (ranks < 2) {
-    return "one rank: no link measured; the profile's collective figures are unchanged "
+    return skew_changes +
+           "one rank: no link measured; the profile's collective figures are unchanged "
            "(measurements added)\n";
   }
   if (ar == nullptr || !(ar->beta_gbps > 0)) {
-    return "no graph-mode all-reduce fit with a bandwidth term; the profile's collective "
+    return skew_changes +
+           "no graph-mode all-reduce fit with a bandwidth term; the profile's collective "
            "figures are unchanged (measurements added)\n";
   }
   HardwareSpec& hw = profile.hw;
-  std::string out;
+  std::string out = skew_changes;
   auto set = [&](const char* field, double before, double after) {
     out += std::string(field) + ": " + format("%g", before) + " -> " + format("%g", after) + "\n";
   };
@@ -267,9 +314,97 @@ std::string apply_nccl_calibration(CalibrationProfile& profile, std::span<const 
   return out;
 }
 
+// ---- skewed arrival (issue #11) -----------------------------------------------------------
+
+std::vector<SkewFit> fit_skew(std::span<const NcclSkewPoint> points) {
+  std::vector<SkewFit> out;
+  for (NcclCollective c : kNcclCollectives) {
+    for (const char* mode : {"eager", "graph"}) {
+      std::vector<const NcclSkewPoint*> pts;
+      std::vector<double> delays;
+      std::vector<int64_t> sizes;
+      for (const NcclSkewPoint& p : points) {
+        if (p.coll != c || p.mode != mode) continue;
+        pts.push_back(&p);
+        delays.push_back(p.delay_ns);
+        sizes.push_back(p.bytes);
+      }
+      if (pts.empty()) continue;
+      std::sort(delays.begin(), delays.end());
+      delays.erase(std::unique(delays.begin(), delays.end()), delays.end());
+      std::sort(sizes.begin(), sizes.end());
+      SkewFit f;
+      f.coll = c;
+      f.mode = mode;
+      f.sizes = int64_t(std::unique(sizes.begin(), sizes.end()) - sizes.begin());
+      for (const NcclSkewPoint* p : pts) f.ranks = std::max(f.ranks, p->ranks);
+      for (const double d : delays) {
+        std::vector<double> skews, extras;
+        for (const NcclSkewPoint* p : pts) {
+          if (p->delay_ns != d) continue;
+          skews.push_back(p->skew_ns());
+          extras.push_back(p->extra_ns());
+        }
+        const double extra = median(extras);
+        for (const double e : extras) {
+          f.max_size_dev_ns = std::max(f.max_size_dev_ns, std::abs(e - extra));
+        }
+        const HardwareSpec::SkewPoint q{std::max(0.0, median(skews)), std::max(0.0, extra)};
+        if (!f.points.empty() && q.skew_ns <= f.points.back().skew_ns) continue;
+        f.points.push_back(q);
+      }
+      out.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
+std::string nccl_skew_table(std::span<const NcclSkewPoint> points) {
+  std::string out =
+      "skewed arrival: per repetition [spin, collective], the last rank's spin delayed\n"
+      "collective  mode         bytes   ops x reps  delay_us  total_us   spin_us   skew_us  "
+      "late_us  extra_us\n";
+  std::vector<const NcclSkewPoint*> sorted;
+  for (const NcclSkewPoint& p : points) sorted.push_back(&p);
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) {
+    return std::tie(a->coll, a->mode, a->bytes, a->delay_ns) <
+           std::tie(b->coll, b->mode, b->bytes, b->delay_ns);
+  });
+  for (const NcclSkewPoint* q : sorted) {
+    const NcclSkewPoint& p = *q;
+    char line[220];
+    std::snprintf(line, sizeof line,
+                  "%-10s  %-5s  %12lld  %4lld x %-4lld  %8.2f  %8.2f  %8.2f  %8.2f  %7.2f  %8.2f\n",
+                  nccl_collective_name(p.coll), p.mode.c_str(), static_cast<long long>(p.bytes),
+                  static_cast<long long>(p.ops), static_cast<long long>(p.reps), p.delay_ns / 1e3,
+                  p.total_ns / 1e3, p.spin_ns / 1e3, p.skew_ns() / 1e3, p.late_ns() / 1e3,
+                  p.extra_ns() / 1e3);
+    out += line;
+  }
+  return out;
+}
+
+std::string nccl_skew_fit_report(std::span<const SkewFit> fits) {
+  std::string out =
+      "skew fit: the late rank's extra by skew, median over sizes (collective_skew)\n"
+      "collective  mode   sizes  max_size_dev_us  points [skew_us extra_us]\n";
+  for (const SkewFit& f : fits) {
+    char line[120];
+    std::snprintf(line, sizeof line, "%-10s  %-5s  %5lld  %15.2f ", nccl_collective_name(f.coll),
+                  f.mode.c_str(), static_cast<long long>(f.sizes), f.max_size_dev_ns / 1e3);
+    out += line;
+    for (const HardwareSpec::SkewPoint& p : f.points) {
+      std::snprintf(line, sizeof line, " [%.2f %.2f]", p.skew_ns / 1e3, p.extra_ns / 1e3);
+      out += line;
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 std::string nccl_record_json(const ProfileHeader& header, const std::string& nccl_version,
-                             std::span<const NcclPoint> points,
-                             std::span<const CollectiveFit> fits) {
+                             std::span<const NcclPoint> points, std::span<const CollectiveFit> fits,
+                             std::span<const NcclSkewPoint> skew) {
   auto num = [](double v) { return std::isfinite(v) ? format_double_exact(v) : "null"; };
   int ranks = 0;
   for (const NcclPoint& p : points) ranks = std::max(ranks, p.ranks);
@@ -316,7 +451,38 @@ std::string nccl_record_json(const ProfileHeader& header, const std::string& ncc
          ", \"max_rel_err\": " + num(f.max_rel_err) + ", \"points\": " + std::to_string(f.samples) +
          "}";
   }
-  o += "\n ]\n}\n";
+  o += "\n ]";
+  if (!skew.empty()) {
+    o += ",\n \"skew_rows\": [";
+    first = true;
+    for (const NcclSkewPoint& p : skew) {
+      o += first ? "\n" : ",\n";
+      first = false;
+      o += "  {\"collective\": " + json_quote(nccl_collective_name(p.coll)) +
+           ", \"mode\": " + json_quote(p.mode) + ", \"ranks\": " + std::to_string(p.ranks) +
+           ", \"bytes\": " + std::to_string(p.bytes) + ", \"ops\": " + std::to_string(p.ops) +
+           ", \"reps\": " + std::to_string(p.reps) + ", \"delay_us\": " + num(p.delay_ns / 1e3) +
+           ", \"total_us\": " + num(p.total_ns / 1e3) + ", \"spin_us\": " + num(p.spin_ns / 1e3) +
+           ", \"skew_us\": " + num(p.skew_ns() / 1e3) + ", \"late_us\": " + num(p.late_ns() / 1e3) +
+           ", \"extra_us\": " + num(p.extra_ns() / 1e3) + "}";
+    }
+    o += "\n ],\n \"skew_fits\": [";
+    first = true;
+    for (const SkewFit& f : fit_skew(skew)) {
+      o += first ? "\n" : ",\n";
+      first = false;
+      o += "  {\"collective\": " + json_quote(nccl_collective_name(f.coll)) +
+           ", \"mode\": " + json_quote(f.mode) + ", \"sizes\": " + std::to_string(f.sizes) +
+           ", \"max_size_dev_us\": " + num(f.max_size_dev_ns / 1e3) + ", \"points\": [";
+      for (size_t i = 0; i < f.points.size(); ++i) {
+        o += (i > 0 ? ", [" : "[") + num(f.points[i].skew_ns / 1e3) + ", " +
+             num(f.points[i].extra_ns / 1e3) + "]";
+      }
+      o += "]}";
+    }
+    o += "\n ]";
+  }
+  o += "\n}\n";
   return o;
 }
 

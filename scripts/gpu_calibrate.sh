@@ -7,7 +7,7 @@
 #   4. every experiments/validation/*.yaml with hardware: h200-calibrated (named NAME-calibrated),
 #      sim and real, into OUT/validation.db; compare --sim-vs-real tables.
 #   scripts/gpu_calibrate.sh OUT_DIR
-# Writes OUT_DIR/{configure,build,calibrate_test,calibrate}.log, h200-calibrated.yaml,
+# Writes OUT_DIR/{configure,build,calibrate_test,calibrate[,measure]}.log, h200-calibrated.yaml,
 # validation.db, <name>.sim_vs_real.txt. Copy the profile to results/profiles/ to commit it.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build-calib);
 # CALIBRATE_ARGS extra calibrate flags (e.g. --quick); CALIBRATE_MOE=1 also measures
@@ -19,6 +19,11 @@
 # validates only those experiments/validation/NAME.yaml (default: all that run on one GPU).
 # CALIBRATE_PROFILE=FILE skips steps 2-3 and validates against that profile (e.g. the committed
 # results/profiles/h200-calibrated.yaml), with the real runs made here and now.
+# CALIBRATE_FROM_DB=FILE starts OUT/validation.db as a copy of that calibration database, so the
+# profile is the fit of its sessions and the ones measured here (with CALIBRATE_ARGS=--spec-only:
+# the committed profile's sessions plus the speculative graphs measured now, ~15 s of GPU for
+# llama-3-8b; docs/calibration.md "Speculative graphs"); CALIBRATE_COLLECTIVES_FROM=FILE keeps
+# that profile's collective calibration in the final fit (calibrate --collectives-from).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_calibrate.sh OUT_DIR}
 mkdir -p "$out"
@@ -38,6 +43,12 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu
 
 db="$out/validation.db"
 profile="$out/h200-calibrated.yaml"
+if [ -n "${CALIBRATE_FROM_DB:-}" ]; then
+  cp "$CALIBRATE_FROM_DB" "$db" || exit 1
+  echo "calibration sessions of $CALIBRATE_FROM_DB copied into $db"
+fi
+collectives=()
+[ -n "${CALIBRATE_COLLECTIVES_FROM:-}" ] && collectives=(--collectives-from "$CALIBRATE_COLLECTIVES_FROM")
 if [ -n "${CALIBRATE_PROFILE:-}" ]; then
   cp "$CALIBRATE_PROFILE" "$profile" || exit 1
   echo "validating against $CALIBRATE_PROFILE (no calibration)"
@@ -67,8 +78,10 @@ sessions=$("$build/twinstep" --db "$db" query --csv \
   "SELECT group_concat(id) FROM calibration_session" | tail -1 | tr -d '"')
 if [ -n "$sessions" ] && [ "$sessions" != 1 ]; then
   step "fit sessions $sessions"
+  cp "$out/calibrate.log" "$out/measure.log"  # the measuring session's progress lines
   "$build/twinstep" calibrate --fit-only --sessions "$sessions" --out "$profile" --db "$db" \
-    >"$out/calibrate.log" 2>&1 || { status=1; tail -30 "$out/calibrate.log"; }
+    ${collectives[@]+"${collectives[@]}"} >"$out/calibrate.log" 2>&1 ||
+    { status=1; tail -30 "$out/calibrate.log"; }
 fi
 cat "$out/calibrate.log" | grep -v "^calibrate: " || true
 [ "${CALIBRATE_INSTALL:-0}" = 1 ] && [ -f "$profile" ] && cp "$profile" "$root/results/profiles/"

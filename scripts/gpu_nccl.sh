@@ -2,8 +2,10 @@
 # NCCL collective calibration on every GPU of this machine (docs/calibration.md "Collectives"):
 # builds twinstep and the NCCL calibration tests, runs the CPU fit test and the 1-rank GPU loop
 # test, then `mpirun -np GPUS twinstep calibrate-nccl`: all-reduce, all-gather, all-to-all and
-# send/recv from 8 KB to 256 MB, eager and in captured graphs, fitted into a profile. About a
-# minute of GPU time on 2 H200s after the build.
+# send/recv from 8 KB to 256 MB, eager and in captured graphs, fitted into a profile, then (2+
+# GPUs) the skewed-arrival sweep: the graph all-reduce with the last rank late by 0-32 us, fitted
+# into the profile's collective_skew curve (a few seconds). About a minute of GPU time on 2 H200s
+# after the build.
 #   scripts/gpu_nccl.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,fit_test,gpu_test,nccl}.log, OUT_DIR/gpu.txt and
 # OUT_DIR/nccl.yaml (the profile; install it as results/profiles/NAME.yaml) and OUT_DIR/nccl.json
@@ -13,7 +15,8 @@
 # unpacked libsqlite3-dev from .device-deps is used (scripts/gpu_env.sh));
 # TWINSTEP_NCCL_PROFILE a calibrated profile in results/profiles to extend (its name is kept;
 # default: none, the GPU's datasheet preset, profile name h200-nccl); TWINSTEP_NCCL_QUICK=1 for
-# x4 size steps; TWINSTEP_MPIRUN_ARGS extra mpirun flags.
+# x4 size steps; TWINSTEP_NCCL_SKEW=0 to skip the skewed-arrival sweep (--no-skew);
+# TWINSTEP_MPIRUN_ARGS extra mpirun flags.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_nccl.sh OUT_DIR}
 mkdir -p "$out"
@@ -52,6 +55,7 @@ else
   args+=(--name h200-nccl)
 fi
 [ "${TWINSTEP_NCCL_QUICK:-0}" = 1 ] && args+=(--quick)
+[ "${TWINSTEP_NCCL_SKEW:-1}" = 0 ] && args+=(--no-skew)
 
 step "calibrate-nccl on $gpus GPU(s)"
 mpi=1

@@ -11,6 +11,7 @@
 #include "policies/calibration_model.h"
 #include "policies/error.h"
 #include "policies/model_spec.h"
+#include "simulator/spec_graphs.h"
 
 namespace twinstep {
 namespace {
@@ -373,9 +374,9 @@ std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationS
 CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples,
                                    const std::string& name, const std::string& base,
                                    const ProfileHeader& header) {
-  static const char* const kKinds[] = {"kernel",     "node_gap",     "eager_launch", "graph_launch",
-                                       "event_sync", "d2h",          "stream_read",  "host_op",
-                                       "step",       "step_profiled"};
+  static const char* const kKinds[] = {
+      "kernel",      "node_gap", "eager_launch", "graph_launch",  "event_sync", "d2h",
+      "stream_read", "host_op",  "step",         "step_profiled", "spec_graph"};
   CalibrationProfile p;
   p.name = name;
   p.base = base;
@@ -656,6 +657,9 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     p.measurements.emplace_back("profiled_inflation_pct_" + mode,
                                 100.0 * (acc.second / acc.first - 1));
   }
+  // Speculative graphs (simulator/spec_graphs.h): last, against the kernel fits and node gap
+  // fitted above, which the residuals correct.
+  p.hw.spec_graph_residuals = fit_spec_graph_residuals(samples, p.hw);
   return p;
 }
 
@@ -731,6 +735,25 @@ std::string calibration_report(const CalibrationProfile& p) {
   for (const HardwareSpec::PdlGap& g : p.hw.pdl_node_gap_by_rows) {
     std::snprintf(line, sizeof line, "pdl node gap %s rows %lld: %lld ns\n", g.model.c_str(),
                   static_cast<long long>(g.rows), static_cast<long long>(g.gap_ns));
+    out += line;
+  }
+  if (!p.hw.spec_graph_residuals.empty()) {
+    std::snprintf(line, sizeof line,
+                  "speculative graphs, measured - simulated: ns = base + per_pos * P + "
+                  "per_pos_ctx * P * ctx + per_chunk * chunks\n%-14s %-16s %-5s %5s %6s %8s %10s "
+                  "%9s %11s %10s %9s %9s %9s\n",
+                  "model", "graph", "mode", "batch", "points", "r2", "base_ns", "per_pos",
+                  "per_pos_ctx", "per_chunk", "err_sim", "max|sim|", "max|fit|");
+    out += line;
+  }
+  for (const HardwareSpec::SpecGraphResidual& f : p.hw.spec_graph_residuals) {
+    std::snprintf(line, sizeof line,
+                  "%-14s %-16s %-5s %5lld %6lld %8.4f %10.0f %9.1f %11.5f %10.0f %+8.2f%% "
+                  "%8.2f%% %8.2f%%\n",
+                  f.model.c_str(), f.graph.c_str(), f.mode.c_str(), static_cast<long long>(f.batch),
+                  static_cast<long long>(f.points), f.r2, f.base_ns, f.ns_per_position,
+                  f.ns_per_position_ctx, f.ns_per_extra_chunk, 100 * f.mean_err_unfitted,
+                  100 * f.max_rel_err_unfitted, 100 * f.max_rel_err);
     out += line;
   }
   std::snprintf(

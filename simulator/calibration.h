@@ -62,7 +62,9 @@ Distribution distribution(std::vector<double> values);
 // exist; kernel classes fitted where >= 3 kernel samples exist, kernel names (every model's
 // samples pooled) likewise, and each (model label, kernel name) with at least
 // kModelFitMinSamples samples over kModelFitMinBytes distinct byte counts on its samples alone
-// (HardwareSpec::kernel_model_fits). Samples of unknown kinds or kernel classes throw Error.
+// (HardwareSpec::kernel_model_fits), and the speculative graphs' residuals against those fits
+// (fit_spec_graph_residuals, simulator/spec_graphs.h). Samples of unknown kinds, kernel classes
+// or speculative graphs throw Error.
 inline constexpr size_t kModelFitMinSamples = 8;
 inline constexpr size_t kModelFitMinBytes = 2;
 CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples,

@@ -11,6 +11,7 @@
 #include "policies/step_kernels.h"
 #include "simulator/calibration.h"
 #include "simulator/cost_model.h"
+#include "simulator/spec_graphs.h"
 
 namespace twinstep {
 namespace {
@@ -142,6 +143,28 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     e.steps.push_back(r);
   }
   for (const auto& [label, p] : pricing) e.priced_as.emplace_back(label, p.fit_model);
+  for (const SpecGraphPoint& pt : spec_graph_points(samples, hw)) {
+    SpecGraphEvalRow r;
+    r.model = pt.model;
+    r.graph = pt.graph;
+    r.mode = pt.mode;
+    r.batch = pt.batch;
+    r.positions = pt.positions;
+    r.ctx_tokens = pt.ctx_tokens;
+    r.samples = pt.samples;
+    r.measured_us = pt.measured_ns / 1e3;
+    r.sim_us = pt.priced_ns / 1e3;
+    const SpecGraph graph = spec_graph_by_name(pt.graph);
+    if (const HardwareSpec::SpecGraphResidual* f =
+            spec_graph_residual_for(hw, pt.model, graph, pt.mode, pt.batch)) {
+      r.residual_us = double(spec_graph_residual_ns(*f, graph, pt.batch, int32_t(pt.positions),
+                                                    double(pt.ctx_tokens))) /
+                      1e3;
+    }
+    r.err_sim_pct = 100.0 * (r.sim_us - r.measured_us) / r.measured_us;
+    r.err_pct = 100.0 * (std::max(0.0, r.sim_us + r.residual_us) - r.measured_us) / r.measured_us;
+    e.spec_graphs.push_back(r);
+  }
   return e;
 }
 
@@ -196,6 +219,40 @@ std::string evaluation_report(const CalibrationEvaluation& e, bool by_batch) {
                   "|error| %.2f %%\n",
                   key.first.c_str(), key.second.c_str(), static_cast<long long>(r.samples),
                   r.mean_err_pct, r.mean_abs_err_pct, r.max_abs_err_pct);
+    out += line;
+  }
+  if (e.spec_graphs.empty()) return out;
+  out +=
+      "speculative graphs, the simulator's price (sim) and with the profile's residual (fit) vs "
+      "the measured median launch:\n";
+  std::snprintf(line, sizeof line, "%-14s %-16s %-5s %5s %4s %6s %7s %10s %10s %10s %8s %8s\n",
+                "model", "graph", "mode", "batch", "pos", "ctx", "samples", "meas_us", "sim_us",
+                "fit_us", "err_sim", "err_fit");
+  out += line;
+  using GraphKey = std::tuple<std::string, std::string, std::string>;
+  std::map<GraphKey, std::pair<ErrorSum, ErrorSum>> graphs;  // without, with the residual
+  for (const SpecGraphEvalRow& r : e.spec_graphs) {
+    const double fit_us = std::max(0.0, r.sim_us + r.residual_us);
+    std::snprintf(line, sizeof line,
+                  "%-14s %-16s %-5s %5lld %4lld %6lld %7lld %10.1f %10.1f %10.1f %+8.2f %+8.2f\n",
+                  r.model.c_str(), r.graph.c_str(), r.mode.c_str(), static_cast<long long>(r.batch),
+                  static_cast<long long>(r.positions), static_cast<long long>(r.ctx_tokens),
+                  static_cast<long long>(r.samples), r.measured_us, r.sim_us, fit_us, r.err_sim_pct,
+                  r.err_pct);
+    out += line;
+    auto& sums = graphs[{r.model, r.graph, r.mode}];
+    sums.first.add(r.measured_us, r.sim_us);
+    sums.second.add(r.measured_us, fit_us);
+  }
+  for (const auto& [key, sums] : graphs) {
+    const KernelEvalRow a = sums.first.row("", "", 0);
+    const KernelEvalRow b = sums.second.row("", "", 0);
+    std::snprintf(line, sizeof line,
+                  "spec graphs %s %s %s: %lld points, sim mean error %+.2f %% (max |error| %.2f "
+                  "%%), with the residual %+.2f %% (max |error| %.2f %%)\n",
+                  std::get<0>(key).c_str(), std::get<1>(key).c_str(), std::get<2>(key).c_str(),
+                  static_cast<long long>(a.samples), a.mean_err_pct, a.max_abs_err_pct,
+                  b.mean_err_pct, b.max_abs_err_pct);
     out += line;
   }
   return out;

@@ -42,6 +42,23 @@ struct StepEvalRow {
   double err_pct = 0;
 };
 
+// One measured point of a speculative graph (simulator/spec_graphs.h spec_graph_points): the
+// median launch against the simulator's price without and with the profile's residual.
+struct SpecGraphEvalRow {
+  std::string model;
+  std::string graph;  // draft | draft_early_exit | verify | extend
+  std::string mode;
+  int64_t batch = 0;
+  int64_t positions = 0;   // draft tokens, or verify / extend width
+  int64_t ctx_tokens = 0;  // per request
+  int64_t samples = 0;
+  double measured_us = 0;  // median
+  double sim_us = 0;       // the price without a residual
+  double residual_us = 0;  // the profile's residual (0: none for this graph, mode and model)
+  double err_sim_pct = 0;  // (sim − measured) / measured
+  double err_pct = 0;      // (max(0, sim + residual) − measured) / measured
+};
+
 struct CalibrationEvaluation {
   // Per model, the kernel_model_fits key its kernels were priced with (kernel_fit_model), or
   // "(pooled)" where the profile has no fits of its own for it.
@@ -49,16 +66,19 @@ struct CalibrationEvaluation {
   std::vector<KernelEvalRow> kernels;           // per (model, name), ordered
   std::vector<KernelEvalRow> kernels_by_batch;  // per (model, name, batch), ordered
   std::vector<StepEvalRow> steps;               // per (model, mode, batch, ctx), ordered
+  std::vector<SpecGraphEvalRow> spec_graphs;    // per (model, graph, mode, batch, positions, ctx)
 };
 
 // Prices every `kernel` sample and every grid point with `step` samples of `samples` with
-// CostModel(hw, kernel_fit_model(hw, model, tp)). Other kinds are ignored. Throws ConfigError
+// CostModel(hw, kernel_fit_model(hw, model, tp)), and every point of `spec_graph` samples as
+// spec_graph_points does, plus the profile's residual. Other kinds are ignored. Throws ConfigError
 // for a model label that is not a preset or a preset's TP shard.
 CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
                                            const std::vector<CalibrationSample>& samples);
 
 // The tables: per model and kernel name (and per batch with `by_batch`), then the step sums
-// and a summary per model and mode (mean and max |error|).
+// and a summary per model and mode (mean and max |error|), then (where there are any) the
+// speculative graphs and a summary per model, graph and mode.
 std::string evaluation_report(const CalibrationEvaluation& e, bool by_batch = false);
 
 }  // namespace twinstep

@@ -83,6 +83,44 @@ CostModel::CostModel(const HardwareSpec& hw, const std::string& model)
                                : c.ns[n - 1] / c.bytes[n - 1];
     }
   }
+  // Collective arrival skew (issue #11): send/recv never gets a curve (collective_skew_extra_ns).
+  skew_ranks_ = hw.collective_skew_ranks;
+  for (const HardwareSpec::CollectiveSkewTable& t : hw.collective_skew) {
+    if (skew_ranks_ <= 0 || t.points.empty()) continue;
+    for (const CollectiveKind kind :
+         {CollectiveKind::kAllReduce, CollectiveKind::kAllGather, CollectiveKind::kAllToAll}) {
+      if (t.collective != std::string_view(collective_kind_name(kind))) continue;
+      for (size_t i = 1; i < t.points.size(); ++i) {
+        assert(t.points[i].skew_ns > t.points[i - 1].skew_ns);
+      }
+      skew_curves_[size_t(kind)][t.graph ? 1 : 0] = t.points;
+    }
+  }
+}
+
+int64_t CostModel::collective_skew_extra_ns(const KernelDesc& k, bool in_graph,
+                                            int64_t skew_ns) const {
+  if (k.coll == CollectiveKind::kNone || k.coll == CollectiveKind::kSendRecv ||
+      std::max(1, k.group) != skew_ranks_) {
+    return 0;
+  }
+  const std::vector<HardwareSpec::SkewPoint>& c = skew_curves_[size_t(k.coll)][in_graph ? 1 : 0];
+  if (c.empty()) return 0;
+  const double s = double(skew_ns);
+  double extra = 0;
+  if (s <= c.front().skew_ns) {
+    extra = c.front().extra_ns;
+  } else if (s >= c.back().skew_ns) {
+    extra = c.back().extra_ns;
+  } else {
+    // c[i].skew_ns <= s < c[i + 1].skew_ns.
+    const auto hi = std::upper_bound(c.begin(), c.end(), s,
+                                     [](double v, const auto& p) { return v < p.skew_ns; });
+    const HardwareSpec::SkewPoint& a = *(hi - 1);
+    const HardwareSpec::SkewPoint& b = *hi;
+    extra = a.extra_ns + (b.extra_ns - a.extra_ns) * (s - a.skew_ns) / (b.skew_ns - a.skew_ns);
+  }
+  return static_cast<int64_t>(extra + 0.5);
 }
 
 double CostModel::interpolate(const CollectiveCurve& c, double bytes) {

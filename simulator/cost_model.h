@@ -49,6 +49,14 @@ class CostModel {
   // Allocates nothing.
   int64_t collective_ns(const KernelDesc& k, bool in_graph = true) const;
 
+  // ---- collective arrival skew (issue #11) ----
+  // How much later than (latest arrival + collective_ns) a collective ends when its members
+  // arrived skew_ns apart (latest minus earliest): HardwareSpec::collective_skew's curve for its
+  // kind and mode, linear in skew_ns between points, the first / last point's extra outside
+  // them; 0 without a curve, for a group of another size than collective_skew_ranks, and for
+  // send/recv (a receive is pre-posted: no rendezvous). Rounded half up; allocates nothing.
+  int64_t collective_skew_extra_ns(const KernelDesc& k, bool in_graph, int64_t skew_ns) const;
+
  private:
   struct LinearFit {
     bool on = false;
@@ -91,6 +99,10 @@ class CostModel {
   // Indexed [CollectiveKind][in_graph].
   std::array<std::array<CollectiveCurve, 2>, 5> curves_{};
   int32_t curve_ranks_ = 0;  // the tables' communicator size
+
+  // Collective arrival skew: indexed [CollectiveKind][in_graph]; empty: no curve.
+  std::array<std::array<std::vector<HardwareSpec::SkewPoint>, 2>, 5> skew_curves_{};
+  int32_t skew_ranks_ = 0;  // the skew curves' communicator size
 };
 
 }  // namespace twinstep

@@ -15,6 +15,7 @@
 #include "policies/spec_rules.h"
 #include "policies/step_kernels.h"
 #include "simulator/acceptance_model.h"
+#include "simulator/spec_graphs.h"
 
 namespace twinstep {
 namespace {
@@ -104,7 +105,10 @@ class Engine {
         record_(record),
         width_(options.layout.width()),
         pdl_model_(pdl_gap_model(hw, model.name, options.layout.width())),
-        pdl_draft_(pdl_gap_model(hw, draft.name, options.layout.width())) {}
+        pdl_draft_(pdl_gap_model(hw, draft.name, options.layout.width())),
+        spec_residuals_(options.layout.world() == 1 &&
+                        std::any_of(hw.spec_graph_residuals.begin(), hw.spec_graph_residuals.end(),
+                                    [&](const auto& r) { return r.model == model.name; })) {}
 
   void run(std::span<HostProgram* const> programs) {
     const int32_t world = options_.layout.world();
@@ -256,7 +260,8 @@ class Engine {
 
   // Ranks coupled by collectives run the same program (SPMD): each rank's host decides its own
   // plan, the plans must agree, and each operation is executed on every rank before the next,
-  // a launch's collectives completing at their latest member's arrival plus their cost.
+  // a launch's collectives completing at their latest member's arrival plus their cost (plus,
+  // for members arriving apart, the calibrated late-arrival extra).
   void run_coupled() {
     for (;;) {
       int32_t more = 0;
@@ -487,6 +492,42 @@ class Engine {
     }
   }
 
+  // The calibrated residual of speculative launch `g` running `w` (simulator/spec_graphs.h,
+  // docs/calibration.md "Speculative graphs"): the profile's fit for this model, the graph kind,
+  // the launch's requests and graph mode. Only one-GPU runs (the runtime's speculative graphs
+  // run on one GPU) and only plain graph mode, the one calibrate measures: PDL, eager and other
+  // phases get 0, as does a profile without a fit.
+  int64_t spec_residual_ns(const GraphLaunch& g, const DeviceWork& w) const {
+    if (!spec_residuals_ || g.mode != GraphMode::kCudaGraph || w.shape.requests < 1) return 0;
+    SpecGraph graph = SpecGraph::kVerify;
+    int32_t positions = w.q_tokens;
+    switch (g.phase) {
+      case Phase::kDraft: {
+        // As device_execute: device-decided lengths in a graph skip steps through conditional
+        // nodes when early exit is on (the runtime's draft_early_exit graphs); the runtime runs
+        // the draft tokens' forwards, repeat + 1.
+        const bool device_decides = options_.spec.method == SpecMethod::kConfidence &&
+                                    options_.spec.mode != DraftMode::kHostLate;
+        graph = device_decides && options_.spec.early_exit ? SpecGraph::kDraftEarlyExit
+                                                           : SpecGraph::kDraft;
+        positions = w.repeat + 1;
+        break;
+      }
+      case Phase::kVerify:
+        break;
+      case Phase::kExtend:
+        graph = SpecGraph::kExtend;
+        break;
+      default:
+        return 0;
+    }
+    const HardwareSpec::SpecGraphResidual* r =
+        spec_graph_residual_for(hw_, model_.name, graph, "graph", w.shape.requests);
+    return r == nullptr ? 0
+                        : spec_graph_residual_ns(*r, graph, w.shape.requests, positions,
+                                                 double(w.shape.ctx_tokens) / w.shape.requests);
+  }
+
   // The gap before the first node after a collective: no overlap with it (at least the plain
   // graph node gap).
   int64_t resume_gap_ns(int64_t gap_ns) const { return std::max(gap_ns, hw_.graph_node_gap_ns); }
@@ -516,6 +557,7 @@ class Engine {
     const int64_t host_begin = r.host_ns;
     const int64_t flow = trace ? ++flow_ : 0;
     const int64_t gap_ns = node_gap_ns(g, work);
+    const int64_t residual_ns = spec_residual_ns(g, work);
 
     if (g.mode != GraphMode::kEager) {
       r.host_ns += hw_.graph_launch_ns;
@@ -525,7 +567,8 @@ class Engine {
       // GPU busy is the launch's span on the GPU, its node gaps included (docs/calibration.md,
       // "GPU busy inside a graph": what the real backend measures with one event pair per
       // launch). A negative gap (PDL overlap) shortens the span.
-      const int64_t span_ns = std::max<int64_t>(0, cost.busy_ns + cost.nodes * gap_ns);
+      const int64_t span_ns =
+          std::max<int64_t>(0, cost.busy_ns + cost.nodes * gap_ns + residual_ns);
       sample.idle_host_ns += idle.host;
       sample.idle_launch_ns += idle.launch;
       sample.idle_dep_ns += idle.dep;
@@ -535,6 +578,12 @@ class Engine {
         span(rank_id, Lane::kHost, "launch_graph", plan.step, host_begin, r.host_ns - host_begin,
              flow);
         trace_nodes(rank_id, plan.step, start, gap_ns, flow);
+        // A calibrated speculative graph's added time, after its nodes (a negative one is not
+        // drawn: the nodes overrun the launch's span by it).
+        if (residual_ns > 0) {
+          span(rank_id, Lane::kCompute, "spec_graph_residual", plan.step, end - residual_ns,
+               residual_ns);
+        }
       }
       s.free_ns = end;
       s.dep_ns = 0;
@@ -795,9 +844,12 @@ class Engine {
     }
 
     // Walk until every rank has run all its items. Collective instances are keyed by (group,
-    // instance number); done_ns is set once every member has arrived.
+    // instance number); done_ns is set once every member has arrived: the latest arrival, plus
+    // the cost, plus the late-arrival extra of the members' skew (latest - earliest,
+    // CostModel::collective_skew_extra_ns), which every member spends inside the collective.
     struct Instance {
       int32_t arrived = 0;
+      int64_t earliest = 0;
       int64_t latest = 0;
       int64_t cost = 0;
       int64_t done_ns = -1;
@@ -839,11 +891,17 @@ class Engine {
             const bool p2p = item.coll->coll == CollectiveKind::kSendRecv;
             const bool send = p2p && item.coll->bytes_written == 0;
             is.coll_arrival = is.t;
+            const int64_t arrival = p2p && !send ? is.start : is.t;
+            const bool in_graph = is.g->mode != GraphMode::kEager;
+            inst.earliest = inst.arrived == 0 ? arrival : std::min(inst.earliest, arrival);
             inst.arrived += 1;
-            inst.latest = std::max(inst.latest, p2p && !send ? is.start : is.t);
-            inst.cost = std::max(inst.cost,
-                                 cost_.collective_ns(*item.coll, is.g->mode != GraphMode::kEager));
-            if (inst.arrived == group_size(*item.coll)) inst.done_ns = inst.latest + inst.cost;
+            inst.latest = std::max(inst.latest, arrival);
+            inst.cost = std::max(inst.cost, cost_.collective_ns(*item.coll, in_graph));
+            if (inst.arrived == group_size(*item.coll)) {
+              inst.done_ns =
+                  inst.latest + inst.cost +
+                  cost_.collective_skew_extra_ns(*item.coll, in_graph, inst.latest - inst.earliest);
+            }
             progress = true;
             if (send) {
               ++is.next;
@@ -860,8 +918,10 @@ class Engine {
             r.sample.idle_dep_ns += wait;
             r.sample.collective_ns += wait;
           } else {
+            // Waiting for the last member is idle; the collective itself (its cost and any
+            // late-arrival extra) is busy.
             r.sample.idle_dep_ns += inst.latest - is.coll_arrival;
-            r.sample.gpu_busy_ns += inst.cost;
+            r.sample.gpu_busy_ns += inst.done_ns - inst.latest;
             r.sample.collective_ns += inst.done_ns - is.coll_arrival;
           }
           const int64_t resume = std::max(is.t, inst.done_ns);
@@ -1012,6 +1072,7 @@ class Engine {
   // pdl_node_gap_by_rows keys of the target and the draft: a measured TP shard where there is one
   // (policies/calibration_model.h), else the model.
   std::string pdl_model_, pdl_draft_;
+  bool spec_residuals_;  // the profile has speculative graph residuals of this one-GPU run's model
   std::vector<Rank> ranks_;
   std::vector<Issued> issued_;
   std::vector<int64_t> lengths_;  // pipeline_lengths of the rank being issued

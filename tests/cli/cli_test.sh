@@ -183,11 +183,21 @@ check "a missing session is refused by number" grep -q "has no calibration sessi
 check "and no profile is written" test ! -e "$work/bad.yaml"
 "$bin" --db "$cdb" calibrate --sessions 1 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions2.err"
 check "--sessions without --fit-only is refused" grep -q "give it with --fit-only" "$work/sessions2.err"
+"$bin" --db "$cdb" calibrate --fit-only --spec-only --out "$work/bad.yaml" >/dev/null 2>"$work/spec.err"
+check "--spec-only with --fit-only is refused" grep -q "fit-only measures nothing" "$work/spec.err"
+check "the committed sessions hold no speculative graphs: no residuals" bash -c "! grep -q spec_graph_residuals '$work/h200-calibrated.yaml'"
 # --collectives-from keeps another profile's NCCL calibration through a kernel refit.
 "$bin" --db "$cdb" calibrate --fit-only --collectives-from "$src/results/profiles/h200-calibrated.yaml" \
   --out "$work/kept.yaml" >/dev/null 2>&1
 check "a refit keeps the collective tables" test "$(grep -c '"nccl\.all_reduce\.graph\.[0-9]*[KM]\.median_ns"' "$work/kept.yaml")" -ge 10
 check "and the all-reduce alpha" test "$(grep 'allreduce_alpha_ns' "$work/kept.yaml")" = "$(grep 'allreduce_alpha_ns' "$src/results/profiles/h200-calibrated.yaml")"
+# ... and its arrival-skew curve (calibrate-nccl's collective_skew section), when it has one.
+cp "$src/results/h200/nccl_profile_583eee2.yaml" "$work/nccl_skew.yaml"
+printf 'collective_skew:\n  ranks: 2\n  all_reduce: {graph: [[0, 0], [1500, 900.5]]}\n' >>"$work/nccl_skew.yaml"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 4 --collectives-from "$work/nccl_skew.yaml" \
+  --out "$work/skew_kept.yaml" >/dev/null 2>&1
+check "a refit keeps the arrival-skew curve" grep -q '^    graph: \[\[0, 0\], \[1500, 900.5\]\]$' "$work/skew_kept.yaml"
+check "a refit of a profile without one writes none" test "$(grep -c '^collective_skew:' "$work/kept.yaml")" -eq 0
 "$bin" --db "$cdb" calibrate --fit-only --collectives-from "$work/s1.yaml" --out "$work/none.yaml" >/dev/null 2>"$work/kept.err"
 check "a profile without collectives is refused" grep -q "holds no nccl.\* measurements" "$work/kept.err"
 

@@ -1,5 +1,6 @@
 // `twinstep calibrate --quick` end to end on a GPU (skips without one): the measurements, the
-// fit, the profile file, and the fitted simulator against the step times it was fitted on.
+// fit, the profile file, and the fitted simulator against the step times and the speculative
+// graphs it was fitted on; `--spec-only`.
 #include "runtime/calibrate.h"
 
 #include <gtest/gtest.h>
@@ -7,13 +8,16 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 
+#include "policies/error.h"
 #include "policies/step_kernels.h"
 #include "runtime/real_backend.h"
 #include "simulator/calibration.h"
 #include "simulator/cost_model.h"
+#include "simulator/spec_graphs.h"
 
 namespace twinstep {
 namespace {
@@ -31,8 +35,9 @@ TEST(Calibrate, QuickProfileLoadsAndReproducesTheStepsItWasFittedOn) {
   o.models = {"llama-3.2-3b"};
   const runtime::CalibrationRun run = runtime::run_calibration(o);
   ASSERT_FALSE(run.samples.empty());
-  for (const char* kind : {"kernel", "node_gap", "eager_launch", "graph_launch", "event_sync",
-                           "d2h", "stream_read", "host_op", "step", "step_profiled"}) {
+  for (const char* kind :
+       {"kernel", "node_gap", "eager_launch", "graph_launch", "event_sync", "d2h", "stream_read",
+        "host_op", "step", "step_profiled", "spec_graph"}) {
     EXPECT_TRUE(std::any_of(run.samples.begin(), run.samples.end(),
                             [&](const CalibrationSample& s) { return s.kind == kind; }))
         << kind;
@@ -87,6 +92,73 @@ TEST(Calibrate, QuickProfileLoadsAndReproducesTheStepsItWasFittedOn) {
     EXPECT_NEAR(sim_ns / real_ns, 1.0, batch <= 16 ? 0.10 : 0.15)
         << mode << " batch " << batch << " ctx " << ctx;
   }
+
+  // The speculative graphs (docs/calibration.md "Speculative graphs"), in sample: every point's
+  // median launch against the fitted simulator's price plus the profile's residual for its
+  // graph kind. The residual is linear in positions and positions x context; fitted over 3
+  // widths x 2 contexts, it leaves what is not linear (GEMV cost by rows, attention by query
+  // rows per tile): within 8 % or 15 us for draft, early-exit draft and verify (0.3-6 ms
+  // graphs; medians of 6 launches), 15 % or 25 us for extend (~0.1 ms graphs whose price, a
+  // whole draft forward with the LM head, the residual mostly cancels).
+  std::set<std::string> graphs;
+  for (const SpecGraphPoint& pt : spec_graph_points(run.samples, p.hw)) {
+    graphs.insert(pt.graph);
+    const HardwareSpec::SpecGraphResidual* f =
+        spec_graph_residual_for(p.hw, pt.model, spec_graph_by_name(pt.graph), pt.mode, pt.batch);
+    ASSERT_NE(f, nullptr) << pt.graph << " batch " << pt.batch;
+    const double sim_ns =
+        std::max(0.0, pt.priced_ns + double(spec_graph_residual_ns(*f, spec_graph_by_name(pt.graph),
+                                                                   pt.batch, int32_t(pt.positions),
+                                                                   double(pt.ctx_tokens))));
+    std::printf(
+        "%s(%lld) batch %lld ctx %lld: measured %.1f us, sim %.1f us, with the residual "
+        "%.1f us (%+.2f %%)\n",
+        pt.graph.c_str(), static_cast<long long>(pt.positions), static_cast<long long>(pt.batch),
+        static_cast<long long>(pt.ctx_tokens), pt.measured_ns / 1e3, pt.priced_ns / 1e3,
+        sim_ns / 1e3, 100 * (sim_ns / pt.measured_ns - 1));
+    const bool extend = pt.graph == "extend";
+    EXPECT_LE(std::abs(sim_ns - pt.measured_ns),
+              std::max((extend ? 0.15 : 0.08) * pt.measured_ns, extend ? 25e3 : 15e3))
+        << pt.graph << "(" << pt.positions << ") ctx " << pt.ctx_tokens;
+  }
+  EXPECT_EQ(graphs, (std::set<std::string>{"draft", "draft_early_exit", "extend", "verify"}));
+}
+
+TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
+  std::string why;
+  if (!real_backend_available(&why)) GTEST_SKIP() << why;
+  runtime::CalibrateOptions o;
+  o.quick = true;
+  o.models = {"llama-3.2-3b"};
+  o.contexts = {128};
+  o.spec_only = true;
+  const runtime::CalibrationRun run = runtime::run_calibration(o);
+  std::map<std::pair<std::string, int64_t>, std::vector<double>> by_graph;  // (graph, positions)
+  for (const CalibrationSample& s : run.samples) {
+    ASSERT_EQ(s.kind, "spec_graph");
+    EXPECT_EQ(s.model, "llama-3.2-3b");
+    EXPECT_EQ(s.mode, "graph");
+    EXPECT_EQ(s.batch, 1);
+    EXPECT_GE(s.ctx_tokens, 128);
+    EXPECT_GT(s.value_ns, 0);
+    by_graph[{s.name, s.nodes}].push_back(s.value_ns);
+  }
+  // Quick widths 2, 6, 16 (drafts of 1, 5, 15 tokens), 6 launches each.
+  for (const auto& [graph, positions] :
+       std::vector<std::pair<std::string, int64_t>>{{"draft", 1},
+                                                    {"draft", 5},
+                                                    {"draft", 15},
+                                                    {"draft_early_exit", 15},
+                                                    {"verify", 2},
+                                                    {"verify", 16},
+                                                    {"extend", 6}}) {
+    EXPECT_EQ(by_graph[std::pair(graph, positions)].size(), 6u) << graph << "(" << positions << ")";
+  }
+  // A draft of 15 tokens runs 15 draft forwards, one of 1 token one.
+  const std::string draft = "draft";
+  EXPECT_GT(median_of(by_graph[{draft, 15}]), 5 * median_of(by_graph[{draft, 1}]));
+  o.spec = false;
+  EXPECT_THROW(runtime::run_calibration(o), Error);
 }
 
 }  // namespace

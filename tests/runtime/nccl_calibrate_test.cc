@@ -92,6 +92,7 @@ TEST(NcclCalibrate, OneThreadPerGpu) {
   o.warmup = 2;
   o.timeout_s = 60;
   o.collectives = {NcclCollective::kAllReduce, NcclCollective::kSendRecv};
+  o.skew = false;  // SkewedArrivalOnTwoGpus
   o.threads = std::min(devices, 2);
   const NcclCalibrationRun run = run_nccl_calibration(o);
   EXPECT_EQ(run.ranks, o.threads);
@@ -136,6 +137,51 @@ TEST(NcclCalibrate, OneThreadPerGpu) {
         << name << " at 8M: eager " << eager->median_ns << " ns, graph " << graph->median_ns
         << " ns";
   }
+}
+
+// The skewed-arrival sweep alone (no size sweep) on 2 GPUs, one thread each: the late rank's
+// spin shows up as skew, the reference delay has no extra by construction, and the late
+// rank's all-reduce takes a positive time at every delay.
+TEST(NcclCalibrate, SkewedArrivalOnTwoGpus) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "needs 2 GPUs";
+  NcclCalibrateOptions o;
+  o.collectives = {};
+  o.skew_bytes = {8 << 10, 64 << 10};
+  o.skew_delays_ns = {0, 2000, 8000};
+  o.skew_ops = 10;
+  o.skew_reps = 10;
+  o.timeout_s = 60;
+  o.threads = 2;
+  const NcclCalibrationRun run = run_nccl_calibration(o);
+  EXPECT_TRUE(run.points.empty());
+  ASSERT_EQ(run.skew.size(), 6u);
+  std::printf("%s", nccl_skew_table(run.skew).c_str());
+  for (const NcclSkewPoint& p : run.skew) {
+    const std::string what = std::to_string(p.bytes) + " B, delay " + std::to_string(p.delay_ns);
+    EXPECT_EQ(p.ranks, 2) << what;
+    EXPECT_EQ(p.ops, 10) << what;
+    EXPECT_GT(p.spin_ns, 0) << what;
+    EXPECT_GT(p.late_ns(), 0) << what;
+    EXPECT_LT(p.late_ns(), 1e6) << what;  // under 1 ms per all-reduce
+    if (p.delay_ns == 0) {
+      EXPECT_EQ(p.skew_ns(), 0) << what;
+      EXPECT_EQ(p.extra_ns(), 0) << what;
+    } else {
+      // %globaltimer ticks in 1 us or finer on the GPUs we run: the spin lasts its delay to
+      // within a tick and a node gap.
+      EXPECT_GE(p.skew_ns(), p.delay_ns - 1000) << what;
+      EXPECT_LE(p.skew_ns(), p.delay_ns + 3000) << what;
+    }
+  }
+  const std::vector<SkewFit> fits = fit_skew(run.skew);
+  std::printf("%s", nccl_skew_fit_report(fits).c_str());
+  ASSERT_EQ(fits.size(), 1u);
+  EXPECT_EQ(fits[0].sizes, 2);
+  ASSERT_GE(fits[0].points.size(), 2u);
+  EXPECT_EQ(fits[0].points[0].skew_ns, 0);
 }
 
 }  // namespace

@@ -273,6 +273,171 @@ TEST(NcclFit, RecordJson) {
   EXPECT_EQ(doc.find("fits")->items.size(), fits.size());
 }
 
+// ---- skewed arrival (issue #11) ---------------------------------------------------------------
+
+// A 2-rank sweep of the graph all-reduce at 4K, 8K and 64K, the late rank's spin 0, 1 and 4 us.
+// Spin-only graph per repetition: 2000, 3010, 6050 ns (skew 0, 1010, 4050 ns). The late rank's
+// all-reduce at delay 0: 6000, 6500, 9000 ns by size; its extra at 1 us: 800, 900, 1000 ns
+// (median 900), at 4 us: 950, 1000, -200 ns (median 950; the 64K point is 1150 ns off it).
+std::vector<NcclSkewPoint> skew_points() {
+  const int64_t sizes[] = {4 << 10, 8 << 10, 64 << 10};
+  const double delays[] = {0, 1000, 4000};
+  const double spin[] = {2000, 3010, 6050};
+  const double late0[] = {6000, 6500, 9000};
+  const double extra[3][3] = {{0, 0, 0}, {800, 900, 1000}, {950, 1000, -200}};  // [delay][size]
+  std::vector<NcclSkewPoint> out;
+  for (size_t b = 0; b < 3; ++b) {
+    for (size_t d = 0; d < 3; ++d) {
+      NcclSkewPoint p;
+      p.ranks = 2;
+      p.bytes = sizes[b];
+      p.delay_ns = delays[d];
+      p.ops = 20;
+      p.reps = 50;
+      p.spin_ns = spin[d];
+      p.total_ns = spin[d] + late0[b] + extra[d][b];
+      p.spin0_ns = spin[0];
+      p.total0_ns = spin[0] + late0[b];
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+TEST(NcclSkew, PointsDeriveSkewLateAndExtra) {
+  const std::vector<NcclSkewPoint> pts = skew_points();
+  const NcclSkewPoint& p = pts[4];  // 8K at 1 us
+  ASSERT_EQ(p.bytes, 8 << 10);
+  ASSERT_EQ(p.delay_ns, 1000);
+  EXPECT_EQ(p.skew_ns(), 1010);
+  EXPECT_EQ(p.late_ns(), 7400);
+  EXPECT_EQ(p.extra_ns(), 900);
+  EXPECT_EQ(pts[3].extra_ns(), 0);  // delay 0 is the reference
+  EXPECT_EQ(pts[3].skew_ns(), 0);
+}
+
+TEST(NcclSkew, FitTakesTheMedianOverSizesPerDelay) {
+  const std::vector<SkewFit> fits = fit_skew(skew_points());
+  ASSERT_EQ(fits.size(), 1u);
+  const SkewFit& f = fits[0];
+  EXPECT_EQ(f.coll, NcclCollective::kAllReduce);
+  EXPECT_EQ(f.mode, "graph");
+  EXPECT_EQ(f.sizes, 3);
+  EXPECT_EQ(f.ranks, 2);
+  EXPECT_EQ(f.max_size_dev_ns, 1150);
+  ASSERT_EQ(f.points.size(), 3u);
+  const double want[3][2] = {{0, 0}, {1010, 900}, {4050, 950}};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(f.points[i].skew_ns, want[i][0]) << i;
+    EXPECT_EQ(f.points[i].extra_ns, want[i][1]) << i;
+  }
+}
+
+TEST(NcclSkew, FitClampsNegativeExtrasAndDropsSkewsThatDoNotRise) {
+  std::vector<NcclSkewPoint> pts = skew_points();
+  for (NcclSkewPoint& p : pts) {
+    if (p.delay_ns == 1000) p.total_ns -= 1000;  // extras -200, -100, 0: median -100
+  }
+  // An 8 us delay whose spin took no longer than the 4 us one (skew 4050 again): dropped.
+  for (size_t b = 0; b < 3; ++b) {
+    NcclSkewPoint p = pts[b * 3 + 2];
+    p.delay_ns = 8000;
+    pts.push_back(p);
+  }
+  const std::vector<SkewFit> fits = fit_skew(pts);
+  ASSERT_EQ(fits.size(), 1u);
+  ASSERT_EQ(fits[0].points.size(), 3u);
+  EXPECT_EQ(fits[0].points[1].skew_ns, 1010);
+  EXPECT_EQ(fits[0].points[1].extra_ns, 0);
+  EXPECT_EQ(fits[0].points[2].skew_ns, 4050);
+  // No points: no fits.
+  EXPECT_TRUE(fit_skew({}).empty());
+}
+
+TEST(NcclSkew, ProfileGetsTheCurveAndTheMeasurements) {
+  CalibrationProfile p = base_profile();
+  const std::vector<NcclPoint> pts = two_gpu_graph_points();
+  const std::vector<CollectiveFit> fits = fit_collectives(pts);
+  const std::vector<NcclSkewPoint> skew = skew_points();
+  const std::string changes = apply_nccl_calibration(p, pts, fits, skew);
+  EXPECT_NE(changes.find("collective_skew.all_reduce.graph: 3 points, extra 0 .. 950 ns"),
+            std::string::npos)
+      << changes;
+  EXPECT_EQ(p.hw.allreduce_alpha_ns, 7000);  // the size sweep's update as before
+  EXPECT_EQ(p.hw.collective_skew_ranks, 2);
+  ASSERT_EQ(p.hw.collective_skew.size(), 1u);
+  const HardwareSpec::CollectiveSkewTable& t = p.hw.collective_skew[0];
+  EXPECT_EQ(t.collective, "all_reduce");
+  EXPECT_TRUE(t.graph);
+  ASSERT_EQ(t.points.size(), 3u);
+  EXPECT_EQ(t.points[2].skew_ns, 4050);
+  EXPECT_EQ(t.points[2].extra_ns, 950);
+  EXPECT_EQ(measurement(p, "nccl.skew.all_reduce.graph.8K.delay1000.total_ns"), 10410);
+  EXPECT_EQ(measurement(p, "nccl.skew.all_reduce.graph.8K.delay1000.spin_ns"), 3010);
+  EXPECT_EQ(measurement(p, "nccl.skew.all_reduce.graph.8K.delay1000.skew_ns"), 1010);
+  EXPECT_EQ(measurement(p, "nccl.skew.all_reduce.graph.8K.delay1000.late_ns"), 7400);
+  EXPECT_EQ(measurement(p, "nccl.skew.all_reduce.graph.64K.delay4000.extra_ns"), -200);
+  EXPECT_EQ(measurement(p, "nccl.skew.fit.all_reduce.graph.max_size_dev_ns"), 1150);
+
+  // The simulator's extra: 900 ns at 1010 ns of skew; halfway to 4050, 925.
+  const CostModel cost(p.hw);
+  const KernelDesc ar{"ar", KernelClass::kCollective, 8192, 8192, 0, CollectiveKind::kAllReduce, 2};
+  EXPECT_EQ(cost.collective_skew_extra_ns(ar, true, 1010), 900);
+  EXPECT_EQ(cost.collective_skew_extra_ns(ar, true, 2530), 925);
+
+  // Written and read back.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("nccl_skew_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "h200-test.yaml").string();
+  write_profile_file(p, path);
+  const CalibrationProfile back = load_calibration_profile(path);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(back.measurements, p.measurements);
+  ASSERT_EQ(back.hw.collective_skew.size(), 1u);
+  EXPECT_EQ(back.hw.collective_skew_ranks, 2);
+  EXPECT_EQ(back.hw.collective_skew[0].points[1].skew_ns, 1010);
+  EXPECT_EQ(back.hw.collective_skew[0].points[1].extra_ns, 900);
+
+  // A calibration without the sweep drops the curve with the earlier nccl.* measurements.
+  const std::string again = apply_nccl_calibration(p, pts, fits);
+  EXPECT_NE(again.find("collective_skew: dropped"), std::string::npos) << again;
+  EXPECT_TRUE(p.hw.collective_skew.empty());
+  EXPECT_EQ(p.hw.collective_skew_ranks, 0);
+  for (const auto& [key, v] : p.measurements) EXPECT_NE(key.rfind("nccl.skew.", 0), 0u) << key;
+}
+
+TEST(NcclSkew, RecordJsonCarriesTheRowsAndTheCurve) {
+  const std::vector<NcclPoint> pts = two_gpu_graph_points();
+  const ProfileHeader h = {"c", "abc", "NVIDIA H200", "CUDA driver API 13.0", "d"};
+  const std::vector<NcclSkewPoint> skew = skew_points();
+  const JsonValue doc = parse_json(nccl_record_json(h, "2.27.3", pts, fit_collectives(pts), skew));
+  const JsonValue* rows = doc.find("skew_rows");
+  ASSERT_NE(rows, nullptr);
+  ASSERT_EQ(rows->items.size(), 9u);
+  const JsonValue& r = rows->items[4];  // 8K at 1 us
+  EXPECT_EQ(r.find("collective")->as_string("c"), "all_reduce");
+  EXPECT_EQ(r.find("bytes")->as_i64("b"), 8192);
+  EXPECT_NEAR(r.find("delay_us")->as_double("d"), 1.0, 1e-12);
+  EXPECT_NEAR(r.find("total_us")->as_double("t"), 10.41, 1e-12);
+  EXPECT_NEAR(r.find("skew_us")->as_double("s"), 1.01, 1e-12);
+  EXPECT_NEAR(r.find("extra_us")->as_double("e"), 0.9, 1e-12);
+  const JsonValue* curves = doc.find("skew_fits");
+  ASSERT_NE(curves, nullptr);
+  ASSERT_EQ(curves->items.size(), 1u);
+  const JsonValue& c = curves->items[0];
+  EXPECT_EQ(c.find("sizes")->as_i64("n"), 3);
+  EXPECT_NEAR(c.find("max_size_dev_us")->as_double("m"), 1.15, 1e-12);
+  const JsonValue* points = c.find("points");
+  ASSERT_EQ(points->items.size(), 3u);
+  EXPECT_NEAR(points->items[2].items[0].as_double("s"), 4.05, 1e-12);
+  EXPECT_NEAR(points->items[2].items[1].as_double("e"), 0.95, 1e-12);
+  // Without skew points the record has neither key (records before the sweep keep their shape).
+  const JsonValue plain = parse_json(nccl_record_json(h, "2.27.3", pts, fit_collectives(pts)));
+  EXPECT_EQ(plain.find("skew_rows"), nullptr);
+  EXPECT_EQ(plain.find("skew_fits"), nullptr);
+}
+
 TEST(NcclFit, PresetForGpu) {
   EXPECT_EQ(preset_for_gpu("NVIDIA H200"), "h200");
   EXPECT_EQ(preset_for_gpu("NVIDIA H100 80GB HBM3"), "h100");

@@ -582,7 +582,8 @@ TEST_F(ProfileDir, BrokenProfileGivesItsPositionAndTheAvailableProfiles) {
       path +
           ":3:1: unknown field 'extra' in the profile; known: format, name, base, "
           "header, figures, kernels, kernel_names, kernel_model_fits, pdl_node_gap_by_rows, "
-          "host_ops, measurements (presets: b200, b300, h100, h20, h200; calibrated profiles in " +
+          "host_ops, measurements, collective_skew, spec_graph_residuals (presets: b200, b300, "
+          "h100, h20, h200; calibrated profiles in " +
           dir_.string() + ": broken, h200-test)");
   write("renamed", kGoodProfile);
   EXPECT_NE(error_of_name("renamed").find("profile name 'h200-test' does not match its file name "

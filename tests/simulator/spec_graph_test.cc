@@ -1,0 +1,536 @@
+// Speculative graphs (issue #6, simulator/spec_graphs.h): the residual fit on synthetic samples
+// with hand-computed residuals, the profile section's round trip and its errors, and the
+// residual in a simulated speculative round (exactly that much more; nothing without it).
+#include "simulator/spec_graphs.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "policies/calibration_profile.h"
+#include "policies/decode_loop.h"
+#include "policies/error.h"
+#include "policies/step_kernels.h"
+#include "results/db.h"
+#include "simulator/calibration.h"
+#include "simulator/calibration_eval.h"
+#include "simulator/cost_model.h"
+#include "simulator/sim_backend.h"
+#include "tests/simulator/profile_text.h"
+#include "tests/support/sim_fixtures.h"
+
+namespace twinstep {
+namespace {
+
+using testing::kFloorNs;
+using Residual = HardwareSpec::SpecGraphResidual;
+
+// On the ideal machine (every kernel at the 10 us floor, no gaps) a pass costs its node count ×
+// the floor: the simulator's price of a speculative launch by hand.
+int64_t nodes_of(const ModelSpec& m, const StepShape& shape) {
+  StepKernels k;
+  step_kernels(m, shape, k);
+  return k.node_count();
+}
+int64_t hand_price_ns(const std::string& preset, const std::string& graph, int64_t batch,
+                      int64_t positions, int64_t ctx) {
+  const ModelSpec& model = model_preset(preset);
+  const ModelSpec draft = nextn_draft(model);
+  const int32_t n = int32_t(batch);
+  if (graph == "verify")
+    return nodes_of(model, decode_shape(n, int32_t(positions), ctx * n)) * kFloorNs;
+  if (graph == "extend")
+    return nodes_of(draft, decode_shape(n, int32_t(positions), ctx * n)) * kFloorNs;
+  return (positions - 1) * nodes_of(draft, decode_shape(n, 1, ctx * n)) * kFloorNs;  // drafts
+}
+
+CalibrationSample spec_sample(const std::string& graph, int64_t batch, int64_t positions,
+                              int64_t ctx, double ns, const std::string& model = "tiny-llama") {
+  CalibrationSample s;
+  s.kind = "spec_graph";
+  s.name = graph;
+  s.model = model;
+  s.mode = "graph";
+  s.batch = batch;
+  s.ctx_tokens = ctx;
+  s.nodes = positions;
+  s.value_ns = ns;
+  return s;
+}
+
+// Three launches per point around the hand-computed time T = price + residual: T − 7, T, T + 9
+// (median T).
+void add_point(std::vector<CalibrationSample>& out, const std::string& graph, int64_t batch,
+               int64_t positions, int64_t ctx, double residual_ns) {
+  const double t = double(hand_price_ns("tiny-llama", graph, batch, positions, ctx)) + residual_ns;
+  for (const double d : {-7.0, 0.0, 9.0}) {
+    out.push_back(spec_sample(graph, batch, positions, ctx, t + d));
+  }
+}
+
+TEST(SpecGraphs, NamesRoundTrip) {
+  for (int g = 0; g < int(SpecGraph::kCount); ++g) {
+    EXPECT_EQ(spec_graph_by_name(spec_graph_name(SpecGraph(g))), SpecGraph(g));
+  }
+  EXPECT_EQ(spec_graph_by_name("drafts"), SpecGraph::kCount);
+}
+
+TEST(SpecGraphs, PriceIsNodesTimesTheFloorOnTheIdealMachine) {
+  const HardwareSpec hw = testing::ideal_machine();
+  const CostModel cost(hw, "tiny-llama");
+  const ModelSpec& m = model_preset("tiny-llama");
+  const ModelSpec d = nextn_draft(m);
+  EXPECT_EQ(spec_graph_price_ns(cost, 0, m, d, SpecGraph::kDraft, 1, 5, 300),
+            hand_price_ns("tiny-llama", "draft", 1, 5, 300));
+  EXPECT_EQ(spec_graph_price_ns(cost, 0, m, d, SpecGraph::kDraft, 1, 1, 300), 0);  // NEXTN: 0
+  EXPECT_EQ(spec_graph_price_ns(cost, 0, m, d, SpecGraph::kVerify, 2, 6, 600),
+            hand_price_ns("tiny-llama", "verify", 2, 6, 300));
+  EXPECT_EQ(spec_graph_price_ns(cost, 0, m, d, SpecGraph::kExtend, 1, 16, 300),
+            hand_price_ns("tiny-llama", "extend", 1, 16, 300));
+  // A node gap of 100 ns adds nodes × 100 per pass.
+  EXPECT_EQ(spec_graph_price_ns(cost, 100, m, d, SpecGraph::kDraft, 1, 3, 300),
+            hand_price_ns("tiny-llama", "draft", 1, 3, 300) +
+                2 * nodes_of(d, decode_shape(1, 1, 300)) * 100);
+}
+
+TEST(SpecGraphFit, RecoversHandComputedResidualsPerGraphAndBatch) {
+  // Residuals by hand: draft 150 us + 20 us per draft token + 2 ns per token and cached token;
+  // verify 40 us + 3 us per position; extend -60 us (the simulator prices a whole draft forward
+  // in extend where the runtime writes K/V only); at batch 4 the draft's base is 90 us, and a
+  // verify of 4 x W rows pays 4.5 ms per 16-row chunk past the first (W 2, 6, 16: 0, 1, 3).
+  std::vector<CalibrationSample> s;
+  for (const int64_t ctx : {128, 2048}) {
+    for (const int64_t w : {2, 6, 16}) {
+      add_point(s, "draft", 1, w - 1, ctx, 150000 + 20000.0 * (w - 1) + 2.0 * (w - 1) * ctx);
+      add_point(s, "draft", 4, w - 1, ctx, 90000 + 20000.0 * (w - 1) + 2.0 * (w - 1) * ctx);
+      add_point(s, "verify", 1, w, ctx, 40000 + 3000.0 * w);
+      add_point(s, "verify", 4, w, ctx, 40000 + 3000.0 * w + 4.5e6 * double((4 * w + 15) / 16 - 1));
+      add_point(s, "extend", 1, w, ctx, -60000);
+    }
+  }
+  const std::vector<Residual> fits =
+      fit_spec_graph_residuals(s, testing::ideal_machine());  // the prices above, no gaps
+  ASSERT_EQ(fits.size(), 5u);  // ordered by (model, graph, mode, batch)
+  const Residual& d1 = fits[0];
+  const Residual& d4 = fits[1];
+  const Residual& ex = fits[2];
+  const Residual& ve = fits[3];
+  const Residual& ve4 = fits[4];
+  EXPECT_EQ(ve4.batch, 4);
+  EXPECT_NEAR(ve4.base_ns, 40000, 1e-2);
+  EXPECT_NEAR(ve4.ns_per_position, 3000, 1e-3);
+  EXPECT_NEAR(ve4.ns_per_position_ctx, 0, 1e-8);
+  EXPECT_NEAR(ve4.ns_per_extra_chunk, 4.5e6, 1e-1);
+  EXPECT_EQ(ve.ns_per_extra_chunk, 0);  // one row chunk at batch 1: no such column
+  EXPECT_EQ(d1.graph, "draft");
+  EXPECT_EQ(d1.batch, 1);
+  EXPECT_EQ(d4.batch, 4);
+  EXPECT_EQ(ex.graph, "extend");
+  EXPECT_EQ(ve.graph, "verify");
+  EXPECT_EQ(d1.model, "tiny-llama");
+  EXPECT_EQ(d1.mode, "graph");
+  EXPECT_NEAR(d1.base_ns, 150000, 1e-3);
+  EXPECT_NEAR(d1.ns_per_position, 20000, 1e-4);
+  EXPECT_NEAR(d1.ns_per_position_ctx, 2.0, 1e-8);
+  EXPECT_NEAR(d4.base_ns, 90000, 1e-3);
+  EXPECT_NEAR(ve.base_ns, 40000, 1e-3);
+  EXPECT_NEAR(ve.ns_per_position, 3000, 1e-4);
+  EXPECT_NEAR(ve.ns_per_position_ctx, 0, 1e-9);
+  EXPECT_NEAR(ex.base_ns, -60000, 1e-3);
+  EXPECT_NEAR(ex.ns_per_position, 0, 1e-4);
+  for (const Residual* f : {&d1, &d4, &ex, &ve, &ve4}) {
+    EXPECT_EQ(f->points, 6) << f->graph;
+    EXPECT_EQ(f->samples, 18) << f->graph;
+    EXPECT_NEAR(f->r2, 1.0, 1e-9) << f->graph;
+    EXPECT_LT(f->max_rel_err, 1e-6) << f->graph;
+  }
+  // Without the residual, verify at W = 2, ctx 128 is the worst: 46 us short of its time.
+  double worst = 0, mean = 0;
+  for (const int64_t ctx : {128, 2048}) {
+    for (const int64_t w : {2, 6, 16}) {
+      const double p = double(hand_price_ns("tiny-llama", "verify", 1, w, ctx));
+      const double t = p + 40000 + 3000.0 * w;
+      worst = std::max(worst, (t - p) / t);
+      mean += (p - t) / t / 6;
+    }
+  }
+  EXPECT_NEAR(ve.max_rel_err_unfitted, worst, 1e-12);
+  EXPECT_NEAR(ve.mean_err_unfitted, mean, 1e-12);
+}
+
+TEST(SpecGraphFit, ColumnsFollowWhatWasMeasured) {
+  // One context: no per-context term (it cannot be told from the per-position one).
+  std::vector<CalibrationSample> s;
+  for (const int64_t w : {2, 6, 16}) add_point(s, "verify", 1, w, 512, 10000 + 500.0 * w);
+  std::vector<Residual> f = fit_spec_graph_residuals(s, testing::ideal_machine());
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_NEAR(f[0].base_ns, 10000, 1e-4);
+  EXPECT_NEAR(f[0].ns_per_position, 500, 1e-6);
+  EXPECT_EQ(f[0].ns_per_position_ctx, 0);
+  // One point: a base alone, R² 1.
+  s.clear();
+  add_point(s, "extend", 1, 6, 512, -1234);
+  f = fit_spec_graph_residuals(s, testing::ideal_machine());
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_NEAR(f[0].base_ns, -1234, 1e-6);
+  EXPECT_EQ(f[0].ns_per_position, 0);
+  EXPECT_EQ(f[0].r2, 1.0);
+  EXPECT_EQ(f[0].points, 1);
+  // Another mode, a TP shard or an unknown model is not priced, hence not fitted; an unknown
+  // graph name is an error.
+  s = {spec_sample("verify", 1, 6, 512, 1e6, "llama-3-8b@tp2"),
+       spec_sample("verify", 1, 6, 512, 1e6, "no-such-model")};
+  s.push_back(spec_sample("verify", 1, 6, 512, 1e6));
+  s.back().mode = "pdl";
+  EXPECT_TRUE(fit_spec_graph_residuals(s, testing::ideal_machine()).empty());
+  s.push_back(spec_sample("drafts", 1, 6, 512, 1e6));
+  EXPECT_THROW(fit_spec_graph_residuals(s, testing::ideal_machine()), Error);
+}
+
+TEST(SpecGraphFit, FitCalibrationFitsThemAgainstItsOwnProfile) {
+  // A session of spec_graph samples alone: the profile is the base preset's roofline, and the
+  // residuals are against its prices; fit_calibration takes the new kind.
+  HardwareSpec hw = hardware_preset("h200");
+  const CostModel cost(hw, "tiny-llama");
+  const ModelSpec& m = model_preset("tiny-llama");
+  std::vector<CalibrationSample> s;
+  for (const int64_t w : {2, 6, 16}) {
+    const int64_t p = spec_graph_price_ns(cost, hw.graph_node_gap_ns, m, nextn_draft(m),
+                                          SpecGraph::kVerify, 1, int32_t(w), 700);
+    s.push_back(spec_sample("verify", 1, w, 700, double(p) + 5000 + 100.0 * w));
+  }
+  const CalibrationProfile prof =
+      fit_calibration(s, "t", "h200", {"calibrate", "abc", "NVIDIA H200", "570", "now"});
+  ASSERT_EQ(prof.hw.spec_graph_residuals.size(), 1u);
+  EXPECT_NEAR(prof.hw.spec_graph_residuals[0].base_ns, 5000, 1e-3);
+  EXPECT_NEAR(prof.hw.spec_graph_residuals[0].ns_per_position, 100, 1e-4);
+  const std::string report = calibration_report(prof);
+  EXPECT_NE(report.find("speculative graphs, measured - simulated"), std::string::npos) << report;
+  EXPECT_NE(report.find("tiny-llama     verify"), std::string::npos) << report;
+  // calibrate-eval: per point, the price without and with the residual.
+  const CalibrationEvaluation e = evaluate_calibration(prof.hw, s);
+  ASSERT_EQ(e.spec_graphs.size(), 3u);
+  for (const SpecGraphEvalRow& r : e.spec_graphs) {
+    EXPECT_LT(r.err_sim_pct, 0) << r.positions;
+    EXPECT_NEAR(r.err_pct, 0, 1e-3) << r.positions;
+    EXPECT_NEAR(r.residual_us, (5000 + 100.0 * double(r.positions)) / 1e3, 1e-3);
+  }
+  const std::string table = evaluation_report(e);
+  EXPECT_NE(table.find("spec graphs tiny-llama verify graph: 3 points"), std::string::npos)
+      << table;
+}
+
+TEST(SpecGraphFit, StoredSessionsRefitToTheSameResiduals) {
+  // calibrate --spec-only stores a session of spec_graph samples; --fit-only --sessions refits
+  // it with the sessions that carry the kernel fits, from the database.
+  std::vector<CalibrationSample> s;
+  for (const int64_t w : {2, 6, 16}) {
+    add_point(s, "draft", 1, w - 1, 128, 150000 + 20000.0 * (w - 1));
+    add_point(s, "verify", 1, w, 128, 40000 + 3000.0 * w);
+  }
+  CalibrationSample gap;
+  gap.kind = "node_gap";
+  gap.mode = "graph";
+  gap.value_ns = 0;  // the ideal machine's gap, from the other session
+  const ProfileHeader h{"calibrate --spec-only", "abc", "NVIDIA H200", "570", "now"};
+  ResultsDb db = ResultsDb::open(":memory:");
+  db.store_calibration(h, false, {gap});
+  db.store_calibration(h, false, s);
+  std::vector<CalibrationSample> back = db.calibration_samples(1);
+  for (CalibrationSample& x : db.calibration_samples(2)) back.push_back(x);
+  std::vector<CalibrationSample> both = {gap};
+  both.insert(both.end(), s.begin(), s.end());
+  const std::string a = write_calibration_profile(fit_calibration(both, "x", "h200", h));
+  const std::string b = write_calibration_profile(fit_calibration(back, "x", "h200", h));
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a.find("spec_graph_residuals:\n  - {model: \"tiny-llama\", graph: \"draft\""),
+            std::string::npos)
+      << a;
+}
+
+TEST(SpecGraphFit, ResidualLookupByBatch) {
+  HardwareSpec hw = testing::ideal_machine();
+  Residual r;
+  r.model = "m";
+  r.graph = "verify";
+  r.mode = "graph";
+  r.batch = 1;
+  r.base_ns = 1;
+  hw.spec_graph_residuals.push_back(r);
+  r.batch = 4;
+  r.base_ns = 4;
+  hw.spec_graph_residuals.push_back(r);
+  auto base = [&](int64_t requests, SpecGraph g = SpecGraph::kVerify, const char* mode = "graph",
+                  const char* model = "m") {
+    const Residual* f = spec_graph_residual_for(hw, model, g, mode, requests);
+    return f == nullptr ? -1.0 : f->base_ns;
+  };
+  EXPECT_EQ(base(1), 1);
+  EXPECT_EQ(base(2), 4);  // the smallest measured batch >= 2
+  EXPECT_EQ(base(4), 4);
+  EXPECT_EQ(base(64), 4);  // the largest above
+  EXPECT_EQ(base(1, SpecGraph::kExtend), -1);
+  EXPECT_EQ(base(1, SpecGraph::kVerify, "pdl"), -1);
+  EXPECT_EQ(base(1, SpecGraph::kVerify, "graph", "other"), -1);
+  r.base_ns = 1000;
+  r.ns_per_position = 10;
+  r.ns_per_position_ctx = 0.25;
+  const SpecGraph v = SpecGraph::kVerify;
+  EXPECT_EQ(spec_graph_residual_ns(r, v, 1, 6, 100), 1000 + 60 + 150);
+  EXPECT_EQ(spec_graph_residual_ns(r, v, 1, 6, 101), 1212);  // 1211.5 rounds away from zero
+  r.base_ns = -1000;
+  EXPECT_EQ(spec_graph_residual_ns(r, v, 1, 2, 1), -980);  // -1000 + 20 + 0.5 = -979.5
+  // 16-row chunks past the first: verify and extend of the padded batch (3 requests run as 4)
+  // × width rows; none for drafts.
+  EXPECT_EQ(spec_graph_extra_chunks(v, 1, 16), 0);
+  EXPECT_EQ(spec_graph_extra_chunks(v, 2, 8), 0);
+  EXPECT_EQ(spec_graph_extra_chunks(v, 3, 6), 1);                    // 24 rows
+  EXPECT_EQ(spec_graph_extra_chunks(SpecGraph::kExtend, 4, 16), 3);  // 64 rows
+  EXPECT_EQ(spec_graph_extra_chunks(SpecGraph::kDraft, 32, 15), 0);
+  r.ns_per_position_ctx = 0;
+  r.ns_per_extra_chunk = 4000;
+  EXPECT_EQ(spec_graph_residual_ns(r, v, 3, 6, 0), -1000 + 60 + 4000);
+  EXPECT_EQ(spec_graph_residual_ns(r, SpecGraph::kDraft, 3, 6, 0), -1000 + 60);
+}
+
+// ---- the profile section ----------------------------------------------------------------------
+
+const char* kProfile = R"(format: 1
+name: h200-test
+base: h200
+header:
+  command: twinstep calibrate
+  commit: abc
+  gpu: NVIDIA H200
+  driver: "570"
+  date: 2026-11-29
+kernels:
+  gemm: {base_ns: 2000, ns_per_byte: 0.00025, ns_per_flop: 0, r2: 0.99, max_rel_err: 0.1, samples: 9}
+spec_graph_residuals:
+  - {model: "llama-3-8b", graph: "draft", mode: "graph", batch: 1, base_ns: 51234.5, ns_per_position: 48000.25, ns_per_position_ctx: -0.125, r2: 0.998, max_rel_err: 0.004, max_rel_err_unfitted: 0.09, mean_err_unfitted: -0.07, samples: 120, points: 12}
+)";
+
+TEST(SpecGraphProfile, WriteThenParseRoundTrips) {
+  CalibrationProfile p = parse_calibration_profile(kProfile, "p.yaml");
+  ASSERT_EQ(p.hw.spec_graph_residuals.size(), 1u);
+  Residual r = p.hw.spec_graph_residuals[0];
+  EXPECT_EQ(r.model, "llama-3-8b");
+  EXPECT_EQ(r.graph, "draft");
+  EXPECT_EQ(r.batch, 1);
+  EXPECT_EQ(r.base_ns, 51234.5);
+  EXPECT_EQ(r.ns_per_position_ctx, -0.125);
+  EXPECT_EQ(r.mean_err_unfitted, -0.07);
+  EXPECT_EQ(r.points, 12);
+  r.graph = "extend";
+  r.batch = 4;
+  r.base_ns = -1.0 / 3;          // shortest round-trip doubles survive
+  r.ns_per_extra_chunk = 4.5e6;  // optional: written where set
+  p.hw.spec_graph_residuals.push_back(r);
+  const std::string text = write_calibration_profile(p);
+  EXPECT_EQ(text.find(", ns_per_extra_chunk: "), text.rfind(", ns_per_extra_chunk: "));  // once
+  const CalibrationProfile q = parse_calibration_profile(text, "mem");
+  ASSERT_EQ(q.hw.spec_graph_residuals.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const Residual& a = p.hw.spec_graph_residuals[i];
+    const Residual& b = q.hw.spec_graph_residuals[i];
+    EXPECT_EQ(a.model, b.model);
+    EXPECT_EQ(a.graph, b.graph);
+    EXPECT_EQ(a.mode, b.mode);
+    EXPECT_EQ(a.batch, b.batch);
+    EXPECT_EQ(a.base_ns, b.base_ns);
+    EXPECT_EQ(a.ns_per_position, b.ns_per_position);
+    EXPECT_EQ(a.ns_per_position_ctx, b.ns_per_position_ctx);
+    EXPECT_EQ(a.ns_per_extra_chunk, b.ns_per_extra_chunk);
+    EXPECT_EQ(a.r2, b.r2);
+    EXPECT_EQ(a.max_rel_err, b.max_rel_err);
+    EXPECT_EQ(a.max_rel_err_unfitted, b.max_rel_err_unfitted);
+    EXPECT_EQ(a.mean_err_unfitted, b.mean_err_unfitted);
+    EXPECT_EQ(a.samples, b.samples);
+    EXPECT_EQ(a.points, b.points);
+  }
+  EXPECT_EQ(write_calibration_profile(q), text);
+}
+
+TEST(SpecGraphProfile, OldProfilesLoadWithNoneAndWriteNoSection) {
+  const std::string old = test::replace_once(
+      kProfile, std::string(kProfile).substr(std::string(kProfile).find("spec_graph_residuals:")),
+      "");
+  const CalibrationProfile p = parse_calibration_profile(old, "old.yaml");
+  EXPECT_TRUE(p.hw.spec_graph_residuals.empty());
+  EXPECT_EQ(write_calibration_profile(p).find("spec_graph"), std::string::npos);
+}
+
+TEST(SpecGraphProfile, BadEntriesSayWhereAndWhat) {
+  auto error_of = [](const std::string& from, const std::string& to) {
+    return test::profile_error_of(test::replace_once(kProfile, from, to));
+  };
+  EXPECT_EQ(error_of("graph: \"draft\"", "graph: \"drafts\""),
+            "p.yaml:13:34: spec_graph_residuals[0].graph 'drafts' is not one of draft, "
+            "draft_early_exit, verify, extend");
+  EXPECT_EQ(error_of("mode: \"graph\"", "mode: \"cuda_graph\""),
+            "p.yaml:13:49: spec_graph_residuals[0].mode 'cuda_graph' is not one of graph, pdl, "
+            "eager");
+  EXPECT_EQ(error_of("batch: 1,", "batch: 0,"),
+            "p.yaml:13:65: spec_graph_residuals[0].batch = 0 is out of range [1, 1048576]");
+  EXPECT_EQ(error_of("base_ns: 51234.5, ", ""),
+            "p.yaml:13:5: spec_graph_residuals[0] is missing required field 'base_ns'");
+  EXPECT_EQ(error_of("ns_per_position: 48000.25", "ns_per_position: fast"),
+            "p.yaml:13:103: spec_graph_residuals[0].ns_per_position must be a finite number, got "
+            "'fast'");
+  EXPECT_EQ(error_of("points: 12}", "points: 12, extra: 1}"),
+            "p.yaml:13:253: unknown field 'extra' in spec_graph_residuals[0]; known: model, graph, "
+            "mode, batch, base_ns, ns_per_position, ns_per_position_ctx, ns_per_extra_chunk, r2, "
+            "max_rel_err, max_rel_err_unfitted, mean_err_unfitted, samples, points");
+  EXPECT_EQ(error_of("spec_graph_residuals:\n  - ", "spec_graph_residuals:\n  x: "),
+            "p.yaml:13:3: spec_graph_residuals must be a list of fits");
+  const std::string entry = "  - {model: \"llama-3-8b\", graph: \"draft\"";
+  const std::string twice = test::replace_once(
+      kProfile, "spec_graph_residuals:\n",
+      "spec_graph_residuals:\n" + std::string(kProfile).substr(std::string(kProfile).find(entry)));
+  EXPECT_EQ(test::profile_error_of(twice),
+            "p.yaml:14:5: spec_graph_residuals[1]: a second fit of llama-3-8b draft in mode graph "
+            "at batch 1");
+}
+
+// ---- the residual in a simulated round -------------------------------------------------------
+
+RunRecord simulate(const SpecSpec& spec, const HardwareSpec& hw,
+                   GraphMode mode = GraphMode::kCudaGraph, double accept_rate = 0.0) {
+  PolicySpec policy;
+  policy.host_schedule = HostSchedule::kLockstep;
+  policy.graph_mode = mode;
+  policy.spec = spec;
+  WorkloadSpec w;
+  w.input_len = {64, 64};
+  w.output_len = {24, 24};
+  w.num_requests = 1;
+  const std::vector<RequestSpec> reqs = generate_requests(w);
+  RunRecord r;
+  DecodeLoop loop(policy, w, reqs, &r);
+  HostCostModel host(testing::fixed_host_costs(3000, 2000, 1000), 1);
+  SimOptions options;
+  options.spec = spec;
+  options.acceptance = {.accept_rate = accept_rate, .confidence_signal = 0.5};
+  options.acceptance_seed = 7;
+  SimBackend backend(model_preset("tiny-llama"), hw, host, reqs, options);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, r);
+  return r;
+}
+
+SpecSpec chain5() {
+  SpecSpec s;
+  s.method = SpecMethod::kChain;
+  s.steps = 5;
+  s.draft_tokens = 6;
+  return s;
+}
+
+Residual residual(const char* graph, double base, double per_pos, double per_pos_ctx,
+                  const char* model = "tiny-llama") {
+  Residual r;
+  r.model = model;
+  r.graph = graph;
+  r.mode = "graph";
+  r.batch = 1;
+  r.base_ns = base;
+  r.ns_per_position = per_pos;
+  r.ns_per_position_ctx = per_pos_ctx;
+  r.samples = r.points = 1;
+  return r;
+}
+
+TEST(SpecGraphSim, TheSimulatorChargesWhatSpecGraphPriceSays) {
+  // Lockstep, nothing accepted: step k >= 1 is one round at ctx 63 + k (prompt 64, one token
+  // committed per round); its GPU busy is the three launches' spans.
+  const HardwareSpec hw = hardware_preset("h200");
+  const RunRecord r = simulate(chain5(), hw);
+  const CostModel cost(hw, "tiny-llama");
+  const ModelSpec& m = model_preset("tiny-llama");
+  const ModelSpec d = nextn_draft(m);
+  ASSERT_GT(r.steps.size(), 10u);
+  for (size_t k = 1; k < 10; ++k) {
+    const int64_t ctx = 63 + int64_t(k);
+    const int64_t g = hw.graph_node_gap_ns;
+    const int64_t want = spec_graph_price_ns(cost, g, m, d, SpecGraph::kDraft, 1, 5, ctx) +
+                         spec_graph_price_ns(cost, g, m, d, SpecGraph::kVerify, 1, 6, ctx) +
+                         spec_graph_price_ns(cost, g, m, d, SpecGraph::kExtend, 1, 6, ctx);
+    EXPECT_EQ(r.steps[k].gpu_busy_ns, want) << k;
+  }
+}
+
+TEST(SpecGraphSim, ARoundCostsExactlyTheResidualMore) {
+  // By hand, chain(5) (5 draft tokens, width 6) at ctx c: draft 1000 + 100 * 5 + 0.5 * 5 * c,
+  // verify 2000 + 50 * 6, extend -700: 3100 + 2.5 c, rounded per launch (c = 65: 1662.5 -> 1663).
+  const HardwareSpec plain = testing::ideal_machine();
+  HardwareSpec fitted = plain;
+  fitted.spec_graph_residuals = {residual("draft", 1000, 100, 0.5), residual("verify", 2000, 50, 0),
+                                 residual("extend", -700, 0, 0)};
+  const RunRecord a = simulate(chain5(), plain);
+  const RunRecord b = simulate(chain5(), fitted);
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  ASSERT_GT(a.steps.size(), 10u);
+  EXPECT_EQ(b.steps[0].gpu_busy_ns, a.steps[0].gpu_busy_ns);  // prefill
+  for (size_t k = 1; k < a.steps.size(); ++k) {
+    const int64_t ctx = 63 + int64_t(k);
+    const int64_t extra = std::llround(1500 + 2.5 * double(ctx)) + 2300 - 700;
+    EXPECT_EQ(b.steps[k].gpu_busy_ns - a.steps[k].gpu_busy_ns, extra) << k;
+    EXPECT_EQ(b.steps[k].dur_ns - a.steps[k].dur_ns, extra) << k;  // lockstep
+  }
+  EXPECT_EQ(b.steps[2].gpu_busy_ns - a.steps[2].gpu_busy_ns, 3263);
+}
+
+TEST(SpecGraphSim, WithoutAMatchingResidualNothingChanges) {
+  // Another model's residuals, or PDL / eager launches (calibrate measures plain graphs only):
+  // the same record as without any.
+  HardwareSpec other = testing::ideal_machine();
+  other.spec_graph_residuals = {residual("draft", 1e6, 0, 0, "llama-3-8b"),
+                                residual("verify", 1e6, 0, 0, "llama-3-8b")};
+  HardwareSpec mine = testing::ideal_machine();
+  mine.spec_graph_residuals = {residual("draft", 1e6, 0, 0), residual("verify", 1e6, 0, 0),
+                               residual("extend", 1e6, 0, 0)};
+  const RunRecord base = simulate(chain5(), testing::ideal_machine());
+  const RunRecord a = simulate(chain5(), other);
+  ASSERT_EQ(a.steps.size(), base.steps.size());
+  for (size_t k = 0; k < base.steps.size(); ++k) {
+    EXPECT_EQ(a.steps[k].gpu_busy_ns, base.steps[k].gpu_busy_ns) << k;
+    EXPECT_EQ(a.steps[k].dur_ns, base.steps[k].dur_ns) << k;
+  }
+  for (const GraphMode mode : {GraphMode::kCudaGraphPdl, GraphMode::kEager}) {
+    const RunRecord x = simulate(chain5(), testing::ideal_machine(), mode);
+    const RunRecord y = simulate(chain5(), mine, mode);
+    ASSERT_EQ(x.steps.size(), y.steps.size());
+    for (size_t k = 0; k < x.steps.size(); ++k) {
+      EXPECT_EQ(y.steps[k].gpu_busy_ns, x.steps[k].gpu_busy_ns) << k;
+    }
+  }
+}
+
+TEST(SpecGraphSim, DeviceDecidedDraftsWithEarlyExitUseTheirOwnResidual) {
+  SpecSpec dev;
+  dev.method = SpecMethod::kConfidence;
+  dev.mode = DraftMode::kDevice;
+  dev.max_steps = 8;
+  dev.threshold = 0.3;
+  HardwareSpec fitted = testing::ideal_machine();
+  fitted.spec_graph_residuals = {residual("draft", 1000, 0, 0),
+                                 residual("draft_early_exit", 5000, 0, 0)};
+  const RunRecord a = simulate(dev, testing::ideal_machine(), GraphMode::kCudaGraph, 0.7);
+  const RunRecord b = simulate(dev, fitted, GraphMode::kCudaGraph, 0.7);
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t k = 1; k < a.steps.size(); ++k) {
+    EXPECT_EQ(b.steps[k].gpu_busy_ns - a.steps[k].gpu_busy_ns, 5000) << k;
+  }
+  dev.early_exit = false;  // every step runs: the plain draft graph
+  const RunRecord c = simulate(dev, testing::ideal_machine(), GraphMode::kCudaGraph, 0.7);
+  const RunRecord e = simulate(dev, fitted, GraphMode::kCudaGraph, 0.7);
+  ASSERT_EQ(c.steps.size(), e.steps.size());
+  for (size_t k = 1; k < c.steps.size(); ++k) {
+    EXPECT_EQ(e.steps[k].gpu_busy_ns - c.steps[k].gpu_busy_ns, 1000) << k;
+  }
+}
+
+}  // namespace
+}  // namespace twinstep
