@@ -84,6 +84,8 @@ constexpr Figure kFigures[] = {
 
 class Reader {
  public:
+  static constexpr size_t kMaxKeyBytes = 256;  // of a mapping key (see mapping())
+
   explicit Reader(std::string source) : source_(std::move(source)) {}
 
   [[noreturn]] void fail(const YAML::Mark& m, const std::string& msg) const {
@@ -101,6 +103,14 @@ class Reader {
     for (auto it = n.begin(); it != n.end(); ++it) {
       if (!it->first.IsScalar()) fail(it->first.Mark(), what + ": keys must be plain names");
       const std::string key = it->first.Scalar();
+      // Keys are names (kernels, models, measurements): printable and short, so that the
+      // writer's quoted form stays a legal YAML implicit key (at most 1024 characters).
+      if (key.empty() || key.size() > kMaxKeyBytes ||
+          std::any_of(key.begin(), key.end(),
+                      [](unsigned char c) { return c < 0x20 || c == 0x7f; })) {
+        fail(it->first.Mark(), what + ": a key must be 1 to " + std::to_string(kMaxKeyBytes) +
+                                   " printable characters");
+      }
       if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
         fail(it->first.Mark(),
              "unknown field '" + key + "' in " + what + "; known: " + join(allowed));
