@@ -105,10 +105,10 @@ class Reader {
       const std::string key = it->first.Scalar();
       // Keys are names (kernels, models, measurements): printable and short, so that the
       // writer's quoted form stays a legal YAML implicit key (at most 1024 characters).
-      if (key.empty() || key.size() > kMaxKeyBytes ||
+      if (key.size() > kMaxKeyBytes ||
           std::any_of(key.begin(), key.end(),
                       [](unsigned char c) { return c < 0x20 || c == 0x7f; })) {
-        fail(it->first.Mark(), what + ": a key must be 1 to " + std::to_string(kMaxKeyBytes) +
+        fail(it->first.Mark(), what + ": a key must be at most " + std::to_string(kMaxKeyBytes) +
                                    " printable characters");
       }
       if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
