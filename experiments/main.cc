@@ -468,6 +468,10 @@ struct CalibrateGrid {
   // Speculative graphs (runtime/calibrate.h CalibrateOptions::spec, spec_only).
   bool no_spec = false;
   bool spec_only = false;
+  // Prefill passes (CalibrateOptions::prefill, prefill_only, prefill_tokens).
+  bool no_prefill = false;
+  bool prefill_only = false;
+  std::vector<int> prefill_tokens;
   std::string collectives_from;  // a profile whose collective calibration (calibrate-nccl) is kept
   // Held-out evaluation of the fitted profile (calibrate-eval): sessions of this database.
   std::string evaluate_db;
@@ -527,10 +531,12 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   ProfileHeader header;
   if (!fit_only && !grid.sessions.empty())
     throw ConfigError("", "--sessions selects stored sessions to refit: give it with --fit-only");
-  if (fit_only && (grid.spec_only || grid.no_spec))
+  if (fit_only && (grid.spec_only || grid.no_spec || grid.prefill_only || grid.no_prefill ||
+                   !grid.prefill_tokens.empty()))
     throw ConfigError("",
-                      "--spec-only and --no-spec choose what calibrate measures; --fit-only "
-                      "measures nothing (it refits every stored sample, spec_graph ones too)");
+                      "--spec-only, --no-spec, --prefill-only, --no-prefill and --prefill-tokens "
+                      "choose what calibrate measures; --fit-only measures nothing (it refits "
+                      "every stored sample, spec_graph and prefill ones too)");
   if (fit_only) {
     // One session (the latest by default), or several fitted as one sample set (e.g. a dense
     // model's full grid and a MoE model's narrow grid, measured by two commands): same GPU only.
@@ -567,6 +573,9 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     o.batches = grid.batches;
     o.spec = !grid.no_spec;
     o.spec_only = grid.spec_only;
+    o.prefill = !grid.no_prefill;
+    o.prefill_only = grid.prefill_only;
+    o.prefill_tokens = grid.prefill_tokens;
     runtime::CalibrationRun run = runtime::run_calibration(o);
     samples = std::move(run.samples);
     const std::time_t t = std::time(nullptr);
@@ -825,6 +834,16 @@ int main(int argc, char** argv) {
   calibrate->add_flag("--spec-only", cal_grid.spec_only,
                       "measure only the speculative graphs (fit them with stored sessions: "
                       "--fit-only --sessions)");
+  calibrate->add_flag("--no-prefill", cal_grid.no_prefill,
+                      "skip the prefill passes (one prompt per length, measured by default; "
+                      "they fit the profile's prefill rates)");
+  calibrate->add_flag("--prefill-only", cal_grid.prefill_only,
+                      "measure only the prefill passes (fit them with stored sessions: --fit-only "
+                      "--sessions); with --spec-only, both");
+  calibrate
+      ->add_option("--prefill-tokens", cal_grid.prefill_tokens,
+                   "prompt lengths of the prefill passes (default 1024,2048,4096,8192)")
+      ->delimiter(',');
   calibrate->add_option("--collectives-from", cal_grid.collectives_from,
                         "keep the collective calibration (calibrate-nccl) of this profile file");
   calibrate

@@ -80,6 +80,21 @@ constexpr Figure kFigures[] = {
     {"p2p_alpha_ns", &HardwareSpec::p2p_alpha_ns, nullptr, false},
 };
 
+// Figures written only where they differ from the preset's default (profiles written before them
+// lack them and read as the default): the rows the kernel fits hold for and the prefill rates
+// (HardwareSpec, "Beyond the calibrated range"; 0: not measured).
+struct OptionalFigure {
+  const char* name;
+  int32_t HardwareSpec::*i32;
+  double HardwareSpec::*number;
+};
+constexpr OptionalFigure kOptionalFigures[] = {
+    {"kernel_fit_max_rows", &HardwareSpec::kernel_fit_max_rows, nullptr},
+    {"prefill_gemm_tflops", nullptr, &HardwareSpec::prefill_gemm_tflops},
+    {"prefill_moe_tflops", nullptr, &HardwareSpec::prefill_moe_tflops},
+    {"prefill_attention_tbps", nullptr, &HardwareSpec::prefill_attention_tbps},
+};
+
 // ---- reading ----------------------------------------------------------------------------------
 
 class Reader {
@@ -105,9 +120,9 @@ class Reader {
       const std::string key = it->first.Scalar();
       // Keys are names (kernels, models, measurements): printable and short, so that the
       // writer's quoted form stays a legal YAML implicit key (at most 1024 characters).
-      if (key.size() > kMaxKeyBytes ||
-          std::any_of(key.begin(), key.end(),
-                      [](unsigned char c) { return c < 0x20 || c == 0x7f; })) {
+      if (key.size() > kMaxKeyBytes || std::any_of(key.begin(), key.end(), [](unsigned char c) {
+            return c < 0x20 || c == 0x7f;
+          })) {
         fail(it->first.Mark(), what + ": a key must be at most " + std::to_string(kMaxKeyBytes) +
                                    " printable characters");
       }
@@ -539,14 +554,23 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
   if (const YAML::Node* fn = Reader::find(top, "figures")) {
     std::vector<std::string> names;
     for (const Figure& f : kFigures) names.push_back(f.name);
+    for (const OptionalFigure& f : kOptionalFigures) names.push_back(f.name);
     for (const auto& [key, v] : r.mapping(*fn, "figures", names)) {
+      const std::string field = "figures." + key;
       for (const Figure& f : kFigures) {
         if (key != f.name) continue;
-        const std::string field = "figures." + key;
         if (f.i64 != nullptr) {
           p.hw.*f.i64 = r.integer(v, field, 0, int64_t(1) << 40);
         } else {
           p.hw.*f.number = r.number(v, field, 0, f.positive, 1e9);
+        }
+      }
+      for (const OptionalFigure& f : kOptionalFigures) {
+        if (key != f.name) continue;
+        if (f.i32 != nullptr) {
+          p.hw.*f.i32 = int32_t(r.integer(v, field, 1, int64_t(1) << 30));
+        } else {
+          p.hw.*f.number = r.number(v, field, 0, /*lo_exclusive=*/false, 1e9);
         }
       }
     }
@@ -635,6 +659,14 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
   for (const Figure& f : kFigures) {
     o << "  " << f.name << ": "
       << (f.i64 != nullptr ? std::to_string(p.hw.*f.i64) : num(p.hw.*f.number)) << "\n";
+  }
+  const HardwareSpec defaults;
+  for (const OptionalFigure& f : kOptionalFigures) {
+    if (f.i32 != nullptr && p.hw.*f.i32 != defaults.*f.i32) {
+      o << "  " << f.name << ": " << p.hw.*f.i32 << "\n";
+    } else if (f.number != nullptr && p.hw.*f.number != defaults.*f.number) {
+      o << "  " << f.name << ": " << num(p.hw.*f.number) << "\n";
+    }
   }
   o << "# Per kernel class: t_ns = base_ns + ns_per_byte * (bytes read + written) + ns_per_flop "
        "* flops\n# (+ ns_per_request * requests where given); r2, max_rel_err and samples describe "

@@ -33,6 +33,8 @@ namespace twinstep {
 //                   ctx_tokens (before the launch), nodes = positions per request (draft: the
 //                   draft tokens L, all L forwards run; verify, extend: the width W); value_ns =
 //                   GPU time of one speculative graph launch (events)
+//   prefill         model, mode (eager), batch (1), ctx_tokens = the prompt's length; value_ns =
+//                   GPU time of the runtime's prefill of one prompt (events)
 struct CalibrationSample {
   std::string kind;
   std::string name;  // node, kernel or host-op name
@@ -89,6 +91,8 @@ std::string write_calibration_profile(const CalibrationProfile& profile);
 // table (HardwareSpec::collective_skew: a point not [skew_ns, extra_ns], a value negative or not
 // finite, skew_ns not strictly ascending; a profile without the section has none). Never throws
 // anything else for any input bytes (a fuzz target may call it).
+// The figures kernel_fit_max_rows and prefill_{gemm,moe}_tflops, prefill_attention_tbps are
+// optional and written only where they differ from HardwareSpec's defaults (64, 0).
 // spec_graph_residuals (HardwareSpec::spec_graph_residuals) is optional and written only when
 // non-empty; an entry with an unknown graph or mode, a missing or out-of-range field, or a
 // repeated (model, graph, mode, batch) is a ConfigError at its position.

@@ -63,6 +63,26 @@ struct HardwareSpec {
   double flop_efficiency = 0.7;
   int64_t kernel_floor_ns = 2000;
 
+  // ---- Beyond the calibrated range (issue #6; docs/calibration.md "Prefill") ----
+  // The kernel fits hold for kernels of at most kernel_fit_max_rows token rows (KernelDesc::rows):
+  // the largest decode batch their samples were measured at. A fitted kernel of more rows (a
+  // prefill, a wide verify) costs its fit's base plus the roofline max(bytes / stream_read_tbps,
+  // flops / compute rate below); one of fewer rows its fit, but never less than max(bytes /
+  // stream_read_tbps, flops / bf16_tflops) (simulator/cost_model.h). Profiles without the figure:
+  // 64, calibrate's largest decode batch.
+  int32_t kernel_fit_max_rows = 64;
+  // The roofline's compute rates beyond kernel_fit_max_rows, TFLOP/s, measured by `twinstep
+  // calibrate` on the runtime's own prefill passes (prefill samples, simulator/prefill_fit.h);
+  // 0: not measured, bf16_tflops · flop_efficiency (a datasheet peak times an assumed
+  // efficiency). prefill_gemm_tflops: the cuBLAS projections and the LM head (kGemm, kLmHead);
+  // prefill_moe_tflops: the grouped expert GEMMs (kMoeExperts, kernels/moe_prefill.cu).
+  double prefill_gemm_tflops = 0;
+  double prefill_moe_tflops = 0;
+  // The rate at which attention beyond kernel_fit_max_rows reads (a prefill's chunks re-read
+  // their KV prefixes, step_kernels' bytes), TB/s, measured likewise; 0: stream_read_tbps. The
+  // prefixes are re-read by every later chunk and may come from L2.
+  double prefill_attention_tbps = 0;
+
   // Launch and host-device figures.
   int64_t eager_launch_ns = 4000;   // host cost of one eager kernel launch
   int64_t graph_launch_ns = 5000;   // host cost of one cudaGraphLaunch

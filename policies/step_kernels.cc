@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -51,6 +52,10 @@ struct Emitter {
   void add(const char* name, KernelClass cls, int64_t read, int64_t written, int64_t flops) {
     out.kernels.push_back(
         {name, cls, read, written, flops, CollectiveKind::kNone, 0, own.requests});
+    out.kernels.back().rows = rows_of(own.tokens);
+  }
+  static int32_t rows_of(int64_t tokens) {
+    return static_cast<int32_t>(std::min<int64_t>(tokens, std::numeric_limits<int32_t>::max()));
   }
   // y[T, n] = x[T, k] · W[k, n] over the rank's own tokens.
   void gemm(const char* name, int64_t k, int64_t n) {
@@ -143,9 +148,19 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
       e.add("kv_append", KernelClass::kKvAppend, kv_at.append * 2 * kv * kActBytes,
             compressed_kv_bytes(e.l, kv_at.append * 2 * kv * kvb), 0);
       e.cp_kv_gather(2 * kv * kvb);
-      const int64_t kv_read = compressed_kv_bytes(e.l, (kv_at.ctx + kv_at.append) * 2 * kv * kvb);
+      // Prefill (not CP): chunks of decode attention over the growing prefix, each reading every
+      // key before its end (prefill_chunk_keys), one pseudo-request per chunk. Decode-like steps:
+      // each request reads its context and new keys once.
+      const bool chunked = !s.lm_head_all_tokens && !e.cp_prefill;
+      const int32_t chunk = prefill_attention_chunk(sh.heads, sh.kv_heads);
+      const int64_t keys =
+          chunked ? prefill_chunk_keys(kv_at.pairs, kv_at.append, chunk) : kv_at.ctx + kv_at.append;
+      const int64_t kv_read = compressed_kv_bytes(e.l, keys * 2 * kv * kvb);
       e.add("attention", KernelClass::kAttention, kv_read + s.tokens * q * kActBytes,
             s.tokens * q * kActBytes, 4 * kv_at.pairs * q);
+      if (chunked) {
+        e.out.kernels.back().requests = Emitter::rows_of((kv_at.append + chunk - 1) / chunk);
+      }
       e.cp_exchange(q, sh.heads);
       e.gemm("o_proj", q, h);
       break;
@@ -458,6 +473,17 @@ StepShape decode_shape(int32_t requests, int32_t q_tokens_each, int64_t ctx_toke
   return s;
 }
 
+int32_t prefill_attention_chunk(int32_t q_heads, int32_t kv_heads) {
+  const int32_t group = kv_heads > 0 ? std::max(1, q_heads / kv_heads) : 1;
+  return std::min(16, std::max(1, 64 / group));
+}
+
+int64_t prefill_chunk_keys(int64_t attn_pairs, int64_t tokens, int32_t chunk) {
+  assert(chunk >= 1 && attn_pairs >= 0 && tokens >= 0);
+  const int64_t twice = 2 * attn_pairs + tokens * (chunk - 1);
+  return (twice + 2 * chunk - 1) / (2 * chunk);
+}
+
 StepShape prefill_shape(int32_t requests, int64_t prompt_tokens_sum, int64_t prompt_sq_sum) {
   StepShape s;
   s.requests = requests;
@@ -587,6 +613,7 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
     // (argmax, value) pairs: rows · 8 B each, instead of rows · vocab/width logits.
     e.add("lm_head", KernelClass::kLmHead, vocab_rows * h * m.weight_bytes + rows * h * kActBytes,
           rows * kArgmaxBytes, 2 * rows * h * vocab_rows);
+    out.kernels.back().rows = Emitter::rows_of(rows);
     if (l.vocab_parallel)
       e.coll("argmax_gather", CollectiveKind::kAllGather, rows * kArgmaxBytes,
              w * rows * kArgmaxBytes);

@@ -63,6 +63,10 @@ struct KernelDesc {
   // (kernels/gemv_split.h), whose cost per row grows with the split (CostModel).
   int32_t gemv_n = 0;
   int32_t gemv_k = 0;
+  // Token rows the kernel processes (the rank's new tokens; lm_head: its logits rows; 0: not set,
+  // collectives). A calibrated fit holds up to the rows it was measured at
+  // (HardwareSpec::kernel_fit_max_rows); beyond them CostModel prices the roofline.
+  int32_t rows = 0;
 };
 
 // The split-K regressor of a kGemm kernel: (rows − 1) · (S − 1), S the split the runtime's GEMV
@@ -89,6 +93,19 @@ struct StepShape {
 
 StepShape decode_shape(int32_t requests, int32_t q_tokens_each, int64_t ctx_tokens_sum);
 StepShape prefill_shape(int32_t requests, int64_t prompt_tokens_sum, int64_t prompt_sq_sum);
+
+// ---- Prefill attention as the runtime runs it (runtime/engine.cc Engine::prefill_pass) ----
+// The prompt is cut into pseudo-requests of `chunk` queries, chunk = min(16, max(1, 64 / group))
+// for `group` query heads per KV head (decode_attention serves group · chunk <= 64 rows), and
+// chunk k of a prompt piece with ctx cached tokens runs as a decode request at context
+// ctx + chunk·k: it reads the keys of the whole prefix up to its own, ctx + chunk·(k + 1).
+int32_t prefill_attention_chunk(int32_t q_heads, int32_t kv_heads);
+// Keys read by the chunks of a prefill with `attn_pairs` causal (query, key) pairs over `tokens`
+// new tokens (StepShape): Σ over chunks of ctx + chunk·(k + 1) = (2·attn_pairs + tokens·(chunk −
+// 1)) / (2·chunk), rounded up. Exact when every piece's new tokens and cached context are
+// multiples of `chunk` (the runtime pads a prompt to one; the padding, < chunk rows per prompt, is
+// not modelled, as for every other prefill kernel). Closed form: no loop over the chunks.
+int64_t prefill_chunk_keys(int64_t attn_pairs, int64_t tokens, int32_t chunk);
 
 // One run of identical consecutive layers: `repeat` times the kernels [first, first + count).
 struct LayerRun {

@@ -692,6 +692,61 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
   }
 }
 
+// ---- prefill in situ ---------------------------------------------------------------------------
+
+// The runtime's prefill of one prompt per length (docs/calibration.md "Prefill"): one engine sized
+// for the longest (one slot; the KV capacity as the real backend sizes it), each pass re-prefills
+// slot 0 from position 0. Two untimed passes per length (cuBLAS heuristics, lazy module loading),
+// then timed ones, each bracketed by an event pair on the compute stream: the GPU time of the
+// eager launch sequence, the prompt upload included. The host enqueues ~10 kernels per layer
+// (~4 us each) against >= 1 ms of GPU work per layer at 1024 tokens, so the GPU is the bound.
+void prefill_passes(const CalibrateOptions& o, const std::string& name,
+                    std::vector<CalibrationSample>& out) {
+  const ModelSpec& spec = model_preset(name);
+  const std::string label = calibration_model_label(name, o.tp);
+  const LlamaConfig full = llama_config_from_spec(spec);
+  const LlamaConfig config = o.tp > 1 ? tp_shard_config(full, 0, o.tp) : full;
+  const std::vector<int> lengths = !o.prefill_tokens.empty() ? o.prefill_tokens
+                                   : o.quick                 ? std::vector<int>{1024, 4096}
+                                             : std::vector<int>{1024, 2048, 4096, 8192};
+  const int longest = *std::max_element(lengths.begin(), lengths.end());
+  constexpr int kWarm = 2;
+  const int reps = o.quick ? 3 : 5;
+  EngineOptions eo;
+  eo.max_slots = 1;
+  eo.capacity_tokens = ((longest + 15) / 16 * 16 + 63) / 64 * 64;
+  eo.tp.size = o.tp;  // a shard measured alone: no communicator, no collectives
+  std::fprintf(o.log, "calibrate: %s prefill, prompts of %d .. %d tokens\n", label.c_str(),
+               *std::min_element(lengths.begin(), lengths.end()), longest);
+  auto engine = Engine::create_synthetic(config, 1, eo);
+  const cudaStream_t stream = engine->compute_stream();
+  const std::vector<int32_t> slots = {0};
+  Events ev(size_t(2 * reps));
+  for (const int len : lengths) {
+    std::vector<std::vector<int32_t>> prompts(1, std::vector<int32_t>(size_t(len)));
+    for (int t = 0; t < len; ++t) prompts[0][size_t(t)] = (t * 31 + 7) % 32000;
+    for (int r = -kWarm; r < reps; ++r) {
+      if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], stream));
+      engine->enqueue_prefill(slots, prompts);
+      if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], stream));
+      TS_CUDA_CHECK(cudaStreamSynchronize(stream));  // one pass at a time, nothing queued behind
+    }
+    std::vector<double> ns;
+    for (int r = 0; r < reps; ++r) {
+      ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
+      CalibrationSample x = sample("prefill", ns.back());
+      x.name = "prefill";
+      x.model = label;
+      x.mode = "eager";
+      x.batch = 1;
+      x.ctx_tokens = len;
+      out.push_back(x);
+    }
+    std::fprintf(o.log, "calibrate: %s prefill of %d tokens: %.3f ms (median of %d)\n",
+                 label.c_str(), len, median(ns) / 1e6, reps);
+  }
+}
+
 // The real backend's host operations with no injected cost (only their real work), run-ahead,
 // CUDA graphs, 8 concurrent requests: per step and op, one sample.
 void host_ops(const std::string& model_name, bool quick, std::vector<CalibrationSample>& out) {
@@ -748,6 +803,13 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
   if (o.spec_only && (!o.spec || o.tp > 1))
     throw Error("calibrate: --spec-only measures the speculative graphs, which run on one GPU; " +
                 std::string(o.spec ? "drop --tp" : "drop --no-spec"));
+  if (o.prefill_only && !o.prefill)
+    throw Error("calibrate: --prefill-only measures the prefill passes; drop --no-prefill");
+  for (const int len : o.prefill_tokens) {
+    if (len < 16 || len > 131072)
+      throw Error("calibrate: prefill prompt of " + std::to_string(len) +
+                  " tokens outside [16, 131072]");
+  }
   for (const std::string& m : o.models) {
     // Throws for a model the runtime cannot run, or one whose heads/experts do not split tp ways.
     const LlamaConfig full = llama_config_from_spec(model_preset(m));
@@ -774,8 +836,13 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
 
   const int reps = o.quick ? 10 : 50;
   std::vector<CalibrationSample>& out = run.samples;
-  if (o.spec_only) {
-    for (const std::string& m : o.models) spec_graphs(o, m, out);
+  if (o.spec_only || o.prefill_only) {
+    if (o.spec_only) {
+      for (const std::string& m : o.models) spec_graphs(o, m, out);
+    }
+    if (o.prefill_only) {
+      for (const std::string& m : o.models) prefill_passes(o, m, out);
+    }
     return run;
   }
   std::fprintf(o.log, "calibrate: launch, gap, event and copy microbenchmarks\n");
@@ -795,6 +862,9 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
   for (const std::string& m : o.models) in_situ.model(m);
   if (o.spec) {
     for (const std::string& m : o.models) spec_graphs(o, m, out);
+  }
+  if (o.prefill) {
+    for (const std::string& m : o.models) prefill_passes(o, m, out);
   }
   std::fprintf(o.log, "calibrate: real backend host operations\n");
   host_ops(o.models.front(), o.quick, out);

@@ -3,8 +3,8 @@
 // profiled vs unprofiled step time; eager launch, graph launch and node-gap costs on empty
 // kernels; event round trips; device-to-host copies; streaming reads; the real backend's host
 // operations; the speculative graphs (draft, draft with early exit, verify, extend) of models
-// with a draft module. Returns raw samples (policies/calibration_profile.h);
-// simulator/calibration.h fits them.
+// with a draft module; the prefill of one prompt at several lengths. Returns raw samples
+// (policies/calibration_profile.h); simulator/calibration.h fits them.
 #pragma once
 
 #include <cstdio>
@@ -39,6 +39,17 @@ struct CalibrateOptions {
   // (calibrate --fit-only --sessions).
   bool spec = true;
   bool spec_only = false;
+  // Prefill passes (docs/calibration.md "Prefill"): every model's prefill of one prompt
+  // (Engine::enqueue_prefill, eager: cuBLAS projections over every row, chunked decode attention)
+  // at each of prefill_tokens (empty: 1024, 2048, 4096, 8192; quick: 1024, 4096), bracketed by an
+  // event pair on the compute stream, 2 untimed then 5 timed passes (quick: 3); prefill samples,
+  // fitted into the profile's prefill rates (simulator/prefill_fit.h). About 4 s of GPU time for
+  // Llama-3-8B on an H200 (~0.33 s per 8192-token pass, not yet measured), plus the engine's
+  // synthetic weights. prefill_only: only these, to be fitted with stored sessions (calibrate
+  // --fit-only --sessions).
+  bool prefill = true;
+  bool prefill_only = false;
+  std::vector<int> prefill_tokens;
   std::FILE* log = stderr;  // progress lines
 };
 
@@ -49,9 +60,9 @@ struct CalibrationRun {
 };
 
 // Runs every measurement on device 0. Throws Error when no CUDA device is visible, a model is not
-// one the runtime can run (Llama-family dense or MoE), a grid value is out of range, or
-// spec_only asks for nothing (spec off, or tp > 1); CUDA failures throw through the runtime's
-// checks.
+// one the runtime can run (Llama-family dense or MoE), a grid value or prompt length is out of
+// range, spec_only asks for nothing (spec off, or tp > 1), or prefill_only does (prefill off);
+// CUDA failures throw through the runtime's checks.
 CalibrationRun run_calibration(const CalibrateOptions& options);
 
 }  // namespace twinstep::runtime

@@ -14,6 +14,7 @@
 #include "kernels/norm.h"
 #include "kernels/swiglu.h"
 #include "policies/error.h"
+#include "policies/step_kernels.h"
 #include "runtime/engine_internal.h"
 #include "runtime/memory_plan.h"
 #include "runtime/spec_ops.h"
@@ -328,9 +329,9 @@ void Engine::allocate() {
   TS_CUDA_CHECK(cudaMemset(b.tokens, 0, sizeof(int) * slots));
   TS_CUDA_CHECK(cudaMemset(b.ctx, 0, sizeof(int) * slots));
 
-  // Prefill chunking: pseudo-requests of `chunk` queries, group * chunk <= 64 rows.
-  const int group = c.q_heads / c.kv_heads;
-  b.chunk = std::min(16, std::max(1, 64 / group));
+  // Prefill chunking: pseudo-requests of `chunk` queries, group * chunk <= 64 rows (the rule the
+  // simulator prices prefill attention by, policies/step_kernels.h).
+  b.chunk = prefill_attention_chunk(int32_t(c.q_heads), int32_t(c.kv_heads));
   options_.max_prefill_tokens = int32_t(align_up(
       size_t(std::max(options_.max_prefill_tokens, options_.capacity_tokens)), size_t(b.chunk)));
   b.chunks_max = options_.max_prefill_tokens / b.chunk;

@@ -5,10 +5,13 @@
 # YAML text, hence its hash, is the stored one, so the new simulated runs pair with the stored
 # real ones), and writes `compare --sim-vs-real` per experiment as CSV, each block after a line
 # "experiment,NAME".
-#   scripts/sim_vs_real_offline.sh SESSION_DB PROFILE_DIR OUT_PREFIX [TWINSTEP]
-# writes OUT_PREFIX.db and OUT_PREFIX.csv.
+#   [METRICS='ttft_ms_mean tpot_ms_mean'] scripts/sim_vs_real_offline.sh SESSION_DB PROFILE_DIR \
+#     OUT_PREFIX [TWINSTEP]
+# writes OUT_PREFIX.db and OUT_PREFIX.csv (METRICS: the compared metrics, default mean TPOT, p99
+# ITL and GPU busy fraction).
 set -euo pipefail
 db=$1 profiles=$2 out=$3 twinstep=${4:-build/twinstep}
+read -r -a metrics <<< "${METRICS:-tpot_ms_mean itl_ms_p99 gpu_busy_frac}"
 cp "$db" "$out.db"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -22,6 +25,6 @@ done
 for name in $names; do
   echo "experiment,$name"
   "$twinstep" --db "$out.db" compare --experiment "$name" --sim-vs-real \
-    --metrics tpot_ms_mean itl_ms_p99 gpu_busy_frac --csv
+    --metrics "${metrics[@]}" --csv
 done > "$out.csv"
-echo "wrote $out.csv ($(grep -c tpot_ms_mean "$out.csv") variants)"
+echo "wrote $out.csv ($(grep -c "${metrics[0]}" "$out.csv") variants)"

@@ -11,6 +11,7 @@
 #include "policies/calibration_model.h"
 #include "policies/error.h"
 #include "policies/model_spec.h"
+#include "simulator/prefill_fit.h"
 #include "simulator/spec_graphs.h"
 
 namespace twinstep {
@@ -376,7 +377,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
                                    const ProfileHeader& header) {
   static const char* const kKinds[] = {
       "kernel",      "node_gap", "eager_launch", "graph_launch",  "event_sync", "d2h",
-      "stream_read", "host_op",  "step",         "step_profiled", "spec_graph"};
+      "stream_read", "host_op",  "step",         "step_profiled", "spec_graph", "prefill"};
   CalibrationProfile p;
   p.name = name;
   p.base = base;
@@ -405,6 +406,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   std::vector<KernelSample> kernels;
   std::vector<std::string> kernel_names;   // parallel to `kernels`
   std::vector<std::string> kernel_models;  // parallel to `kernels`
+  int64_t fit_max_rows = 0;                // HardwareSpec::kernel_fit_max_rows
   for (const CalibrationSample& s : samples) {
     if (std::find_if(std::begin(kKinds), std::end(kKinds),
                      [&](const char* k) { return s.kind == k; }) == std::end(kKinds)) {
@@ -426,8 +428,11 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
                          cls == KernelClass::kGemm ? split_rows_of(s) : 0.0});
       kernel_names.push_back(s.name);
       kernel_models.push_back(s.model);
+      // Decode kernels serve one row per request: the fits hold up to the largest batch.
+      fit_max_rows = std::max(fit_max_rows, s.batch);
     }
   }
+  if (fit_max_rows > 0) p.hw.kernel_fit_max_rows = int32_t(fit_max_rows);
   const double graph_gap = [&] {
     const std::vector<double> v = values(samples, "node_gap", "graph");
     return v.empty() ? double(p.hw.graph_node_gap_ns) : median(v);
@@ -657,6 +662,23 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     p.measurements.emplace_back("profiled_inflation_pct_" + mode,
                                 100.0 * (acc.second / acc.first - 1));
   }
+  // Prefill rates (simulator/prefill_fit.h): against the kernel fits, the rows they hold for and
+  // the eager gap above. A profile without prefill samples is unchanged.
+  const PrefillFit prefill = fit_prefill_rates(samples, p.hw);
+  if (prefill.points > 0) {
+    p.hw.prefill_gemm_tflops = prefill.gemm_tflops;
+    p.hw.prefill_moe_tflops = prefill.moe_tflops;
+    p.hw.prefill_attention_tbps = prefill.attention_tbps;
+    for (const PrefillPoint& pt : prefill_points(samples, p.hw)) {
+      const std::string key = "prefill." + pt.model + "." + std::to_string(pt.tokens);
+      p.measurements.emplace_back(key + ".median_ns", pt.measured_ns);
+      p.measurements.emplace_back(key + ".priced_ns", pt.parts.priced_ns);
+    }
+    p.measurements.emplace_back("prefill.fit.points", double(prefill.points));
+    p.measurements.emplace_back("prefill.fit.max_rel_err", prefill.max_rel_err);
+    p.measurements.emplace_back("prefill.fit.mean_err_unfitted", prefill.mean_err_unfitted);
+    p.measurements.emplace_back("prefill.fit.max_rel_err_unfitted", prefill.max_rel_err_unfitted);
+  }
   // Speculative graphs (simulator/spec_graphs.h): last, against the kernel fits and node gap
   // fitted above, which the residuals correct.
   p.hw.spec_graph_residuals = fit_spec_graph_residuals(samples, p.hw);
@@ -766,6 +788,12 @@ std::string calibration_report(const CalibrationProfile& p) {
       static_cast<long long>(p.hw.eager_node_gap_ns), static_cast<long long>(p.hw.d2h_latency_ns),
       p.hw.d2h_gbps, static_cast<long long>(p.hw.host_wake_ns), p.hw.stream_read_tbps,
       static_cast<long long>(p.hw.kernel_floor_ns));
+  out += line;
+  std::snprintf(line, sizeof line,
+                "beyond %d rows (roofline + base; 0 = datasheet peak x efficiency / stream): "
+                "prefill gemm %.1f TFLOP/s, moe %.1f TFLOP/s, attention %.3f TB/s\n",
+                p.hw.kernel_fit_max_rows, p.hw.prefill_gemm_tflops, p.hw.prefill_moe_tflops,
+                p.hw.prefill_attention_tbps);
   out += line;
   for (const auto& [op, d] : p.host_ops) {
     std::snprintf(line, sizeof line, "host op %-16s n=%lld p50 %.0f p90 %.0f p99 %.0f ns\n",

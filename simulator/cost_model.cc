@@ -7,9 +7,27 @@
 
 namespace twinstep {
 
+namespace {
+
+// ns per FLOP at a measured rate (TFLOP/s) where there is one, else the datasheet peak times the
+// assumed efficiency.
+double ns_per_flop_at(double measured_tflops, const HardwareSpec& hw) {
+  return measured_tflops > 0 ? 1e-3 / measured_tflops
+                             : 1e9 / (hw.bf16_tflops * 1e12 * hw.flop_efficiency);
+}
+
+}  // namespace
+
 CostModel::CostModel(const HardwareSpec& hw, const std::string& model)
     : ns_per_byte_(1e9 / (hw.stream_read_tbps * 1e12 * hw.mem_efficiency)),
       ns_per_flop_(1e9 / (hw.bf16_tflops * 1e12 * hw.flop_efficiency)),
+      gemm_ns_per_flop_(ns_per_flop_at(hw.prefill_gemm_tflops, hw)),
+      moe_ns_per_flop_(ns_per_flop_at(hw.prefill_moe_tflops, hw)),
+      stream_ns_per_byte_(1e-3 / hw.stream_read_tbps),
+      peak_ns_per_flop_(1e-3 / hw.bf16_tflops),
+      attention_ns_per_byte_(
+          1e-3 / (hw.prefill_attention_tbps > 0 ? hw.prefill_attention_tbps : hw.stream_read_tbps)),
+      fit_max_rows_(hw.kernel_fit_max_rows),
       sm_count_(hw.sm_count),
       floor_ns_(hw.kernel_floor_ns),
       d2h_latency_ns_(hw.d2h_latency_ns),
@@ -132,30 +150,67 @@ double CostModel::interpolate(const CollectiveCurve& c, double bytes) {
   return c.ns[i] * std::exp(c.slope[i] * (std::log(bytes) - c.log_bytes[i]));
 }
 
+bool CostModel::wide(const LinearFit& f, const KernelDesc& k) {
+  const double bytes = double(k.bytes_read + k.bytes_written);
+  return (f.split_intensity > 0 && double(k.flops) > f.split_intensity * bytes) ||
+         (f.split_bytes > 0 && bytes > f.split_bytes);
+}
+
 double CostModel::price(const LinearFit& f, const KernelDesc& k) const {
   const double bytes = double(k.bytes_read + k.bytes_written);
   const double flops = double(k.flops);
   const double requests = double(k.requests);
-  const bool wide = (f.split_intensity > 0 && flops > f.split_intensity * bytes) ||
-                    (f.split_bytes > 0 && bytes > f.split_bytes);
-  return wide ? f.wide_base_ns + bytes * f.wide_ns_per_byte + flops * f.wide_ns_per_flop +
-                    requests * f.wide_ns_per_request
-              : f.base_ns + bytes * f.ns_per_byte + flops * f.ns_per_flop +
-                    requests * f.ns_per_request +
-                    (f.ns_per_split_row > 0 ? f.ns_per_split_row * gemv_split_rows(k, sm_count_)
-                                            : 0.0);
+  return wide(f, k)
+             ? f.wide_base_ns + bytes * f.wide_ns_per_byte + flops * f.wide_ns_per_flop +
+                   requests * f.wide_ns_per_request
+             : f.base_ns + bytes * f.ns_per_byte + flops * f.ns_per_flop +
+                   requests * f.ns_per_request +
+                   (f.ns_per_split_row > 0 ? f.ns_per_split_row * gemv_split_rows(k, sm_count_)
+                                           : 0.0);
 }
 
-int64_t CostModel::kernel_ns(const KernelDesc& k) const {
+double CostModel::roofline_ns(const KernelDesc& k) const {
+  const double bytes = double(k.bytes_read + k.bytes_written);
+  const double mem_ns =
+      bytes * (k.cls == KernelClass::kAttention ? attention_ns_per_byte_ : stream_ns_per_byte_);
+  const double flop_ns =
+      double(k.flops) * (k.cls == KernelClass::kMoeExperts ? moe_ns_per_flop_ : gemm_ns_per_flop_);
+  return std::max(mem_ns, flop_ns);
+}
+
+double CostModel::physical_floor_ns(const KernelDesc& k) const {
+  return std::max(double(k.bytes_read + k.bytes_written) * stream_ns_per_byte_,
+                  double(k.flops) * peak_ns_per_flop_);
+}
+
+double CostModel::fitted_ns(const LinearFit& f, const KernelDesc& k) const {
+  // Beyond the measured rows a fit's per-FLOP term extrapolates to rates no GPU reaches (a
+  // projection's wide FLOP term, fitted at <= 64 rows, priced 8192 rows at ~2 PFLOP/s): the
+  // roofline instead, with the fit's latency floor.
+  if (k.rows > fit_max_rows_) return (wide(f, k) ? f.wide_base_ns : f.base_ns) + roofline_ns(k);
+  return std::max(price(f, k), physical_floor_ns(k));
+}
+
+const CostModel::LinearFit* CostModel::fit_for(const KernelDesc& k) const {
   if (k.cls != KernelClass::kCollective && k.name != nullptr) {
     const std::string_view kn(k.name);  // one strlen; each entry then compares lengths first
     for (const auto& [name, f] : name_fits_) {
-      if (name == kn) return static_cast<int64_t>(price(f, k) + 0.5);
+      if (name == kn) return &f;
     }
   }
   const LinearFit& f = fits_[size_t(k.cls)];
-  if (f.on) {
-    return static_cast<int64_t>(price(f, k) + 0.5);  // base_ns is the class's own measured floor
+  return f.on ? &f : nullptr;
+}
+
+std::optional<double> CostModel::beyond_fit_base_ns(const KernelDesc& k) const {
+  const LinearFit* f = fit_for(k);
+  if (f == nullptr || k.rows <= fit_max_rows_) return std::nullopt;
+  return wide(*f, k) ? f->wide_base_ns : f->base_ns;
+}
+
+int64_t CostModel::kernel_ns(const KernelDesc& k) const {
+  if (const LinearFit* f = fit_for(k)) {
+    return static_cast<int64_t>(fitted_ns(*f, k) + 0.5);  // base_ns: the fit's measured floor
   }
   const double mem_ns = double(k.bytes_read + k.bytes_written) * ns_per_byte_;
   const double flop_ns = double(k.flops) * ns_per_flop_;

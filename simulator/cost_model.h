@@ -1,10 +1,15 @@
 // CostModel: kernel durations from a HardwareSpec. A kernel with a calibrated fit (from
 // `twinstep calibrate`) for the priced model and its name (HardwareSpec::kernel_model_fits),
 // else for its name pooled over the models measured (kernel_name_fits), else for its class
-// (kernel_fits) costs base + per-byte + per-flop (+ per-request) terms;
-// any other class the roofline: the larger of bytes / (stream_read_tbps · mem_efficiency) and
-// flops / (bf16_tflops · flop_efficiency), at least kernel_floor_ns (a fit's base_ns is its
-// own measured floor). Rounded half up.
+// (kernel_fits) costs base + per-byte + per-flop (+ per-request) terms, never less than the
+// hardware allows: max(bytes / stream_read_tbps, flops / bf16_tflops). Beyond the rows the fits
+// were measured at (KernelDesc::rows > HardwareSpec::kernel_fit_max_rows) it costs the fit's base
+// (of the regime the fit would use) + the roofline R = max(bytes / stream_read_tbps, flops / C)
+// instead, C the compute rate: prefill_gemm_tflops (prefill_moe_tflops for kMoeExperts) where
+// measured, else bf16_tflops · flop_efficiency; kAttention's bytes at prefill_attention_tbps
+// where measured. Any other class the datasheet roofline: the larger of bytes /
+// (stream_read_tbps · mem_efficiency) and flops / (bf16_tflops · flop_efficiency), at least
+// kernel_floor_ns (a fit's base_ns is its own measured floor). Rounded half up.
 // kernel_ns depends on the KernelDesc alone, so callers may cache sums of it (sim_backend.cc).
 // Collectives: from the measured tables (HardwareSpec::collective_tables) where the profile has
 // one for the collective, the mode and the group size, else alpha + algorithm bytes / link
@@ -13,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +42,10 @@ class CostModel {
   explicit CostModel(const HardwareSpec& hw, const std::string& model = {});
   int64_t kernel_ns(const KernelDesc& k) const;
   GraphCost graph_cost(const StepKernels& step) const;
+  // For a fitted kernel beyond the fits' rows (priced base + roofline): its fit's base, of the
+  // regime the fit would use; nullopt for any other kernel. The prefill fit separates the
+  // roofline's rates from the rest with it (simulator/prefill_fit.h).
+  std::optional<double> beyond_fit_base_ns(const KernelDesc& k) const;
   // Device-to-host copy of `bytes`, issue to completion.
   int64_t copy_d2h_ns(int64_t bytes) const;
   // A collective kernel (KernelClass::kCollective) once every rank has arrived; `in_graph`:
@@ -80,15 +90,34 @@ class CostModel {
     std::vector<double> slope;      // segment [i, i + 1]: d log(ns) / d log(bytes)
     double tail_ns_per_byte = 0;    // above bytes.back()
   };
+  // Which regime of `f` prices `k`: the wide coefficients (above the split) or the narrow ones.
+  static bool wide(const LinearFit& f, const KernelDesc& k);
   double price(const LinearFit& f, const KernelDesc& k) const;
+  // The fit that prices `k` (its name's, else its class's), or nullptr.
+  const LinearFit* fit_for(const KernelDesc& k) const;
+  // A fitted kernel's time: price() held at >= physical_floor_ns(), or beyond the fit's rows its
+  // regime's base + roofline_ns().
+  double fitted_ns(const LinearFit& f, const KernelDesc& k) const;
+  // max(bytes / stream (attention: the measured prefill rate), flops / compute rate C).
+  double roofline_ns(const KernelDesc& k) const;
+  // max(bytes / stream, flops / datasheet peak).
+  double physical_floor_ns(const KernelDesc& k) const;
   static double interpolate(const CollectiveCurve& c, double bytes);
   std::array<LinearFit, size_t(KernelClass::kCount)> fits_{};
   // Per-kernel-name fits, looked up by name (few entries): the model's own fit where
   // hw.kernel_model_fits has one for the name, else the pooled kernel_name_fits entry.
   std::vector<std::pair<std::string, LinearFit>> name_fits_;
-  double ns_per_byte_;
-  double ns_per_flop_;
-  int32_t sm_count_ = 0;  // the GEMV split rule's SMs (gemv_split_rows)
+  double ns_per_byte_;  // datasheet roofline: stream_read_tbps · mem_efficiency
+  double ns_per_flop_;  // datasheet roofline: bf16_tflops · flop_efficiency
+  // Beyond the fits' rows: prefill_gemm_tflops / prefill_moe_tflops / prefill_attention_tbps
+  // where measured, else ns_per_flop_ / ns_per_flop_ / stream_ns_per_byte_.
+  double gemm_ns_per_flop_;
+  double moe_ns_per_flop_;
+  double stream_ns_per_byte_;  // stream_read_tbps
+  double peak_ns_per_flop_;    // bf16_tflops
+  double attention_ns_per_byte_;
+  int32_t fit_max_rows_ = 0;  // HardwareSpec::kernel_fit_max_rows
+  int32_t sm_count_ = 0;      // the GEMV split rule's SMs (gemv_split_rows)
   int64_t floor_ns_;
   int64_t d2h_latency_ns_;
   double d2h_ns_per_byte_;

@@ -1,6 +1,6 @@
 // `twinstep calibrate --quick` end to end on a GPU (skips without one): the measurements, the
-// fit, the profile file, and the fitted simulator against the step times and the speculative
-// graphs it was fitted on; `--spec-only`.
+// fit, the profile file, and the fitted simulator against the step times, the speculative
+// graphs and the prefill passes it was fitted on; `--spec-only`; `--prefill-only`.
 #include "runtime/calibrate.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +17,7 @@
 #include "runtime/real_backend.h"
 #include "simulator/calibration.h"
 #include "simulator/cost_model.h"
+#include "simulator/prefill_fit.h"
 #include "simulator/spec_graphs.h"
 
 namespace twinstep {
@@ -37,7 +38,7 @@ TEST(Calibrate, QuickProfileLoadsAndReproducesTheStepsItWasFittedOn) {
   ASSERT_FALSE(run.samples.empty());
   for (const char* kind :
        {"kernel", "node_gap", "eager_launch", "graph_launch", "event_sync", "d2h", "stream_read",
-        "host_op", "step", "step_profiled", "spec_graph"}) {
+        "host_op", "step", "step_profiled", "spec_graph", "prefill"}) {
     EXPECT_TRUE(std::any_of(run.samples.begin(), run.samples.end(),
                             [&](const CalibrationSample& s) { return s.kind == kind; }))
         << kind;
@@ -122,6 +123,54 @@ TEST(Calibrate, QuickProfileLoadsAndReproducesTheStepsItWasFittedOn) {
         << pt.graph << "(" << pt.positions << ") ctx " << pt.ctx_tokens;
   }
   EXPECT_EQ(graphs, (std::set<std::string>{"draft", "draft_early_exit", "extend", "verify"}));
+
+  // Prefill (docs/calibration.md "Prefill"): the quick passes (1024 and 4096 tokens) fit the
+  // GEMM rate and the attention rate, both positive and the GEMM one below the base preset's
+  // datasheet peak; with them the simulator's price of each measured prefill is within 15 %
+  // (two rates from two lengths: what is left is where a projection is not compute-bound or the
+  // non-GEMM kernels are priced off).
+  EXPECT_GT(p.hw.prefill_gemm_tflops, 0);
+  EXPECT_LT(p.hw.prefill_gemm_tflops, p.hw.bf16_tflops);
+  EXPECT_GT(p.hw.prefill_attention_tbps, 0);
+  EXPECT_EQ(p.hw.prefill_moe_tflops, 0);  // a dense model
+  const std::vector<PrefillPoint> prefills = prefill_points(run.samples, p.hw);
+  ASSERT_EQ(prefills.size(), 2u);
+  for (const PrefillPoint& pt : prefills) {
+    std::printf("prefill %lld tokens: measured %.3f ms, fitted sim %.3f ms (%+.2f %%)\n",
+                static_cast<long long>(pt.tokens), pt.measured_ns / 1e6, pt.parts.priced_ns / 1e6,
+                100 * (pt.parts.priced_ns / pt.measured_ns - 1));
+    EXPECT_NEAR(pt.parts.priced_ns / pt.measured_ns, 1.0, 0.15) << pt.tokens << " tokens";
+  }
+}
+
+TEST(Calibrate, PrefillOnlyTimesOnePromptPerLength) {
+  std::string why;
+  if (!real_backend_available(&why)) GTEST_SKIP() << why;
+  runtime::CalibrateOptions o;
+  o.quick = true;
+  o.models = {"llama-3.2-3b"};
+  o.prefill_only = true;
+  o.prefill_tokens = {256, 2048};
+  const runtime::CalibrationRun run = runtime::run_calibration(o);
+  std::map<int64_t, std::vector<double>> by_tokens;
+  for (const CalibrationSample& s : run.samples) {
+    ASSERT_EQ(s.kind, "prefill");
+    EXPECT_EQ(s.model, "llama-3.2-3b");
+    EXPECT_EQ(s.mode, "eager");
+    EXPECT_EQ(s.batch, 1);
+    EXPECT_GT(s.value_ns, 0);
+    by_tokens[s.ctx_tokens].push_back(s.value_ns);
+  }
+  ASSERT_EQ(by_tokens.size(), 2u);
+  EXPECT_EQ(by_tokens[256].size(), 3u);  // quick: 3 timed passes per length
+  EXPECT_EQ(by_tokens[2048].size(), 3u);
+  // 8x the rows: at least 4x the time (the projections' FLOPs grow 8x, attention's reads 64x).
+  EXPECT_GT(median_of(by_tokens[2048]), 4 * median_of(by_tokens[256]));
+  o.prefill = false;
+  EXPECT_THROW(runtime::run_calibration(o), Error);
+  o.prefill = true;
+  o.prefill_tokens = {8};
+  EXPECT_THROW(runtime::run_calibration(o), Error);
 }
 
 TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {

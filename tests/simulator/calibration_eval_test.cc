@@ -104,6 +104,10 @@ TEST(CalibrationEval, StepIsTheKernelSumPlusOneGapPerNodeInTheModesGap) {
   // gate_up_proj, swiglu, down_proj, then final_norm and lm_head.
   HardwareSpec hw = hardware_preset("h200");
   for (int c = 0; c < int(KernelClass::kCount); ++c) hw.kernel_fits[size_t(c)] = flat(1000);
+  // A GPU fast enough that no fit falls below what it could do (CostModel holds every fit at
+  // >= bytes / stream_read_tbps and flops / bf16_tflops: the 1 GB LM head takes 1 ns here).
+  hw.stream_read_tbps = 1e6;
+  hw.bf16_tflops = 1e9;
   hw.graph_node_gap_ns = 500;
   hw.eager_node_gap_ns = 1500;
   hw.pdl_node_gap_by_rows = {{"llama-3-8b", 1, -200}};

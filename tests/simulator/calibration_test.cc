@@ -502,7 +502,9 @@ TEST(CalibrationProfile, BadProfilesSayWhereAndWhat) {
             "p.yaml:11:3: unknown field 'node_gap_ns' in figures; known: stream_read_tbps, "
             "kernel_floor_ns, eager_launch_ns, graph_launch_ns, graph_node_gap_ns, "
             "pdl_node_gap_ns, eager_node_gap_ns, d2h_latency_ns, d2h_gbps, host_wake_ns, "
-            "interconnect_gbps, allreduce_alpha_ns, alltoall_alpha_ns, p2p_alpha_ns");
+            "interconnect_gbps, allreduce_alpha_ns, alltoall_alpha_ns, p2p_alpha_ns, "
+            "kernel_fit_max_rows, prefill_gemm_tflops, prefill_moe_tflops, "
+            "prefill_attention_tbps");
   EXPECT_EQ(error_of(replace(kGoodProfile, "format: 1", "format: 2")),
             "p.yaml:1:9: format 2 is not supported (this twinstep reads 1)");
   EXPECT_EQ(error_of("format: 1\nname: [x\n"), error_of("format: 1\nname: [x\n"));
