@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
@@ -35,6 +37,19 @@ constexpr int kStagingRing = 64;  // pinned host staging entries for host-to-dev
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// The cuBLAS math mode of the prefill GEMMs. Default: tensor-op kernels, fp32 reductions.
+// TWINSTEP_CUBLAS_MATH=pedantic selects CUBLAS_PEDANTIC_MATH, a diagnostic switch for
+// compute-sanitizer initcheck, which does not see the stores of the default sm_90 GEMM kernels
+// (tests/reliability/cublas_initcheck_probe.cu shows it); any other value is an error.
+cublasMath_t cublas_math_mode() {
+  const char* v = std::getenv("TWINSTEP_CUBLAS_MATH");
+  if (v == nullptr || *v == '\0' || std::string(v) == "default")
+    return static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+  if (std::string(v) == "pedantic") return CUBLAS_PEDANTIC_MATH;
+  throw Error(std::string("TWINSTEP_CUBLAS_MATH=") + v + ": expected default or pedantic");
+}
 
 kernels::MoeShape moe_shape(const LlamaConfig& c) {
   kernels::MoeShape s;
@@ -133,9 +148,7 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
   TS_CUBLAS_CHECK(cublasCreate(&cublas_));
   b_->cublas = cublas_;
   TS_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
-  TS_CUBLAS_CHECK(cublasSetMathMode(
-      cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  TS_CUBLAS_CHECK(cublasSetMathMode(cublas_, cublas_math_mode()));
   max_bucket_ = bucket_for(options.max_slots);
   allocate();
 }

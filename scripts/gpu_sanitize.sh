@@ -11,7 +11,9 @@
 # tool need more device memory per process: too many of them on one GPU fail inside the tool with
 # "Unable to allocate enough memory"); on a machine with two GPUs give each pool its own.
 # Also runs tests/reliability/cublas_initcheck_probe.cu under initcheck (does the tool see what a
-# cuBLAS GEMM writes?).
+# cuBLAS GEMM writes?). The runtime suites run under initcheck with TWINSTEP_CUBLAS_MATH set to
+# TWINSTEP_SANITIZE_INITCHECK_CUBLAS_MATH (default pedantic: the probe shows which cuBLAS kernels
+# the tool tracks); under the other tools cuBLAS keeps the engine's default.
 # Env: TWINSTEP_CMAKE_ARGS, TWINSTEP_BUILD_DIR (default build), TWINSTEP_SANITIZE_SECONDS (per
 # shard, default 300), TWINSTEP_SANITIZE_JOBS (kernel shards at once, default nproc / 2),
 # TWINSTEP_SANITIZE_RUNTIME_JOBS (runtime shards at once, default 4), TWINSTEP_SANITIZE_KERNELS_GPU
@@ -47,13 +49,16 @@ suites=(
 run_shard() {
   local tool=$1 suite=$2 bin=$3 filter=$4 shards=$5 index=$6
   local log="$out/$suite.$tool.$index.log"
-  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$index timeout "$limit" \
+  local math=default
+  [ "$tool" = initcheck ] && [ "$suite" != kernels ] && math=$initcheck_cublas_math
+  TWINSTEP_CUBLAS_MATH=$math GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$index timeout "$limit" \
     compute-sanitizer --tool "$tool" --print-limit 20 "$bin" --gtest_filter="$filter" \
     >"$log" 2>&1
   echo "exit $?" >>"$log"
 }
 export -f run_shard
-export out limit
+initcheck_cublas_math=${TWINSTEP_SANITIZE_INITCHECK_CUBLAS_MATH:-pedantic}
+export out limit initcheck_cublas_math
 
 plan="$out/plan.txt"
 : >"$plan"
@@ -67,11 +72,22 @@ for tool in memcheck racecheck initcheck synccheck; do
     done
   done
 done
+: >"$out/summary.txt"
+runtime_gpu=${TWINSTEP_SANITIZE_RUNTIME_GPU:-}
+for v in 0 1 2; do  # one process per writer, so each has its own print limit and summary
+  log="$out/cublas_probe.$v.initcheck.log"
+  env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool initcheck \
+    --print-limit 5 "$build/tests/reliability/cublas_initcheck_probe" "$v" >"$log" 2>&1
+  echo "cublas probe writer $v under initcheck (exit $?): $(grep -h 'ERROR SUMMARY' "$log" | sed 's/=* *//'); $(grep -c "read_kernel<$v>" "$log") printed reports name read_kernel<$v>" |
+    tee -a "$out/summary.txt"
+  grep -h '^cublas_initcheck_probe' "$log" | tee -a "$out/summary.txt"
+done
+
 start=$(date +%s)
-# Two pools; in each, racecheck shards first (the long pole).
+# Two pools; in each, racecheck shards first (the long pole), then initcheck, synccheck, memcheck.
 pool() {  # suite-pattern jobs gpu
   local pattern=$1 n=$2 gpu=$3
-  cat <(grep "^racecheck $pattern " "$plan") <(grep -v '^racecheck ' "$plan" | grep "^[a-z]* $pattern ") |
+  for tool in racecheck initcheck synccheck memcheck; do grep "^$tool $pattern " "$plan"; done |
     env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} xargs -P "$n" -L 1 bash -c 'run_shard "$@"' _
 }
 pool kernels "$jobs" "${TWINSTEP_SANITIZE_KERNELS_GPU:-}" &
@@ -79,13 +95,7 @@ kernels_pool=$!
 pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}"
 wait $kernels_pool
 echo "all shards done in $(( $(date +%s) - start )) s ($jobs kernel and $runtime_jobs runtime shards at a time, $limit s limit each)" |
-  tee "$out/summary.txt"
-runtime_gpu=${TWINSTEP_SANITIZE_RUNTIME_GPU:-}
-env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool initcheck --print-limit 5 "$build/tests/reliability/cublas_initcheck_probe" \
-  >"$out/cublas_probe.initcheck.log" 2>&1
-echo "cublas probe under initcheck (exit $?): $(grep -h '^cublas_initcheck_probe' "$out/cublas_probe.initcheck.log" | tr '\n' ' ')$(grep -h 'ERROR SUMMARY' "$out/cublas_probe.initcheck.log" | sed 's/=* *//'); reads reported in: $(grep -h -A1 'Uninitialized' "$out/cublas_probe.initcheck.log" | grep -o 'at [a-z_:<>A-Za-z]*read_kernel' | sort -u | tr '\n' ' ')" |
   tee -a "$out/summary.txt"
-
 # Per tool and suite: errors summed over shards (memcheck/initcheck/synccheck "ERROR SUMMARY: N
 # errors"; racecheck "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)").
 for tool in memcheck racecheck initcheck synccheck; do
