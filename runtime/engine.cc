@@ -38,17 +38,18 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// The cuBLAS math mode of the prefill GEMMs. Default: tensor-op kernels, fp32 reductions.
-// TWINSTEP_CUBLAS_MATH=pedantic selects CUBLAS_PEDANTIC_MATH, a diagnostic switch for
-// compute-sanitizer initcheck, which does not see the stores of the default sm_90 GEMM kernels
-// (tests/reliability/cublas_initcheck_probe.cu shows it); any other value is an error.
-cublasMath_t cublas_math_mode() {
-  const char* v = std::getenv("TWINSTEP_CUBLAS_MATH");
-  if (v == nullptr || *v == '\0' || std::string(v) == "default")
-    return static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
-  if (std::string(v) == "pedantic") return CUBLAS_PEDANTIC_MATH;
-  throw Error(std::string("TWINSTEP_CUBLAS_MATH=") + v + ": expected default or pedantic");
+// How projections over more than kernels::kGemvMaxRows rows (prefill, verify) are computed:
+// cuBLAS (the default), or, with TWINSTEP_PREFILL_GEMM=gemv, the decode GEMV kernel over
+// kGemvMaxRows-row slices. The second is a diagnostic path for compute-sanitizer initcheck, which
+// does not see the stores of cuBLAS's sm_90 GEMM kernels
+// (tests/reliability/cublas_initcheck_probe.cu shows it), so every byte the engine reads is
+// written by a kernel the tool tracks; it is slower and rounds like the decode path. Any other
+// value is an error.
+bool prefill_gemm_is_gemv() {
+  const char* v = std::getenv("TWINSTEP_PREFILL_GEMM");
+  if (v == nullptr || *v == '\0' || std::string(v) == "cublas") return false;
+  if (std::string(v) == "gemv") return true;
+  throw Error(std::string("TWINSTEP_PREFILL_GEMM=") + v + ": expected cublas or gemv");
 }
 
 kernels::MoeShape moe_shape(const LlamaConfig& c) {
@@ -148,7 +149,10 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
   TS_CUBLAS_CHECK(cublasCreate(&cublas_));
   b_->cublas = cublas_;
   TS_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
-  TS_CUBLAS_CHECK(cublasSetMathMode(cublas_, cublas_math_mode()));
+  TS_CUBLAS_CHECK(cublasSetMathMode(
+      cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  prefill_gemm_gemv_ = prefill_gemm_is_gemv();
   max_bucket_ = bucket_for(options.max_slots);
   allocate();
 }
@@ -509,6 +513,12 @@ std::vector<uint16_t> Engine::download_weight(const std::string& name) const {
 void Engine::proj(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, bool pdl) {
   if (m <= kernels::kGemvMaxRows) {
     kernels::gemv(w, x, out, m, n, k, compute_, pdl);
+    return;
+  }
+  if (prefill_gemm_gemv_) {
+    for (int r = 0; r < m; r += kernels::kGemvMaxRows)
+      kernels::gemv(w, x + size_t(r) * k, out + size_t(r) * n,
+                    std::min(kernels::kGemvMaxRows, m - r), n, k, compute_, false);
     return;
   }
   // out[m][n] = x[m][k] · w[n][k]^T: column-major C(n×m) = W^T(n×k) · X(k×m).

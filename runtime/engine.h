@@ -264,6 +264,7 @@ class Engine {
   cudaStream_t compute_ = nullptr;
   cudaStream_t copy_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  bool prefill_gemm_gemv_ = false;  // TWINSTEP_PREFILL_GEMM=gemv (engine.cc prefill_gemm_is_gemv)
   std::unique_ptr<Buffers> b_;
   std::unique_ptr<Spec> spec_;
   bool capturing_spec_ = false;  // a speculative graph is being captured (spec_graph)

@@ -10,17 +10,25 @@
 # The kernel shards and the runtime shards run as two concurrent pools (the runtime tests under a
 # tool need more device memory per process: too many of them on one GPU fail inside the tool with
 # "Unable to allocate enough memory"); on a machine with two GPUs give each pool its own.
-# Also runs tests/reliability/cublas_initcheck_probe.cu under initcheck (does the tool see what a
-# cuBLAS GEMM writes?). The runtime suites run under initcheck with TWINSTEP_CUBLAS_MATH set to
-# TWINSTEP_SANITIZE_INITCHECK_CUBLAS_MATH (default pedantic: the probe shows which cuBLAS kernels
-# the tool tracks); under the other tools cuBLAS keeps the engine's default.
+# Two probes run first: tests/reliability/cublas_initcheck_probe.cu under initcheck (does the tool
+# see what a cuBLAS GEMM writes? at 2025.3.1 it does not) and conditional_synccheck_probe.cu under
+# synccheck (does the tool judge barriers in kernels inside a conditional graph node?). Because of
+# the first, the runtime suites run under initcheck with TWINSTEP_PREFILL_GEMM set to
+# TWINSTEP_SANITIZE_INITCHECK_PREFILL_GEMM (default gemv: the engine's projections over more than
+# 16 rows use the GEMV kernel instead of cuBLAS, so every byte the engine reads is written by a
+# kernel the tool tracks); under the other tools the engine uses cuBLAS as always. The runtime
+# shards under synccheck and initcheck run with --force-synchronization-limit
+# TWINSTEP_SANITIZE_RUNTIME_SYNC_LIMIT (default 16): a run-ahead engine queues launches faster
+# than the tools drain them, and the tools then fail to allocate their own device memory.
 # Env: TWINSTEP_CMAKE_ARGS, TWINSTEP_BUILD_DIR (default build), TWINSTEP_SANITIZE_SECONDS (per
 # shard, default 300), TWINSTEP_SANITIZE_JOBS (kernel shards at once, default nproc / 2),
 # TWINSTEP_SANITIZE_RUNTIME_JOBS (runtime shards at once, default 4), TWINSTEP_SANITIZE_KERNELS_GPU
 # and TWINSTEP_SANITIZE_RUNTIME_GPU (CUDA_VISIBLE_DEVICES of each pool, default unset),
 # TWINSTEP_SANITIZE_TOOLS (kernel tests, default "memcheck racecheck initcheck synccheck"),
 # TWINSTEP_SANITIZE_RUNTIME_TOOLS (default "memcheck initcheck synccheck"),
-# TWINSTEP_SANITIZE_KERNELS_FILTER (gtest filter of the kernel tests, default all).
+# TWINSTEP_SANITIZE_KERNELS_FILTER (gtest filter of the kernel tests, default all),
+# TWINSTEP_SANITIZE_SUITES (default "kernels runtime_tiny spec_tiny"),
+# TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU (a GPU of its own for the runtime synccheck shards).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_sanitize.sh OUT_DIR}
 mkdir -p "$out"
@@ -31,34 +39,44 @@ limit=${TWINSTEP_SANITIZE_SECONDS:-300}
 jobs=${TWINSTEP_SANITIZE_JOBS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 runtime_jobs=${TWINSTEP_SANITIZE_RUNTIME_JOBS:-4}
 tools=${TWINSTEP_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
-gpu_build "$out" kernels_test runtime_gpu_test runtime_spec_gpu_test cublas_initcheck_probe || exit 1
+gpu_build "$out" kernels_test runtime_gpu_test runtime_spec_gpu_test cublas_initcheck_probe \
+  conditional_synccheck_probe || exit 1
 
 # suite name, binary, gtest filter, shards for racecheck (the slowest tool), shards otherwise,
-# tools. The runtime suites leave racecheck out: under it their processes die at the first engine
+# tools. The runtime suites run one test per shard (14 and 8 tests): under initcheck a test takes
+# minutes. The runtime suites leave racecheck out: under it their processes die at the first engine
 # test (killed, or a segfault the tool blames on host access to mapped memory) after one test took
 # 329 s; racecheck checks shared memory inside kernels, and every kernel the engine launches runs
 # under it in kernels_test.
 runtime_tools=${TWINSTEP_SANITIZE_RUNTIME_TOOLS:-memcheck initcheck synccheck}
 suites=(
   "kernels|$build/tests/kernels/kernels_test|${TWINSTEP_SANITIZE_KERNELS_FILTER:-*}|12|3|$tools"
-  "runtime_tiny|$build/tests/runtime/runtime_gpu_test|TinyEngine.*:*TinyMoeEngine.*|7|7|$runtime_tools"
-  "spec_tiny|$build/tests/runtime/runtime_spec_gpu_test|SpecTiny.*:TinySpec.*|4|4|$runtime_tools"
+  "runtime_tiny|$build/tests/runtime/runtime_gpu_test|TinyEngine.*:*TinyMoeEngine.*|14|14|$runtime_tools"
+  "spec_tiny|$build/tests/runtime/runtime_spec_gpu_test|SpecTiny.*:TinySpec.*|8|8|$runtime_tools"
 )
+selected=${TWINSTEP_SANITIZE_SUITES:-kernels runtime_tiny spec_tiny}
+for i in "${!suites[@]}"; do
+  [[ " $selected " == *" ${suites[$i]%%|*} "* ]] || unset "suites[$i]"
+done
 
 # One shard: tool suite binary filter shards index. Prints nothing; its log holds everything.
 run_shard() {
   local tool=$1 suite=$2 bin=$3 filter=$4 shards=$5 index=$6
   local log="$out/$suite.$tool.$index.log"
-  local math=default
-  [ "$tool" = initcheck ] && [ "$suite" != kernels ] && math=$initcheck_cublas_math
-  TWINSTEP_CUBLAS_MATH=$math GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$index timeout "$limit" \
-    compute-sanitizer --tool "$tool" --print-limit 20 "$bin" --gtest_filter="$filter" \
-    >"$log" 2>&1
+  local gemm=cublas extra=()
+  if [ "$suite" != kernels ] && [ "$tool" != memcheck ]; then
+    extra=(--force-synchronization-limit "$runtime_sync_limit")
+    [ "$tool" = initcheck ] && gemm=$initcheck_prefill_gemm
+  fi
+  TWINSTEP_PREFILL_GEMM=$gemm GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$index timeout "$limit" \
+    compute-sanitizer --tool "$tool" --print-limit 20 "${extra[@]}" "$bin" \
+    --gtest_filter="$filter" >"$log" 2>&1
   echo "exit $?" >>"$log"
 }
 export -f run_shard
-initcheck_cublas_math=${TWINSTEP_SANITIZE_INITCHECK_CUBLAS_MATH:-pedantic}
-export out limit initcheck_cublas_math
+initcheck_prefill_gemm=${TWINSTEP_SANITIZE_INITCHECK_PREFILL_GEMM:-gemv}
+runtime_sync_limit=${TWINSTEP_SANITIZE_RUNTIME_SYNC_LIMIT:-16}
+export out limit initcheck_prefill_gemm runtime_sync_limit
 
 plan="$out/plan.txt"
 : >"$plan"
@@ -78,22 +96,38 @@ for v in 0 1 2; do  # one process per writer, so each has its own print limit an
   log="$out/cublas_probe.$v.initcheck.log"
   env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool initcheck \
     --print-limit 5 "$build/tests/reliability/cublas_initcheck_probe" "$v" >"$log" 2>&1
-  echo "cublas probe writer $v under initcheck (exit $?): $(grep -h 'ERROR SUMMARY' "$log" | sed 's/=* *//'); $(grep -c "read_kernel<$v>" "$log") printed reports name read_kernel<$v>" |
+  echo "cublas probe writer $v under initcheck (exit $?): $(grep -h 'ERROR SUMMARY' "$log" | sed 's/=* *//' | head -1); $(grep -v '^cublas_initcheck_probe' "$log" | grep -c "read_kernel<$v>") printed reports name read_kernel<$v>" |
     tee -a "$out/summary.txt"
   grep -h '^cublas_initcheck_probe' "$log" | tee -a "$out/summary.txt"
 done
+log="$out/conditional_probe.synccheck.log"
+env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool synccheck \
+  --print-limit 5 "$build/tests/reliability/conditional_synccheck_probe" >"$log" 2>&1
+echo "conditional probe under synccheck (exit $?): $(grep -h 'ERROR SUMMARY' "$log" | sed 's/=* *//' | head -1); reports per launch kind: $(for k in 0 1 2; do echo -n "norm_kernel<$k> $(grep -v '^conditional_synccheck_probe' "$log" | grep -c "norm_kernel<$k>") "; done)" |
+  tee -a "$out/summary.txt"
+grep -h '^conditional_synccheck_probe' "$log" | tee -a "$out/summary.txt"
 
 start=$(date +%s)
-# Two pools; in each, racecheck shards first (the long pole), then initcheck, synccheck, memcheck.
-pool() {  # suite-pattern jobs gpu
-  local pattern=$1 n=$2 gpu=$3
-  for tool in racecheck initcheck synccheck memcheck; do grep "^$tool $pattern " "$plan"; done |
+# Two pools (three with TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU: the runtime synccheck shards on
+# that GPU); in each, racecheck shards first (the long pole), then initcheck, synccheck, memcheck.
+pool() {  # suite-pattern jobs gpu tools
+  local pattern=$1 n=$2 gpu=$3 tool
+  for tool in $4; do grep "^$tool $pattern " "$plan"; done |
     env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} xargs -P "$n" -L 1 bash -c 'run_shard "$@"' _
 }
-pool kernels "$jobs" "${TWINSTEP_SANITIZE_KERNELS_GPU:-}" &
+all_tools="racecheck initcheck synccheck memcheck"
+sync_gpu=${TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU:-}
+pool kernels "$jobs" "${TWINSTEP_SANITIZE_KERNELS_GPU:-}" "$all_tools" &
 kernels_pool=$!
-pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}"
-wait $kernels_pool
+sync_pool=
+if [ -n "$sync_gpu" ]; then
+  pool '[a-z_]*tiny' "$runtime_jobs" "$sync_gpu" synccheck &
+  sync_pool=$!
+  pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "racecheck initcheck memcheck"
+else
+  pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "$all_tools"
+fi
+wait $kernels_pool $sync_pool
 echo "all shards done in $(( $(date +%s) - start )) s ($jobs kernel and $runtime_jobs runtime shards at a time, $limit s limit each)" |
   tee -a "$out/summary.txt"
 # Per tool and suite: errors summed over shards (memcheck/initcheck/synccheck "ERROR SUMMARY: N

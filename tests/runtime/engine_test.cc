@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <set>
+#include <string>
 
 #include "kernels/moe.h"
 #include "policies/decode_loop.h"
@@ -153,6 +155,49 @@ TEST_F(TinyEngine, GreedyMatchesCpuReference) {
   std::printf("tiny greedy tokens:");
   for (int32_t t : r.tokens[0]) std::printf(" %d", t);
   std::printf("\n");
+}
+
+// TWINSTEP_PREFILL_GEMM=gemv (the sanitizer's path: prefill projections through the GEMV kernel
+// in 16-row slices instead of cuBLAS) computes the same model: a 37-token prompt (three slices,
+// the last of 5 rows) matches the CPU reference; an unknown value is refused by name.
+TEST_F(TinyEngine, GemvPrefillPathMatchesCpuReference) {
+  struct EnvGuard {  // restores the caller's setting (gpu_sanitize.sh sets it under initcheck)
+    const char* old = std::getenv("TWINSTEP_PREFILL_GEMM");
+    std::string saved = old != nullptr ? old : "";
+    bool had = old != nullptr;
+    ~EnvGuard() {
+      if (had)
+        setenv("TWINSTEP_PREFILL_GEMM", saved.c_str(), 1);
+      else
+        unsetenv("TWINSTEP_PREFILL_GEMM");
+    }
+  } guard;
+  setenv("TWINSTEP_PREFILL_GEMM", "gemv", 1);
+  EngineOptions eo;
+  eo.max_slots = 1;
+  eo.capacity_tokens = 128;
+  auto engine = Engine::create_synthetic(config_, kSeed, eo);
+  WorkloadSpec w;
+  w.input_len = {37, 37};
+  w.output_len = {40, 40};
+  w.num_requests = 1;
+  w.max_concurrency = 1;
+  RealOptions ro;
+  ro.prompt_seed = 11;
+  const RunResult r =
+      run_policy(*engine, spec_, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraph), ro);
+  ASSERT_EQ(r.tokens[0].size(), 40u);
+  testing::CpuLlama cpu(config_, kSeed);
+  expect_matches_cpu(cpu, prompt_of(11, 0, 37, config_.vocab), r.tokens[0], "gemv prefill",
+                     /*min_exact=*/32);
+  setenv("TWINSTEP_PREFILL_GEMM", "tensor-cores", 1);
+  try {
+    Engine::create_synthetic(config_, kSeed, eo);
+    ADD_FAILURE() << "TWINSTEP_PREFILL_GEMM=tensor-cores was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("TWINSTEP_PREFILL_GEMM=tensor-cores"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(TinyEngine, ConcurrentRequestsMatchCpuReference) {
