@@ -413,8 +413,12 @@ void Engine::allocate() {
   TS_CUDA_CHECK(cudaMemset(b.seq, 0, 8));
   TS_CUDA_CHECK(cudaMemset(b.sample_step, 0, 8));
   b.ts_nodes = 16 * c.layers + 16 + lm_chunks;
-  if (options_.profile_nodes || options_.node_trace)
+  if (options_.profile_nodes || options_.node_trace) {
+    // Zeroed: a launch writes its nodes' entries only, and node_timestamps copies whole rows (0 =
+    // no node there; compute-sanitizer initcheck found the unwritten tail being read).
     b.ts = b.dev<uint64_t>(size_t(kTsRing) * b.ts_nodes);
+    TS_CUDA_CHECK(cudaMemset(b.ts, 0, size_t(kTsRing) * b.ts_nodes * sizeof(uint64_t)));
+  }
 
   // Host-to-device staging: [tokens T][chunk ctx C][last rows S][slots S][lens S][chunk base C].
   const size_t T = size_t(options_.max_prefill_tokens), C = size_t(b.chunks_max);

@@ -24,6 +24,7 @@
 # the committed profile's sessions plus the speculative graphs measured now, ~15 s of GPU for
 # llama-3-8b; docs/calibration.md "Speculative graphs"); CALIBRATE_COLLECTIVES_FROM=FILE keeps
 # that profile's collective calibration in the final fit (calibrate --collectives-from).
+# CALIBRATE_PREFILL=1 adds a `calibrate --prefill-only` session (llama-3-8b, qwen3-30b-a3b).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_calibrate.sh OUT_DIR}
 mkdir -p "$out"
@@ -33,12 +34,14 @@ build=${TWINSTEP_BUILD_DIR:-$root/build-calib}
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 
+if [ "${TWINSTEP_PREBUILT:-0}" != 1 ]; then  # gpu_session.sh built everything already
 step configure
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
 step build
 cmake --build "$build" -j"$(nproc)" --target twinstep runtime_calibrate_gpu_test \
   >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
 db="$out/validation.db"
@@ -70,6 +73,7 @@ extra() {  # extra NAME ARGS...: one more calibration session into the same data
     { status=1; tail -5 "$out/$name.log"; }
 }
 [ "${CALIBRATE_MOE:-0}" = 1 ] && extra moe --models qwen3-30b-a3b $narrow
+[ "${CALIBRATE_PREFILL:-0}" = 1 ] && extra prefill --prefill-only --models llama-3-8b,qwen3-30b-a3b
 if [ "${CALIBRATE_TP:-1}" -gt 1 ]; then
   extra tp_dense --models llama-3-8b --tp "$CALIBRATE_TP" $narrow
   [ "${CALIBRATE_MOE:-0}" = 1 ] && extra tp_moe --models qwen3-30b-a3b --tp "$CALIBRATE_TP" $narrow

@@ -16,6 +16,9 @@ fi
 gpu_build() {
   local log=$1
   shift
+  # Built already (scripts/gpu_session.sh builds everything first): concurrent stages must not
+  # reconfigure the same build tree.
+  [ "${TWINSTEP_PREBUILT:-0}" = 1 ] && return 0
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
     ${TWINSTEP_CMAKE_ARGS:-} >"$log/configure.log" 2>&1 ||
     { echo "configure failed"; tail -30 "$log/configure.log"; return 1; }

@@ -3,7 +3,9 @@
 # order, each under its own time limit, with its logs in OUT/<stage>/ and one status line in
 # OUT/summary.txt. At the end every log is packed into OUT/logs.tgz and the loose files are
 # removed (the remote-device tool brings back only a few files).
-#   scripts/gpu_session.sh OUT STAGE[:SECONDS] ...
+#   scripts/gpu_session.sh OUT STAGE[@GPU][:SECONDS][+STAGE...] ...
+# (parts joined by '+' run concurrently, each on the GPU after @ when given, and the stages of a
+# part joined by ',' in turn; e.g. `sanitize@1:300+calibrate@0:100,tests@0:200 nccl:120`).
 # Stages (each is scripts/gpu_<stage>.sh OUT/<stage>, except `tests`):
 #   tests        every ctest suite labelled gpu (they skip where a GPU is missing)
 #   spec calibrate nccl tp attention kernels reliability runtime sanitize all
@@ -27,22 +29,45 @@ cmake -S "$root" -B "$TWINSTEP_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES=90 ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 &&
   cmake --build "$TWINSTEP_BUILD_DIR" -j"$(nproc)" >"$out/build.log" 2>&1
 build_status=$?
+# The stages' scripts skip their own configure and build (stages may run concurrently).
+[ $build_status = 0 ] && export TWINSTEP_PREBUILT=1
 note "build: status $build_status at +$(( $(date +%s) - start )) s"
 [ $build_status = 0 ] || grep -E "error|Error" "$out/configure.log" "$out/build.log" | head -30 | tee -a "$summary"
 
-for arg in "$@"; do
-  stage=${arg%%:*}
-  secs=${arg#*:}
-  [ "$secs" = "$arg" ] && secs=300
+# One stage: NAME[@GPU][:SECONDS] (@GPU sets CUDA_VISIBLE_DEVICES for it). Writes its status line.
+run_stage() {
+  local spec=$1 stage secs gpu dir st
+  secs=${spec#*:}
+  [ "$secs" = "$spec" ] && secs=300
+  stage=${spec%%:*}
+  gpu=
+  [[ $stage == *@* ]] && { gpu=${stage#*@}; stage=${stage%@*}; }
   dir="$out/$stage"
   mkdir -p "$dir"
   if [ "$stage" = tests ]; then
-    (cd "$TWINSTEP_BUILD_DIR" && timeout "$secs" ctest -L gpu --output-on-failure) >"$dir/ctest.log" 2>&1
+    (cd "$TWINSTEP_BUILD_DIR" && env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} timeout "$secs" \
+      ctest -L gpu --output-on-failure) >"$dir/ctest.log" 2>&1
   else
-    timeout "$secs" bash "$root/scripts/gpu_$stage.sh" "$dir" >"$dir/run.txt" 2>&1
+    env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} timeout "$secs" bash "$root/scripts/gpu_$stage.sh" "$dir" \
+      >"$dir/run.txt" 2>&1
   fi
   st=$?
-  note "$stage: status $st$([ $st = 124 ] && echo ' (time limit)') at +$(( $(date +%s) - start )) s"
+  note "$stage${gpu:+ (GPU $gpu)}: status $st$([ $st = 124 ] && echo ' (time limit)') at +$(( $(date +%s) - start )) s"
+}
+
+# Each argument is a group: parts joined by '+' run at the same time (give each its own GPU with
+# @GPU), the stages of a part joined by ',' one after another; the groups run one after another.
+for group in "$@"; do
+  pids=()
+  IFS='+' read -ra parts <<<"$group"
+  for part in "${parts[@]}"; do
+    (
+      IFS=',' read -ra chain <<<"$part"
+      for spec in "${chain[@]}"; do run_stage "$spec"; done
+    ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
 done
 
 pack=$(mktemp -d)

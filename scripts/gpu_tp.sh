@@ -19,7 +19,8 @@
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2);
 # EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2); PP (0: the
 # PipelineParallel tests filtered out; 1: also PP2); TP_TESTS (1; 0: the validation runs only,
-# no test suites: the two-rank suites take several minutes).
+# no test suites: the two-rank suites take several minutes); TP2_RUN (1; 0: no TP2 validation run,
+# for EP=1 or PP=1 alone).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_tp.sh OUT_DIR}
 mkdir -p "$out"
@@ -90,7 +91,7 @@ validate() {
     WHERE m.key LIKE 'rank%' OR m.key LIKE 'tp_%' OR m.key IN ('tpot_ms_mean', 'gpu_busy_frac',
     'idle_host_frac', 'idle_launch_frac') ORDER BY r.id, m.key" | tee "$out/$tag.metrics.csv"
 }
-validate tp2 "$root/experiments/validation/h200_tp2.yaml"
+[ "${TP2_RUN:-1}" = 1 ] && validate tp2 "$root/experiments/validation/h200_tp2.yaml"
 [ "$ep" = 1 ] && validate ep2 "$root/experiments/validation/h200_ep2.yaml"
 [ "$pp" = 1 ] && validate pp2 "$root/experiments/validation/h200_pp2.yaml"
 exit $status

@@ -2,10 +2,11 @@
 // synccheck judge a block barrier correctly in a kernel that runs inside a conditional IF node of
 // a CUDA graph? The kernel is the speculative draft's row norm (runtime/spec_ops.cu norm_into: a
 // strided sum of squares, a warp shuffle reduction, __syncthreads, a block sum), launched three
-// ways: eagerly, as a node of a captured graph, and in the body of a conditional IF node captured
-// the way Engine::draft_forward captures its early-exit steps (cudaStreamBeginCaptureToGraph on a
-// side stream). Every output is checked against a CPU reference, so a synccheck report in
-// norm_kernel<2> and none in norm_kernel<0> or <1> is the tool's, not the kernel's.
+// ways: eagerly, as a node of a captured graph, and in the bodies of three conditional IF nodes
+// captured the way Engine::draft_forward captures its early-exit steps
+// (cudaStreamBeginCaptureToGraph on a side stream, a row-copy kernel with griddepcontrol first).
+// Every output is checked against a CPU reference, so a synccheck report in norm_kernel<2> and none
+// in norm_kernel<0> or <1> is the tool's, not the kernel's.
 //   conditional_synccheck_probe     prints one line per launch kind, exits 1 on a wrong output
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -64,6 +65,15 @@ __global__ void __launch_bounds__(kThreads)
   norm_pass(x + r * hidden, w, out + r * hidden, hidden, warp_sums);
 }
 
+// dst[r] = src[r], one block per row, with the griddepcontrol instructions every runtime kernel
+// carries (the draft step's first kernel, embedding_gather, before the norm).
+__global__ void copy_rows_kernel(const __nv_bfloat16* src, __nv_bfloat16* dst, int hidden) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+    dst[size_t(blockIdx.x) * hidden + i] = src[size_t(blockIdx.x) * hidden + i];
+}
+
 __global__ void set_condition_kernel(cudaGraphConditionalHandle handle) {
   cudaGraphSetConditional(handle, 1);
 }
@@ -93,8 +103,9 @@ int main() {
       ref[size_t(r) * kHidden + i] =
           float(__bfloat162float(x[size_t(r) * kHidden + i]) * inv_rms * __bfloat162float(w[i]));
   }
-  __nv_bfloat16 *dx, *dw, *dout;
+  __nv_bfloat16 *dx, *dw, *dout, *dcopy;
   check(cudaMalloc(&dx, x.size() * 2), "cudaMalloc x");
+  check(cudaMalloc(&dcopy, x.size() * 2), "cudaMalloc copy");
   check(cudaMalloc(&dw, w.size() * 2), "cudaMalloc w");
   check(cudaMalloc(&dout, x.size() * 2), "cudaMalloc out");
   check(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice), "upload x");
@@ -116,36 +127,45 @@ int main() {
         norm_kernel<kGraphNode><<<kRows, kThreads, 0, s>>>(dx, dw, dout, kHidden);
         check(cudaGetLastError(), "graph node launch");
       } else {
-        cudaStreamCaptureStatus status;
-        cudaGraph_t capturing = nullptr;
-        const cudaGraphNode_t* deps = nullptr;
-        size_t num_deps = 0;
-        check(cudaStreamGetCaptureInfo(s, &status, nullptr, &capturing, &deps, nullptr, &num_deps),
+        // Three IF nodes in sequence, each body a row copy then the norm (the draft's early-exit
+        // steps: each step j >= 1 is one IF node whose body starts with embedding_gather).
+        for (int step = 0; step < 3; ++step) {
+          cudaStreamCaptureStatus status;
+          cudaGraph_t capturing = nullptr;
+          const cudaGraphNode_t* deps = nullptr;
+          size_t num_deps = 0;
+          check(
+              cudaStreamGetCaptureInfo(s, &status, nullptr, &capturing, &deps, nullptr, &num_deps),
               "capture info");
-        cudaGraphConditionalHandle handle = 0;
-        check(cudaGraphConditionalHandleCreate(&handle, capturing, 0, cudaGraphCondAssignDefault),
-              "conditional handle");
-        set_condition_kernel<<<1, 1, 0, s>>>(handle);
-        check(cudaGetLastError(), "set condition launch");
-        check(cudaStreamGetCaptureInfo(s, &status, nullptr, &capturing, &deps, nullptr, &num_deps),
+          cudaGraphConditionalHandle handle = 0;
+          check(cudaGraphConditionalHandleCreate(&handle, capturing, 0, cudaGraphCondAssignDefault),
+                "conditional handle");
+          set_condition_kernel<<<1, 1, 0, s>>>(handle);
+          check(cudaGetLastError(), "set condition launch");
+          check(
+              cudaStreamGetCaptureInfo(s, &status, nullptr, &capturing, &deps, nullptr, &num_deps),
               "capture info");
-        cudaGraphNodeParams params = {};
-        params.type = cudaGraphNodeTypeConditional;
-        params.conditional.handle = handle;
-        params.conditional.type = cudaGraphCondTypeIf;
-        params.conditional.size = 1;
-        cudaGraphNode_t node = nullptr;
-        check(cudaGraphAddNode(&node, capturing, deps, nullptr, num_deps, &params), "add IF node");
-        check(cudaStreamUpdateCaptureDependencies(s, &node, nullptr, 1,
-                                                  cudaStreamSetCaptureDependencies),
-              "update capture dependencies");
-        check(cudaStreamBeginCaptureToGraph(side, params.conditional.phGraph_out[0], nullptr,
-                                            nullptr, 0, cudaStreamCaptureModeThreadLocal),
-              "begin body capture");
-        norm_kernel<kConditionalBody><<<kRows, kThreads, 0, side>>>(dx, dw, dout, kHidden);
-        check(cudaGetLastError(), "body launch");
-        cudaGraph_t body = nullptr;
-        check(cudaStreamEndCapture(side, &body), "end body capture");
+          cudaGraphNodeParams params = {};
+          params.type = cudaGraphNodeTypeConditional;
+          params.conditional.handle = handle;
+          params.conditional.type = cudaGraphCondTypeIf;
+          params.conditional.size = 1;
+          cudaGraphNode_t node = nullptr;
+          check(cudaGraphAddNode(&node, capturing, deps, nullptr, num_deps, &params),
+                "add IF node");
+          check(cudaStreamUpdateCaptureDependencies(s, &node, nullptr, 1,
+                                                    cudaStreamSetCaptureDependencies),
+                "update capture dependencies");
+          check(cudaStreamBeginCaptureToGraph(side, params.conditional.phGraph_out[0], nullptr,
+                                              nullptr, 0, cudaStreamCaptureModeThreadLocal),
+                "begin body capture");
+          copy_rows_kernel<<<kRows, kThreads, 0, side>>>(dx, dcopy, kHidden);
+          check(cudaGetLastError(), "body copy launch");
+          norm_kernel<kConditionalBody><<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
+          check(cudaGetLastError(), "body launch");
+          cudaGraph_t body = nullptr;
+          check(cudaStreamEndCapture(side, &body), "end body capture");
+        }
       }
       check(cudaStreamEndCapture(s, &graph), "end capture");
       cudaGraphExec_t exec = nullptr;
@@ -178,5 +198,6 @@ int main() {
   check(cudaFree(dx), "cudaFree");
   check(cudaFree(dw), "cudaFree");
   check(cudaFree(dout), "cudaFree");
+  check(cudaFree(dcopy), "cudaFree");
   return ok ? 0 : 1;
 }
