@@ -4,7 +4,8 @@
 // strided sum of squares, a warp shuffle reduction, __syncthreads, a block sum), launched three
 // ways: eagerly, as a node of a captured graph, and in the bodies of three conditional IF nodes
 // captured the way Engine::draft_forward captures its early-exit steps
-// (cudaStreamBeginCaptureToGraph on a side stream, a row-copy kernel with griddepcontrol first).
+// (cudaStreamBeginCaptureToGraph on a side stream, a row-copy kernel with griddepcontrol first;
+// uploaded, then replayed with some steps' bodies skipped).
 // Every output is checked against a CPU reference, so a synccheck report in norm_kernel<2> and none
 // in norm_kernel<0> or <1> is the tool's, not the kernel's.
 //   conditional_synccheck_probe     prints one line per launch kind, exits 1 on a wrong output
@@ -74,8 +75,11 @@ __global__ void copy_rows_kernel(const __nv_bfloat16* src, __nv_bfloat16* dst, i
     dst[size_t(blockIdx.x) * hidden + i] = src[size_t(blockIdx.x) * hidden + i];
 }
 
-__global__ void set_condition_kernel(cudaGraphConditionalHandle handle) {
-  cudaGraphSetConditional(handle, 1);
+// The IF node of `step` runs when the step's bit of *pattern is set (the host rewrites the pattern
+// before each replay, as the engine's draft rows stop at different steps).
+__global__ void set_condition_kernel(cudaGraphConditionalHandle handle, const int* pattern,
+                                     int step) {
+  cudaGraphSetConditional(handle, (*pattern >> step) & 1);
 }
 
 }  // namespace
@@ -106,6 +110,8 @@ int main() {
   __nv_bfloat16 *dx, *dw, *dout, *dcopy;
   check(cudaMalloc(&dx, x.size() * 2), "cudaMalloc x");
   check(cudaMalloc(&dcopy, x.size() * 2), "cudaMalloc copy");
+  int* dpattern = nullptr;
+  check(cudaMalloc(&dpattern, sizeof(int)), "cudaMalloc pattern");
   check(cudaMalloc(&dw, w.size() * 2), "cudaMalloc w");
   check(cudaMalloc(&dout, x.size() * 2), "cudaMalloc out");
   check(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice), "upload x");
@@ -140,7 +146,7 @@ int main() {
           cudaGraphConditionalHandle handle = 0;
           check(cudaGraphConditionalHandleCreate(&handle, capturing, 0, cudaGraphCondAssignDefault),
                 "conditional handle");
-          set_condition_kernel<<<1, 1, 0, s>>>(handle);
+          set_condition_kernel<<<1, 1, 0, s>>>(handle, dpattern, step);
           check(cudaGetLastError(), "set condition launch");
           check(
               cudaStreamGetCaptureInfo(s, &status, nullptr, &capturing, &deps, nullptr, &num_deps),
@@ -170,7 +176,15 @@ int main() {
       check(cudaStreamEndCapture(s, &graph), "end capture");
       cudaGraphExec_t exec = nullptr;
       check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-      for (int replay = 0; replay < 3; ++replay) check(cudaGraphLaunch(exec, s), "graph launch");
+      check(cudaGraphUpload(exec, s), "upload");  // as the engine does
+      // Replays with steps skipped (bodies not run), then one with every step, whose output is
+      // checked: patterns 0b111, 0b001, 0b000, 0b011, 0b111.
+      for (int pattern : {7, 1, 0, 3, 7}) {
+        check(cudaMemcpyAsync(dpattern, &pattern, sizeof(int), cudaMemcpyHostToDevice, s),
+              "pattern upload");
+        check(cudaStreamSynchronize(s), "synchronize pattern");
+        check(cudaGraphLaunch(exec, s), "graph launch");
+      }
       check(cudaStreamSynchronize(s), "synchronize graph");
       check(cudaGraphExecDestroy(exec), "destroy exec");
       check(cudaGraphDestroy(graph), "destroy graph");
@@ -199,5 +213,6 @@ int main() {
   check(cudaFree(dw), "cudaFree");
   check(cudaFree(dout), "cudaFree");
   check(cudaFree(dcopy), "cudaFree");
+  check(cudaFree(dpattern), "cudaFree");
   return ok ? 0 : 1;
 }
