@@ -167,17 +167,22 @@ check "compare --accept prints the distribution" grep -q "tv_distance" "$work/ac
 check "compare --accept-tolerance exits 3 when exceeded" test $? -eq 3
 check "compare --accept-tolerance says by how much" grep -q "mean accept length differ by up to" "$work/accept.err"
 
-# calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 calibration
-# of d6c9f62: sessions 1-4, Llama-3-8B, Qwen3-30B-A3B and their TP2 shards).
+# calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 calibration:
+# sessions 1-4 of d6c9f62, Llama-3-8B, Qwen3-30B-A3B and their TP2 shards; 5 and 6 of f8c2eac,
+# the speculative graphs and the prefill passes).
 cdb=$work/calib.db
-cp "$src/results/h200/calibration_d6c9f62.db" "$cdb"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 4 --out "$work/s1.yaml" >/dev/null 2>&1
-check "fit-only of session 4 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
+cp "$src/results/h200/calibration_f8c2eac.db" "$cdb"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 6 --out "$work/s1.yaml" >/dev/null 2>&1
+check "fit-only of session 6 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
-check "session 4 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
+check "session 6 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4,5,6 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
 check "the committed profile is the refit of the committed sessions" test "$(grep -v 'command:' "$work/h200-calibrated.yaml")" = "$(grep -v 'command:' "$src/results/profiles/h200-calibrated.yaml")"
+check "session 5's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
+check "session 6's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
+  --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/d6c9f62.yaml" >/dev/null 2>&1
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,7 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions.err"
 check "a missing session is refused by number" grep -q "has no calibration session 7" "$work/sessions.err"
 check "and no profile is written" test ! -e "$work/bad.yaml"
@@ -185,7 +190,7 @@ check "and no profile is written" test ! -e "$work/bad.yaml"
 check "--sessions without --fit-only is refused" grep -q "give it with --fit-only" "$work/sessions2.err"
 "$bin" --db "$cdb" calibrate --fit-only --spec-only --out "$work/bad.yaml" >/dev/null 2>"$work/spec.err"
 check "--spec-only with --fit-only is refused" grep -q "fit-only measures nothing" "$work/spec.err"
-check "the committed sessions hold no speculative graphs: no residuals" bash -c "! grep -q spec_graph_residuals '$work/h200-calibrated.yaml'"
+check "sessions without speculative graphs: no residuals" bash -c "! grep -q spec_graph_residuals '$work/d6c9f62.yaml'"
 # --collectives-from keeps another profile's NCCL calibration through a kernel refit.
 "$bin" --db "$cdb" calibrate --fit-only --collectives-from "$src/results/profiles/h200-calibrated.yaml" \
   --out "$work/kept.yaml" >/dev/null 2>&1
@@ -194,7 +199,7 @@ check "and the all-reduce alpha" test "$(grep 'allreduce_alpha_ns' "$work/kept.y
 # ... and its arrival-skew curve (calibrate-nccl's collective_skew section), when it has one.
 cp "$src/results/h200/nccl_profile_583eee2.yaml" "$work/nccl_skew.yaml"
 printf 'collective_skew:\n  ranks: 2\n  all_reduce: {graph: [[0, 0], [1500, 900.5]]}\n' >>"$work/nccl_skew.yaml"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 4 --collectives-from "$work/nccl_skew.yaml" \
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 --collectives-from "$work/nccl_skew.yaml" \
   --out "$work/skew_kept.yaml" >/dev/null 2>&1
 check "a refit keeps the arrival-skew curve" grep -q '^    graph: \[\[0, 0\], \[1500, 900.5\]\]$' "$work/skew_kept.yaml"
 check "a refit of a profile without one writes none" test "$(grep -c '^collective_skew:' "$work/kept.yaml")" -eq 0

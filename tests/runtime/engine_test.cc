@@ -138,22 +138,33 @@ void expect_matches_cpu(testing::CpuLlama& cpu, const std::vector<int32_t>& prom
   EXPECT_GE(a.exact_prefix, min_exact) << label;
 }
 
-TEST_F(TinyEngine, GreedyMatchesCpuReference) {
+// One request of a 37-token prompt (seed 11; not a multiple of the prefill chunk: padding
+// exercised), `tokens` greedy tokens under `schedule` with graphs, teacher-forced against the CPU
+// reference (at least 32 exact). Returns the tokens.
+std::vector<int32_t> greedy_37_matches_cpu(Engine& engine, const ModelSpec& spec,
+                                           const LlamaConfig& config, uint64_t seed,
+                                           HostSchedule schedule, int32_t tokens,
+                                           const char* what) {
   WorkloadSpec w;
-  w.input_len = {37, 37};  // not a multiple of the prefill chunk: padding exercised
-  w.output_len = {48, 48};
+  w.input_len = {37, 37};
+  w.output_len = {tokens, tokens};
   w.num_requests = 1;
   w.max_concurrency = 1;
   RealOptions ro;
   ro.prompt_seed = 11;
-  const RunResult r =
-      run_policy(*engine_, spec_, w, policy(HostSchedule::kLockstep, GraphMode::kCudaGraph), ro);
-  ASSERT_EQ(r.tokens[0].size(), 48u);
-  testing::CpuLlama cpu(config_, kSeed);
-  expect_matches_cpu(cpu, prompt_of(11, 0, 37, config_.vocab), r.tokens[0], "tiny batch 1",
+  const RunResult r = run_policy(engine, spec, w, policy(schedule, GraphMode::kCudaGraph), ro);
+  EXPECT_EQ(r.tokens[0].size(), size_t(tokens));
+  testing::CpuLlama cpu(config, seed);
+  expect_matches_cpu(cpu, prompt_of(11, 0, 37, config.vocab), r.tokens[0], what,
                      /*min_exact=*/32);
+  return r.tokens[0];
+}
+
+TEST_F(TinyEngine, GreedyMatchesCpuReference) {
+  const std::vector<int32_t> tokens = greedy_37_matches_cpu(
+      *engine_, spec_, config_, kSeed, HostSchedule::kLockstep, 48, "tiny batch 1");
   std::printf("tiny greedy tokens:");
-  for (int32_t t : r.tokens[0]) std::printf(" %d", t);
+  for (int32_t t : tokens) std::printf(" %d", t);
   std::printf("\n");
 }
 
@@ -177,19 +188,8 @@ TEST_F(TinyEngine, GemvPrefillPathMatchesCpuReference) {
   eo.max_slots = 1;
   eo.capacity_tokens = 128;
   auto engine = Engine::create_synthetic(config_, kSeed, eo);
-  WorkloadSpec w;
-  w.input_len = {37, 37};
-  w.output_len = {40, 40};
-  w.num_requests = 1;
-  w.max_concurrency = 1;
-  RealOptions ro;
-  ro.prompt_seed = 11;
-  const RunResult r =
-      run_policy(*engine, spec_, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraph), ro);
-  ASSERT_EQ(r.tokens[0].size(), 40u);
-  testing::CpuLlama cpu(config_, kSeed);
-  expect_matches_cpu(cpu, prompt_of(11, 0, 37, config_.vocab), r.tokens[0], "gemv prefill",
-                     /*min_exact=*/32);
+  greedy_37_matches_cpu(*engine, spec_, config_, kSeed, HostSchedule::kRunahead, 40,
+                        "gemv prefill");
   setenv("TWINSTEP_PREFILL_GEMM", "tensor-cores", 1);
   try {
     Engine::create_synthetic(config_, kSeed, eo);

@@ -262,9 +262,13 @@ TEST(PrefillPricing, FitRecoversTheRatesItWasMadeWith) {
   truth.prefill_gemm_tflops = 450;
   truth.prefill_attention_tbps = 3.0;
   const std::vector<CalibrationSample> samples = priced_prefill_samples(truth, "llama-3-8b");
-  // Before the fit (datasheet 989 × 0.7 TFLOP/s, attention at the stream rate) every point is
-  // priced low.
-  const PrefillFit fit = fit_prefill_rates(samples, committed.hw);
+  // Before the fit (no measured rates: datasheet 989 × 0.7 TFLOP/s, attention at the stream
+  // rate) every point is priced low.
+  HardwareSpec unfitted = committed.hw;
+  unfitted.prefill_gemm_tflops = 0;
+  unfitted.prefill_moe_tflops = 0;
+  unfitted.prefill_attention_tbps = 0;
+  const PrefillFit fit = fit_prefill_rates(samples, unfitted);
   EXPECT_EQ(fit.points, 4);
   EXPECT_LT(fit.mean_err_unfitted, -0.2);
   EXPECT_NEAR(fit.gemm_tflops, 450, 450 * 1e-6);
