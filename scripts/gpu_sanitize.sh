@@ -117,48 +117,69 @@ pool() {  # suite-pattern jobs gpu tools
 }
 all_tools="racecheck initcheck synccheck memcheck"
 sync_gpu=${TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU:-}
+# Per tool and suite: errors summed over shards (memcheck/initcheck/synccheck "ERROR SUMMARY: N
+# errors"; racecheck "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"). Also run
+# when the script is stopped (SIGTERM from an outer time limit): the shards still running are
+# stopped and counted as unfinished.
+summarize() {
+  shopt -s nullglob  # a tool that never started has no logs
+  for tool in memcheck racecheck initcheck synccheck; do
+    for entry in "${suites[@]}"; do
+      IFS='|' read -r suite _ _ _ _ suite_tools <<<"$entry"
+      [[ " $suite_tools " == *" $tool "* ]] || continue
+      logs=("$out/$suite.$tool".*.log)
+      total=${#logs[@]}
+      finished=0 errors=0 warnings=0 ok=0 failed=0 timed_out=0
+      for log in "${logs[@]}"; do
+        grep -q "^exit 124$" "$log" && timed_out=$((timed_out + 1))
+        if [ "$tool" = racecheck ]; then
+          line=$(grep -h "RACECHECK SUMMARY" "$log" | tail -1)
+          if [ -n "$line" ]; then
+            finished=$((finished + 1))
+            errors=$((errors + $(sed -E 's/.*\(([0-9]+) errors?.*/\1/' <<<"$line")))
+            warnings=$((warnings + $(sed -E 's/.* ([0-9]+) warnings?\).*/\1/' <<<"$line")))
+          fi
+        else
+          line=$(grep -h "ERROR SUMMARY" "$log" | tail -1)
+          if [ -n "$line" ]; then
+            finished=$((finished + 1))
+            errors=$((errors + $(sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/' <<<"$line")))
+          fi
+        fi
+        ok=$((ok + $(grep -c '^\[       OK \]' "$log")))
+        failed=$((failed + $(grep -c '^\[  FAILED  \] .* ms)$' "$log")))
+      done
+      echo "$tool $suite: $errors errors, $warnings warnings; $finished of $total shards finished ($timed_out timed out); tests $ok OK, $failed failed" |
+        tee -a "$out/summary.txt"
+    done
+  done
+}
+
+kill_tree() {  # PID: the process and everything it started
+  local child
+  for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null
+}
+on_term() {
+  local child
+  for child in $(pgrep -P $$); do kill_tree "$child"; done
+  echo "stopped after $(( $(date +%s) - start )) s: the shards still running were stopped" |
+    tee -a "$out/summary.txt"
+  summarize
+  exit 124
+}
+trap on_term TERM
 pool kernels "$jobs" "${TWINSTEP_SANITIZE_KERNELS_GPU:-}" "$all_tools" &
-kernels_pool=$!
-sync_pool=
+pools=($!)
 if [ -n "$sync_gpu" ]; then
   pool '[a-z_]*tiny' "$runtime_jobs" "$sync_gpu" synccheck &
-  sync_pool=$!
-  pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "racecheck initcheck memcheck"
+  pools+=($!)
+  pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "racecheck initcheck memcheck" &
 else
-  pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "$all_tools"
+  pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "$all_tools" &
 fi
-wait $kernels_pool $sync_pool
+pools+=($!)
+wait "${pools[@]}"  # the pools run in the background so that a SIGTERM is handled at once
 echo "all shards done in $(( $(date +%s) - start )) s ($jobs kernel and $runtime_jobs runtime shards at a time, $limit s limit each)" |
   tee -a "$out/summary.txt"
-# Per tool and suite: errors summed over shards (memcheck/initcheck/synccheck "ERROR SUMMARY: N
-# errors"; racecheck "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)").
-for tool in memcheck racecheck initcheck synccheck; do
-  for entry in "${suites[@]}"; do
-    IFS='|' read -r suite _ _ _ _ suite_tools <<<"$entry"
-    [[ " $suite_tools " == *" $tool "* ]] || continue
-    logs=("$out/$suite.$tool".*.log)
-    total=${#logs[@]}
-    finished=0 errors=0 warnings=0 ok=0 failed=0 timed_out=0
-    for log in "${logs[@]}"; do
-      grep -q "^exit 124$" "$log" && timed_out=$((timed_out + 1))
-      if [ "$tool" = racecheck ]; then
-        line=$(grep -h "RACECHECK SUMMARY" "$log" | tail -1)
-        if [ -n "$line" ]; then
-          finished=$((finished + 1))
-          errors=$((errors + $(sed -E 's/.*\(([0-9]+) errors?.*/\1/' <<<"$line")))
-          warnings=$((warnings + $(sed -E 's/.* ([0-9]+) warnings?\).*/\1/' <<<"$line")))
-        fi
-      else
-        line=$(grep -h "ERROR SUMMARY" "$log" | tail -1)
-        if [ -n "$line" ]; then
-          finished=$((finished + 1))
-          errors=$((errors + $(sed -E 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/' <<<"$line")))
-        fi
-      fi
-      ok=$((ok + $(grep -c '^\[       OK \]' "$log")))
-      failed=$((failed + $(grep -c '^\[  FAILED  \] .* ms)$' "$log")))
-    done
-    echo "$tool $suite: $errors errors, $warnings warnings; $finished of $total shards finished ($timed_out timed out); tests $ok OK, $failed failed" |
-      tee -a "$out/summary.txt"
-  done
-done
+summarize
