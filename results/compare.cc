@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -146,6 +147,7 @@ namespace {
 struct Span {
   int64_t start_ns;
   int64_t dur_ns;
+  int64_t slot_ns = 0;  // compute lane: start to the next node's start (see load_spans)
 };
 // (rank, step, lane, name) -> spans in start order (ties in insertion order).
 using SpanKey = std::tuple<int64_t, int64_t, std::string, std::string>;
@@ -153,6 +155,12 @@ using SpanKey = std::tuple<int64_t, int64_t, std::string, std::string>;
 // Spans are named by the runtime's nodes (runtime_node_name): consecutive spans of one lane that
 // the runtime runs as one node (the simulator's rope then kv_append, say) become one span from the
 // first start to the latest end, so both timelines list the same operations.
+// Each span's slot: on the compute lane, from its start to the next span's start in that step
+// (the last span's, and that of a span which outlasts every later one (a whole-graph span), is
+// its duration); elsewhere the duration. The runtime's node spans are such slots already (it times
+// a node from its start to the next one's: the gap is inside), the simulator's are kernel
+// durations with gaps (under PDL overlaps) between them; slots compare like with like and add up
+// to the step on both sides.
 std::map<SpanKey, std::vector<Span>> load_spans(ResultsDb& db, int64_t run) {
   const QueryResult r = db.query_params(
       "SELECT rank, step, lane, name, start_ns, dur_ns FROM timeline_span WHERE run_id = ?1 "
@@ -160,6 +168,9 @@ std::map<SpanKey, std::vector<Span>> load_spans(ResultsDb& db, int64_t run) {
       {run});
   std::map<SpanKey, std::vector<Span>> spans;
   std::map<std::tuple<int64_t, int64_t, std::string>, SpanKey> last;  // per (rank, step, lane)
+  // Per (rank, step, lane): the spans in start order, as (key, index in spans[key]).
+  std::map<std::tuple<int64_t, int64_t, std::string>, std::vector<std::pair<SpanKey, size_t>>>
+      order;
   for (const auto& row : r.rows) {
     const int64_t rank = cell_int(row[0], "timeline_span.rank");
     const int64_t step = cell_int(row[1], "timeline_span.step");
@@ -179,16 +190,35 @@ std::map<SpanKey, std::vector<Span>> load_spans(ResultsDb& db, int64_t run) {
       continue;
     }
     prev->second = key;
+    order[{rank, step, lane}].emplace_back(key, spans[key].size());
     spans[key].push_back(span);
+  }
+  for (const auto& [lane_step, seq] : order) {
+    const bool compute = std::get<2>(lane_step) == "compute";
+    // later_end[i]: the latest end among the spans after i.
+    std::vector<int64_t> later_end(seq.size(), std::numeric_limits<int64_t>::min());
+    for (size_t i = seq.size(); i-- > 1;) {
+      const Span& s = spans[seq[i].first][seq[i].second];
+      later_end[i - 1] = std::max(later_end[i], s.start_ns + s.dur_ns);
+    }
+    for (size_t i = 0; i < seq.size(); ++i) {
+      Span& s = spans[seq[i].first][seq[i].second];
+      s.slot_ns = s.dur_ns;
+      if (!compute || i + 1 == seq.size()) continue;
+      if (s.start_ns + s.dur_ns >= later_end[i]) continue;  // a whole-graph span: its duration
+      const Span& next = spans[seq[i + 1].first][seq[i + 1].second];
+      s.slot_ns = std::max<int64_t>(0, next.start_ns - s.start_ns);
+    }
   }
   return spans;
 }
 
 struct OpStats {
   int64_t matched = 0;
-  double sim_ns = 0, real_ns = 0;  // Σ durations of the matched spans
-  double abs_err_ns = 0;           // Σ |sim − real|
-  double start_err_ns = 0;         // Σ |Δ start within the step|
+  double sim_ns = 0, real_ns = 0;            // Σ durations of the matched spans
+  double sim_slot_ns = 0, real_slot_ns = 0;  // Σ slots of the matched spans
+  double abs_err_ns = 0;                     // Σ |sim − real|
+  double start_err_ns = 0;                   // Σ |Δ start within the step|
   int64_t sim_only = 0, real_only = 0;
 };
 
@@ -196,9 +226,10 @@ struct OpStats {
 
 QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids) {
   QueryResult out;
-  out.columns = {"variant",      "lane",     "op",        "matched",
-                 "sim_us",       "real_us",  "error_pct", "mean_abs_err_us",
-                 "start_err_us", "sim_only", "real_only"};
+  out.columns = {"variant",      "lane",          "op",        "matched",
+                 "sim_us",       "real_us",       "error_pct", "mean_abs_err_us",
+                 "start_err_us", "sim_only",      "real_only", "sim_slot_us",
+                 "real_slot_us", "slot_error_pct"};
   for (const auto& [index, p] : sim_real_pairs(db, run_ids)) {
     if (p.sim < 0 || p.real < 0) continue;
     const auto sim = load_spans(db, p.sim);
@@ -243,6 +274,8 @@ QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids) 
           ++op.matched;
           op.sim_ns += double(s.dur_ns);
           op.real_ns += double(r.dur_ns);
+          op.sim_slot_ns += double(s.slot_ns);
+          op.real_slot_ns += double(r.slot_ns);
           op.abs_err_ns += std::fabs(double(s.dur_ns - r.dur_ns));
           op.start_err_ns +=
               std::fabs(double((s.start_ns - sim_anchor) - (r.start_ns - real_anchor)));
@@ -259,13 +292,17 @@ QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids) 
     for (const auto& [name, op] : rows) {
       const double n = double(std::max<int64_t>(op.matched, 1));
       const double sim_us = op.sim_ns / n / 1e3, real_us = op.real_ns / n / 1e3;
-      Cell err;
+      Cell err, slot_err;
       if (op.matched > 0 && op.real_ns > 0) err = 100.0 * (op.sim_ns - op.real_ns) / op.real_ns;
+      if (op.matched > 0 && op.real_slot_ns > 0)
+        slot_err = 100.0 * (op.sim_slot_ns - op.real_slot_ns) / op.real_slot_ns;
       const bool any = op.matched > 0;
-      out.rows.push_back(
-          {p.label, name.first, name.second, op.matched, any ? Cell(sim_us) : Cell(),
-           any ? Cell(real_us) : Cell(), err, any ? Cell(op.abs_err_ns / n / 1e3) : Cell(),
-           any ? Cell(op.start_err_ns / n / 1e3) : Cell(), op.sim_only, op.real_only});
+      out.rows.push_back({p.label, name.first, name.second, op.matched, any ? Cell(sim_us) : Cell(),
+                          any ? Cell(real_us) : Cell(), err,
+                          any ? Cell(op.abs_err_ns / n / 1e3) : Cell(),
+                          any ? Cell(op.start_err_ns / n / 1e3) : Cell(), op.sim_only, op.real_only,
+                          any ? Cell(op.sim_slot_ns / n / 1e3) : Cell(),
+                          any ? Cell(op.real_slot_ns / n / 1e3) : Cell(), slot_err});
     }
   }
   return out;

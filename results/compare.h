@@ -38,6 +38,13 @@ QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
 //   start_err_us       mean |Δ start| with each start taken relative to its step's first
 //                      matched span on that rank (how far the op drifts inside the step)
 //   sim_only, real_only  spans of that name found in one run only (within the common steps).
+//   sim_slot_us, real_slot_us, slot_error_pct
+//                      the same for slots: on the compute lane a span's start to the next span's
+//                      start in its step (the last span, and one that outlasts every later span
+//                      (a whole-graph span), keep their duration), elsewhere the duration. The
+//                      runtime times its nodes that way (the gap after a node is in its span), the
+//                      simulator gives durations and gaps; slots compare like with like, and the
+//                      slot errors add up to the step's.
 // Rows: by variant index, then by the real run's total matched time, largest first.
 QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids);
 

@@ -28,6 +28,16 @@ int64_t complete(ResultsDb& db, const RunInfo& i, std::vector<Metric> metrics) {
   return id;
 }
 
+// Stores a simulated and a measured run of variant 0 of experiment "e" with these timelines; the
+// operation-by-operation comparison of the pair.
+QueryResult ops_of(ResultsDb& db, const RunRecord& sim_rec, const RunRecord& real_rec) {
+  const int64_t sim = db.begin_run(info("e", "y", 0, "sim"));
+  db.finish_run(sim, sim_rec, {}, 1);
+  const int64_t real = db.begin_run(info("e", "y", 0, "real"));
+  db.finish_run(real, real_rec, {}, 1);
+  return sim_vs_real_ops(db, {sim, real});
+}
+
 TEST(Compare, OneColumnPerRunInTheFixedOrder) {
   auto db = ResultsDb::open(":memory:");
   const int64_t sim = complete(db, info("e", "y", 0, "sim"),
@@ -102,12 +112,7 @@ TEST(Compare, OperationsMatchByStepLaneNameAndOccurrence) {
                        {0, Lane::kHost, "launch_graph", 5, 1000, 30, 1},
                        {0, Lane::kCompute, "qkv", 5, 1010, 110, 1},
                        {0, Lane::kCompute, "o_proj", 5, 1200, 20, 0}};
-  const int64_t sim = db.begin_run(info("e", "y", 0, "sim"));
-  db.finish_run(sim, sim_rec, {}, 1);
-  const int64_t real = db.begin_run(info("e", "y", 0, "real"));
-  db.finish_run(real, real_rec, {}, 1);
-
-  const QueryResult t = sim_vs_real_ops(db, {sim, real});
+  const QueryResult t = ops_of(db, sim_rec, real_rec);
   ASSERT_EQ(t.rows.size(), 4u);
   auto num = [](const Cell& c) { return std::get<double>(c); };
   auto count = [](const Cell& c) { return std::get<int64_t>(c); };
@@ -123,9 +128,17 @@ TEST(Compare, OperationsMatchByStepLaneNameAndOccurrence) {
   EXPECT_DOUBLE_EQ(num(t.rows[0][8]), 0.010);
   EXPECT_EQ(count(t.rows[0][9]), 0);
   EXPECT_EQ(count(t.rows[0][10]), 0);
-  // launch_graph: 10 vs 30 ns -> -66.67 %, both at their step's anchor.
+  // qkv's slots (start to the next compute span's start): sim 130 - 20 = 110 and 200 - 130 = 70,
+  // real 1140 - 1010 = 130 and 1200 - 1140 = 60 -> means 90 vs 95, -5.26 %.
+  EXPECT_DOUBLE_EQ(num(t.rows[0][11]), 0.090);
+  EXPECT_DOUBLE_EQ(num(t.rows[0][12]), 0.095);
+  EXPECT_NEAR(num(t.rows[0][13]), -100.0 / 19, 1e-9);
+  // launch_graph: 10 vs 30 ns -> -66.67 %, both at their step's anchor; a host span's slot is its
+  // duration.
   EXPECT_EQ(std::get<std::string>(t.rows[1][2]), "launch_graph");
   EXPECT_NEAR(num(t.rows[1][6]), -200.0 / 3, 1e-9);
+  EXPECT_DOUBLE_EQ(num(t.rows[1][11]), 0.010);
+  EXPECT_DOUBLE_EQ(num(t.rows[1][12]), 0.030);
   EXPECT_DOUBLE_EQ(num(t.rows[1][7]), 0.020);
   EXPECT_DOUBLE_EQ(num(t.rows[1][8]), 0.0);
   // attn only simulated, o_proj only measured: no durations, one unmatched span each.
@@ -138,8 +151,11 @@ TEST(Compare, OperationsMatchByStepLaneNameAndOccurrence) {
   EXPECT_EQ(std::get<std::string>(t.rows[3][2]), "o_proj");
   EXPECT_EQ(count(t.rows[3][9]), 0);
   EXPECT_EQ(count(t.rows[3][10]), 1);
-  // A variant without a real run, or runs without timelines, give no rows.
-  EXPECT_TRUE(sim_vs_real_ops(db, {sim}).rows.empty());
+  // A variant without a real run gives no rows.
+  auto lone_db = ResultsDb::open(":memory:");
+  const int64_t lone = lone_db.begin_run(info("e", "y", 0, "sim"));
+  lone_db.finish_run(lone, sim_rec, {}, 1);
+  EXPECT_TRUE(sim_vs_real_ops(lone_db, {lone}).rows.empty());
 }
 
 // Hand-worked: the simulator lists rope, kv_append, gate_up_proj, swiglu and four MoE kernels
@@ -165,12 +181,7 @@ TEST(Compare, FusedRuntimeNodesMatchTheSimulatorsKernelRuns) {
                        {0, Lane::kCompute, "gate_up_swiglu", 1, 1034, 95, 0},
                        {0, Lane::kCompute, "moe", 1, 1200, 110, 0},
                        {0, Lane::kCompute, "rope_kv_append", 1, 1400, 18, 0}};
-  const int64_t sim = db.begin_run(info("e", "y", 0, "sim"));
-  db.finish_run(sim, sim_rec, {}, 1);
-  const int64_t real = db.begin_run(info("e", "y", 0, "real"));
-  db.finish_run(real, real_rec, {}, 1);
-
-  const QueryResult t = sim_vs_real_ops(db, {sim, real});
+  const QueryResult t = ops_of(db, sim_rec, real_rec);
   ASSERT_EQ(t.rows.size(), 4u);
   std::map<std::string, std::vector<Cell>> by_op;
   for (const auto& row : t.rows) by_op[std::get<std::string>(row[2])] = row;
@@ -190,6 +201,76 @@ TEST(Compare, FusedRuntimeNodesMatchTheSimulatorsKernelRuns) {
     EXPECT_EQ(count(row[9]), 0) << op;  // nothing left unmatched on either side
     EXPECT_EQ(count(row[10]), 0) << op;
   }
+}
+
+// Hand-worked slots: the simulator's PDL overlap (a node starting before its predecessor ends)
+// and gap, against the runtime's node spans inside a whole-graph span, which keeps its duration.
+TEST(Compare, SlotsRunFromOneNodesStartToTheNext) {
+  auto db = ResultsDb::open(":memory:");
+  RunRecord sim_rec;  // norm 0..10, qkv 8..30 (overlap 2), attn 35..50 (gap 5), o 50..60
+  sim_rec.timeline = {{0, Lane::kCompute, "decode_graph", 1, 0, 60, 0},
+                      {0, Lane::kCompute, "attn_norm", 1, 0, 10, 0},
+                      {0, Lane::kCompute, "qkv_proj", 1, 8, 22, 0},
+                      {0, Lane::kCompute, "attention", 1, 35, 15, 0},
+                      {0, Lane::kCompute, "o_proj", 1, 50, 10, 0}};
+  RunRecord real_rec;  // decode_graph spans the step; its nodes back to back
+  real_rec.timeline = {{0, Lane::kCompute, "decode_graph", 1, 1000, 70, 0},
+                       {0, Lane::kCompute, "attn_norm", 1, 1000, 9, 0},
+                       {0, Lane::kCompute, "qkv_proj", 1, 1009, 30, 0},
+                       {0, Lane::kCompute, "attention", 1, 1039, 16, 0},
+                       {0, Lane::kCompute, "o_proj", 1, 1055, 11, 0}};
+  const QueryResult t = ops_of(db, sim_rec, real_rec);
+  std::map<std::string, std::vector<Cell>> by_op;
+  for (const auto& row : t.rows) by_op[std::get<std::string>(row[2])] = row;
+  auto num = [](const Cell& c) { return std::get<double>(c); };
+  // sim slots: norm 8, qkv 27, attn 15, o 10 (the last: its duration) = 60, the step's span.
+  // real slots: norm 9, qkv 30, attn 16, o 11; decode_graph outlasts every later span on both
+  // sides: its duration, 60 and 70.
+  EXPECT_DOUBLE_EQ(num(by_op["attn_norm"][11]), 0.008);
+  EXPECT_DOUBLE_EQ(num(by_op["attn_norm"][12]), 0.009);
+  EXPECT_DOUBLE_EQ(num(by_op["qkv_proj"][11]), 0.027);
+  EXPECT_DOUBLE_EQ(num(by_op["qkv_proj"][12]), 0.030);
+  EXPECT_DOUBLE_EQ(num(by_op["qkv_proj"][4]), 0.022);  // the duration column is unchanged
+  EXPECT_DOUBLE_EQ(num(by_op["attention"][11]), 0.015);
+  EXPECT_DOUBLE_EQ(num(by_op["o_proj"][11]), 0.010);
+  EXPECT_DOUBLE_EQ(num(by_op["o_proj"][12]), 0.011);
+  EXPECT_DOUBLE_EQ(num(by_op["decode_graph"][11]), 0.060);
+  EXPECT_DOUBLE_EQ(num(by_op["decode_graph"][12]), 0.070);
+  double sim_sum = 0, real_sum = 0;
+  for (const char* op : {"attn_norm", "qkv_proj", "attention", "o_proj"}) {
+    sim_sum += num(by_op[op][11]);
+    real_sum += num(by_op[op][12]);
+  }
+  EXPECT_DOUBLE_EQ(sim_sum, 0.060);   // sim step: 0 .. 60
+  EXPECT_DOUBLE_EQ(real_sum, 0.066);  // real nodes: 1000 .. 1066
+}
+
+// A PDL overlap longer than a tiny kernel can start a node before its predecessor (the
+// simulator's attention before its 1 ns rope): slots still run start to next start, each covered
+// instant counted once, and add up to the step.
+TEST(Compare, SlotsAddUpWhenANodeStartsBeforeItsPredecessor) {
+  auto db = ResultsDb::open(":memory:");
+  RunRecord sim_rec;  // qkv 0..10, attention 8..30, rope 9..10, o_proj 30..40
+  sim_rec.timeline = {{0, Lane::kCompute, "qkv_proj", 1, 0, 10, 0},
+                      {0, Lane::kCompute, "attention", 1, 8, 22, 0},
+                      {0, Lane::kCompute, "rope_kv_append", 1, 9, 1, 0},
+                      {0, Lane::kCompute, "o_proj", 1, 30, 10, 0}};
+  RunRecord real_rec;
+  real_rec.timeline = {{0, Lane::kCompute, "qkv_proj", 1, 100, 10, 0},
+                       {0, Lane::kCompute, "rope_kv_append", 1, 110, 2, 0},
+                       {0, Lane::kCompute, "attention", 1, 112, 20, 0},
+                       {0, Lane::kCompute, "o_proj", 1, 132, 10, 0}};
+  const QueryResult t = ops_of(db, sim_rec, real_rec);
+  std::map<std::string, double> sim_slot;
+  for (const auto& row : t.rows)
+    sim_slot[std::get<std::string>(row[2])] = std::get<double>(row[11]);
+  EXPECT_DOUBLE_EQ(sim_slot["qkv_proj"], 0.008);
+  EXPECT_DOUBLE_EQ(sim_slot["attention"], 0.001);       // 8 .. 9: the rope starts next
+  EXPECT_DOUBLE_EQ(sim_slot["rope_kv_append"], 0.021);  // 9 .. 30
+  EXPECT_DOUBLE_EQ(sim_slot["o_proj"], 0.010);
+  EXPECT_DOUBLE_EQ(sim_slot["qkv_proj"] + sim_slot["attention"] + sim_slot["rope_kv_append"] +
+                       sim_slot["o_proj"],
+                   0.040);
 }
 
 }  // namespace
