@@ -28,7 +28,11 @@
 # TWINSTEP_SANITIZE_RUNTIME_TOOLS (default "memcheck initcheck synccheck"),
 # TWINSTEP_SANITIZE_KERNELS_FILTER (gtest filter of the kernel tests, default all),
 # TWINSTEP_SANITIZE_SUITES (default "kernels runtime_tiny spec_tiny"),
-# TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU (a GPU of its own for the runtime synccheck shards).
+# TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU (a GPU of its own for the runtime synccheck shards),
+# TWINSTEP_SANITIZE_RUNTIME_FILTER / TWINSTEP_SANITIZE_SPEC_FILTER (gtest filters of the two
+# runtime suites; a shard past the last test runs none), TWINSTEP_SANITIZE_ARGS (more
+# compute-sanitizer options for every shard, e.g. "--kernel-name-exclude kns=gemv_kernel" to
+# bisect a report).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_sanitize.sh OUT_DIR}
 mkdir -p "$out"
@@ -51,8 +55,8 @@ gpu_build "$out" kernels_test runtime_gpu_test runtime_spec_gpu_test cublas_init
 runtime_tools=${TWINSTEP_SANITIZE_RUNTIME_TOOLS:-memcheck initcheck synccheck}
 suites=(
   "kernels|$build/tests/kernels/kernels_test|${TWINSTEP_SANITIZE_KERNELS_FILTER:-*}|12|3|$tools"
-  "runtime_tiny|$build/tests/runtime/runtime_gpu_test|TinyEngine.*:*TinyMoeEngine.*|14|14|$runtime_tools"
-  "spec_tiny|$build/tests/runtime/runtime_spec_gpu_test|SpecTiny.*:TinySpec.*|8|8|$runtime_tools"
+  "runtime_tiny|$build/tests/runtime/runtime_gpu_test|${TWINSTEP_SANITIZE_RUNTIME_FILTER:-TinyEngine.*:*TinyMoeEngine.*}|14|14|$runtime_tools"
+  "spec_tiny|$build/tests/runtime/runtime_spec_gpu_test|${TWINSTEP_SANITIZE_SPEC_FILTER:-SpecTiny.*:TinySpec.*}|8|8|$runtime_tools"
 )
 selected=${TWINSTEP_SANITIZE_SUITES:-kernels runtime_tiny spec_tiny}
 for i in "${!suites[@]}"; do
@@ -69,14 +73,15 @@ run_shard() {
     [ "$tool" = initcheck ] && gemm=$initcheck_prefill_gemm
   fi
   TWINSTEP_PREFILL_GEMM=$gemm GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$index timeout "$limit" \
-    compute-sanitizer --tool "$tool" --print-limit 20 "${extra[@]}" "$bin" \
+    compute-sanitizer --tool "$tool" --print-limit 20 "${extra[@]}" $sanitizer_args "$bin" \
     --gtest_filter="$filter" >"$log" 2>&1
   echo "exit $?" >>"$log"
 }
 export -f run_shard
 initcheck_prefill_gemm=${TWINSTEP_SANITIZE_INITCHECK_PREFILL_GEMM:-gemv}
 runtime_sync_limit=${TWINSTEP_SANITIZE_RUNTIME_SYNC_LIMIT:-16}
-export out limit initcheck_prefill_gemm runtime_sync_limit
+sanitizer_args=${TWINSTEP_SANITIZE_ARGS:-}
+export out limit initcheck_prefill_gemm runtime_sync_limit sanitizer_args
 
 plan="$out/plan.txt"
 : >"$plan"
