@@ -703,7 +703,29 @@ void Engine::upload_batch(std::span<const int32_t> slots, int bucket) {
   uploaded_slots_ = std::move(list);
 }
 
+void Engine::warm_prefill_gemms() {
+  if (prefill_gemms_warm_ || prefill_gemm_gemv_) return;
+  prefill_gemms_warm_ = true;
+  const int m = std::min(options_.max_prefill_tokens, 256);
+  if (m <= kernels::kGemvMaxRows) return;  // every projection of this engine is a GEMV
+  const LlamaConfig& c = config_;
+  Buffers& b = *b_;
+  const int H = int(c.hidden), I = int(c.intermediate);
+  // Zeroed inputs (the products are thrown away; nothing reads unwritten memory).
+  TS_CUDA_CHECK(cudaMemsetAsync(b.xn, 0, size_t(m) * H * sizeof(bf16), compute_));
+  TS_CUDA_CHECK(cudaMemsetAsync(b.attn, 0, size_t(m) * c.q_dim() * sizeof(bf16), compute_));
+  proj(b.w_qkv[0], b.xn, b.qkv, m, int(c.qkv_dim()), H, false);
+  proj(b.w_o[0], b.attn, b.o, m, H, int(c.q_dim()), false);
+  if (!c.moe()) {  // the dense MLP; a MoE model's experts run its own prefill kernel
+    TS_CUDA_CHECK(cudaMemsetAsync(b.act, 0, size_t(m) * I * sizeof(bf16), compute_));
+    proj(b.w_gu[0], b.xn, b.gu, m, 2 * I, H, false);
+    proj(b.w_down[0], b.act, b.mlp, m, H, I, false);
+  }
+  TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
 void Engine::prepare(GraphMode mode, int max_batch) {
+  warm_prefill_gemms();
   if (mode == GraphMode::kEager) return;
   const int top = bucket_for(std::min(max_batch, options_.max_slots));
   // profile_nodes: every launch profiled; node_trace: both sets, profiled on request.

@@ -121,7 +121,9 @@ class Engine {
   // prepared).
   void set_sampling(const Sampling& s) { sampling_ = s; }
   // Captures the decode graphs of every bucket up to bucket_for(max_batch) for `mode` and the
-  // current sampling (no-op for eager or when already captured). Not timed work: call before a
+  // current sampling (no-op for eager or when already captured), and (every mode, once) runs
+  // each prefill projection through cuBLAS once, so that a run's first prefill does not pay
+  // cuBLAS's first-call costs (80-110 ms measured on the H200). Not timed work: call before a
   // run.
   void prepare(GraphMode mode, int max_batch);
 
@@ -264,7 +266,11 @@ class Engine {
   cudaStream_t compute_ = nullptr;
   cudaStream_t copy_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  bool prefill_gemm_gemv_ = false;  // TWINSTEP_PREFILL_GEMM=gemv (engine.cc prefill_gemm_is_gemv)
+  bool prefill_gemm_gemv_ = false;   // TWINSTEP_PREFILL_GEMM=gemv (engine.cc prefill_gemm_is_gemv)
+  bool prefill_gemms_warm_ = false;  // warm_prefill_gemms ran
+  // The prefill projections (qkv, o and the dense MLP's) over min(max_prefill_tokens, 256) zero
+  // rows of layer 0 into the scratch buffers, once per engine (prepare, prepare_spec).
+  void warm_prefill_gemms();
   std::unique_ptr<Buffers> b_;
   std::unique_ptr<Spec> spec_;
   bool capturing_spec_ = false;  // a speculative graph is being captured (spec_graph)

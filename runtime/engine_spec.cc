@@ -360,6 +360,7 @@ void Engine::enqueue_extend(std::span<const int32_t> slots, int32_t width, Graph
 }
 
 void Engine::prepare_spec(GraphMode mode, int max_batch, const SpecSpec& spec) {
+  warm_prefill_gemms();
   if (mode == GraphMode::kEager || spec.method == SpecMethod::kNone || !spec_) return;
   const int top = bucket_for(std::min(max_batch, options_.max_slots));
   const int32_t max_draft = spec.max_draft();
