@@ -15,7 +15,9 @@ read -r -a metrics <<< "${METRICS:-tpot_ms_mean itl_ms_p99 gpu_busy_frac}"
 cp "$db" "$out.db"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-names=$(sqlite3 "$out.db" "SELECT DISTINCT e.name FROM experiment e JOIN run r ON r.experiment_id = e.id WHERE r.backend = 'real' ORDER BY e.id")
+# The experiments with both a measured and a simulated run (a real-only one, such as the
+# speculative acceptance calibration, stays in the copy for the others to read).
+names=$(sqlite3 "$out.db" "SELECT DISTINCT e.name FROM experiment e JOIN run r ON r.experiment_id = e.id WHERE r.backend = 'real' AND EXISTS (SELECT 1 FROM run s JOIN experiment f ON f.id = s.experiment_id WHERE f.name = e.name AND s.backend = 'sim') ORDER BY e.id")
 for name in $names; do
   # The stored YAML text, byte for byte (sqlite3's output adds one newline; strip it back).
   sqlite3 "$out.db" "SELECT yaml_text FROM experiment WHERE name = '$name' ORDER BY id DESC LIMIT 1" |
