@@ -15,6 +15,7 @@
 #include "policies/spec_rules.h"
 #include "policies/step_kernels.h"
 #include "simulator/acceptance_model.h"
+#include "simulator/node_placement.h"
 #include "simulator/spec_graphs.h"
 
 namespace twinstep {
@@ -195,6 +196,13 @@ class Engine {
     int64_t start = 0;  // when the launch starts on the rank's stream
     int64_t t = 0;
     int64_t coll_arrival = 0;
+    // PDL overlap not yet taken (<= 0): a node starts no earlier than its predecessor (prev_start,
+    // when has_prev), and what a tiny predecessor cannot absorb carries to the next node; it is
+    // taken in full before each collective and at the launch's end, so those times are the plain
+    // sums' (simulator/node_placement.h).
+    int64_t carry = 0;
+    int64_t prev_start = 0;
+    bool has_prev = false;
     bool waiting = false;
     bool done = false;
     std::map<int64_t, int32_t> seq;  // per collective group: instances reached
@@ -632,18 +640,22 @@ class Engine {
     sample.host_launch_ns += r.host_ns - host_begin;
   }
 
+  // Draws the kernels of a launch priced as a whole, from `start`: each node `gap_ns` after its
+  // predecessor's end, but never before its start (simulator/node_placement.h).
   void trace_nodes(int32_t rank_id, int64_t step, int64_t start, int64_t gap_ns, int64_t flow) {
-    int64_t t = start;
+    int64_t t = start, carry = 0, prev_start = 0;
+    bool has_prev = false;
     for (int32_t pass = 0; pass < repeat_; ++pass) {
       for (const LayerRun& run : kernels_.runs) {
         for (int32_t rep = 0; rep < run.repeat; ++rep) {
           for (int32_t i = run.first; i < run.first + run.count; ++i) {
             const KernelDesc& k = kernels_.kernels[static_cast<size_t>(i)];
             const int64_t dur = cost_.kernel_ns(k);
-            t += gap_ns;
-            span(rank_id, Lane::kCompute, k.name, step, t, dur, flow);
+            prev_start = place_node(t, gap_ns, carry, has_prev, prev_start);
+            has_prev = true;
+            span(rank_id, Lane::kCompute, k.name, step, prev_start, dur, flow);
             flow = 0;
-            t += dur;
+            t = prev_start + dur;
           }
         }
       }
@@ -838,6 +850,8 @@ class Engine {
       is.next = 0;
       is.start = start;
       is.t = start;
+      is.carry = 0;
+      is.has_prev = false;
       is.waiting = false;
       is.done = false;
       is.seq.clear();
@@ -870,18 +884,27 @@ class Engine {
             // what the real backend measures with one event pair per launch (docs/calibration.md,
             // "GPU busy inside a graph").
             const int64_t begin = std::max(is.t, item.ready_ns);
-            r.sample.gpu_busy_ns += begin - is.t + item.gap_ns;
+            const int64_t node_start =
+                place_node(begin, item.gap_ns, is.carry, is.has_prev, is.prev_start);
+            r.sample.gpu_busy_ns += node_start - is.t;
             r.sample.gpu_busy_ns += item.compute_ns;
             if (r.trace && item.name != nullptr && item.coll == nullptr) {
-              span(int32_t(ri), Lane::kCompute, item.name, r.plan.step, begin + item.gap_ns,
-                   item.compute_ns, is.next == 0 ? is.flow : 0);
+              span(int32_t(ri), Lane::kCompute, item.name, r.plan.step, node_start, item.compute_ns,
+                   is.next == 0 ? is.flow : 0);
             }
-            is.t = begin + item.gap_ns + item.compute_ns;
+            is.t = node_start + item.compute_ns;
+            is.prev_start = node_start;
+            is.has_prev = true;
             if (item.coll == nullptr) {
               ++is.next;
               progress = true;
               continue;
             }
+            // The overlap left is taken before the collective: its arrival is the plain sum's.
+            is.t += is.carry;
+            r.sample.gpu_busy_ns += is.carry;
+            is.carry = 0;
+            is.has_prev = false;
             const int64_t group = collective_group(*item.coll, int32_t(ri));
             const int32_t number = is.seq[group]++;
             Instance& inst = instances[{group, number}];
@@ -937,6 +960,9 @@ class Engine {
           progress = true;
         }
         if (is.next == is.items.size() && !is.waiting) {
+          is.t += is.carry;  // the overlap left: the launch ends where the plain sum does
+          r.sample.gpu_busy_ns += is.carry;
+          is.carry = 0;
           is.done = true;
           ++finished;
           progress = true;
