@@ -9,6 +9,8 @@
 # also open a database whose previous writer was killed (WAL recovery, stale 'running' rows).
 # After each kill:
 #   - PRAGMA integrity_check is "ok" and PRAGMA foreign_key_check is empty;
+#   - the schema is all there or not at all (a kill before the first run's schema transaction
+#     leaves an empty database);
 #   - every run is either 'complete' with its metrics, all its request samples (one per
 #     request), its chunk samples (one token each: output_len per request) and its step
 #     samples, or not complete with no samples and no metrics at all.
@@ -70,7 +72,13 @@ if ic != [("ok",)]: bad.append(f"integrity_check: {ic}")
 fk = c.execute("PRAGMA foreign_key_check").fetchall()
 if fk: bad.append(f"foreign_key_check: {fk[:5]}")
 complete = incomplete = 0
-for run_id, status in c.execute("SELECT id, status FROM run ORDER BY id").fetchall():
+tables = [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+if "run" not in tables and tables:  # a schema half there: never (it is one transaction)
+    bad.append(f"tables without the run table: {tables}")
+# No tables at all: the first trial was killed before its schema transaction committed (an empty
+# database, zero runs).
+runs = c.execute("SELECT id, status FROM run ORDER BY id").fetchall() if "run" in tables else []
+for run_id, status in runs:
     n = {t: one(f"SELECT count(*) FROM {t} WHERE run_id=?", run_id)
          for t in ("metric", "request_sample", "chunk_sample", "step_sample", "timeline_span")}
     if status == "complete":
