@@ -123,7 +123,8 @@ class Engine {
   // Captures the decode graphs of every bucket up to bucket_for(max_batch) for `mode` and the
   // current sampling (no-op for eager or when already captured), and (every mode, once) runs
   // each prefill projection through cuBLAS once, so that a run's first prefill does not pay
-  // cuBLAS's first-call costs (80-110 ms measured on the H200). Not timed work: call before a
+  // cuBLAS's first-call costs (the suspected part of the 80-110 ms a process's first prefill
+  // measured on the H200 above later ones; not yet confirmed). Not timed work: call before a
   // run.
   void prepare(GraphMode mode, int max_batch);
 
