@@ -15,7 +15,9 @@ build=${TWINSTEP_BUILD_DIR:-$root/build}
 cmake_args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90)
 start=$(date +%s)
 
-if cmake -S "$root" -B "$build" "${cmake_args[@]}" ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1; then
+if [ "${TWINSTEP_PREBUILT:-0}" = 1 ]; then  # gpu_session.sh built everything already
+  echo "prebuilt by gpu_session.sh"
+elif cmake -S "$root" -B "$build" "${cmake_args[@]}" ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1; then
   echo "configured the whole project"
 else
   echo "whole-project configure failed (configure.log); building runtime/ standalone"
@@ -46,8 +48,9 @@ CMAKE
     echo "standalone configure failed"; tail -30 "$out/configure.log"; exit 1; }
 fi
 
-cmake --build "$build" -j"$(nproc)" --target runtime_cpu_test runtime_gpu_test twinstep_decode_bench \
-  >"$out/build.log" 2>&1 || { echo "build failed"; grep -E "error" "$out/build.log" | head -40; exit 1; }
+[ "${TWINSTEP_PREBUILT:-0}" = 1 ] ||
+  cmake --build "$build" -j"$(nproc)" --target runtime_cpu_test runtime_gpu_test twinstep_decode_bench \
+    >"$out/build.log" 2>&1 || { echo "build failed"; grep -E "error" "$out/build.log" | head -40; exit 1; }
 echo "built in $(( $(date +%s) - start )) s"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
 

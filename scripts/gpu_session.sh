@@ -8,7 +8,8 @@
 # part joined by ',' in turn; e.g. `sanitize@1:300+calibrate@0:100,tests@0:200 nccl:120`).
 # Stages (each is scripts/gpu_<stage>.sh OUT/<stage>, except `tests`):
 #   tests        every ctest suite labelled gpu (they skip where a GPU is missing)
-#   spec calibrate nccl tp attention kernels reliability runtime sanitize all
+#   spec calibrate nccl tp attention kernels reliability runtime sanitize synccheck_bisect
+#   spec_validation all
 # Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS; an unpacked libsqlite3-dev in
 # .device-deps/root (from .device-deps/*.deb, unpacked here when present) provides SQLite.
 set -uo pipefail
