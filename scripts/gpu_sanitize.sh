@@ -30,7 +30,9 @@
 # TWINSTEP_SANITIZE_SUITES (default "kernels runtime_tiny spec_tiny"),
 # TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU (a GPU of its own for the runtime synccheck shards),
 # TWINSTEP_SANITIZE_RUNTIME_FILTER / TWINSTEP_SANITIZE_SPEC_FILTER (gtest filters of the two
-# runtime suites; a shard past the last test runs none), TWINSTEP_SANITIZE_ARGS (more
+# runtime suites; a shard past the last test runs none), TWINSTEP_SANITIZE_RUNTIME_SHARDS /
+# TWINSTEP_SANITIZE_SPEC_SHARDS (their shard counts, default 14 and 8: one test each; set them to
+# the filtered test count), TWINSTEP_SANITIZE_ARGS (more
 # compute-sanitizer options for every shard, e.g. "--kernel-name-exclude kns=gemv_kernel" to
 # bisect a report).
 set -uo pipefail
@@ -55,8 +57,8 @@ gpu_build "$out" kernels_test runtime_gpu_test runtime_spec_gpu_test cublas_init
 runtime_tools=${TWINSTEP_SANITIZE_RUNTIME_TOOLS:-memcheck initcheck synccheck}
 suites=(
   "kernels|$build/tests/kernels/kernels_test|${TWINSTEP_SANITIZE_KERNELS_FILTER:-*}|12|3|$tools"
-  "runtime_tiny|$build/tests/runtime/runtime_gpu_test|${TWINSTEP_SANITIZE_RUNTIME_FILTER:-TinyEngine.*:*TinyMoeEngine.*}|14|14|$runtime_tools"
-  "spec_tiny|$build/tests/runtime/runtime_spec_gpu_test|${TWINSTEP_SANITIZE_SPEC_FILTER:-SpecTiny.*:TinySpec.*}|8|8|$runtime_tools"
+  "runtime_tiny|$build/tests/runtime/runtime_gpu_test|${TWINSTEP_SANITIZE_RUNTIME_FILTER:-TinyEngine.*:*TinyMoeEngine.*}|14|${TWINSTEP_SANITIZE_RUNTIME_SHARDS:-14}|$runtime_tools"
+  "spec_tiny|$build/tests/runtime/runtime_spec_gpu_test|${TWINSTEP_SANITIZE_SPEC_FILTER:-SpecTiny.*:TinySpec.*}|8|${TWINSTEP_SANITIZE_SPEC_SHARDS:-8}|$runtime_tools"
 )
 selected=${TWINSTEP_SANITIZE_SUITES:-kernels runtime_tiny spec_tiny}
 for i in "${!suites[@]}"; do

@@ -27,11 +27,11 @@ run_case() {
   local name=$1 suite=$2 filter=$3 jobs=$4 args=$5 begin
   begin=$(date +%s)
   if [ "$suite" = spec_tiny ]; then
-    TWINSTEP_SANITIZE_SPEC_FILTER=$filter TWINSTEP_SANITIZE_SUITES=$suite \
+    TWINSTEP_SANITIZE_SPEC_FILTER=$filter TWINSTEP_SANITIZE_SUITES=$suite TWINSTEP_SANITIZE_SPEC_SHARDS=1 \
       TWINSTEP_SANITIZE_RUNTIME_JOBS=$jobs TWINSTEP_SANITIZE_ARGS=$args \
       bash "$here/gpu_sanitize.sh" "$out/$name" >"$out/$name.txt" 2>&1
   else
-    TWINSTEP_SANITIZE_RUNTIME_FILTER=$filter TWINSTEP_SANITIZE_SUITES=$suite \
+    TWINSTEP_SANITIZE_RUNTIME_FILTER=$filter TWINSTEP_SANITIZE_SUITES=$suite TWINSTEP_SANITIZE_RUNTIME_SHARDS=2 \
       TWINSTEP_SANITIZE_RUNTIME_JOBS=$jobs TWINSTEP_SANITIZE_ARGS=$args \
       bash "$here/gpu_sanitize.sh" "$out/$name" >"$out/$name.txt" 2>&1
   fi
