@@ -169,22 +169,22 @@ check "compare --accept-tolerance says by how much" grep -q "mean accept length 
 
 # calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 calibration:
 # sessions 1-4 of d6c9f62, Llama-3-8B, Qwen3-30B-A3B and their TP2 shards; 5 and 6 of f8c2eac,
-# the speculative graphs and the prefill passes).
+# the speculative graphs and the prefill passes; 7 of 1c0e379, the speculative graphs again).
 cdb=$work/calib.db
-cp "$src/results/h200/calibration_f8c2eac.db" "$cdb"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 6 --out "$work/s1.yaml" >/dev/null 2>&1
-check "fit-only of session 6 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
+cp "$src/results/h200/calibration_1c0e379.db" "$cdb"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 7 --out "$work/s1.yaml" >/dev/null 2>&1
+check "fit-only of session 7 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
-check "session 6 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4,5,6 \
+check "session 7 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4,5,6,7 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
 check "the committed profile is the refit of the committed sessions" test "$(grep -v 'command:' "$work/h200-calibrated.yaml")" = "$(grep -v 'command:' "$src/results/profiles/h200-calibrated.yaml")"
 check "session 5's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
 check "session 6's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/d6c9f62.yaml" >/dev/null 2>&1
-"$bin" --db "$cdb" calibrate --fit-only --sessions 1,7 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions.err"
-check "a missing session is refused by number" grep -q "has no calibration session 7" "$work/sessions.err"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,8 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions.err"
+check "a missing session is refused by number" grep -q "has no calibration session 8" "$work/sessions.err"
 check "and no profile is written" test ! -e "$work/bad.yaml"
 "$bin" --db "$cdb" calibrate --sessions 1 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions2.err"
 check "--sessions without --fit-only is refused" grep -q "give it with --fit-only" "$work/sessions2.err"
