@@ -32,7 +32,7 @@
 # TWINSTEP_SANITIZE_RUNTIME_FILTER / TWINSTEP_SANITIZE_SPEC_FILTER (gtest filters of the two
 # runtime suites; a shard past the last test runs none), TWINSTEP_SANITIZE_RUNTIME_SHARDS /
 # TWINSTEP_SANITIZE_SPEC_SHARDS (their shard counts, default 14 and 8: one test each; set them to
-# the filtered test count), TWINSTEP_SANITIZE_ARGS (more
+# the filtered test count), TWINSTEP_SANITIZE_PROBES=0 (skip the two probes), TWINSTEP_SANITIZE_ARGS (more
 # compute-sanitizer options for every shard, e.g. "--kernel-name-exclude kns=gemv_kernel" to
 # bisect a report).
 set -uo pipefail
@@ -99,7 +99,9 @@ for tool in memcheck racecheck initcheck synccheck; do
 done
 : >"$out/summary.txt"
 runtime_gpu=${TWINSTEP_SANITIZE_RUNTIME_GPU:-}
-for v in 0 1 2; do  # one process per writer, so each has its own print limit and summary
+probes=${TWINSTEP_SANITIZE_PROBES:-1}
+for v in 0 1 2; do
+  [ "$probes" = 1 ] || break  # one process per writer, so each has its own print limit and summary
   log="$out/cublas_probe.$v.initcheck.log"
   env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool initcheck \
     --print-limit 5 "$build/tests/reliability/cublas_initcheck_probe" "$v" >"$log" 2>&1
@@ -108,11 +110,13 @@ for v in 0 1 2; do  # one process per writer, so each has its own print limit an
   grep -h '^cublas_initcheck_probe' "$log" | tee -a "$out/summary.txt"
 done
 log="$out/conditional_probe.synccheck.log"
-env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool synccheck \
-  --print-limit 5 "$build/tests/reliability/conditional_synccheck_probe" >"$log" 2>&1
-echo "conditional probe under synccheck (exit $?): $(grep -h 'ERROR SUMMARY' "$log" | sed 's/=* *//' | head -1); reports per launch kind: $(for k in 0 1 2; do echo -n "norm_kernel<$k> $(grep -v '^conditional_synccheck_probe' "$log" | grep -c "norm_kernel<$k>") "; done)" |
-  tee -a "$out/summary.txt"
-grep -h '^conditional_synccheck_probe' "$log" | tee -a "$out/summary.txt"
+if [ "$probes" = 1 ]; then
+  env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool synccheck \
+    --print-limit 5 "$build/tests/reliability/conditional_synccheck_probe" >"$log" 2>&1
+  echo "conditional probe under synccheck (exit $?): $(grep -h 'ERROR SUMMARY' "$log" | sed 's/=* *//' | head -1); reports per launch kind: $(for k in 0 1 2; do echo -n "norm_kernel<$k> $(grep -v '^conditional_synccheck_probe' "$log" | grep -c "norm_kernel<$k>") "; done)" |
+    tee -a "$out/summary.txt"
+  grep -h '^conditional_synccheck_probe' "$log" | tee -a "$out/summary.txt"
+fi
 
 start=$(date +%s)
 # Two pools (three with TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU: the runtime synccheck shards on
