@@ -28,7 +28,9 @@
 # TWINSTEP_SANITIZE_RUNTIME_TOOLS (default "memcheck initcheck synccheck"),
 # TWINSTEP_SANITIZE_KERNELS_FILTER (gtest filter of the kernel tests, default all),
 # TWINSTEP_SANITIZE_SUITES (default "kernels runtime_tiny spec_tiny"),
-# TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU (a GPU of its own for the runtime synccheck shards),
+# TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU (a GPU of its own for the runtime synccheck shards,
+# which otherwise run after the runtime pool's other tools), TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_JOBS
+# (runtime synccheck shards at once, default 1),
 # TWINSTEP_SANITIZE_RUNTIME_FILTER / TWINSTEP_SANITIZE_SPEC_FILTER (gtest filters of the two
 # runtime suites; a shard past the last test runs none), TWINSTEP_SANITIZE_RUNTIME_SHARDS /
 # TWINSTEP_SANITIZE_SPEC_SHARDS (their shard counts, default 14 and 8: one test each; set them to
@@ -113,7 +115,7 @@ log="$out/conditional_probe.synccheck.log"
 if [ "$probes" = 1 ]; then
   env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool synccheck \
     --print-limit 5 "$build/tests/reliability/conditional_synccheck_probe" >"$log" 2>&1
-  echo "conditional probe under synccheck (exit $?): $(grep -h 'ERROR SUMMARY' "$log" | sed 's/=* *//' | head -1); reports per launch kind: $(for k in 0 1 2; do echo -n "norm_kernel<$k> $(grep -v '^conditional_synccheck_probe' "$log" | grep -c "norm_kernel<$k>") "; done)" |
+  echo "conditional probe under synccheck (exit $?): $(grep -h 'ERROR SUMMARY' "$log" | sed 's/=* *//' | head -1); reports per launch kind: $(for k in 0 1 2 3 4; do echo -n "norm_kernel<$k> $(grep -v '^conditional_synccheck_probe' "$log" | grep -c "norm_kernel<$k>") "; done)" |
     tee -a "$out/summary.txt"
   grep -h '^conditional_synccheck_probe' "$log" | tee -a "$out/summary.txt"
 fi
@@ -182,12 +184,19 @@ on_term() {
 trap on_term TERM
 pool kernels "$jobs" "${TWINSTEP_SANITIZE_KERNELS_GPU:-}" "$all_tools" &
 pools=($!)
+# The runtime synccheck shards run one at a time, alone on their GPU: with three or more engine
+# processes under synccheck on one GPU the tool fails to set up launches ("Unable to allocate
+# enough memory"), with one it does not (gpu_synccheck_bisect.sh moe_alone, 2880eff).
+sync_jobs=${TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_JOBS:-1}
 if [ -n "$sync_gpu" ]; then
-  pool '[a-z_]*tiny' "$runtime_jobs" "$sync_gpu" synccheck &
+  pool '[a-z_]*tiny' "$sync_jobs" "$sync_gpu" synccheck &
   pools+=($!)
   pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "racecheck initcheck memcheck" &
 else
-  pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "$all_tools" &
+  (
+    pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "racecheck initcheck memcheck"
+    pool '[a-z_]*tiny' "$sync_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" synccheck
+  ) &
 fi
 pools+=($!)
 wait "${pools[@]}"  # the pools run in the background so that a SIGTERM is handled at once

@@ -1,13 +1,15 @@
 // Probe for compute-sanitizer synccheck (scripts/gpu_sanitize.sh runs it under the tool): does
 // synccheck judge a block barrier correctly in a kernel that runs inside a conditional IF node of
 // a CUDA graph? The kernel is the speculative draft's row norm (runtime/spec_ops.cu norm_into: a
-// strided sum of squares, a warp shuffle reduction, __syncthreads, a block sum), launched three
+// strided sum of squares, a warp shuffle reduction, __syncthreads, a block sum), launched five
 // ways: eagerly, as a node of a captured graph, and in the bodies of three conditional IF nodes
 // captured the way Engine::draft_forward captures its early-exit steps
 // (cudaStreamBeginCaptureToGraph on a side stream, a row-copy kernel with griddepcontrol first;
-// uploaded, then replayed with some steps' bodies skipped).
-// Every output is checked against a CPU reference, so a synccheck report in norm_kernel<2> and none
-// in norm_kernel<0> or <1> is the tool's, not the kernel's.
+// uploaded, then replayed with some steps' bodies skipped), those bodies ending with a one-thread-
+// per-row kernel whose spare lanes return at once, and ending with the same kernel launched
+// exactly as wide as the rows.
+// Every output is checked against a CPU reference, so a synccheck report in norm_kernel<K> and
+// none in norm_kernel<0> or <1> is the tool's, not the kernel's.
 //   conditional_synccheck_probe     prints one line per launch kind, exits 1 on a wrong output
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -32,7 +34,18 @@ constexpr int kHidden = 512;  // the tiny runtime model's hidden size
 constexpr int kRows = 2;
 constexpr float kEps = 1e-5f;
 
-enum Launch : int { kEager = 0, kGraphNode = 1, kConditionalBody = 2 };
+// 3 and 4: the same IF bodies with one more kernel at the end of each, one thread per row as
+// the draft's draft_step_commit_kernel: launched 32 wide with the lanes past the rows returning at
+// once (3, as the engine did up to 1c0e379), or launched exactly kRows wide (4). So the norm of
+// the second and third bodies runs after a body that ended with lanes that left early (3) or
+// never existed (4).
+enum Launch : int {
+  kEager = 0,
+  kGraphNode = 1,
+  kConditionalBody = 2,
+  kBodyAfterLaneExit = 3,
+  kBodyAfterExactWidth = 4
+};
 
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w, one block per row, warp_sums shared with the
 // caller's next pass (spec_ops.cu norm_into, line for line).
@@ -73,6 +86,13 @@ __global__ void copy_rows_kernel(const __nv_bfloat16* src, __nv_bfloat16* dst, i
   asm volatile("griddepcontrol.launch_dependents;");
   for (int i = threadIdx.x; i < hidden; i += blockDim.x)
     dst[size_t(blockIdx.x) * hidden + i] = src[size_t(blockIdx.x) * hidden + i];
+}
+
+// flags[r] = r + 1 for r < rows, one thread per row; lanes past `rows` return at once.
+__global__ void row_flags_kernel(int* flags, int rows) {
+  const int r = threadIdx.x;
+  if (r >= rows) return;
+  flags[r] = r + 1;
 }
 
 // The IF node of `step` runs when the step's bit of *pattern is set (the host rewrites the pattern
@@ -121,7 +141,10 @@ int main() {
   check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "side stream");
 
   bool ok = true;
-  for (int kind : {kEager, kGraphNode, kConditionalBody}) {
+  int* dflags = nullptr;
+  check(cudaMalloc(&dflags, 32 * sizeof(int)), "cudaMalloc flags");
+  for (int kind :
+       {kEager, kGraphNode, kConditionalBody, kBodyAfterLaneExit, kBodyAfterExactWidth}) {
     check(cudaMemset(dout, 0, x.size() * 2), "memset out");
     if (kind == kEager) {
       norm_kernel<kEager><<<kRows, kThreads, 0, s>>>(dx, dw, dout, kHidden);
@@ -167,7 +190,16 @@ int main() {
                 "begin body capture");
           copy_rows_kernel<<<kRows, kThreads, 0, side>>>(dx, dcopy, kHidden);
           check(cudaGetLastError(), "body copy launch");
-          norm_kernel<kConditionalBody><<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
+          if (kind == kConditionalBody) {
+            norm_kernel<kConditionalBody><<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
+          } else if (kind == kBodyAfterLaneExit) {
+            norm_kernel<kBodyAfterLaneExit><<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
+            row_flags_kernel<<<1, 32, 0, side>>>(dflags, kRows);
+          } else {
+            norm_kernel<kBodyAfterExactWidth>
+                <<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
+            row_flags_kernel<<<1, kRows, 0, side>>>(dflags, kRows);
+          }
           check(cudaGetLastError(), "body launch");
           cudaGraph_t body = nullptr;
           check(cudaStreamEndCapture(side, &body), "end body capture");
@@ -201,9 +233,11 @@ int main() {
         "conditional_synccheck_probe launch %d (%s): output %s the CPU reference (worst relative "
         "error %.2e); synccheck reports for it name norm_kernel<%d>\n",
         kind,
-        kind == kEager       ? "eager"
-        : kind == kGraphNode ? "graph node"
-                             : "conditional IF body",
+        kind == kEager               ? "eager"
+        : kind == kGraphNode         ? "graph node"
+        : kind == kConditionalBody   ? "conditional IF body"
+        : kind == kBodyAfterLaneExit ? "IF body after a body ending in lanes that returned early"
+                                     : "IF body after a body ending in an exact-width kernel",
         good ? "matches" : "DOES NOT match", worst, kind);
     ok = ok && good;
   }
@@ -214,5 +248,6 @@ int main() {
   check(cudaFree(dout), "cudaFree");
   check(cudaFree(dcopy), "cudaFree");
   check(cudaFree(dpattern), "cudaFree");
+  check(cudaFree(dflags), "cudaFree");
   return ok ? 0 : 1;
 }
