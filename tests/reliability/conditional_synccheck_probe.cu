@@ -1,16 +1,17 @@
 // Probe for compute-sanitizer synccheck (scripts/gpu_sanitize.sh runs it under the tool): does
 // synccheck judge a block barrier correctly in a kernel that runs inside a conditional IF node of
 // a CUDA graph? The kernel is the speculative draft's row norm (runtime/spec_ops.cu norm_into: a
-// strided sum of squares, a warp shuffle reduction, __syncthreads, a block sum), launched five
+// strided sum of squares, a warp shuffle reduction, __syncthreads, a block sum), launched six
 // ways: eagerly, as a node of a captured graph, and in the bodies of three conditional IF nodes
 // captured the way Engine::draft_forward captures its early-exit steps
 // (cudaStreamBeginCaptureToGraph on a side stream, a row-copy kernel with griddepcontrol first;
 // uploaded, then replayed with some steps' bodies skipped), those bodies ending with a one-thread-
-// per-row kernel whose spare lanes return at once, and ending with the same kernel launched
-// exactly as wide as the rows.
+// per-row kernel whose spare lanes return at once, with the same kernel launched exactly as wide
+// as the rows, and with a whole warp that exits together.
 // Every output is checked against a CPU reference, so a synccheck report in norm_kernel<K> and
 // none in norm_kernel<0> or <1> is the tool's, not the kernel's.
-//   conditional_synccheck_probe     prints one line per launch kind, exits 1 on a wrong output
+//   conditional_synccheck_probe [KIND]   prints one line per launch kind (all, or KIND 0..5), exits
+//                                        1 on a wrong output
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -34,17 +35,19 @@ constexpr int kHidden = 512;  // the tiny runtime model's hidden size
 constexpr int kRows = 2;
 constexpr float kEps = 1e-5f;
 
-// 3 and 4: the same IF bodies with one more kernel at the end of each, one thread per row as
+// 3, 4 and 5: the same IF bodies with one more kernel at the end of each, one thread per row as
 // the draft's draft_step_commit_kernel: launched 32 wide with the lanes past the rows returning at
-// once (3, as the engine did up to 1c0e379), or launched exactly kRows wide (4). So the norm of
-// the second and third bodies runs after a body that ended with lanes that left early (3) or
-// never existed (4).
+// once (3, as the engine did up to 1c0e379), launched exactly kRows wide (4), or launched 32 wide
+// with every lane running to one common exit (5). So the norm of the second and third bodies runs
+// after a body that ended with lanes that left early (3), never existed (4) or left together (5).
 enum Launch : int {
   kEager = 0,
   kGraphNode = 1,
   kConditionalBody = 2,
   kBodyAfterLaneExit = 3,
-  kBodyAfterExactWidth = 4
+  kBodyAfterExactWidth = 4,
+  kBodyAfterWholeWarp = 5,
+  kLaunchKinds = 6
 };
 
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w, one block per row, warp_sums shared with the
@@ -95,6 +98,13 @@ __global__ void row_flags_kernel(int* flags, int rows) {
   flags[r] = r + 1;
 }
 
+// The same, every lane of the warp reaching the end (the guarded store, then __syncwarp).
+__global__ void row_flags_whole_warp_kernel(int* flags, int rows) {
+  const int r = threadIdx.x;
+  if (r < rows) flags[r] = r + 1;
+  __syncwarp();
+}
+
 // The IF node of `step` runs when the step's bit of *pattern is set (the host rewrites the pattern
 // before each replay, as the engine's draft rows stop at different steps).
 __global__ void set_condition_kernel(cudaGraphConditionalHandle handle, const int* pattern,
@@ -104,7 +114,14 @@ __global__ void set_condition_kernel(cudaGraphConditionalHandle handle, const in
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // One launch kind (argv[1]) or all of them: a kind the tool kills ends the process, so
+  // scripts/gpu_sanitize.sh runs each in a process of its own.
+  const int only = argc > 1 ? std::atoi(argv[1]) : -1;
+  if (argc > 1 && (only < 0 || only >= kLaunchKinds)) {
+    std::fprintf(stderr, "usage: conditional_synccheck_probe [KIND 0..%d]\n", kLaunchKinds - 1);
+    return 2;
+  }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("conditional_synccheck_probe: no CUDA device\n");
@@ -143,8 +160,8 @@ int main() {
   bool ok = true;
   int* dflags = nullptr;
   check(cudaMalloc(&dflags, 32 * sizeof(int)), "cudaMalloc flags");
-  for (int kind :
-       {kEager, kGraphNode, kConditionalBody, kBodyAfterLaneExit, kBodyAfterExactWidth}) {
+  for (int kind = 0; kind < kLaunchKinds; ++kind) {
+    if (only >= 0 && kind != only) continue;
     check(cudaMemset(dout, 0, x.size() * 2), "memset out");
     if (kind == kEager) {
       norm_kernel<kEager><<<kRows, kThreads, 0, s>>>(dx, dw, dout, kHidden);
@@ -195,10 +212,14 @@ int main() {
           } else if (kind == kBodyAfterLaneExit) {
             norm_kernel<kBodyAfterLaneExit><<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
             row_flags_kernel<<<1, 32, 0, side>>>(dflags, kRows);
-          } else {
+          } else if (kind == kBodyAfterExactWidth) {
             norm_kernel<kBodyAfterExactWidth>
                 <<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
             row_flags_kernel<<<1, kRows, 0, side>>>(dflags, kRows);
+          } else {
+            norm_kernel<kBodyAfterWholeWarp>
+                <<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
+            row_flags_whole_warp_kernel<<<1, 32, 0, side>>>(dflags, kRows);
           }
           check(cudaGetLastError(), "body launch");
           cudaGraph_t body = nullptr;
@@ -237,7 +258,9 @@ int main() {
         : kind == kGraphNode         ? "graph node"
         : kind == kConditionalBody   ? "conditional IF body"
         : kind == kBodyAfterLaneExit ? "IF body after a body ending in lanes that returned early"
-                                     : "IF body after a body ending in an exact-width kernel",
+        : kind == kBodyAfterExactWidth
+            ? "IF body after a body ending in an exact-width kernel"
+            : "IF body after a body ending in a whole warp exiting together",
         good ? "matches" : "DOES NOT match", worst, kind);
     ok = ok && good;
   }
