@@ -112,7 +112,7 @@ for v in 0 1 2; do
   grep -h '^cublas_initcheck_probe' "$log" | tee -a "$out/summary.txt"
 done
 if [ "$probes" = 1 ]; then
-  for k in 0 1 2 3 4 5; do  # one process per launch kind: the tool kills a kind it misjudges
+  for k in 0 1 2 3 4 5 6; do  # one process per launch kind: the tool kills a kind it misjudges
     log="$out/conditional_probe.$k.synccheck.log"
     env ${runtime_gpu:+CUDA_VISIBLE_DEVICES=$runtime_gpu} compute-sanitizer --tool synccheck \
       --print-limit 5 "$build/tests/reliability/conditional_synccheck_probe" "$k" >"$log" 2>&1

@@ -1,16 +1,16 @@
 // Probe for compute-sanitizer synccheck (scripts/gpu_sanitize.sh runs it under the tool): does
 // synccheck judge a block barrier correctly in a kernel that runs inside a conditional IF node of
 // a CUDA graph? The kernel is the speculative draft's row norm (runtime/spec_ops.cu norm_into: a
-// strided sum of squares, a warp shuffle reduction, __syncthreads, a block sum), launched six
+// strided sum of squares, a warp shuffle reduction, __syncthreads, a block sum), launched seven
 // ways: eagerly, as a node of a captured graph, and in the bodies of three conditional IF nodes
 // captured the way Engine::draft_forward captures its early-exit steps
 // (cudaStreamBeginCaptureToGraph on a side stream, a row-copy kernel with griddepcontrol first;
 // uploaded, then replayed with some steps' bodies skipped), those bodies ending with a one-thread-
 // per-row kernel whose spare lanes return at once, with the same kernel launched exactly as wide
-// as the rows, and with a whole warp that exits together.
+// as the rows, with a whole warp that exits together, and with it launched as wide as the norm.
 // Every output is checked against a CPU reference, so a synccheck report in norm_kernel<K> and
 // none in norm_kernel<0> or <1> is the tool's, not the kernel's.
-//   conditional_synccheck_probe [KIND]   prints one line per launch kind (all, or KIND 0..5), exits
+//   conditional_synccheck_probe [KIND]   prints one line per launch kind (all, or KIND 0..6), exits
 //                                        1 on a wrong output
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -35,11 +35,12 @@ constexpr int kHidden = 512;  // the tiny runtime model's hidden size
 constexpr int kRows = 2;
 constexpr float kEps = 1e-5f;
 
-// 3, 4 and 5: the same IF bodies with one more kernel at the end of each, one thread per row as
-// the draft's draft_step_commit_kernel: launched 32 wide with the lanes past the rows returning at
-// once (3, as the engine did up to 1c0e379), launched exactly kRows wide (4), or launched 32 wide
-// with every lane running to one common exit (5). So the norm of the second and third bodies runs
-// after a body that ended with lanes that left early (3), never existed (4) or left together (5).
+// 3 to 6: the same IF bodies with one more kernel at the end of each, one thread per row as the
+// draft's draft_step_commit_kernel: launched 32 wide with the lanes past the rows returning at
+// once (3, as the engine did up to 1c0e379), launched exactly kRows wide (4), launched 32 wide
+// with every lane running to one common exit (5), or launched as wide as the norm's blocks
+// (kThreads, 6). So the norm of the second and third bodies runs after a body that ended with a
+// kernel of another block size (3, 4, 5) or of the same block size (6).
 enum Launch : int {
   kEager = 0,
   kGraphNode = 1,
@@ -47,7 +48,8 @@ enum Launch : int {
   kBodyAfterLaneExit = 3,
   kBodyAfterExactWidth = 4,
   kBodyAfterWholeWarp = 5,
-  kLaunchKinds = 6
+  kBodyAfterNormWidth = 6,
+  kLaunchKinds = 7
 };
 
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w, one block per row, warp_sums shared with the
@@ -216,10 +218,14 @@ int main(int argc, char** argv) {
             norm_kernel<kBodyAfterExactWidth>
                 <<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
             row_flags_kernel<<<1, kRows, 0, side>>>(dflags, kRows);
-          } else {
+          } else if (kind == kBodyAfterWholeWarp) {
             norm_kernel<kBodyAfterWholeWarp>
                 <<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
             row_flags_whole_warp_kernel<<<1, 32, 0, side>>>(dflags, kRows);
+          } else {
+            norm_kernel<kBodyAfterNormWidth>
+                <<<kRows, kThreads, 0, side>>>(dcopy, dw, dout, kHidden);
+            row_flags_kernel<<<1, kThreads, 0, side>>>(dflags, kRows);
           }
           check(cudaGetLastError(), "body launch");
           cudaGraph_t body = nullptr;
@@ -254,13 +260,14 @@ int main(int argc, char** argv) {
         "conditional_synccheck_probe launch %d (%s): output %s the CPU reference (worst relative "
         "error %.2e); synccheck reports for it name norm_kernel<%d>\n",
         kind,
-        kind == kEager               ? "eager"
-        : kind == kGraphNode         ? "graph node"
-        : kind == kConditionalBody   ? "conditional IF body"
-        : kind == kBodyAfterLaneExit ? "IF body after a body ending in lanes that returned early"
-        : kind == kBodyAfterExactWidth
-            ? "IF body after a body ending in an exact-width kernel"
-            : "IF body after a body ending in a whole warp exiting together",
+        kind == kEager                 ? "eager"
+        : kind == kGraphNode           ? "graph node"
+        : kind == kConditionalBody     ? "conditional IF body"
+        : kind == kBodyAfterLaneExit   ? "IF body after a body ending in lanes that returned early"
+        : kind == kBodyAfterExactWidth ? "IF body after a body ending in an exact-width kernel"
+        : kind == kBodyAfterWholeWarp
+            ? "IF body after a body ending in a whole warp exiting together"
+            : "IF body after a body ending in a kernel of the norm's width",
         good ? "matches" : "DOES NOT match", worst, kind);
     ok = ok && good;
   }
