@@ -64,26 +64,20 @@ __global__ void draft_begin_kernel(int rows, int steps, const int* batch_slots, 
   for (int j = 0; j < steps; ++j) step_ctx[j * rows + r] = max(c - 1 + j, 0);
 }
 
-// One thread per row, in one block of kNormThreads threads (rows beyond that loop). This kernel
-// ends each of the draft's conditional IF bodies, and the next body's first kernel with a block
-// barrier is concat_norm_kernel, also kNormThreads wide: compute-sanitizer synccheck (2025.3.1)
-// reports "divergent thread(s) in warp" at that barrier, for every thread, when the previous
-// body ended in a kernel of another block size (32 wide, whether its spare lanes returned early
-// or not; tests/reliability/conditional_synccheck_probe.cu; docs/reliability.md).
-__global__ void __launch_bounds__(kNormThreads)
-    draft_step_commit_kernel(int rows, int j, const int* argmax, const float* top1, int* dtok,
-                             float* dconf, int* in_tok, int* dlen, int* active, bool device_stop,
-                             float threshold, int min_steps) {
-  for (int r = threadIdx.x; r < rows; r += kNormThreads) {
-    const int t = argmax[r];
-    const float p = top1[r];
-    dtok[r * kDraftStride + j + 1] = t;
-    dconf[r * kDraftStride + j] = p;
-    in_tok[r] = t;
-    if (active[r]) {
-      dlen[r] = j + 1;
-      if (device_stop && j + 1 >= min_steps && p < threshold) active[r] = 0;
-    }
+__global__ void draft_step_commit_kernel(int rows, int j, const int* argmax, const float* top1,
+                                         int* dtok, float* dconf, int* in_tok, int* dlen,
+                                         int* active, bool device_stop, float threshold,
+                                         int min_steps) {
+  const int r = threadIdx.x;
+  if (r >= rows) return;
+  const int t = argmax[r];
+  const float p = top1[r];
+  dtok[r * kDraftStride + j + 1] = t;
+  dconf[r * kDraftStride + j] = p;
+  in_tok[r] = t;
+  if (active[r]) {
+    dlen[r] = j + 1;
+    if (device_stop && j + 1 >= min_steps && p < threshold) active[r] = 0;
   }
 }
 
@@ -217,7 +211,7 @@ void launch_draft_step_commit(int rows, int j, const int* argmax, const float* t
                               float threshold, int min_steps, cudaStream_t stream) {
   TS_REQUIRE(rows >= 1 && rows <= 1024, "rows outside [1, 1024]");
   TS_REQUIRE(j >= 0 && j < kMaxDraftTokens, "draft step outside [0, 15)");
-  draft_step_commit_kernel<<<1, kNormThreads, 0, stream>>>(
+  draft_step_commit_kernel<<<1, block_for(rows), 0, stream>>>(
       rows, j, argmax, top1, dtok, dconf, in_tok, dlen, active, device_stop, threshold, min_steps);
   TS_CUDA_CHECK(cudaGetLastError());
 }
