@@ -47,7 +47,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu
 db="$out/validation.db"
 profile="$out/h200-calibrated.yaml"
 if [ -n "${CALIBRATE_FROM_DB:-}" ]; then
-  cp "$CALIBRATE_FROM_DB" "$db" || exit 1
+  case $CALIBRATE_FROM_DB in  # the stored databases are xz-compressed, but for the latest
+    *.xz) xz -dc "$CALIBRATE_FROM_DB" >"$db" || exit 1 ;;
+    *) cp "$CALIBRATE_FROM_DB" "$db" || exit 1 ;;
+  esac
   echo "calibration sessions of $CALIBRATE_FROM_DB copied into $db"
 fi
 collectives=()

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config git libyaml-cpp-dev libsqlite3-dev
           libeigen3-dev libgtest-dev libcli11-dev clang-format sqlite3
-          openmpi-bin libopenmpi-dev gnuplot-nox python3)
+          openmpi-bin libopenmpi-dev gnuplot-nox python3 xz-utils)
 # Optional: headless Chromium renders the HTML report in a test, which skips without it (Ubuntu
 # ships Chromium as a snap, not a .deb).
 optional=(chromium)

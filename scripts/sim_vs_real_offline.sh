@@ -5,14 +5,17 @@
 # YAML text, hence its hash, is the stored one, so the new simulated runs pair with the stored
 # real ones), and writes `compare --sim-vs-real` per experiment as CSV, each block after a line
 # "experiment,NAME".
-#   [METRICS='ttft_ms_mean tpot_ms_mean'] scripts/sim_vs_real_offline.sh SESSION_DB PROFILE_DIR \
+#   [METRICS='ttft_ms_mean tpot_ms_mean'] scripts/sim_vs_real_offline.sh SESSION_DB[.xz] PROFILE_DIR \
 #     OUT_PREFIX [TWINSTEP]
 # writes OUT_PREFIX.db and OUT_PREFIX.csv (METRICS: the compared metrics, default mean TPOT, p99
 # ITL and GPU busy fraction).
 set -euo pipefail
 db=$1 profiles=$2 out=$3 twinstep=${4:-build/twinstep}
 read -r -a metrics <<< "${METRICS:-tpot_ms_mean itl_ms_p99 gpu_busy_frac}"
-cp "$db" "$out.db"
+case $db in  # stored results databases are xz-compressed (results/h200/*.db.xz)
+  *.xz) xz -dc "$db" >"$out.db" ;;
+  *) cp "$db" "$out.db" ;;
+esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # The experiments with both a measured and a simulated run (a real-only one, such as the
