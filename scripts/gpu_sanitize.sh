@@ -154,9 +154,14 @@ summarize() {
       [[ " $suite_tools " == *" $tool "* ]] || continue
       logs=("$out/$suite.$tool".*.log)
       total=${#logs[@]}
-      finished=0 errors=0 warnings=0 ok=0 failed=0 timed_out=0
+      finished=0 errors=0 warnings=0 ok=0 failed=0 timed_out=0 empty=0
       for log in "${logs[@]}"; do
         grep -q "^exit 124$" "$log" && timed_out=$((timed_out + 1))
+        # A shard past the last test (a filter narrower than the shard count) runs no CUDA at all.
+        if grep -q '^\[==========\] Running 0 tests' "$log"; then
+          empty=$((empty + 1))
+          continue
+        fi
         if [ "$tool" = racecheck ]; then
           line=$(grep -h "RACECHECK SUMMARY" "$log" | tail -1)
           if [ -n "$line" ]; then
@@ -174,7 +179,7 @@ summarize() {
         ok=$((ok + $(grep -c '^\[       OK \]' "$log")))
         failed=$((failed + $(grep -c '^\[  FAILED  \] .* ms)$' "$log")))
       done
-      echo "$tool $suite: $errors errors, $warnings warnings; $finished of $total shards finished ($timed_out timed out); tests $ok OK, $failed failed" |
+      echo "$tool $suite: $errors errors, $warnings warnings; $finished of $((total - empty)) shards finished ($timed_out timed out, $empty empty left out); tests $ok OK, $failed failed" |
         tee -a "$out/summary.txt"
     done
   done
