@@ -1,5 +1,8 @@
 #include "policies/calibration_model.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "policies/error.h"
 
 namespace twinstep {
@@ -81,6 +84,60 @@ std::string kernel_fit_model(const HardwareSpec& hw, const std::string& model, i
   return shard_or_model(model, tp, [&](const std::string& shard) {
     return kernel_model_fits_for(hw, shard) != nullptr;
   });
+}
+
+namespace {
+
+// A model's decode attention launch on a `tp`-wide stage, as far as it decides the kernel's time:
+// KV heads per rank, head dim, KV element bytes, 16-row tiles of one query position's rows.
+struct AttentionGeometry {
+  int32_t kv_heads = 0, head_dim = 0, kv_bytes = 0, row_tiles = 0;
+  bool operator==(const AttentionGeometry&) const = default;
+};
+
+// Nullopt unless every layer is GQA with one shape.
+std::optional<AttentionGeometry> attention_geometry(const ModelSpec& model, int32_t tp) {
+  if (model.layers.empty()) return std::nullopt;
+  const AttentionSpec& a = model.layers[0].attn;
+  for (const LayerSpec& l : model.layers) {
+    if (l.attn.kind != AttentionKind::kGqa || l.attn.num_q_heads != a.num_q_heads ||
+        l.attn.num_kv_heads != a.num_kv_heads || l.attn.head_dim != a.head_dim) {
+      return std::nullopt;
+    }
+  }
+  if (a.num_kv_heads <= 0 || a.num_q_heads % a.num_kv_heads != 0) return std::nullopt;
+  const int32_t group = a.num_q_heads / a.num_kv_heads;
+  return AttentionGeometry{std::max(1, a.num_kv_heads / std::max(1, tp)), a.head_dim,
+                           model.kv_bytes, (group + 15) / 16};
+}
+
+bool has_attention_fit(const HardwareSpec::ModelKernelFits* fits) {
+  if (fits == nullptr) return false;
+  for (const auto& [name, f] : fits->names) {
+    if (name == "attention" && f.fitted) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string attention_fit_model(const HardwareSpec& hw, const ModelSpec& model, int32_t tp) {
+  if (has_attention_fit(kernel_model_fits_for(hw, kernel_fit_model(hw, model.name, tp)))) {
+    return {};
+  }
+  const std::optional<AttentionGeometry> mine = attention_geometry(model, tp);
+  if (!mine) return {};
+  for (const HardwareSpec::ModelKernelFits& fits : hw.kernel_model_fits) {
+    if (!has_attention_fit(&fits)) continue;
+    CalibrationModel cm;
+    try {
+      cm = parse_calibration_model(fits.model);
+    } catch (const ConfigError&) {
+      continue;  // a label of no preset here: its geometry is unknown
+    }
+    if (attention_geometry(model_preset(cm.preset), cm.tp) == mine) return fits.model;
+  }
+  return {};
 }
 
 std::map<std::string, std::pair<int32_t, int32_t>> calibration_gemv_shapes(

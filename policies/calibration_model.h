@@ -48,4 +48,14 @@ std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int3
 // for that shard, else the model's name (whose entry may be missing: the pooled fits then).
 std::string kernel_fit_model(const HardwareSpec& hw, const std::string& model, int32_t tp);
 
+// The key of HardwareSpec::kernel_model_fits whose "attention" fit prices `model`'s attention on
+// a `tp`-wide stage when the fits kernel_fit_model picks have none (a model never calibrated): a
+// measured label whose decode attention kernel launches alike — every layer GQA, the same KV
+// heads per rank, head dim and KV element bytes, and one query position's rows (query heads per
+// KV head) in the same number of 16-row tiles. The runtime's kernel (kernels/attention.h) runs
+// (splits, KV heads, requests) blocks of 128 threads per row tile over the same KV bytes, so such
+// a model's measured line is its own, while the pooled line mixes other geometries. The first
+// match in the profile's order; empty when the model has its own attention fit or none matches.
+std::string attention_fit_model(const HardwareSpec& hw, const ModelSpec& model, int32_t tp);
+
 }  // namespace twinstep

@@ -40,8 +40,9 @@ struct ErrorSum {
 // it, and the gap figures the simulator takes for it.
 struct Pricing {
   std::unique_ptr<CostModel> cost;
-  std::string fit_model;  // kernel_model_fits key, or "(pooled)"
-  std::string pdl_model;  // pdl_node_gap_by_rows key
+  std::string fit_model;        // kernel_model_fits key, or "(pooled)"
+  std::string pdl_model;        // pdl_node_gap_by_rows key
+  std::string attention_model;  // attention_fit_model: whose attention fit, empty: its own
 };
 
 }  // namespace
@@ -55,7 +56,8 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     const CalibrationModel cm = parse_calibration_model(label);  // ConfigError when unknown
     Pricing p;
     const std::string fit = kernel_fit_model(hw, cm.preset, cm.tp);
-    p.cost = std::make_unique<CostModel>(hw, fit);
+    p.attention_model = attention_fit_model(hw, model_preset(cm.preset), cm.tp);
+    p.cost = std::make_unique<CostModel>(hw, fit, p.attention_model);
     p.fit_model = kernel_model_fits_for(hw, fit) != nullptr ? fit : "(pooled)";
     p.pdl_model = pdl_gap_model(hw, cm.preset, cm.tp);
     return pricing.emplace(label, std::move(p)).first->second;
@@ -142,7 +144,10 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     r.err_pct = 100.0 * (r.priced_us - r.measured_us) / r.measured_us;
     e.steps.push_back(r);
   }
-  for (const auto& [label, p] : pricing) e.priced_as.emplace_back(label, p.fit_model);
+  for (const auto& [label, p] : pricing) {
+    e.priced_as.emplace_back(label, p.fit_model);
+    if (!p.attention_model.empty()) e.attention_from.emplace_back(label, p.attention_model);
+  }
   for (const SpecGraphPoint& pt : spec_graph_points(samples, hw)) {
     SpecGraphEvalRow r;
     r.model = pt.model;
@@ -175,6 +180,13 @@ std::string evaluation_report(const CalibrationEvaluation& e, bool by_batch) {
     std::snprintf(line, sizeof line, "model %s priced with the kernel fits of %s\n", model.c_str(),
                   fit == "(pooled)" ? "no model of its own (pooled name and class fits)"
                                     : ("'" + fit + "'").c_str());
+    out += line;
+  }
+  for (const auto& [model, from] : e.attention_from) {
+    std::snprintf(line, sizeof line,
+                  "model %s priced its attention with the fit of '%s' (the same attention "
+                  "launch)\n",
+                  model.c_str(), from.c_str());
     out += line;
   }
   auto kernel_table = [&](const std::vector<KernelEvalRow>& rows, bool batches) {

@@ -63,6 +63,8 @@ struct CalibrationEvaluation {
   // Per model, the kernel_model_fits key its kernels were priced with (kernel_fit_model), or
   // "(pooled)" where the profile has no fits of its own for it.
   std::vector<std::pair<std::string, std::string>> priced_as;
+  // Per model priced with another model's attention fit (attention_fit_model): that model.
+  std::vector<std::pair<std::string, std::string>> attention_from;
   std::vector<KernelEvalRow> kernels;           // per (model, name), ordered
   std::vector<KernelEvalRow> kernels_by_batch;  // per (model, name, batch), ordered
   std::vector<StepEvalRow> steps;               // per (model, mode, batch, ctx), ordered

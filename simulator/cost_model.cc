@@ -18,7 +18,8 @@ double ns_per_flop_at(double measured_tflops, const HardwareSpec& hw) {
 
 }  // namespace
 
-CostModel::CostModel(const HardwareSpec& hw, const std::string& model)
+CostModel::CostModel(const HardwareSpec& hw, const std::string& model,
+                     const std::string& attention_model)
     : ns_per_byte_(1e9 / (hw.stream_read_tbps * 1e12 * hw.mem_efficiency)),
       ns_per_flop_(1e9 / (hw.bf16_tflops * 1e12 * hw.flop_efficiency)),
       gemm_ns_per_flop_(ns_per_flop_at(hw.prefill_gemm_tflops, hw)),
@@ -65,6 +66,26 @@ CostModel::CostModel(const HardwareSpec& hw, const std::string& model)
   if (own != nullptr) {
     for (const auto& [name, f] : own->names) {
       if (!f.fitted) continue;
+      auto it = std::find_if(name_fits_.begin(), name_fits_.end(),
+                             [&](const auto& e) { return e.first == name; });
+      if (it != name_fits_.end()) {
+        it->second = linear(f);
+      } else {
+        name_fits_.emplace_back(name, linear(f));
+      }
+    }
+  }
+  // A model never calibrated borrows the attention line of a measured model whose attention
+  // kernel launches alike (attention_fit_model), in place of the pooled one.
+  const HardwareSpec::ModelKernelFits* donor =
+      attention_model.empty() ? nullptr : kernel_model_fits_for(hw, attention_model);
+  const bool own_attention =
+      own != nullptr && std::any_of(own->names.begin(), own->names.end(), [](const auto& e) {
+        return e.first == "attention" && e.second.fitted;
+      });
+  if (donor != nullptr && !own_attention) {
+    for (const auto& [name, f] : donor->names) {
+      if (name != "attention" || !f.fitted) continue;
       auto it = std::find_if(name_fits_.begin(), name_fits_.end(),
                              [&](const auto& e) { return e.first == name; });
       if (it != name_fits_.end()) {

@@ -39,7 +39,10 @@ class CostModel {
   // `model`: the calibration model label whose own kernel fits apply (kernel_fit_model() in
   // policies/calibration_model.h picks it for a run's layout); empty or without an entry in
   // hw.kernel_model_fits: the pooled name fits. Resolved here, once, into one fit per name.
-  explicit CostModel(const HardwareSpec& hw, const std::string& model = {});
+  // `attention_model`: a kernel_model_fits key whose "attention" fit prices the attention
+  // kernel where `model`'s own fits have none (attention_fit_model() picks it); empty: none.
+  explicit CostModel(const HardwareSpec& hw, const std::string& model = {},
+                     const std::string& attention_model = {});
   int64_t kernel_ns(const KernelDesc& k) const;
   GraphCost graph_cost(const StepKernels& step) const;
   // For a fitted kernel beyond the fits' rows (priced base + roofline): its fit's base, of the

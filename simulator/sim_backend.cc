@@ -1125,7 +1125,8 @@ SimBackend::SimBackend(const ModelSpec& model, const HardwareSpec& hw,
       // The target's kernel fits for its shard on this layout. The draft (NEXTN) module runs
       // the same kernel names at the target's layer shapes and is priced by the same fits; no
       // calibration measures a draft alone.
-      cost_(hw, kernel_fit_model(hw, model.name, options.layout.width())) {}
+      cost_(hw, kernel_fit_model(hw, model.name, options.layout.width()),
+            attention_fit_model(hw, model, options.layout.width())) {}
 
 void SimBackend::run(std::span<HostProgram* const> ranks, RunRecord& record) {
   Engine engine(model_, draft_, hw_, host_costs_, requests_, options_, cost_, record);

@@ -123,7 +123,8 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
         p = std::make_unique<Pricing>();
         p->model = model_preset(cm.preset);
         p->draft = nextn_draft(p->model);
-        p->cost = std::make_unique<CostModel>(hw, kernel_fit_model(hw, cm.preset, 1));
+        p->cost = std::make_unique<CostModel>(hw, kernel_fit_model(hw, cm.preset, 1),
+                                              attention_fit_model(hw, p->model, 1));
       }
     } catch (const ConfigError&) {
       p.reset();  // not a preset: nothing to price it with

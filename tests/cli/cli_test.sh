@@ -116,8 +116,17 @@ check "sim+real experiment runs sim and says real was skipped" grep -q "real bac
 "$bin" --db "$db5" import "$src/results/h200/decode.json" --as "$val" >"$work/import.out"
 check "import stores 8 measured runs" grep -q "8 measured run(s)" "$work/import.out"
 check "each variant has a sim and a real run" test "$(q "$db5" "SELECT count(*) FROM (SELECT variant_index FROM run GROUP BY variant_index HAVING count(DISTINCT backend) = 2)")" = 8
-check "measured TPOT imported exactly" test "$(q "$db5" "SELECT m.value FROM metric m JOIN run r ON r.id=m.run_id WHERE r.backend='real' AND r.variant_index=1 AND m.key='tpot_ms_mean'")" = 4.518
-check "measured runs carry the record's GPU and commit" test "$(q "$db5" "SELECT DISTINCT h.gpu_name || ' ' || b.git_sha FROM run r JOIN host h ON h.id=r.host_id JOIN build b ON b.id=r.build_id WHERE r.backend='real'")" = "NVIDIA H200 b6a5f5f6d765b5c0bb6afc49729e9ca344fb23a4"
+# The record's own figures, read here with Python: variant 1 is run-ahead graphs at prompt 128.
+record_field() {
+  python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+if sys.argv[2] == "tpot":
+    print([r for r in d["rows"] if r["config"] == "runahead_graph" and r["prompt_tokens"] == 128][0]["tpot_ms"])
+else:
+    print(d["gpu"] + " " + d["commit"])' "$src/results/h200/decode.json" "$1"
+}
+check "measured TPOT imported exactly" test "$(q "$db5" "SELECT m.value FROM metric m JOIN run r ON r.id=m.run_id WHERE r.backend='real' AND r.variant_index=1 AND m.key='tpot_ms_mean'")" = "$(record_field tpot)"
+check "measured runs carry the record's GPU and commit" test "$(q "$db5" "SELECT DISTINCT h.gpu_name || ' ' || b.git_sha FROM run r JOIN host h ON h.id=r.host_id JOIN build b ON b.id=r.build_id WHERE r.backend='real'")" = "$(record_field build)"
 check "a second import is refused" bash -c "! '$bin' --db '$db5' import '$src/results/h200/decode.json' --as '$val' 2>/dev/null"
 check "compare lines up sim and real" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode | head -1 | grep -q '\\[real\\]'"
 

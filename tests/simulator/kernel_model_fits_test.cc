@@ -173,6 +173,58 @@ TEST(KernelModelFits, ShardLabelWhereTheProfileFittedTheShardElseTheModel) {
   EXPECT_EQ(kernel_fit_model(hw, "llama-3-8b", 1), "llama-3-8b");
 }
 
+// An attention line: base + per byte + per request.
+KernelFit attention_line(double base, double per_byte, double per_request) {
+  KernelFit f;
+  f.fitted = true;
+  f.base_ns = base;
+  f.ns_per_byte = per_byte;
+  f.ns_per_request = per_request;
+  f.samples = 8;
+  return f;
+}
+
+// Llama-3.2-3B (24 query / 8 KV heads of 128, never measured) launches the decode attention kernel
+// as Llama-3-8B (32 / 8 of 128) does: 8 KV-head blocks per split and request, one 16-row tile of
+// query rows, the same KV bytes. Qwen3-30B-A3B (32 / 4) does not; its TP2 shard of Llama-3-8B
+// (4 KV heads per rank) is Qwen3's geometry.
+TEST(KernelModelFits, AModelNeverMeasuredTakesTheAttentionLineOfTheSameLaunch) {
+  HardwareSpec hw = hardware_preset("h200");
+  hw.kernel_model_fits.push_back(
+      {"qwen3-30b-a3b", {{"attention", attention_line(9000, 5e-4, 30)}}});
+  hw.kernel_model_fits.push_back({"llama-3-8b", {{"attention", attention_line(8000, 3e-4, 200)}}});
+  const ModelSpec& l3 = model_preset("llama-3.2-3b");
+  EXPECT_EQ(attention_fit_model(hw, l3, 1), "llama-3-8b");
+  // A model with its own attention line keeps it.
+  EXPECT_EQ(attention_fit_model(hw, model_preset("llama-3-8b"), 1), "");
+  // Two ranks: 4 KV heads per rank, as Qwen3 on one GPU (the first match in profile order).
+  EXPECT_EQ(attention_fit_model(hw, l3, 2), "qwen3-30b-a3b");
+  // Another KV element size, head dim or KV head count: no donor, the pooled line.
+  ModelSpec fp8 = l3;
+  fp8.kv_bytes = 1;
+  EXPECT_EQ(attention_fit_model(hw, fp8, 1), "");
+  ModelSpec six = l3;
+  for (LayerSpec& l : six.layers) l.attn.num_kv_heads = 6;
+  EXPECT_EQ(attention_fit_model(hw, six, 1), "");
+  // More than 16 query heads per KV head: two row tiles, another launch.
+  ModelSpec wide = l3;
+  for (LayerSpec& l : wide.layers) l.attn.num_q_heads = 8 * 20;
+  EXPECT_EQ(attention_fit_model(hw, wide, 1), "");
+  // A donor without an attention fit is no donor.
+  hw.kernel_model_fits[1].names[0].second.fitted = false;
+  EXPECT_EQ(attention_fit_model(hw, l3, 1), "");
+  hw.kernel_model_fits[1].names[0].second.fitted = true;
+
+  // Priced: 4 MB of KV for 2 requests: 8000 + 1200 + 400 by the donor's line; without the donor
+  // the pooled name line (none here) gives way to the class fit or the roofline, not this.
+  const KernelDesc k{"attention", KernelClass::kAttention, 4'000'000, 0,
+                     0,           CollectiveKind::kNone,   0,         2};
+  EXPECT_EQ(CostModel(hw, "llama-3.2-3b", "llama-3-8b").kernel_ns(k), 9600);
+  EXPECT_NE(CostModel(hw, "llama-3.2-3b").kernel_ns(k), 9600);
+  // The model's own line wins over a donor's.
+  EXPECT_EQ(CostModel(hw, "qwen3-30b-a3b", "llama-3-8b").kernel_ns(k), 9000 + 2000 + 60);
+}
+
 // A fit of a constant time (no byte or FLOP term).
 KernelFit constant(int64_t ns) {
   KernelFit f;
