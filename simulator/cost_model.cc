@@ -61,38 +61,32 @@ CostModel::CostModel(const HardwareSpec& hw, const std::string& model,
   }
   // The model's own fits replace the pooled ones name by name (or add names the pooled fits
   // lack), so that kernel_ns still scans one table per call.
+  auto set_name_fit = [&](const std::string& name, const KernelFit& f) {
+    auto it = std::find_if(name_fits_.begin(), name_fits_.end(),
+                           [&](const auto& e) { return e.first == name; });
+    if (it != name_fits_.end()) {
+      it->second = linear(f);
+    } else {
+      name_fits_.emplace_back(name, linear(f));
+    }
+  };
   const HardwareSpec::ModelKernelFits* own =
       model.empty() ? nullptr : kernel_model_fits_for(hw, model);
+  bool own_attention = false;
   if (own != nullptr) {
     for (const auto& [name, f] : own->names) {
       if (!f.fitted) continue;
-      auto it = std::find_if(name_fits_.begin(), name_fits_.end(),
-                             [&](const auto& e) { return e.first == name; });
-      if (it != name_fits_.end()) {
-        it->second = linear(f);
-      } else {
-        name_fits_.emplace_back(name, linear(f));
-      }
+      set_name_fit(name, f);
+      own_attention = own_attention || name == "attention";
     }
   }
   // A model never calibrated borrows the attention line of a measured model whose attention
   // kernel launches alike (attention_fit_model), in place of the pooled one.
   const HardwareSpec::ModelKernelFits* donor =
       attention_model.empty() ? nullptr : kernel_model_fits_for(hw, attention_model);
-  const bool own_attention =
-      own != nullptr && std::any_of(own->names.begin(), own->names.end(), [](const auto& e) {
-        return e.first == "attention" && e.second.fitted;
-      });
   if (donor != nullptr && !own_attention) {
     for (const auto& [name, f] : donor->names) {
-      if (name != "attention" || !f.fitted) continue;
-      auto it = std::find_if(name_fits_.begin(), name_fits_.end(),
-                             [&](const auto& e) { return e.first == name; });
-      if (it != name_fits_.end()) {
-        it->second = linear(f);
-      } else {
-        name_fits_.emplace_back(name, linear(f));
-      }
+      if (name == "attention" && f.fitted) set_name_fit(name, f);
     }
   }
   static_assert(size_t(CollectiveKind::kSendRecv) < std::tuple_size_v<decltype(curves_)>);

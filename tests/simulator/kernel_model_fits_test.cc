@@ -173,14 +173,20 @@ TEST(KernelModelFits, ShardLabelWhereTheProfileFittedTheShardElseTheModel) {
   EXPECT_EQ(kernel_fit_model(hw, "llama-3-8b", 1), "llama-3-8b");
 }
 
-// An attention line: base + per byte + per request.
-KernelFit attention_line(double base, double per_byte, double per_request) {
+// A fit of a constant time (no byte or FLOP term).
+KernelFit constant(int64_t ns) {
   KernelFit f;
   f.fitted = true;
-  f.base_ns = base;
+  f.base_ns = double(ns);
+  f.samples = 8;
+  return f;
+}
+
+// An attention line: base + per byte + per request.
+KernelFit attention_line(double base, double per_byte, double per_request) {
+  KernelFit f = constant(int64_t(base));
   f.ns_per_byte = per_byte;
   f.ns_per_request = per_request;
-  f.samples = 8;
   return f;
 }
 
@@ -223,15 +229,6 @@ TEST(KernelModelFits, AModelNeverMeasuredTakesTheAttentionLineOfTheSameLaunch) {
   EXPECT_NE(CostModel(hw, "llama-3.2-3b").kernel_ns(k), 9600);
   // The model's own line wins over a donor's.
   EXPECT_EQ(CostModel(hw, "qwen3-30b-a3b", "llama-3-8b").kernel_ns(k), 9000 + 2000 + 60);
-}
-
-// A fit of a constant time (no byte or FLOP term).
-KernelFit constant(int64_t ns) {
-  KernelFit f;
-  f.fitted = true;
-  f.base_ns = double(ns);
-  f.samples = 8;
-  return f;
 }
 
 // tiny-llama's decode step on the ideal machine (every kernel at the 10 us floor, no gaps or
