@@ -31,7 +31,7 @@
 # TWINSTEP_SANITIZE_SUITES (default "kernels runtime_tiny spec_tiny"),
 # TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU (a GPU of its own for the runtime synccheck shards,
 # which otherwise run after the runtime pool's other tools), TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_JOBS
-# (runtime synccheck shards at once, default 1),
+# (runtime racecheck and synccheck shards at once, default 1),
 # TWINSTEP_SANITIZE_RUNTIME_FILTER / TWINSTEP_SANITIZE_SPEC_FILTER (gtest filters of the two
 # runtime suites; a shard past the last test runs none), TWINSTEP_SANITIZE_RUNTIME_SHARDS /
 # TWINSTEP_SANITIZE_SPEC_SHARDS (their shard counts, default 14 and 8: one test each; set them to
@@ -203,16 +203,18 @@ pool kernels "$jobs" "${TWINSTEP_SANITIZE_KERNELS_GPU:-}" "$all_tools" &
 pools=($!)
 # The runtime synccheck shards run one at a time, alone on their GPU: with three or more engine
 # processes under synccheck on one GPU the tool fails to set up launches ("Unable to allocate
-# enough memory"), with one it does not (gpu_synccheck_bisect.sh moe_alone, 2880eff).
+# enough memory"), with one it does not (gpu_synccheck_bisect.sh moe_alone, 2880eff). Runtime
+# racecheck shards (not in the default tools: their processes died several to a GPU) run the same
+# way, before synccheck.
 sync_jobs=${TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_JOBS:-1}
 if [ -n "$sync_gpu" ]; then
-  pool '[a-z_]*tiny' "$sync_jobs" "$sync_gpu" synccheck &
+  pool '[a-z_]*tiny' "$sync_jobs" "$sync_gpu" "racecheck synccheck" &
   pools+=($!)
-  pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "racecheck initcheck memcheck" &
+  pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "initcheck memcheck" &
 else
   (
-    pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "racecheck initcheck memcheck"
-    pool '[a-z_]*tiny' "$sync_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" synccheck
+    pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "initcheck memcheck"
+    pool '[a-z_]*tiny' "$sync_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "racecheck synccheck"
   ) &
 fi
 pools+=($!)
