@@ -96,6 +96,28 @@ TEST(CalibrationEval, KernelErrorsByModelAndNameUseTheFitsASimulatedRunWould) {
   EXPECT_EQ(e.priced_as[0], (std::pair<std::string, std::string>{"llama-3-8b", "llama-3-8b"}));
   EXPECT_EQ(e.priced_as[1], (std::pair<std::string, std::string>{"llama-3.2-3b", "(pooled)"}));
   EXPECT_NE(evaluation_report(e).find("llama-3.2-3b       qkv_proj"), std::string::npos);
+  // llama-3-8b has no attention line here: nobody lends one.
+  EXPECT_TRUE(e.attention_from.empty());
+}
+
+// A model never measured prices its attention with the line of a measured model whose attention
+// kernel launches alike (attention_fit_model), and the report says whose.
+TEST(CalibrationEval, AttentionOfANeverMeasuredModelByTheLineOfTheSameLaunch) {
+  HardwareSpec hw = hardware_preset("h200");
+  hw.kernel_model_fits = {{"llama-3-8b", {{"attention", flat(4000)}}}};
+  KernelFit pooled = flat(9000);
+  hw.kernel_name_fits = {{"attention", pooled}};
+  CalibrationSample s = kernel("llama-3.2-3b", "attention", 1, 1'000'000, 5000);
+  s.cls = kernel_class_name(KernelClass::kAttention);
+  const CalibrationEvaluation e = evaluate_calibration(hw, {s});
+  const KernelEvalRow* a = find(e.kernels, "llama-3.2-3b", "attention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_NEAR(a->priced_us, 4.0, 1e-12);  // the 8B's line, not the pooled 9 us
+  ASSERT_EQ(e.attention_from.size(), 1u);
+  EXPECT_EQ(e.attention_from[0],
+            (std::pair<std::string, std::string>{"llama-3.2-3b", "llama-3-8b"}));
+  EXPECT_NE(evaluation_report(e).find("priced its attention with the fit of 'llama-3-8b'"),
+            std::string::npos);
 }
 
 TEST(CalibrationEval, StepIsTheKernelSumPlusOneGapPerNodeInTheModesGap) {

@@ -270,6 +270,18 @@ TEST(KernelModelFits, ASimulatedStepOfEachModelIsPricedByItsOwnFit) {
   EXPECT_EQ(steady_step_ns("tiny-c", hw), 23 * 10 * kUs);
 }
 
+TEST(KernelModelFits, ASimulatedModelNeverMeasuredTakesTheAttentionLineOfTheSameLaunch) {
+  using testing::kUs;
+  HardwareSpec hw = testing::ideal_machine();
+  // tiny-llama measured, attention only; "tiny-c" is tiny-llama's shape under another name.
+  hw.kernel_model_fits = {{"tiny-llama", {{"attention", constant(50 * kUs)}}}};
+  // 21 kernels at the floor + 2 attention kernels (one per layer) at the donor's line.
+  EXPECT_EQ(steady_step_ns("tiny-c", hw), 21 * 10 * kUs + 2 * 50 * kUs);
+  // A measured model of another attention launch lends nothing: the floor.
+  hw.kernel_model_fits = {{"llama-3-8b", {{"attention", constant(50 * kUs)}}}};
+  EXPECT_EQ(steady_step_ns("tiny-c", hw), 23 * 10 * kUs);
+}
+
 TEST(KernelModelFits, ProfileRoundTrip) {
   CalibrationProfile p = fit_calibration(two_lines(), "h200-test", "h200", kHeader);
   KernelFit split = constant(1500);
