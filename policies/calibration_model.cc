@@ -88,15 +88,17 @@ std::string kernel_fit_model(const HardwareSpec& hw, const std::string& model, i
 
 namespace {
 
-// A model's decode attention launch on a `tp`-wide stage, as far as it decides the kernel's time:
-// KV heads per rank, head dim, KV element bytes, 16-row tiles of one query position's rows.
+// A model's decode attention launch on rank 0 of a layout, as far as it decides the kernel's
+// time: KV heads on the rank, head dim, KV element bytes, 16-row tiles of one query position's
+// rows (query heads per KV head, padded to 16: 3 and 4 launch alike).
 struct AttentionGeometry {
   int32_t kv_heads = 0, head_dim = 0, kv_bytes = 0, row_tiles = 0;
   bool operator==(const AttentionGeometry&) const = default;
 };
 
 // Nullopt unless every layer is GQA with one shape.
-std::optional<AttentionGeometry> attention_geometry(const ModelSpec& model, int32_t tp) {
+std::optional<AttentionGeometry> attention_geometry(const ModelSpec& model,
+                                                    const LayoutSpec& layout) {
   if (model.layers.empty()) return std::nullopt;
   const AttentionSpec& a = model.layers[0].attn;
   for (const LayerSpec& l : model.layers) {
@@ -105,10 +107,11 @@ std::optional<AttentionGeometry> attention_geometry(const ModelSpec& model, int3
       return std::nullopt;
     }
   }
-  if (a.num_kv_heads <= 0 || a.num_q_heads % a.num_kv_heads != 0) return std::nullopt;
-  const int32_t group = a.num_q_heads / a.num_kv_heads;
-  return AttentionGeometry{std::max(1, a.num_kv_heads / std::max(1, tp)), a.head_dim,
-                           model.kv_bytes, (group + 15) / 16};
+  const LayerShard s = layer_shard(model.layers[0], layout, 0);
+  if (s.kv_heads <= 0 || s.heads <= 0 || s.heads % s.kv_heads != 0) return std::nullopt;
+  const int32_t group = s.heads / s.kv_heads;
+  return AttentionGeometry{s.kv_heads, a.head_dim, kv_value_bytes(model, layout),
+                           (group + 15) / 16};
 }
 
 bool has_attention_fit(const HardwareSpec::ModelKernelFits* fits) {
@@ -121,11 +124,11 @@ bool has_attention_fit(const HardwareSpec::ModelKernelFits* fits) {
 
 }  // namespace
 
-std::string attention_fit_model(const HardwareSpec& hw, const ModelSpec& model, int32_t tp) {
-  if (has_attention_fit(kernel_model_fits_for(hw, kernel_fit_model(hw, model.name, tp)))) {
-    return {};
-  }
-  const std::optional<AttentionGeometry> mine = attention_geometry(model, tp);
+std::string attention_fit_model(const HardwareSpec& hw, const ModelSpec& model,
+                                const LayoutSpec& layout) {
+  const std::string own = kernel_fit_model(hw, model.name, layout.width());
+  if (has_attention_fit(kernel_model_fits_for(hw, own))) return {};
+  const std::optional<AttentionGeometry> mine = attention_geometry(model, layout);
   if (!mine) return {};
   for (const HardwareSpec::ModelKernelFits& fits : hw.kernel_model_fits) {
     if (!has_attention_fit(&fits)) continue;
@@ -135,7 +138,8 @@ std::string attention_fit_model(const HardwareSpec& hw, const ModelSpec& model, 
     } catch (const ConfigError&) {
       continue;  // a label of no preset here: its geometry is unknown
     }
-    if (attention_geometry(model_preset(cm.preset), cm.tp) == mine) return fits.model;
+    const ModelSpec& theirs = model_preset(cm.preset);
+    if (attention_geometry(theirs, calibration_layout(theirs, cm.tp)) == mine) return fits.model;
   }
   return {};
 }

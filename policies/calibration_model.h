@@ -49,13 +49,15 @@ std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int3
 std::string kernel_fit_model(const HardwareSpec& hw, const std::string& model, int32_t tp);
 
 // The key of HardwareSpec::kernel_model_fits whose "attention" fit prices `model`'s attention on
-// a `tp`-wide stage when the fits kernel_fit_model picks have none (a model never calibrated): a
-// measured label whose decode attention kernel launches alike — every layer GQA, the same KV
-// heads per rank, head dim and KV element bytes, and one query position's rows (query heads per
-// KV head) in the same number of 16-row tiles. The runtime's kernel (kernels/attention.h) runs
+// rank 0 of `layout` when the fits kernel_fit_model picks (for layout.width()) have none (a model
+// never calibrated): a measured label (on its calibration_layout) whose decode attention kernel
+// launches alike — every layer GQA, the same KV heads and query heads per KV head on the rank
+// (layer_shard), head dim and KV element bytes, one query position's rows in the same number of
+// 16-row tiles. The runtime's kernel (kernels/attention.h) runs
 // (splits, KV heads, requests) blocks of 128 threads per row tile over the same KV bytes, so such
 // a model's measured line is its own, while the pooled line mixes other geometries. The first
 // match in the profile's order; empty when the model has its own attention fit or none matches.
-std::string attention_fit_model(const HardwareSpec& hw, const ModelSpec& model, int32_t tp);
+std::string attention_fit_model(const HardwareSpec& hw, const ModelSpec& model,
+                                const LayoutSpec& layout);
 
 }  // namespace twinstep

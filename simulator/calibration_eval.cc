@@ -56,7 +56,8 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     const CalibrationModel cm = parse_calibration_model(label);  // ConfigError when unknown
     Pricing p;
     const std::string fit = kernel_fit_model(hw, cm.preset, cm.tp);
-    p.attention_model = attention_fit_model(hw, model_preset(cm.preset), cm.tp);
+    const ModelSpec& model = model_preset(cm.preset);
+    p.attention_model = attention_fit_model(hw, model, calibration_layout(model, cm.tp));
     p.cost = std::make_unique<CostModel>(hw, fit, p.attention_model);
     p.fit_model = kernel_model_fits_for(hw, fit) != nullptr ? fit : "(pooled)";
     p.pdl_model = pdl_gap_model(hw, cm.preset, cm.tp);

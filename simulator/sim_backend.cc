@@ -1126,7 +1126,7 @@ SimBackend::SimBackend(const ModelSpec& model, const HardwareSpec& hw,
       // the same kernel names at the target's layer shapes and is priced by the same fits; no
       // calibration measures a draft alone.
       cost_(hw, kernel_fit_model(hw, model.name, options.layout.width()),
-            attention_fit_model(hw, model, options.layout.width())) {}
+            attention_fit_model(hw, model, options.layout)) {}
 
 void SimBackend::run(std::span<HostProgram* const> ranks, RunRecord& record) {
   Engine engine(model_, draft_, hw_, host_costs_, requests_, options_, cost_, record);

@@ -200,25 +200,25 @@ TEST(KernelModelFits, AModelNeverMeasuredTakesTheAttentionLineOfTheSameLaunch) {
       {"qwen3-30b-a3b", {{"attention", attention_line(9000, 5e-4, 30)}}});
   hw.kernel_model_fits.push_back({"llama-3-8b", {{"attention", attention_line(8000, 3e-4, 200)}}});
   const ModelSpec& l3 = model_preset("llama-3.2-3b");
-  EXPECT_EQ(attention_fit_model(hw, l3, 1), "llama-3-8b");
+  EXPECT_EQ(attention_fit_model(hw, l3, LayoutSpec{}), "llama-3-8b");
   // A model with its own attention line keeps it.
-  EXPECT_EQ(attention_fit_model(hw, model_preset("llama-3-8b"), 1), "");
+  EXPECT_EQ(attention_fit_model(hw, model_preset("llama-3-8b"), LayoutSpec{}), "");
   // Two ranks: 4 KV heads per rank, as Qwen3 on one GPU (the first match in profile order).
-  EXPECT_EQ(attention_fit_model(hw, l3, 2), "qwen3-30b-a3b");
+  EXPECT_EQ(attention_fit_model(hw, l3, calibration_layout(l3, 2)), "qwen3-30b-a3b");
   // Another KV element size, head dim or KV head count: no donor, the pooled line.
   ModelSpec fp8 = l3;
   fp8.kv_bytes = 1;
-  EXPECT_EQ(attention_fit_model(hw, fp8, 1), "");
+  EXPECT_EQ(attention_fit_model(hw, fp8, LayoutSpec{}), "");
   ModelSpec six = l3;
   for (LayerSpec& l : six.layers) l.attn.num_kv_heads = 6;
-  EXPECT_EQ(attention_fit_model(hw, six, 1), "");
+  EXPECT_EQ(attention_fit_model(hw, six, LayoutSpec{}), "");
   // More than 16 query heads per KV head: two row tiles, another launch.
   ModelSpec wide = l3;
   for (LayerSpec& l : wide.layers) l.attn.num_q_heads = 8 * 20;
-  EXPECT_EQ(attention_fit_model(hw, wide, 1), "");
+  EXPECT_EQ(attention_fit_model(hw, wide, LayoutSpec{}), "");
   // A donor without an attention fit is no donor.
   hw.kernel_model_fits[1].names[0].second.fitted = false;
-  EXPECT_EQ(attention_fit_model(hw, l3, 1), "");
+  EXPECT_EQ(attention_fit_model(hw, l3, LayoutSpec{}), "");
   hw.kernel_model_fits[1].names[0].second.fitted = true;
 
   // Priced: 4 MB of KV for 2 requests: 8000 + 1200 + 400 by the donor's line; without the donor
