@@ -20,8 +20,8 @@
 # CALIBRATE_PROFILE=FILE skips steps 2-3 and validates against that profile (e.g. the committed
 # results/profiles/h200-calibrated.yaml), with the real runs made here and now.
 # CALIBRATE_FROM_DB=FILE (.db, or .db.xz as results/ stores them) starts OUT/validation.db as a copy
-# of that calibration database, so the
-# profile is the fit of its sessions and the ones measured here (with CALIBRATE_ARGS=--spec-only:
+# of that calibration database, so the profile is the fit of its sessions and the ones measured
+# here (with CALIBRATE_ARGS=--spec-only:
 # the committed profile's sessions plus the speculative graphs measured now, ~15 s of GPU for
 # llama-3-8b; docs/calibration.md "Speculative graphs"); CALIBRATE_COLLECTIVES_FROM=FILE keeps
 # that profile's collective calibration in the final fit (calibrate --collectives-from).
