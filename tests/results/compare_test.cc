@@ -4,6 +4,8 @@
 
 #include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "policies/error.h"
 #include "results/format.h"
@@ -37,6 +39,15 @@ QueryResult ops_of(ResultsDb& db, const RunRecord& sim_rec, const RunRecord& rea
   db.finish_run(real, real_rec, {}, 1);
   return sim_vs_real_ops(db, {sim, real});
 }
+
+// The rows of an ops table by operation name (column 2), and its numeric cells.
+std::map<std::string, std::vector<Cell>> rows_by_op(const QueryResult& t) {
+  std::map<std::string, std::vector<Cell>> by_op;
+  for (const auto& row : t.rows) by_op[std::get<std::string>(row[2])] = row;
+  return by_op;
+}
+double num(const Cell& c) { return std::get<double>(c); }
+int64_t count(const Cell& c) { return std::get<int64_t>(c); }
 
 TEST(Compare, OneColumnPerRunInTheFixedOrder) {
   auto db = ResultsDb::open(":memory:");
@@ -114,8 +125,6 @@ TEST(Compare, OperationsMatchByStepLaneNameAndOccurrence) {
                        {0, Lane::kCompute, "o_proj", 5, 1200, 20, 0}};
   const QueryResult t = ops_of(db, sim_rec, real_rec);
   ASSERT_EQ(t.rows.size(), 4u);
-  auto num = [](const Cell& c) { return std::get<double>(c); };
-  auto count = [](const Cell& c) { return std::get<int64_t>(c); };
   // qkv: durations 100/110 and 50/40 -> means 75 = 75, |err| 10 ns each; starts relative to the
   // step anchors (sim 0, real 1000): 20 vs 10 and 130 vs 140 -> 10 ns each.
   EXPECT_EQ(std::get<std::string>(t.rows[0][2]), "qkv");
@@ -183,10 +192,7 @@ TEST(Compare, FusedRuntimeNodesMatchTheSimulatorsKernelRuns) {
                        {0, Lane::kCompute, "rope_kv_append", 1, 1400, 18, 0}};
   const QueryResult t = ops_of(db, sim_rec, real_rec);
   ASSERT_EQ(t.rows.size(), 4u);
-  std::map<std::string, std::vector<Cell>> by_op;
-  for (const auto& row : t.rows) by_op[std::get<std::string>(row[2])] = row;
-  auto num = [](const Cell& c) { return std::get<double>(c); };
-  auto count = [](const Cell& c) { return std::get<int64_t>(c); };
+  auto by_op = rows_by_op(t);
   // rope_kv_append: sim 15 and 16 ns, real 12 and 18 -> means 15.5 vs 15.
   ASSERT_TRUE(by_op.count("rope_kv_append"));
   EXPECT_EQ(count(by_op["rope_kv_append"][3]), 2);
@@ -220,9 +226,7 @@ TEST(Compare, SlotsRunFromOneNodesStartToTheNext) {
                        {0, Lane::kCompute, "attention", 1, 1039, 16, 0},
                        {0, Lane::kCompute, "o_proj", 1, 1055, 11, 0}};
   const QueryResult t = ops_of(db, sim_rec, real_rec);
-  std::map<std::string, std::vector<Cell>> by_op;
-  for (const auto& row : t.rows) by_op[std::get<std::string>(row[2])] = row;
-  auto num = [](const Cell& c) { return std::get<double>(c); };
+  auto by_op = rows_by_op(t);
   // sim slots: norm 8, qkv 27, attn 15, o 10 (the last: its duration) = 60, the step's span.
   // real slots: norm 9, qkv 30, attn 16, o 11; decode_graph outlasts every later span on both
   // sides: its duration, 60 and 70.
