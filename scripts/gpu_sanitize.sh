@@ -40,7 +40,12 @@
 # default TinySpec.DeviceEarlyExitChangesNothingButTime, whose draft runs in conditional IF bodies
 # of many kernels, which the tool misjudges: probe kinds 3-6; empty to include it), TWINSTEP_SANITIZE_ARGS (more
 # compute-sanitizer options for every shard, e.g. "--kernel-name-exclude kns=gemv_kernel" to
-# bisect a report).
+# bisect a report), TWINSTEP_SANITIZE_RUNTIME_RACECHECK_ARGS (options of the runtime suites'
+# racecheck shards; default: leave out the kernel families kernels_test already runs under
+# racecheck and cuBLAS's, below), TWINSTEP_SANITIZE_PLAN (only these "tool:suite" pairs, e.g.
+# "racecheck:runtime_tiny initcheck:spec_tiny"; default every tool of every suite),
+# TWINSTEP_SANITIZE_RUNTIME_CONCURRENT=1 (the runtime one-at-a-time pool beside the other
+# runtime pool on the same GPU, not after it).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_sanitize.sh OUT_DIR}
 mkdir -p "$out"
@@ -56,11 +61,19 @@ gpu_build "$out" kernels_test runtime_gpu_test runtime_spec_gpu_test cublas_init
 
 # suite name, binary, gtest filter, shards for racecheck (the slowest tool), shards otherwise,
 # tools. The runtime suites run one test per shard (14 and 8 tests): under initcheck a test takes
-# minutes. The runtime suites leave racecheck out: under it their processes die at the first engine
-# test (killed, or a segfault the tool blames on host access to mapped memory) after one test took
-# 329 s; racecheck checks shared memory inside kernels, and every kernel the engine launches runs
-# under it in kernels_test.
+# minutes. The runtime suites leave racecheck out by default: with every kernel instrumented their
+# processes died at the first engine test (killed, or a segfault the tool blames on host access to
+# mapped memory) after one test took 329 s. Racecheck checks shared memory inside kernels, and the
+# kernel families of kernels/ with shared memory run under it in kernels_test; the runtime's
+# racecheck shards leave those families (and cuBLAS) uninstrumented and check the rest: the
+# runtime's own kernels (runtime/*.cu) and kernels/'s other ones, in the engine's graphs.
 runtime_tools=${TWINSTEP_SANITIZE_RUNTIME_TOOLS:-memcheck initcheck synccheck}
+runtime_racecheck_args=${TWINSTEP_SANITIZE_RUNTIME_RACECHECK_ARGS-}
+if [ -z "${TWINSTEP_SANITIZE_RUNTIME_RACECHECK_ARGS+set}" ]; then
+  for family in gemv attention_ grouped_gemm lm_head_ moe_ rmsnorm nvjet cutlass; do
+    runtime_racecheck_args+=" --kernel-name-exclude kns=$family"
+  done
+fi
 suites=(
   "kernels|$build/tests/kernels/kernels_test|${TWINSTEP_SANITIZE_KERNELS_FILTER:-*}|12|3|$tools"
   "runtime_tiny|$build/tests/runtime/runtime_gpu_test|${TWINSTEP_SANITIZE_RUNTIME_FILTER:-TinyEngine.*:*TinyMoeEngine.*}|14|${TWINSTEP_SANITIZE_RUNTIME_SHARDS:-14}|$runtime_tools"
@@ -85,6 +98,7 @@ run_shard() {
   if [ "$tool" = synccheck ] && [ -n "$synccheck_exclude" ]; then
     if [[ $filter == *-* ]]; then filter="$filter:$synccheck_exclude"; else filter="$filter-$synccheck_exclude"; fi
   fi
+  [ "$suite" != kernels ] && [ "$tool" = racecheck ] && extra+=($runtime_racecheck_args)
   TWINSTEP_PREFILL_GEMM=$gemm GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$index timeout "$limit" \
     compute-sanitizer --tool "$tool" --print-limit 20 "${extra[@]}" $sanitizer_args "$bin" \
     --gtest_filter="$filter" >"$log" 2>&1
@@ -95,7 +109,8 @@ initcheck_prefill_gemm=${TWINSTEP_SANITIZE_INITCHECK_PREFILL_GEMM:-gemv}
 runtime_sync_limit=${TWINSTEP_SANITIZE_RUNTIME_SYNC_LIMIT:-16}
 sanitizer_args=${TWINSTEP_SANITIZE_ARGS:-}
 synccheck_exclude=${TWINSTEP_SANITIZE_SYNCCHECK_EXCLUDE-TinySpec.DeviceEarlyExitChangesNothingButTime}
-export out limit initcheck_prefill_gemm runtime_sync_limit sanitizer_args synccheck_exclude
+export out limit initcheck_prefill_gemm runtime_sync_limit sanitizer_args synccheck_exclude \
+  runtime_racecheck_args
 
 plan="$out/plan.txt"
 : >"$plan"
@@ -103,6 +118,8 @@ for tool in memcheck racecheck initcheck synccheck; do
   for entry in "${suites[@]}"; do
     IFS='|' read -r suite bin filter race_shards shards suite_tools <<<"$entry"
     [[ " $suite_tools " == *" $tool "* ]] || continue
+    [ -z "${TWINSTEP_SANITIZE_PLAN:-}" ] || [[ " $TWINSTEP_SANITIZE_PLAN " == *" $tool:$suite "* ]] ||
+      continue
     [ "$tool" = racecheck ] && shards=$race_shards
     for ((i = 0; i < shards; i++)); do
       echo "$tool $suite $bin $filter $shards $i" >>"$plan"
@@ -152,6 +169,8 @@ summarize() {
     for entry in "${suites[@]}"; do
       IFS='|' read -r suite _ _ _ _ suite_tools <<<"$entry"
       [[ " $suite_tools " == *" $tool "* ]] || continue
+      [ -z "${TWINSTEP_SANITIZE_PLAN:-}" ] || [[ " $TWINSTEP_SANITIZE_PLAN " == *" $tool:$suite "* ]] ||
+        continue
       logs=("$out/$suite.$tool".*.log)
       total=${#logs[@]}
       finished=0 errors=0 warnings=0 ok=0 failed=0 timed_out=0 empty=0
@@ -207,8 +226,8 @@ pools=($!)
 # racecheck shards (not in the default tools: their processes died several to a GPU) run the same
 # way, before synccheck.
 sync_jobs=${TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_JOBS:-1}
-if [ -n "$sync_gpu" ]; then
-  pool '[a-z_]*tiny' "$sync_jobs" "$sync_gpu" "racecheck synccheck" &
+if [ -n "$sync_gpu" ] || [ "${TWINSTEP_SANITIZE_RUNTIME_CONCURRENT:-0}" = 1 ]; then
+  pool '[a-z_]*tiny' "$sync_jobs" "${sync_gpu:-${TWINSTEP_SANITIZE_RUNTIME_GPU:-}}" "racecheck synccheck" &
   pools+=($!)
   pool '[a-z_]*tiny' "$runtime_jobs" "${TWINSTEP_SANITIZE_RUNTIME_GPU:-}" "initcheck memcheck" &
 else
