@@ -22,7 +22,7 @@ struct CalibrateOptions {
   std::vector<std::string> models = {"llama-3-8b"};
   // The in-situ grid: prompt contexts (tokens) and decode batches measured for every model.
   // Empty: the default grid (contexts 128, 512, 2048, 8192; batches 1..64 in powers of two,
-  // at most 16 above 4096 tokens; --quick: 128, 2048 and 1, 4, 16, 64). A narrower grid makes
+  // at most 32 above 4096 tokens; --quick: 128, 2048 and 1, 4, 16, 64). A narrower grid makes
   // a slow-prefill model (the runtime's MoE prefill) affordable.
   std::vector<int> contexts;
   std::vector<int> batches;

@@ -17,7 +17,8 @@
 # the first, the runtime suites run under initcheck with TWINSTEP_PREFILL_GEMM set to
 # TWINSTEP_SANITIZE_INITCHECK_PREFILL_GEMM (default gemv: the engine's projections over more than
 # 16 rows use the GEMV kernel instead of cuBLAS, so every byte the engine reads is written by a
-# kernel the tool tracks); under the other tools the engine uses cuBLAS as always. The runtime
+# kernel the tool tracks); under racecheck too (the tool fails on cuBLAS's sm_90 GEMMs with
+# "failed to handle a hardware exception"); under the other tools the engine uses cuBLAS. The runtime
 # shards under synccheck and initcheck run with --force-synchronization-limit
 # TWINSTEP_SANITIZE_RUNTIME_SYNC_LIMIT (default 16): a run-ahead engine queues launches faster
 # than the tools drain them, and the tools then fail to allocate their own device memory.
@@ -92,6 +93,9 @@ run_shard() {
   if [ "$suite" != kernels ] && [ "$tool" != memcheck ]; then
     extra=(--force-synchronization-limit "$runtime_sync_limit")
     [ "$tool" = initcheck ] && gemm=$initcheck_prefill_gemm
+    # Racecheck fails on cuBLAS's sm_90 GEMMs ("failed to handle a hardware exception", even
+    # with them excluded from instrumentation): the GEMV prefill path, as for initcheck.
+    [ "$tool" = racecheck ] && gemm=$initcheck_prefill_gemm
   fi
   # Tests synccheck cannot judge (conditional IF bodies of three or more kernels: the probe's kinds
   # 3-6) leave its runs; every kernel they launch runs under it in the other tests.

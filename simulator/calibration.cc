@@ -5,12 +5,14 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 #include <tuple>
 
 #include "policies/calibration_model.h"
 #include "policies/error.h"
 #include "policies/model_spec.h"
+#include "simulator/cost_model.h"
 #include "simulator/prefill_fit.h"
 #include "simulator/spec_graphs.h"
 
@@ -344,27 +346,37 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
 }
 
 std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationSample>& samples,
-                                                  double graph_gap_ns) {
-  // Unprofiled step medians per (model, batch) and mode, in context order: the PDL pass of a
-  // grid point runs right after its graph pass, so the i-th contexts of the two modes pair up.
+                                                  const HardwareSpec& hw) {
+  // Unprofiled PDL step medians per (model, batch), by context per request.
   using Key = std::pair<std::string, int64_t>;
-  std::map<Key, std::map<int64_t, std::vector<double>>> graph, pdl;
+  std::map<Key, std::map<int64_t, std::vector<double>>> pdl;
   for (const CalibrationSample& s : samples) {
-    if (s.kind != "step") continue;
-    if (s.mode == "graph") graph[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
-    if (s.mode == "pdl") pdl[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
+    if (s.kind == "step" && s.mode == "pdl" && s.batch >= 1) {
+      pdl[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
+    }
   }
-  std::map<Key, std::vector<double>> gaps;  // by model and batch (rows: one token per request)
-  for (const auto& [key, g] : graph) {
-    auto it = pdl.find(key);
-    if (it == pdl.end() || it->second.size() != g.size()) continue;
-    if (!is_calibration_model(key.first)) continue;
-    auto gi = g.begin();
-    for (auto pi = it->second.begin(); pi != it->second.end(); ++pi, ++gi) {
-      StepKernels sk;
-      calibration_step_kernels(key.first, decode_shape(int32_t(key.second), 1, 0), sk);
-      const double nodes = double(sk.node_count());
-      gaps[key].push_back(graph_gap_ns + (median(pi->second) - median(gi->second)) / nodes);
+  // Each label priced as a simulated one-rank run of it prices it (calibration_eval.cc does the
+  // same): its own kernel fits (its TP shard's where measured), a donor's attention line where
+  // it has none.
+  std::map<std::string, std::unique_ptr<CostModel>> cost;
+  std::map<Key, std::vector<double>> gaps;
+  StepKernels sk;
+  for (const auto& [key, by_ctx] : pdl) {
+    const auto& [label, batch] = key;
+    if (!is_calibration_model(label)) continue;
+    auto it = cost.find(label);
+    if (it == cost.end()) {
+      const CalibrationModel cm = parse_calibration_model(label);
+      const ModelSpec& model = model_preset(cm.preset);
+      it = cost.emplace(label, std::make_unique<CostModel>(
+                                   hw, kernel_fit_model(hw, cm.preset, cm.tp),
+                                   attention_fit_model(hw, model, calibration_layout(model, cm.tp))))
+               .first;
+    }
+    for (const auto& [ctx, v] : by_ctx) {
+      calibration_step_kernels(label, decode_shape(int32_t(batch), 1, ctx * batch), sk);
+      const GraphCost c = it->second->graph_cost(sk);
+      gaps[key].push_back((median(v) - double(c.busy_ns)) / double(c.nodes));
     }
   }
   std::vector<HardwareSpec::PdlGap> out;
@@ -567,7 +579,6 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     }
     if (!fits.names.empty()) p.hw.kernel_model_fits.push_back(std::move(fits));
   }
-  p.hw.pdl_node_gap_by_rows = pdl_gap_by_rows(samples, graph_gap);
 
   auto set_median = [&](const char* kind, const char* mode, int64_t* field) {
     const std::vector<double> v = values(samples, kind, mode);
@@ -679,6 +690,9 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     p.measurements.emplace_back("prefill.fit.mean_err_unfitted", prefill.mean_err_unfitted);
     p.measurements.emplace_back("prefill.fit.max_rel_err_unfitted", prefill.max_rel_err_unfitted);
   }
+  // PDL gaps against the kernel fits and figures above: what makes each measured PDL step's
+  // priced kernels plus one gap per node reproduce it.
+  p.hw.pdl_node_gap_by_rows = pdl_gap_by_rows(samples, p.hw);
   // Speculative graphs (simulator/spec_graphs.h): last, against the kernel fits and node gap
   // fitted above, which the residuals correct.
   p.hw.spec_graph_residuals = fit_spec_graph_residuals(samples, p.hw);

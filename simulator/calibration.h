@@ -86,11 +86,13 @@ struct ResidualSample {
 std::vector<ResidualSample> residual_kernel_samples(const std::vector<CalibrationSample>& samples,
                                                     double graph_gap_ns);
 
-// The PDL node gap per model and decode batch (rows), signed: per grid point measured in both
-// modes, gap_graph + (T_pdl − T_graph) / step_kernels' node count, the median over the contexts
-// of a batch. By model, rows ascending (HardwareSpec::pdl_node_gap_by_rows).
+// The PDL node gap per model and decode batch (rows), signed: per grid point's unprofiled PDL
+// step median T_pdl, (T_pdl − busy) / nodes, where busy and nodes are `hw`'s price of the
+// point's step kernels (CostModel::graph_cost, as a simulated one-rank run of the label prices
+// them), the median over the contexts of a batch: the gap with which the simulator reproduces the
+// measured PDL steps. By model, rows ascending (HardwareSpec::pdl_node_gap_by_rows).
 std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationSample>& samples,
-                                                  double graph_gap_ns);
+                                                  const HardwareSpec& hw);
 
 // Human-readable fit summary: per class R², max relative error and sample count; the figures.
 std::string calibration_report(const CalibrationProfile& profile);

@@ -914,33 +914,36 @@ TEST(ResidualKernels, FitCalibrationFitsTheLostClassFromThem) {
   EXPECT_TRUE(has_qkv);
 }
 
-TEST(PdlGap, ByRowsFromGraphAndPdlStepPairs) {
-  StepKernels sk;
-  step_kernels(model_preset("llama-3-8b"), decode_shape(1, 1, 0), sk);
-  const double nodes = double(sk.node_count());
+TEST(PdlGap, ByRowsReproducesTheMeasuredPdlSteps) {
+  // Against the preset's own prices (no kernel fits): a PDL step measured at the priced busy time
+  // plus a known gap per node gives that gap back; the median over contexts takes the middle one.
+  const HardwareSpec preset = hardware_preset("h200");
+  const CostModel cost(preset);
   std::vector<CalibrationSample> s;
-  auto step = [&](const char* mode, int64_t batch, int64_t ctx, double ns) {
+  auto step = [&](const char* mode, int64_t batch, int64_t ctx, double gap_ns) {
+    StepKernels sk;
+    step_kernels(model_preset("llama-3-8b"), decode_shape(int32_t(batch), 1, ctx * batch), sk);
+    const GraphCost c = cost.graph_cost(sk);
     CalibrationSample x;
     x.kind = "step";
     x.model = "llama-3-8b";
     x.mode = mode;
     x.batch = batch;
     x.ctx_tokens = ctx;
-    x.value_ns = ns;
+    x.value_ns = double(c.busy_ns) + gap_ns * double(c.nodes);
     s.push_back(x);
   };
-  // PDL steps faster than the graph steps by a known amount per step_kernels node.
-  for (const int64_t ctx : {128, 2048}) {
-    step("graph", 1, ctx, 4e6);
-    step("pdl", 1, ctx + 18, 4e6 - 600 * nodes);  // gap 500 − 600 = −100 (an overlap)
-    step("graph", 32, ctx, 6e6);
-    step("pdl", 32, ctx + 18, 6e6 - 300 * nodes);  // 500 − 300 = 200
-  }
-  const std::vector<HardwareSpec::PdlGap> g = pdl_gap_by_rows(s, 500);
+  step("pdl", 1, 146, -100);  // an overlap: the prologue under the predecessor's tail
+  step("pdl", 1, 2066, -140);
+  step("pdl", 1, 8210, -90);
+  step("graph", 1, 146, 5000);  // graph steps play no part
+  step("pdl", 32, 146, 200);
+  step("pdl", 32, 2066, 200);
+  const std::vector<HardwareSpec::PdlGap> g = pdl_gap_by_rows(s, preset);
   ASSERT_EQ(g.size(), 2u);
   EXPECT_EQ(g[0].model, "llama-3-8b");
   EXPECT_EQ(g[0].rows, 1);
-  EXPECT_EQ(g[0].gap_ns, -100);
+  EXPECT_EQ(g[0].gap_ns, -100);  // median of -140, -100, -90
   EXPECT_EQ(g[1].rows, 32);
   EXPECT_EQ(g[1].gap_ns, 200);
 
