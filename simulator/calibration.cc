@@ -368,10 +368,11 @@ std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationS
     if (it == cost.end()) {
       const CalibrationModel cm = parse_calibration_model(label);
       const ModelSpec& model = model_preset(cm.preset);
-      it = cost.emplace(label, std::make_unique<CostModel>(
-                                   hw, kernel_fit_model(hw, cm.preset, cm.tp),
-                                   attention_fit_model(hw, model, calibration_layout(model, cm.tp))))
-               .first;
+      it =
+          cost.emplace(label, std::make_unique<CostModel>(
+                                  hw, kernel_fit_model(hw, cm.preset, cm.tp),
+                                  attention_fit_model(hw, model, calibration_layout(model, cm.tp))))
+              .first;
     }
     for (const auto& [ctx, v] : by_ctx) {
       calibration_step_kernels(label, decode_shape(int32_t(batch), 1, ctx * batch), sk);
