@@ -73,7 +73,7 @@ std::string shard_or_model(const std::string& model, int32_t tp, Measured measur
 
 std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int32_t tp) {
   return shard_or_model(model, tp, [&](const std::string& shard) {
-    for (const HardwareSpec::PdlGap& g : hw.pdl_node_gap_by_rows) {
+    for (const HardwareSpec::NodeGap& g : hw.pdl_node_gap_by_rows) {
       if (g.model == shard) return true;
     }
     return false;

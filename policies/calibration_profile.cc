@@ -522,7 +522,8 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
   const auto top =
       r.mapping(doc, "the profile",
                 {"format", "name", "base", "header", "figures", "kernels", "kernel_names",
-                 "kernel_model_fits", "pdl_node_gap_by_rows", "host_ops", "measurements",
+                 "kernel_model_fits", "pdl_node_gap_by_rows", "graph_node_gap_by_rows",
+                 "host_ops", "measurements",
                  "collective_skew", "spec_graph_residuals"});
   CalibrationProfile p;
   const YAML::Node& format = r.require(top, doc, "format", "the profile");
@@ -600,9 +601,13 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
       p.hw.kernel_model_fits.push_back(std::move(fits));
     }
   }
-  if (const YAML::Node* gn = Reader::find(top, "pdl_node_gap_by_rows")) {
-    for (const auto& [model, mv] : r.mapping(*gn, "pdl_node_gap_by_rows", {})) {
-      const std::string mwhat = "pdl_node_gap_by_rows." + model;
+  for (const auto& [section, table] :
+       {std::pair{"pdl_node_gap_by_rows", &p.hw.pdl_node_gap_by_rows},
+        std::pair{"graph_node_gap_by_rows", &p.hw.graph_node_gap_by_rows}}) {
+    const YAML::Node* gn = Reader::find(top, section);
+    if (gn == nullptr) continue;
+    for (const auto& [model, mv] : r.mapping(*gn, section, {})) {
+      const std::string mwhat = std::string(section) + "." + model;
       int64_t prev = 0;
       for (const auto& [key, v] : r.mapping(mv, mwhat, {})) {
         const std::string what = mwhat + "." + key;
@@ -613,7 +618,7 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
           r.fail(v.Mark(), what + ": keys must be row counts in [1, 2^30], ascending");
         }
         prev = rows;
-        p.hw.pdl_node_gap_by_rows.push_back(
+        table->push_back(
             {model, rows, r.integer(v, what, -(int64_t(1) << 40), int64_t(1) << 40)});
       }
     }
@@ -717,13 +722,12 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
     }
     o << "\n";
   }
-  if (!p.hw.pdl_node_gap_by_rows.empty()) {
-    o << "# PDL node gap (ns, signed: negative = overlap) per model and decode rows; a step of R "
-         "rows uses\n# the model's first entry with rows >= R, its last above it; other models "
-         "pdl_node_gap_ns.\n";
-    o << "pdl_node_gap_by_rows:";
+  auto gap_table = [&](const char* section, const std::vector<HardwareSpec::NodeGap>& table,
+                       const char* comment) {
+    if (table.empty()) return;
+    o << comment << section << ":";
     const std::string* model = nullptr;
-    for (const HardwareSpec::PdlGap& g : p.hw.pdl_node_gap_by_rows) {
+    for (const HardwareSpec::NodeGap& g : table) {
       if (model == nullptr || *model != g.model) {
         o << (model != nullptr ? "}" : "") << "\n  " << quoted(g.model) << ": {";
         model = &g.model;
@@ -733,7 +737,14 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
       o << g.rows << ": " << g.gap_ns;
     }
     o << "}\n";
-  }
+  };
+  gap_table("pdl_node_gap_by_rows", p.hw.pdl_node_gap_by_rows,
+            "# PDL node gap (ns, signed: negative = overlap) per model and decode rows; a step of R "
+            "rows uses\n# the model's first entry with rows >= R, its last above it; other models "
+            "pdl_node_gap_ns.\n");
+  gap_table("graph_node_gap_by_rows", p.hw.graph_node_gap_by_rows,
+            "# Graph-mode node gap (ns) of plain decode steps per model and rows, looked up the "
+            "same way;\n# other models and other graph launches graph_node_gap_ns.\n");
   write_spec_graph_residuals(o, p.hw);
   o << "host_ops:";
   for (const auto& [name, d] : p.host_ops) {

@@ -140,14 +140,28 @@ std::vector<std::string> hardware_preset_names() {
 
 namespace twinstep {
 
-int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {
-  const HardwareSpec::PdlGap* last = nullptr;
-  for (const HardwareSpec::PdlGap& g : hw.pdl_node_gap_by_rows) {
+namespace {
+
+// `model`'s entry of the smallest rows >= `rows` in `table`, its last above them, else `fallback`.
+int64_t node_gap_in(const std::vector<HardwareSpec::NodeGap>& table, const std::string& model,
+                    int64_t rows, int64_t fallback) {
+  const HardwareSpec::NodeGap* last = nullptr;
+  for (const HardwareSpec::NodeGap& g : table) {
     if (g.model != model) continue;
     if (rows <= g.rows) return g.gap_ns;
     last = &g;
   }
-  return last != nullptr ? last->gap_ns : hw.pdl_node_gap_ns;
+  return last != nullptr ? last->gap_ns : fallback;
+}
+
+}  // namespace
+
+int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {
+  return node_gap_in(hw.pdl_node_gap_by_rows, model, rows, hw.pdl_node_gap_ns);
+}
+
+int64_t graph_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {
+  return node_gap_in(hw.graph_node_gap_by_rows, model, rows, hw.graph_node_gap_ns);
 }
 
 const HardwareSpec::ModelKernelFits* kernel_model_fits_for(const HardwareSpec& hw,

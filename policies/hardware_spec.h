@@ -148,12 +148,17 @@ struct HardwareSpec {
   // busy time instead of adding idle. The overlap depends on the kernel mix (by batch it goes
   // from -1 us to +9.5 us per node on Llama-3-8B), so a model never measured uses
   // pdl_node_gap_ns, the gap alone.
-  struct PdlGap {
+  struct NodeGap {
     std::string model;
     int64_t rows = 0;
     int64_t gap_ns = 0;
   };
-  std::vector<PdlGap> pdl_node_gap_by_rows;  // grouped by model, rows ascending in a model
+  std::vector<NodeGap> pdl_node_gap_by_rows;  // grouped by model, rows ascending in a model
+  // The same for plain CUDA-graph decode steps (Phase::kDecode launches): the gap per node that
+  // reproduces the measured unprofiled graph steps of the model and rows over their priced
+  // kernels. Other launches in graph mode (speculative graphs, whose residuals are fitted against
+  // graph_node_gap_ns) and models never measured use graph_node_gap_ns.
+  std::vector<NodeGap> graph_node_gap_by_rows;
 
   // ---- Speculative graphs (issue #6; `twinstep calibrate`, docs/calibration.md "Speculative
   // graphs") ----
@@ -211,6 +216,9 @@ struct HardwareSpec {
 // The PDL node gap of a step of `model` with `rows` rows (pdl_node_gap_by_rows, else
 // pdl_node_gap_ns).
 int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows);
+// The graph-mode node gap of a plain decode step of `model` with `rows` rows
+// (graph_node_gap_by_rows, else graph_node_gap_ns).
+int64_t graph_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows);
 // The kernel_model_fits entry of `model`, or nullptr; points into hw.
 const HardwareSpec::ModelKernelFits* kernel_model_fits_for(const HardwareSpec& hw,
                                                            const std::string& model);

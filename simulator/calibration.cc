@@ -345,14 +345,14 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
   return out;
 }
 
-std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationSample>& samples,
-                                                  const HardwareSpec& hw) {
-  // Unprofiled PDL step medians per (model, batch), by context per request.
+std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<CalibrationSample>& samples,
+                                                   const HardwareSpec& hw, std::string_view mode) {
+  // Unprofiled step medians of the mode per (model, batch), by context per request.
   using Key = std::pair<std::string, int64_t>;
-  std::map<Key, std::map<int64_t, std::vector<double>>> pdl;
+  std::map<Key, std::map<int64_t, std::vector<double>>> steps;
   for (const CalibrationSample& s : samples) {
-    if (s.kind == "step" && s.mode == "pdl" && s.batch >= 1) {
-      pdl[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
+    if (s.kind == "step" && s.mode == mode && s.batch >= 1) {
+      steps[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
     }
   }
   // Each label priced as a simulated one-rank run of it prices it (calibration_eval.cc does the
@@ -361,7 +361,7 @@ std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationS
   std::map<std::string, std::unique_ptr<CostModel>> cost;
   std::map<Key, std::vector<double>> gaps;
   StepKernels sk;
-  for (const auto& [key, by_ctx] : pdl) {
+  for (const auto& [key, by_ctx] : steps) {
     const auto& [label, batch] = key;
     if (!is_calibration_model(label)) continue;
     auto it = cost.find(label);
@@ -380,7 +380,7 @@ std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationS
       gaps[key].push_back((median(v) - double(c.busy_ns)) / double(c.nodes));
     }
   }
-  std::vector<HardwareSpec::PdlGap> out;
+  std::vector<HardwareSpec::NodeGap> out;
   for (const auto& [key, v] : gaps) out.push_back({key.first, key.second, std::llround(median(v))});
   return out;
 }
@@ -691,9 +691,10 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     p.measurements.emplace_back("prefill.fit.mean_err_unfitted", prefill.mean_err_unfitted);
     p.measurements.emplace_back("prefill.fit.max_rel_err_unfitted", prefill.max_rel_err_unfitted);
   }
-  // PDL gaps against the kernel fits and figures above: what makes each measured PDL step's
-  // priced kernels plus one gap per node reproduce it.
-  p.hw.pdl_node_gap_by_rows = pdl_gap_by_rows(samples, p.hw);
+  // Graph and PDL gaps against the kernel fits and figures above: what makes each measured
+  // step's priced kernels plus one gap per node reproduce it.
+  p.hw.pdl_node_gap_by_rows = node_gap_by_rows(samples, p.hw, "pdl");
+  p.hw.graph_node_gap_by_rows = node_gap_by_rows(samples, p.hw, "graph");
   // Speculative graphs (simulator/spec_graphs.h): last, against the kernel fits and node gap
   // fitted above, which the residuals correct.
   p.hw.spec_graph_residuals = fit_spec_graph_residuals(samples, p.hw);
@@ -769,10 +770,13 @@ std::string calibration_report(const CalibrationProfile& p) {
       out += "\n";
     }
   }
-  for (const HardwareSpec::PdlGap& g : p.hw.pdl_node_gap_by_rows) {
-    std::snprintf(line, sizeof line, "pdl node gap %s rows %lld: %lld ns\n", g.model.c_str(),
-                  static_cast<long long>(g.rows), static_cast<long long>(g.gap_ns));
-    out += line;
+  for (const auto& [mode, table] : {std::pair{"pdl", &p.hw.pdl_node_gap_by_rows},
+                                     std::pair{"graph", &p.hw.graph_node_gap_by_rows}}) {
+    for (const HardwareSpec::NodeGap& g : *table) {
+      std::snprintf(line, sizeof line, "%s node gap %s rows %lld: %lld ns\n", mode, g.model.c_str(),
+                    static_cast<long long>(g.rows), static_cast<long long>(g.gap_ns));
+      out += line;
+    }
   }
   if (!p.hw.spec_graph_residuals.empty()) {
     std::snprintf(line, sizeof line,

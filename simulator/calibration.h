@@ -7,6 +7,7 @@
 #include <Eigen/Dense>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -86,13 +87,14 @@ struct ResidualSample {
 std::vector<ResidualSample> residual_kernel_samples(const std::vector<CalibrationSample>& samples,
                                                     double graph_gap_ns);
 
-// The PDL node gap per model and decode batch (rows), signed: per grid point's unprofiled PDL
-// step median T_pdl, (T_pdl − busy) / nodes, where busy and nodes are `hw`'s price of the
-// point's step kernels (CostModel::graph_cost, as a simulated one-rank run of the label prices
-// them), the median over the contexts of a batch: the gap with which the simulator reproduces the
-// measured PDL steps. By model, rows ascending (HardwareSpec::pdl_node_gap_by_rows).
-std::vector<HardwareSpec::PdlGap> pdl_gap_by_rows(const std::vector<CalibrationSample>& samples,
-                                                  const HardwareSpec& hw);
+// The node gap of graph mode `mode` ("pdl" or "graph") per model and decode batch (rows),
+// signed: per grid point's unprofiled step median T of that mode, (T − busy) / nodes, where busy
+// and nodes are `hw`'s price of the point's step kernels (CostModel::graph_cost, as a simulated
+// one-rank run of the label prices them), the median over the contexts of a batch: the gap with
+// which the simulator reproduces the measured steps. By model, rows ascending
+// (HardwareSpec::pdl_node_gap_by_rows, graph_node_gap_by_rows).
+std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<CalibrationSample>& samples,
+                                                   const HardwareSpec& hw, std::string_view mode);
 
 // Human-readable fit summary: per class R², max relative error and sample count; the figures.
 std::string calibration_report(const CalibrationProfile& profile);

@@ -41,7 +41,7 @@ struct ErrorSum {
 struct Pricing {
   std::unique_ptr<CostModel> cost;
   std::string fit_model;        // kernel_model_fits key, or "(pooled)"
-  std::string pdl_model;        // pdl_node_gap_by_rows key
+  std::string pdl_model;        // pdl_node_gap_by_rows / graph_node_gap_by_rows key
   std::string attention_model;  // attention_fit_model: whose attention fit, empty: its own
 };
 
@@ -140,7 +140,7 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     // node_gap_ns); a negative PDL gap shortens the span, never below zero.
     r.gap_ns = mode == "pdl"     ? double(pdl_node_gap_for(hw, p.pdl_model, batch))
                : mode == "eager" ? double(hw.eager_node_gap_ns)
-                                 : double(hw.graph_node_gap_ns);
+                                 : double(graph_node_gap_for(hw, p.pdl_model, batch));
     r.priced_us = std::max(0.0, r.kernels_us + double(r.nodes) * r.gap_ns / 1e3);
     r.err_pct = 100.0 * (r.priced_us - r.measured_us) / r.measured_us;
     e.steps.push_back(r);

@@ -27,7 +27,7 @@ struct KernelEvalRow {
 };
 
 // One grid point's step: the step kernels of calibration_step_kernels() priced by CostModel
-// plus one node gap per node (the mode's gap as the simulator takes it: graph_node_gap_ns,
+// plus one node gap per node (the mode's gap as the simulator takes it: graph_node_gap_for(),
 // pdl_node_gap_for(), eager_node_gap_ns), against the median of the measured unprofiled steps.
 struct StepEvalRow {
   std::string model;

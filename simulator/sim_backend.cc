@@ -486,17 +486,21 @@ class Engine {
 
   // The GPU time between consecutive nodes of launch `g` running `w`. PDL: by model and rows
   // where the profile measured it (pdl_node_gap_for); it may be negative (an overlap of a
-  // kernel's prologue with its predecessor's tail), which shortens the launch's span. Eager:
+  // kernel's prologue with its predecessor's tail), which shortens the launch's span. Graph: a
+  // plain decode step by model and rows where measured (graph_node_gap_for), other launches
+  // (speculative graphs: their residuals are fitted against it) graph_node_gap_ns. Eager:
   // between kernels already queued (eager_node_gap_ns); a kernel launched late waits for its
   // launch besides.
   int64_t node_gap_ns(const GraphLaunch& g, const DeviceWork& w) const {
+    const std::string& key = w.model == &draft_ ? pdl_draft_ : pdl_model_;
     switch (g.mode) {
       case GraphMode::kCudaGraphPdl:
-        return pdl_node_gap_for(hw_, w.model == &draft_ ? pdl_draft_ : pdl_model_, w.shape.tokens);
+        return pdl_node_gap_for(hw_, key, w.shape.tokens);
       case GraphMode::kEager:
         return hw_.eager_node_gap_ns;
       default:
-        return hw_.graph_node_gap_ns;
+        return g.phase == Phase::kDecode ? graph_node_gap_for(hw_, key, w.shape.tokens)
+                                         : hw_.graph_node_gap_ns;
     }
   }
 
@@ -1095,7 +1099,8 @@ class Engine {
   const CostModel& cost_;
   RunRecord& record_;
   int32_t width_;
-  // pdl_node_gap_by_rows keys of the target and the draft: a measured TP shard where there is one
+  // pdl_node_gap_by_rows / graph_node_gap_by_rows keys of the target and the draft: a measured TP
+  // shard where there is one
   // (policies/calibration_model.h), else the model.
   std::string pdl_model_, pdl_draft_;
   bool spec_residuals_;  // the profile has speculative graph residuals of this one-GPU run's model

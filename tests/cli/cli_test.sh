@@ -177,19 +177,19 @@ check "compare --accept-tolerance exits 3 when exceeded" test $? -eq 3
 check "compare --accept-tolerance says by how much" grep -q "mean accept length differ by up to" "$work/accept.err"
 
 # calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 calibration:
-# sessions 1-4 of d6c9f62, Llama-3-8B, Qwen3-30B-A3B and their TP2 shards; 5 and 6 of f8c2eac,
-# the speculative graphs and the prefill passes; 7 of 1c0e379, the speculative graphs again).
+# sessions 1-4 of 5c5e820, Qwen3-30B-A3B, the prefill passes, the TP2 shards of Llama-3-8B and
+# Qwen3-30B-A3B; 5 of 90df587, the Llama-3-8B grid; 6 of 90df587, the speculative graphs).
 cdb=$work/calib.db
-cp "$src/results/h200/calibration_1c0e379.db" "$cdb"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 7 --out "$work/s1.yaml" >/dev/null 2>&1
-check "fit-only of session 7 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
+cp "$src/results/h200/calibration_90df587.db" "$cdb"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 6 --out "$work/s1.yaml" >/dev/null 2>&1
+check "fit-only of session 6 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
-check "session 7 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4,5,6,7 \
+check "session 6 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4,5,6 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
 check "the committed profile is the refit of the committed sessions" test "$(grep -v 'command:' "$work/h200-calibrated.yaml")" = "$(grep -v 'command:' "$src/results/profiles/h200-calibrated.yaml")"
-check "session 5's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
-check "session 6's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
+check "session 6's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
+check "session 2's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/d6c9f62.yaml" >/dev/null 2>&1
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,8 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions.err"
@@ -215,15 +215,15 @@ check "a refit of a profile without one writes none" test "$(grep -c '^collectiv
 "$bin" --db "$cdb" calibrate --fit-only --collectives-from "$work/s1.yaml" --out "$work/none.yaml" >/dev/null 2>"$work/kept.err"
 check "a profile without collectives is refused" grep -q "holds no nccl.\* measurements" "$work/kept.err"
 
-# Held-out evaluation: Llama-3-8B (session 1) priced by a fit of the other three sessions, i.e.
+# Held-out evaluation: Llama-3-8B (session 5) priced by a fit of sessions 1-4, i.e.
 # by the pooled name and class fits, as a simulated run of a never-measured model would be.
-"$bin" --db "$cdb" calibrate --fit-only --sessions 2,3,4 --out "$work/lomo.yaml" \
-  --evaluate-db "$cdb" --evaluate-sessions 1 >"$work/lomo.out" 2>&1
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 --out "$work/lomo.yaml" \
+  --evaluate-db "$cdb" --evaluate-sessions 5 >"$work/lomo.out" 2>&1
 check "--evaluate-db evaluates after the fit" test $? -eq 0
 check "the held-out model has no fits of its own" grep -q "model llama-3-8b priced with the kernel fits of no model of its own" "$work/lomo.out"
-check "errors per kernel name over every sample" grep -Eq "^llama-3-8b +qkv_proj +832 " "$work/lomo.out"
-check "the lost lm_head from the step residuals" grep -Eq "^llama-3-8b +lm_head \(residual\) +26 " "$work/lomo.out"
-check "and the step sums per mode" grep -q "^steps llama-3-8b pdl: 26 points" "$work/lomo.out"
+check "errors per kernel name over every sample" grep -Eq "^llama-3-8b +qkv_proj +864 " "$work/lomo.out"
+check "the lost lm_head from the step residuals" grep -Eq "^llama-3-8b +lm_head \(residual\) +27 " "$work/lomo.out"
+check "and the step sums per mode" grep -q "^steps llama-3-8b pdl: 27 points" "$work/lomo.out"
 "$bin" calibrate-eval --profile "$src/results/profiles/h200-calibrated.yaml" --db "$cdb" --sessions 3 --by-batch >"$work/eval.out" 2>&1
 check "calibrate-eval prices a fitted shard by its own fits" grep -q "model llama-3-8b@tp2 priced with the kernel fits of 'llama-3-8b@tp2'" "$work/eval.out"
 check "--by-batch splits the kernel errors by batch" grep -Eq "^llama-3-8b@tp2 +o_proj +16 +64 " "$work/eval.out"

@@ -584,6 +584,7 @@ TEST_F(ProfileDir, BrokenProfileGivesItsPositionAndTheAvailableProfiles) {
       path +
           ":3:1: unknown field 'extra' in the profile; known: format, name, base, "
           "header, figures, kernels, kernel_names, kernel_model_fits, pdl_node_gap_by_rows, "
+          "graph_node_gap_by_rows, "
           "host_ops, measurements, collective_skew, spec_graph_residuals (presets: b200, b300, "
           "h100, h20, h200; calibrated profiles in " +
           dir_.string() + ": broken, h200-test)");
@@ -914,7 +915,7 @@ TEST(ResidualKernels, FitCalibrationFitsTheLostClassFromThem) {
   EXPECT_TRUE(has_qkv);
 }
 
-TEST(PdlGap, ByRowsReproducesTheMeasuredPdlSteps) {
+TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   // Against the preset's own prices (no kernel fits): a PDL step measured at the priced busy time
   // plus a known gap per node gives that gap back; the median over contexts takes the middle one.
   const HardwareSpec preset = hardware_preset("h200");
@@ -939,13 +940,17 @@ TEST(PdlGap, ByRowsReproducesTheMeasuredPdlSteps) {
   step("graph", 1, 146, 5000);  // graph steps play no part
   step("pdl", 32, 146, 200);
   step("pdl", 32, 2066, 200);
-  const std::vector<HardwareSpec::PdlGap> g = pdl_gap_by_rows(s, preset);
+  const std::vector<HardwareSpec::NodeGap> g = node_gap_by_rows(s, preset, "pdl");
   ASSERT_EQ(g.size(), 2u);
   EXPECT_EQ(g[0].model, "llama-3-8b");
   EXPECT_EQ(g[0].rows, 1);
   EXPECT_EQ(g[0].gap_ns, -100);  // median of -140, -100, -90
   EXPECT_EQ(g[1].rows, 32);
   EXPECT_EQ(g[1].gap_ns, 200);
+  const std::vector<HardwareSpec::NodeGap> graph = node_gap_by_rows(s, preset, "graph");
+  ASSERT_EQ(graph.size(), 1u);  // the one graph step
+  EXPECT_EQ(graph[0].rows, 1);
+  EXPECT_EQ(graph[0].gap_ns, 5000);
 
   HardwareSpec hw = hardware_preset("h200");
   hw.pdl_node_gap_ns = 50;
@@ -956,7 +961,7 @@ TEST(PdlGap, ByRowsReproducesTheMeasuredPdlSteps) {
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 1), 50);   // a model never measured
 }
 
-TEST(CalibrationProfile, NameFitsAndPdlGapsRoundTrip) {
+TEST(CalibrationProfile, NameFitsAndNodeGapsRoundTrip) {
   CalibrationProfile p = fit_calibration(synthetic_session(), "h200-test", "h200", kHeader);
   KernelFit f;
   f.fitted = true;
@@ -974,6 +979,7 @@ TEST(CalibrationProfile, NameFitsAndPdlGapsRoundTrip) {
   p.hw.kernel_name_fits[1].second.split_intensity = 16.5;
   p.hw.kernel_name_fits[1].second.wide_base_ns = 4000;
   p.hw.pdl_node_gap_by_rows = {{"llama-3-8b", 1, -966}, {"llama-3-8b", 16, 9516}, {"other", 4, 0}};
+  p.hw.graph_node_gap_by_rows = {{"llama-3-8b", 1, 781}, {"llama-3-8b", 2, 640}};
   const CalibrationProfile q = parse_calibration_profile(write_calibration_profile(p), "mem");
   ASSERT_EQ(q.hw.kernel_name_fits.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -986,6 +992,11 @@ TEST(CalibrationProfile, NameFitsAndPdlGapsRoundTrip) {
     EXPECT_EQ(q.hw.pdl_node_gap_by_rows[i].rows, p.hw.pdl_node_gap_by_rows[i].rows);
     EXPECT_EQ(q.hw.pdl_node_gap_by_rows[i].gap_ns, p.hw.pdl_node_gap_by_rows[i].gap_ns);
   }
+  ASSERT_EQ(q.hw.graph_node_gap_by_rows.size(), 2u);
+  EXPECT_EQ(q.hw.graph_node_gap_by_rows[1].rows, 2);
+  EXPECT_EQ(q.hw.graph_node_gap_by_rows[1].gap_ns, 640);
+  EXPECT_EQ(graph_node_gap_for(q.hw, "llama-3-8b", 1), 781);
+  EXPECT_EQ(graph_node_gap_for(q.hw, "llama-3.2-3b", 1), q.hw.graph_node_gap_ns);
   EXPECT_THROW(parse_calibration_profile(
                    "format: 1\nname: x\nbase: h200\nheader: {command: c, commit: c, gpu: g, "
                    "driver: d, date: d}\npdl_node_gap_by_rows: {m: {4: 1, 2: 1}}\n",

@@ -112,17 +112,18 @@ int64_t committed_step_ns(const std::string& model, int32_t tp, int32_t batch, i
   return cost.graph_cost(sk).busy_ns;
 }
 
-// The values before the change (5401ce7), for shapes inside what the profile measured: the
-// committed profile's decode prices are those the validation runs were compared with.
+// The committed profile's decode prices for shapes inside what it measured, as its validation
+// runs were compared with them (results/h200/validation_90df587.json): a pricing change that
+// moves a decode price shows here (the prefill rates must not). Re-pinned with each new profile.
 TEST(PrefillPricing, DecodeOfTheCommittedProfileIsUnchanged) {
-  EXPECT_EQ(committed_step_ns("llama-3-8b", 1, 1, 1, 128), 4573638);
-  EXPECT_EQ(committed_step_ns("llama-3-8b", 1, 16, 1, 8192), 9227233);
-  EXPECT_EQ(committed_step_ns("llama-3-8b", 1, 64, 1, 8192), 21789364);
-  EXPECT_EQ(committed_step_ns("llama-3-8b", 1, 4, 16, 8192), 7141716);  // verify, 64 rows
-  EXPECT_EQ(committed_step_ns("llama-3.2-3b", 1, 32, 1, 8192), 10798844);
-  EXPECT_EQ(committed_step_ns("qwen3-30b-a3b", 1, 16, 1, 8192), 35699108);
-  EXPECT_EQ(committed_step_ns("llama-3-8b", 2, 16, 1, 8192), 5506461);
-  EXPECT_EQ(committed_step_ns("qwen3-30b-a3b", 2, 16, 1, 8192), 19842831);
+  EXPECT_EQ(committed_step_ns("llama-3-8b", 1, 1, 1, 128), 4639939);
+  EXPECT_EQ(committed_step_ns("llama-3-8b", 1, 16, 1, 8192), 9036104);
+  EXPECT_EQ(committed_step_ns("llama-3-8b", 1, 64, 1, 8192), 21080367);
+  EXPECT_EQ(committed_step_ns("llama-3-8b", 1, 4, 16, 8192), 6977071);  // verify, 64 rows
+  EXPECT_EQ(committed_step_ns("llama-3.2-3b", 1, 32, 1, 8192), 9675696);
+  EXPECT_EQ(committed_step_ns("qwen3-30b-a3b", 1, 16, 1, 8192), 35537577);
+  EXPECT_EQ(committed_step_ns("llama-3-8b", 2, 16, 1, 8192), 5437478);
+  EXPECT_EQ(committed_step_ns("qwen3-30b-a3b", 2, 16, 1, 8192), 19861126);
 }
 
 TEST(PrefillPricing, AttentionChunkFollowsTheRuntimeRule) {
@@ -271,8 +272,9 @@ TEST(PrefillPricing, FitRecoversTheRatesItWasMadeWith) {
   const PrefillFit fit = fit_prefill_rates(samples, unfitted);
   EXPECT_EQ(fit.points, 4);
   EXPECT_LT(fit.mean_err_unfitted, -0.2);
-  EXPECT_NEAR(fit.gemm_tflops, 450, 450 * 1e-6);
-  EXPECT_NEAR(fit.attention_tbps, 3.0, 3.0 * 1e-6);
+  // Up to the nanosecond rounding of each kernel's price (a few parts in a million).
+  EXPECT_NEAR(fit.gemm_tflops, 450, 450 * 1e-5);
+  EXPECT_NEAR(fit.attention_tbps, 3.0, 3.0 * 1e-5);
   EXPECT_EQ(fit.moe_tflops, 0);  // a dense model: no experts
   EXPECT_LT(fit.max_rel_err, 1e-6);
   // The split holds: the price is fixed + FLOPs / rate + bytes / rate at the true rates, up to

@@ -131,7 +131,7 @@ TEST(SimBackend, GraphNodeGapsArePartOfTheLaunchSpanAndBusy) {
   }
 }
 
-TEST(SimBackend, PdlGapByModelAndRowsAndANegativeGapShortensTheSpan) {
+TEST(SimBackend, NodeGapByModelAndRowsAndANegativeGapShortensTheSpan) {
   // tiny-llama's decode step: 23 nodes, one request (1 row).
   HardwareSpec hw = ideal_machine();
   hw.pdl_node_gap_ns = 2 * kUs;
@@ -153,6 +153,21 @@ TEST(SimBackend, PdlGapByModelAndRowsAndANegativeGapShortensTheSpan) {
   hw.pdl_node_gap_by_rows = {{"tiny-llama", 1, -100}};
   hw.pdl_node_gap_by_rows.front().rows = 0;  // 1 row is above the last entry: the last applies
   for (const StepSample& st : steady_pdl()) EXPECT_EQ(st.dur_ns, kGpuStepNs - 23 * 100);
+
+  // Plain graph mode: the scalar gap, then the model's entry for its rows; the PDL table plays
+  // no part there.
+  hw.graph_node_gap_ns = 1 * kUs;
+  auto steady_graph = [&] {
+    return simulate(HostSchedule::kRunahead, host_costs(0, 0, 0), hw, false, 200,
+                    GraphMode::kCudaGraph)
+        .steady();
+  };
+  for (const StepSample& st : steady_graph()) EXPECT_EQ(st.dur_ns, kGpuStepNs + 23 * kUs);
+  hw.graph_node_gap_by_rows = {{"other-model", 1, 5 * kUs}, {"tiny-llama", 1, 3 * kUs}};
+  for (const StepSample& st : steady_graph()) {
+    EXPECT_EQ(st.dur_ns, kGpuStepNs + 23 * 3 * kUs);
+    EXPECT_EQ(st.gpu_busy_ns, st.dur_ns);
+  }
 }
 
 TEST(SimBackend, EagerLaunchSlowerThanKernelsStretchesTheLaunchSpan) {
