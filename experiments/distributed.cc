@@ -22,7 +22,7 @@
 namespace twinstep {
 namespace {
 
-constexpr uint32_t kWireMagic = 0x31525754;  // "TWR1"
+constexpr uint32_t kWireMagic = 0x32525754;  // "TWR2" (TWR1 lacked the MoE routing stats)
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -112,7 +112,8 @@ const char* intern_span_name(std::string_view name) {
 }
 
 // Every member of RunRecord must travel: a new one must be added to both functions below.
-static_assert(sizeof(RunRecord) == 5 * sizeof(std::vector<int>) + sizeof(int64_t),
+static_assert(sizeof(RunRecord) ==
+                  5 * sizeof(std::vector<int>) + sizeof(int64_t) + sizeof(MoeRoutingStats),
               "RunRecord changed: update encode_finished_run / decode_finished_run");
 
 std::string encode_finished_run(const FinishedRun& run) {
@@ -147,6 +148,13 @@ std::string encode_finished_run(const FinishedRun& run) {
     w.pod(d.accepted);
     w.vec(d.confidence);
   }
+  const MoeRoutingStats& mr = run.record.moe_routing;
+  w.pod(mr.num_experts);
+  w.pod(mr.ep);
+  w.pod(mr.passes);
+  w.pod(mr.rank_experts);
+  w.pod(mr.rank_experts_max);
+  w.vec(mr.picks);
   w.pod(static_cast<uint32_t>(run.metrics.size()));
   for (const Metric& m : run.metrics) {
     w.str(m.key);
@@ -190,6 +198,13 @@ FinishedRun decode_finished_run(std::string_view bytes) {
     d.accepted = r.pod<int32_t>();
     r.vec(d.confidence);
   }
+  MoeRoutingStats& mr = run.record.moe_routing;
+  mr.num_experts = r.pod<int32_t>();
+  mr.ep = r.pod<int32_t>();
+  mr.passes = r.pod<int64_t>();
+  mr.rank_experts = r.pod<int64_t>();
+  mr.rank_experts_max = r.pod<int64_t>();
+  r.vec(mr.picks);
   run.metrics.resize(r.pod<uint32_t>());
   for (Metric& m : run.metrics) {
     m.key = r.str();

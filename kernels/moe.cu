@@ -60,9 +60,16 @@ MoeWorkspace carve(void* base, int m, const MoeShape& s) {
 __global__ void __launch_bounds__(512)
     moe_route_kernel(const float* logits, int m, int num_experts, int top_k, bool renormalize,
                      int range_begin, int range, int* ids, float* weights, int* list, int* count,
-                     int8_t* slot_of, int* ids_out, float* weights_out) {
+                     int8_t* slot_of, int* ids_out, float* weights_out, const uint64_t* out_entry,
+                     int out_entries, size_t out_stride) {
   __shared__ int selected[kMoeMaxExperts];
   detail::pdl_wait_and_trigger();
+  if (out_entry != nullptr) {  // MoeRouting's ring: this launch's entry
+    const size_t at =
+        static_cast<size_t>(*out_entry % static_cast<uint64_t>(out_entries)) * out_stride;
+    if (ids_out != nullptr) ids_out += at;
+    if (weights_out != nullptr) weights_out += at;
+  }
   for (int i = threadIdx.x; i < m * range; i += blockDim.x) slot_of[i] = -1;
   for (int e = threadIdx.x; e < range; e += blockDim.x) selected[e] = 0;
   __syncthreads();
@@ -120,6 +127,8 @@ void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape
                  const MoeRouting& routing) {
   TS_REQUIRE(x != nullptr && workspace != nullptr && out != nullptr, "null x, workspace or out");
   check_shape(m, shape, weights);
+  TS_REQUIRE(routing.entry == nullptr || routing.entries >= 1,
+             "MoeRouting ring of " + std::to_string(routing.entries) + " entries");
   const MoeWorkspace ws = carve(workspace, m, shape);
   const bool shared = shape.shared_inter > 0;
   const int range_begin = shape.expert_begin, range_end = shape.range_end();
@@ -137,7 +146,8 @@ void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape
   detail::launch(moe_route_kernel, dim3(1), dim3(512), 0, stream, pdl,
                  static_cast<const float*>(ws.logits), m, shape.num_experts, shape.top_k,
                  shape.renormalize, range_begin, range, ws.ids, ws.weights, ws.list, ws.count,
-                 ws.slot_of, routing.topk_ids, routing.topk_weights);
+                 ws.slot_of, routing.topk_ids, routing.topk_weights, routing.entry, routing.entries,
+                 routing.entry_stride);
 
   detail::GemvParams g = {};
   g.group.expert_list = ws.list;

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/common.h"
 
@@ -58,10 +59,16 @@ struct MoeWeights {
 };
 
 // Optional copies of the routing decision: [m][top_k] expert ids (descending weight) and weights,
-// over all experts whatever the range.
+// over all experts whatever the range. With `entry` (moe_forward only), they go to entry
+// (*entry % entries) of a ring, entry_stride elements apart from the pointers above, *entry read
+// on the device when the routing kernel runs: a captured graph fills a new entry each launch
+// (the runtime's launch counter). Costs the routing kernel top_k stores per row, no launch.
 struct MoeRouting {
   int* topk_ids = nullptr;
   float* topk_weights = nullptr;
+  const uint64_t* entry = nullptr;
+  int entries = 1;
+  size_t entry_stride = 0;
 };
 
 // Device scratch the caller owns (router logits, routing tables, expert activations, partial sums).

@@ -457,6 +457,7 @@ void moe_prefill(const bf16* x, const MoeWeights& weights, int m, const MoeShape
   TS_REQUIRE(x != nullptr && workspace != nullptr && out != nullptr, "null x, workspace or out");
   TS_REQUIRE(m >= 1, "m = " + std::to_string(m) + " < 1");
   detail::check_moe_shape("moe_prefill", shape, weights);
+  TS_REQUIRE(routing.entry == nullptr, "moe_prefill takes no MoeRouting ring (moe_forward does)");
   TS_REQUIRE(static_cast<long long>(m) * shape.top_k <= (1LL << 22),
              "m * top_k = " + std::to_string(static_cast<long long>(m) * shape.top_k) +
                  " above 2^22: call in chunks of rows");

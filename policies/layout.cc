@@ -383,45 +383,54 @@ ExpertShare expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64
   return s;
 }
 
-ExpertShare sampled_expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
-                                 int32_t ep, int32_t index, uint64_t seed, uint64_t pass_key,
-                                 int32_t layer) {
+void sampled_routing(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
+                     uint64_t seed, uint64_t pass_key, int32_t layer, std::vector<int32_t>& ids) {
   const int32_t experts = mlp.num_experts;
-  const auto [first, last] = expert_block(mlp, ep, index);
-  ExpertShare s;
-  s.experts = static_cast<int32_t>(last - first);
+  const int32_t k = std::min(mlp.top_k, experts);
+  ids.clear();
+  ids.reserve(size_t(tokens) * size_t(k));
   // Cumulative shares for inverse-CDF draws (p sums to 1 up to rounding: scaled by the total).
   thread_local std::vector<double> cdf;
   cdf.resize(size_t(experts));
   double total = 0;
   for (int32_t e = 0; e < experts; ++e) cdf[size_t(e)] = total += p[size_t(e)];
-  thread_local std::vector<uint64_t> hit_on;  // pass stamp per expert of this rank: distinct hits
-  thread_local uint64_t stamp = 0;
-  hit_on.resize(size_t(experts));
-  ++stamp;
   const uint64_t stream = splitmix64(splitmix64(pass_key) ^ uint64_t(uint32_t(layer)));
-  const int32_t k = std::min(mlp.top_k, experts);
-  thread_local std::vector<int32_t> picked;  // one token's experts (no allocation per call)
   for (int64_t t = 0; t < tokens; ++t) {
-    picked.clear();
+    const size_t first = ids.size();
+    auto picked = [&](int32_t e) {
+      return std::find(ids.begin() + first, ids.end(), e) != ids.end();
+    };
     // 64 draws per token: a repeat is drawn again; far more than top_k distinct experts need
     // unless a few experts hold nearly every share (then the remaining picks take the next
     // experts in id order, so a token still has top_k of them).
-    for (uint64_t d = 0; d < 64 && int32_t(picked.size()) < k; ++d) {
+    for (uint64_t d = 0; d < 64 && int32_t(ids.size() - first) < k; ++d) {
       const double u = rng_uniform(seed, stream, uint64_t(t) * 64 + d) * total;
       const auto e = int32_t(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
       const int32_t pick = std::min(e, experts - 1);
-      if (std::find(picked.begin(), picked.end(), pick) == picked.end()) picked.push_back(pick);
+      if (!picked(pick)) ids.push_back(pick);
     }
-    for (int32_t e = 0; int32_t(picked.size()) < k; ++e)
-      if (std::find(picked.begin(), picked.end(), e) == picked.end()) picked.push_back(e);
-    for (const int32_t e : picked) {
-      if (e < first || e >= last) continue;
-      ++s.routed_tokens;
-      if (hit_on[size_t(e)] != stamp) {
-        hit_on[size_t(e)] = stamp;
-        ++s.distinct_experts;
-      }
+    for (int32_t e = 0; int32_t(ids.size() - first) < k; ++e)
+      if (!picked(e)) ids.push_back(e);
+  }
+}
+
+ExpertShare sampled_expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
+                                 int32_t ep, int32_t index, uint64_t seed, uint64_t pass_key,
+                                 int32_t layer) {
+  const auto [first, last] = expert_block(mlp, ep, index);
+  ExpertShare s;
+  s.experts = static_cast<int32_t>(last - first);
+  thread_local std::vector<int32_t> ids;
+  sampled_routing(p, mlp, tokens, seed, pass_key, layer, ids);
+  thread_local std::vector<char> hit;  // distinct hits of this rank's experts
+  hit.assign(size_t(last - first), 0);
+  for (const int32_t e : ids) {
+    if (e < first || e >= last) continue;
+    ++s.routed_tokens;
+    char& h = hit[size_t(e - first)];
+    if (!h) {
+      h = 1;
+      ++s.distinct_experts;
     }
   }
   return s;

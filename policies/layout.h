@@ -167,6 +167,10 @@ ExpertShare expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64
 ExpertShare sampled_expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
                                  int32_t ep, int32_t index, uint64_t seed, uint64_t pass_key,
                                  int32_t layer);
+// The routing sampled_expert_share counts: token t's top_k experts in ids[t * top_k ..] (cleared
+// first), in the order drawn.
+void sampled_routing(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
+                     uint64_t seed, uint64_t pass_key, int32_t layer, std::vector<int32_t>& ids);
 
 // Microbatches a decode-like launch of `requests` requests is split into: 1 without PP, else
 // layout.microbatches (pp when 0), at most `requests` (at least 1).

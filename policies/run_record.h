@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "policies/host_costs.h"
+#include "policies/moe_routing.h"
 
 namespace twinstep {
 
@@ -84,6 +85,8 @@ struct RunRecord {
   std::vector<TimelineSpan> timeline;
   std::vector<DraftRound> rounds;  // speculative runs: every verify round, in commit order
   int64_t end_ns = 0;              // backend clock when the run ended
+  // MoE routing of the traced decode launches (rank 0's view; every rank routes alike).
+  MoeRoutingStats moe_routing;
 };
 
 }  // namespace twinstep

@@ -727,4 +727,25 @@ void pipeline_step_kernels(const ModelSpec& model, std::span<const StepShape> mi
   }
 }
 
+void add_sampled_routing(const ModelSpec& model, std::span<const StepShape> microbatches,
+                         const LayoutSpec& layout, int32_t rank, uint64_t pass_key,
+                         MoeRoutingStats& out) {
+  if (layout.ep <= 1 || !layout.expert_load.sampled) return;
+  const StageLayers sl =
+      stage_layers(static_cast<int32_t>(model.layers.size()), layout.pp, rank / layout.width());
+  std::vector<int32_t> ids;
+  for (size_t j = 0; j < microbatches.size(); ++j) {
+    const uint64_t key = splitmix64(pass_key + j);  // as pipeline_step_kernels keys microbatch j
+    for (int32_t i = sl.first; i < sl.first + sl.count; ++i) {
+      const MlpSpec& p = model.layers[size_t(i)].mlp;
+      if (p.kind != MlpKind::kMoe) continue;
+      // As step_kernels: the placed shares of (key, layer), the stage's tokens routed.
+      const std::vector<double> placed =
+          placed_expert_probabilities(layout.expert_load, p.num_experts, p.top_k, key, i);
+      sampled_routing(placed, p, microbatches[j].tokens, layout.expert_load.seed, key, i, ids);
+      add_moe_routing(out, i, ids, std::min(p.top_k, p.num_experts), p.num_experts, layout.ep);
+    }
+  }
+}
+
 }  // namespace twinstep

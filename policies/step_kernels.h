@@ -12,6 +12,7 @@
 
 #include "policies/layout.h"
 #include "policies/model_spec.h"
+#include "policies/moe_routing.h"
 
 namespace twinstep {
 
@@ -174,6 +175,15 @@ void draft_module_kernels(const ModelSpec& draft, const StepShape& shape, const 
 void pipeline_step_kernels(const ModelSpec& model, std::span<const StepShape> microbatches,
                            const LayoutSpec& layout, int32_t rank, StepKernels& out,
                            std::optional<uint64_t> pass_key = std::nullopt);
+
+// The routing pipeline_step_kernels(model, microbatches, layout, rank, .., pass_key) draws under
+// ExpertLoad::sampled with EP: for every microbatch (keyed as there) and every MoE layer of
+// rank's stage, the microbatch's tokens' top_k experts (sampled_routing over the placed shares),
+// added to `out` (add_moe_routing, ep = layout.ep). No-op unless layout.ep > 1 and
+// layout.expert_load.sampled (the simulator draws no routing otherwise).
+void add_sampled_routing(const ModelSpec& model, std::span<const StepShape> microbatches,
+                         const LayoutSpec& layout, int32_t rank, uint64_t pass_key,
+                         MoeRoutingStats& out);
 
 // The share of `shape` that index `index` of a DP group of `width` serves: requests index,
 // index + width, ...; tokens, ctx_tokens and attn_pairs split in proportion to the request count

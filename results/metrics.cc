@@ -72,6 +72,17 @@ std::vector<MetricDef> build_definitions() {
   }
   add("host_wait_ms_mean", "ms", "mean host time per decode step blocked on events");
   add("host_launch_ms_mean", "ms", "mean host time per decode step in launch calls");
+  // MoE routing over the traced decode steps (RunRecord::moe_routing, policies/moe_routing.h).
+  add("moe_routing_passes", "count", "(launch, MoE layer) pairs whose routing was recorded");
+  add("moe_rank_experts_mean", "experts",
+      "mean over traced passes and EP ranks of the distinct experts of the rank's block that the "
+      "pass's tokens picked");
+  add("moe_rank_experts_max_mean", "experts",
+      "mean over traced passes of the most distinct experts one EP rank got (sets the layer's "
+      "time under EP)");
+  add("moe_expert_share_max", "fraction",
+      "mean over MoE layers of the largest share of the layer's top-k picks (traced steps) one "
+      "expert received");
   return defs;
 }
 
@@ -217,6 +228,14 @@ std::vector<Metric> compute_metrics(const RunRecord& record, const MetricsContex
     }
     values["host_wait_ms_mean"] = static_cast<double>(host_wait) / n / kNsPerMs;
     values["host_launch_ms_mean"] = static_cast<double>(host_launch) / n / kNsPerMs;
+  }
+
+  if (record.moe_routing.passes > 0) {
+    const MoeRoutingFigures f = moe_routing_figures(record.moe_routing);
+    values["moe_routing_passes"] = static_cast<double>(record.moe_routing.passes);
+    values["moe_rank_experts_mean"] = f.rank_experts_mean;
+    values["moe_rank_experts_max_mean"] = f.rank_experts_max_mean;
+    values["moe_expert_share_max"] = f.expert_share_max;
   }
 
   std::vector<Metric> out;

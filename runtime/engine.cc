@@ -401,6 +401,14 @@ void Engine::allocate() {
       assert(int64_t(prefill_ws) == plan_moe_prefill_workspace_bytes(c, b.moe_prefill_rows));
     }
     b.moe_ws = b.dev<char>(std::max(decode_ws, prefill_ws), "MoE workspace");
+    if (options_.record_routing) {
+      // Not in memory_plan's totals: kTsRing * layers * bucket * top_k * 4 B (6.3 MB for
+      // Qwen3-30B-A3B at 16 rows), within its allowance.
+      b.routing_rows = max_bucket_;
+      b.routing_entry = size_t(c.layers) * size_t(max_bucket_) * size_t(c.top_k);
+      b.routing = b.dev<int>(size_t(kTsRing) * b.routing_entry, "MoE routing ring");
+      TS_CUDA_CHECK(cudaMemset(b.routing, 0xff, size_t(kTsRing) * b.routing_entry * sizeof(int)));
+    }
   }
 
   b.ring_rows = out_rows;
@@ -612,9 +620,18 @@ void Engine::moe_ffn(int l, int rows, bool pdl) {
   const size_t H = size_t(c.hidden);
   // One workspace for every chunk: stream order (and under PDL, each kernel's wait for its
   // predecessor before touching memory) keeps a chunk from overwriting one still being read.
-  for (int r0 = 0; r0 < rows; r0 += kernels::kGemvMaxRows)
+  for (int r0 = 0; r0 < rows; r0 += kernels::kGemvMaxRows) {
+    kernels::MoeRouting routing;
+    if (routing_) {  // decode: this launch's ring entry, layer l, rows from r0
+      assert(rows <= b.routing_rows);
+      routing.topk_ids = b.routing + (size_t(l) * size_t(b.routing_rows) + size_t(r0)) * c.top_k;
+      routing.entry = b.seq;
+      routing.entries = kTsRing;
+      routing.entry_stride = b.routing_entry;
+    }
     kernels::moe_forward(b.xn + size_t(r0) * H, w, std::min(kernels::kGemvMaxRows, rows - r0),
-                         shape, b.moe_ws, b.mlp + size_t(r0) * H, compute_, pdl);
+                         shape, b.moe_ws, b.mlp + size_t(r0) * H, compute_, pdl, routing);
+  }
 }
 
 void Engine::moe_ffn_prefill(int l, int rows) {
@@ -636,6 +653,8 @@ void Engine::decode_forward(int B, bool pdl, bool commit, bool profiled) {
   std::vector<const char*> names;
   names_ = &names;
   timestamps_ = profiled && commit;
+  // Committing launches only: the warm-up's entry would be the next launch's.
+  routing_ = commit && b.routing != nullptr;
   node_index_ = 0;
 
   node("gather");
@@ -674,6 +693,7 @@ void Engine::decode_forward(int B, bool pdl, bool commit, bool profiled) {
   }
   names_ = nullptr;
   timestamps_ = false;
+  routing_ = false;
   node_names_[B] = names;
 }
 
@@ -924,6 +944,27 @@ void Engine::enqueue_output_copy(int64_t seq, int32_t rows, cudaStream_t stream)
 
 const OutputRow* Engine::host_outputs(int64_t seq) const {
   return b_->host_ring + size_t(seq % kOutputRing) * b_->ring_rows;
+}
+
+std::vector<int32_t> Engine::decode_routing(int64_t seq, int32_t rows) {
+  const Buffers& b = *b_;
+  if (b.routing == nullptr)
+    throw Error("decode_routing needs an MoE engine created with record_routing");
+  if (seq < 0 || seq >= next_seq_ || seq < next_seq_ - kTsRing)
+    throw Error("decode_routing: launch " + std::to_string(seq) + " outside the last " +
+                std::to_string(kTsRing) + " launches (next " + std::to_string(next_seq_) + ")");
+  if (rows < 1 || rows > b.routing_rows)
+    throw Error("decode_routing: " + std::to_string(rows) + " rows outside [1, " +
+                std::to_string(b.routing_rows) + "]");
+  const int K = config_.top_k, L = config_.layers;
+  std::vector<int32_t> ids(size_t(L) * size_t(rows) * size_t(K));
+  const int* entry = b.routing + size_t(seq % kTsRing) * b.routing_entry;
+  // One 2-D copy: `rows` rows of each layer's max-bucket block.
+  TS_CUDA_CHECK(cudaMemcpy2DAsync(
+      ids.data(), size_t(rows) * K * sizeof(int), entry, size_t(b.routing_rows) * K * sizeof(int),
+      size_t(rows) * K * sizeof(int), size_t(L), cudaMemcpyDeviceToHost, b.aux));
+  TS_CUDA_CHECK(cudaStreamSynchronize(b.aux));
+  return ids;
 }
 
 std::map<int64_t, std::vector<uint64_t>> Engine::node_timestamps(int64_t first_seq,

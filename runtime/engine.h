@@ -69,6 +69,11 @@ struct EngineOptions {
   // Profiled decode launches on request (enqueue_decode's `profiled`): a second set of decode
   // graphs, captured with a timestamp per kernel, beside the unprofiled ones.
   bool node_trace = false;
+  // MoE models: every plain decode launch (eager or graph, every bucket) writes each MoE layer's
+  // routing, the top_k expert ids of each row over all experts, into a device ring entry of its
+  // launch sequence number (kTsRing launches kept), which decode_routing reads back. Costs the
+  // routing kernels top_k 4-byte stores per row (no extra node, copy or synchronisation).
+  bool record_routing = false;
   bool draft = false;  // hold the draft module and run speculative decoding (engine_spec.cc)
   // Confidence/device drafts in graphs: each step past min_steps behind a conditional IF node
   // (skipped once every request stopped drafting). Off: every step runs, stopped rows padded.
@@ -173,6 +178,13 @@ class Engine {
   // result[seq] = timestamps, for seqs still in the timestamp ring (meaningful for profiled
   // launches only; empty without profile_nodes or node_trace). Synchronises.
   std::map<int64_t, std::vector<uint64_t>> node_timestamps(int64_t first_seq, int64_t last_seq);
+
+  // The routing of plain decode launch `seq` (options().record_routing, MoE): ids[(layer * rows +
+  // row) * top_k + j], expert j of row `row` of MoE layer `layer` (this engine's layers), for
+  // the launch's first `rows` rows (<= its bucket). Valid once the launch completed and while
+  // seq is within the last kTsRing launches; throws Error otherwise or without record_routing.
+  // Synchronises a side stream (host time only).
+  std::vector<int32_t> decode_routing(int64_t seq, int32_t rows);
 
   // Device weight bits of a Hugging Face tensor (tests). Synchronises.
   std::vector<uint16_t> download_weight(const std::string& name) const;
@@ -283,6 +295,7 @@ class Engine {
   // Node naming while a forward is enqueued.
   std::vector<const char*>* names_ = nullptr;
   bool timestamps_ = false;
+  bool routing_ = false;  // the forward being enqueued writes the routing ring (decode_forward)
   int node_index_ = 0;
   mutable std::map<int, std::vector<const char*>> node_names_;
 };

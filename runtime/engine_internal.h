@@ -64,6 +64,11 @@ struct Engine::Buffers {
   // moe_prefill_rows rows (min(kMoePrefillRowsPerCall, max_prefill_tokens)).
   void* moe_ws = nullptr;
   int moe_prefill_rows = 0;
+  // EngineOptions::record_routing: kTsRing entries of [layers][max bucket rows][top_k] expert ids,
+  // entry (*seq % kTsRing) written by decode launch seq.
+  int* routing = nullptr;
+  size_t routing_entry = 0;  // ints per entry
+  int routing_rows = 0;      // rows per layer in an entry
   // Outputs and counters.
   OutputRow* out_ring = nullptr;
   OutputRow* host_ring = nullptr;

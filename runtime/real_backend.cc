@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "policies/error.h"
+#include "policies/moe_routing.h"
 #include "policies/rng.h"
 #include "policies/step_kernels.h"
 #include "runtime/engine.h"
@@ -585,6 +586,7 @@ struct RealBackend::State {
         if (p.trace) {
           span(Lane::kCompute, l.gpu_name, s.step, start, end - start, l.flow);
           if (l.decode && l.profiled) trace_nodes(l, s.step, start, end - start);
+          if (l.decode && engine.options().record_routing) add_routing(l);
         }
         prev = std::max(prev, end);
       }
@@ -621,6 +623,19 @@ struct RealBackend::State {
         candidate_pending = false;
       }
     }
+  }
+
+  // The routing of completed decode launch `l` (its batch rows, not the bucket's padding) into
+  // record.moe_routing, each MoE layer a pass; EP ranks: the engine's equal expert blocks.
+  void add_routing(const LaunchRecord& l) {
+    const LlamaConfig& c = engine.config();
+    if (!c.moe()) return;
+    const std::vector<int32_t> ids = engine.decode_routing(l.seq, l.batch);
+    const size_t per_layer = size_t(l.batch) * size_t(c.top_k);
+    for (int32_t layer = 0; layer < c.layers; ++layer)
+      add_moe_routing(record.moe_routing, layer,
+                      std::span<const int32_t>(ids).subspan(size_t(layer) * per_layer, per_layer),
+                      c.top_k, c.num_experts, c.num_experts / c.local_experts());
   }
 
   // The kernels of profiled launch `l` (GPU span start, dur_ns) as spans. Each timestamp

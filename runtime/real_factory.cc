@@ -55,6 +55,9 @@ class OwningRealBackend final : public Backend {
     eo.draft_early_exit = v.policy.spec.early_exit;
     const bool trace_nodes = v.trace.nodes && v.trace.step_count > 0;
     eo.node_trace = trace_nodes;
+    // The routing of the traced decode steps (moe_* metrics): the ring is written by every decode
+    // launch, read back for the traced ones only.
+    eo.record_routing = config.moe() && v.trace.step_count > 0;
     // Before any allocation: the engine's full memory plan against what the GPU has, with the
     // model's name in the message (runtime/memory_plan.h). A TP rank's shard and a pipeline
     // stage are checked by the engine itself, against their own plans.

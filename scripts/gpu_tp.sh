@@ -14,7 +14,7 @@
 # Writes OUT_DIR/{configure,build,tp_test_1rank,tp_test_2ranks,tp2_run}.log, OUT_DIR/tp2.db,
 # OUT_DIR/tp2.sim_vs_real.txt, OUT_DIR/tp2.ops.txt (traced steps per operation), OUT_DIR/tp2.metrics.csv;
 # with EP=1 the same ep2_run.log, ep2.db, ep2.ops.txt,
-# ep2.sim_vs_real.txt, ep2.metrics.csv; with PP=1 pp2_run.log, pp2.db, pp2.ops.txt,
+# ep2.sim_vs_real.txt, ep2.routing.txt (the moe_* routing metrics, sim vs real), ep2.metrics.csv; with PP=1 pp2_run.log, pp2.db, pp2.ops.txt,
 # pp2.sim_vs_real.txt, pp2.metrics.csv.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2);
 # EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2); PP (0: the
@@ -82,13 +82,18 @@ validate() {
   "$build/twinstep" --db "$db" compare --experiment "$xname" --sim-vs-real \
     --metrics tpot_ms_mean step_ms_mean ttft_ms_mean gpu_busy_frac output_throughput_tok_s |
     tee "$out/$tag.sim_vs_real.txt" || status=1
+  # MoE routing of the traced steps, simulated draws against the real router (issue #11; rows
+  # only where both backends recorded it: EP with sampled routing in the simulator).
+  "$build/twinstep" --db "$db" compare --experiment "$xname" --sim-vs-real \
+    --metrics moe_routing_passes moe_rank_experts_mean moe_rank_experts_max_mean \
+    moe_expert_share_max | tee "$out/$tag.routing.txt" || status=1
   # The traced steps (the YAML's trace), operation by operation: measured against simulated.
   "$build/twinstep" --db "$db" compare --experiment "$xname" --ops >"$out/$tag.ops.txt" 2>&1 ||
     status=1
   head -40 "$out/$tag.ops.txt"
   "$build/twinstep" --db "$db" query --csv "SELECT r.id, r.variant_label, r.backend, r.status,
     m.key, m.value, m.unit FROM run r JOIN metric m ON m.run_id = r.id
-    WHERE m.key LIKE 'rank%' OR m.key LIKE 'tp_%' OR m.key IN ('tpot_ms_mean', 'gpu_busy_frac',
+    WHERE m.key LIKE 'rank%' OR m.key LIKE 'tp_%' OR m.key LIKE 'moe_%' OR m.key IN ('tpot_ms_mean', 'gpu_busy_frac',
     'idle_host_frac', 'idle_launch_frac') ORDER BY r.id, m.key" | tee "$out/$tag.metrics.csv"
 }
 [ "${TP2_RUN:-1}" = 1 ] && validate tp2 "$root/experiments/validation/h200_tp2.yaml"

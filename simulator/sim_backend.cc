@@ -775,6 +775,11 @@ class Engine {
       } else {
         decode_microbatch_shapes(layout, lengths_, work.q_tokens, is.microbatches);
       }
+      // The routing this launch draws, recorded for traced decode steps (moe_* metrics); every
+      // rank draws the same, so rank 0's.
+      if (ri == 0 && r.trace && pass_key && is.g->phase == Phase::kDecode && !draft_on_last)
+        add_sampled_routing(*work.model, is.microbatches, layout, 0, *pass_key,
+                            record_.moe_routing);
       bool has_ids = false;
       if (!draft_on_last) {
         has_ids = pipeline_ids_kernel(layout, int32_t(ri), is.microbatches, is.ids);

@@ -260,6 +260,53 @@ TEST_P(MoeRanges, HalvesSumToFullAndUnselectedIsZero) {
   }
 }
 
+// MoeRouting's ring (the runtime's per-launch routing record): with the device counter at 7 and
+// 3 entries of stride m * top_k + 5, the ids and weights land in entry 1 exactly as a plain
+// routing copy has them (a half range: routing is over all experts), the rest stays poisoned.
+TEST(MoeRouting, RingEntryFollowsTheDeviceCounter) {
+  TS_SKIP_WITHOUT_GPU();
+  const MoeCase c{5, 32, 4, 256, 128, 0, true};
+  std::mt19937_64 rng(test::fresh_seed());
+  const MoeHost h = random_moe(c, rng);
+  std::vector<int> ids;
+  std::vector<float> w;
+  run_moe(c, h, 0, c.num_experts, false, &ids, &w);
+  MoeShape shape = shape_of(c);
+  shape.expert_begin = 0;
+  shape.expert_end = c.num_experts / 2;
+  const size_t per = static_cast<size_t>(c.m) * c.top_k, stride = per + 5;
+  auto dx = test::to_device(h.x);
+  auto drouter = test::to_device(h.router);
+  const size_t gu_per = static_cast<size_t>(2) * c.inter * c.hidden;
+  const size_t down_per = static_cast<size_t>(c.hidden) * c.inter;
+  auto dgu = test::to_device(expert_block(h.gate_up, gu_per, 0, c.num_experts / 2));
+  auto ddown = test::to_device(expert_block(h.down, down_per, 0, c.num_experts / 2));
+  const MoeWeights weights{drouter.get(), dgu.get(), ddown.get(), nullptr, nullptr};
+  DeviceBuffer<unsigned char> workspace(moe_workspace_bytes(c.m, shape));
+  DeviceBuffer<bf16> out(static_cast<size_t>(c.m) * c.hidden);
+  DeviceBuffer<int> ring_ids(3 * stride);
+  DeviceBuffer<float> ring_w(3 * stride);
+  DeviceBuffer<uint64_t> counter(1);
+  ring_ids.poison();
+  ring_w.poison();
+  counter.upload(std::vector<uint64_t>{7});
+  MoeRouting routing{ring_ids.get(), ring_w.get()};
+  routing.entry = counter.get();
+  routing.entries = 3;
+  routing.entry_stride = stride;
+  moe_forward(dx.get(), weights, c.m, shape, workspace.get(), out.get(), nullptr, false, routing);
+  const std::vector<int> got_ids = ring_ids.download();
+  const std::vector<float> got_w = ring_w.download();
+  for (size_t i = 0; i < 3 * stride; ++i) {
+    if (i >= stride && i < stride + per) {
+      EXPECT_EQ(got_ids[i], ids[i - stride]) << i;
+      EXPECT_EQ(got_w[i], w[i - stride]) << i;
+    } else {
+      EXPECT_EQ(got_ids[i], -1) << "written outside the entry at " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranges, MoeRanges,
                          ::testing::Values(MoeCase{1, 32, 4, 256, 128, 128, true},
                                            MoeCase{6, 32, 4, 256, 128, 0, true},

@@ -734,5 +734,56 @@ TEST(LayoutSkew, SampledRoutingGivesEachLayerItsOwnRun) {
   EXPECT_EQ(expected.runs.size(), 3u);
 }
 
+// add_sampled_routing records the routing the kernel list is priced by: per MoE layer, each EP
+// rank's distinct experts and routed copies as read off its moe_gate_up kernel (bytes_written =
+// copies · 768 · 2; bytes_read = distinct · 2048 · 2 · 768 · 2 + copies · 2048 · 2), summed, and
+// the busier rank's, for several launches and batch sizes.
+TEST(LayoutSkew, RecordedRoutingIsTheRoutingPriced) {
+  const ModelSpec m = model_preset("qwen3-30b-a3b");
+  LayoutSpec l = parse_layout("TP2-EP2");
+  l.vocab_parallel = false;
+  l.expert_load.sampled = true;
+  l.expert_load.seed = 99;
+  const int64_t h = 2048, ie = 768;
+  for (const int32_t batch : {1, 5, 16}) {
+    for (const uint64_t key : {uint64_t{3}, (uint64_t{41} << 16) ^ 2}) {
+      const StepShape s = decode_shape(batch, 1, 1000);
+      int64_t sum = 0, busier = 0, copies = 0;
+      std::vector<int64_t> distinct[2];
+      for (int32_t r = 0; r < 2; ++r) {
+        StepKernels k;
+        pipeline_step_kernels(m, {&s, 1}, l, r, k, key);
+        for (const KernelDesc& d : k.kernels) {
+          if (std::strcmp(d.name, "moe_gate_up") != 0) continue;
+          const int64_t routed = d.bytes_written / (ie * 2);
+          copies += routed;
+          distinct[r].push_back((d.bytes_read - routed * h * 2) / (h * 2 * ie * 2));
+        }
+      }
+      ASSERT_EQ(distinct[0].size(), 48u);
+      for (size_t i = 0; i < 48; ++i) {
+        sum += distinct[0][i] + distinct[1][i];
+        busier += std::max(distinct[0][i], distinct[1][i]);
+      }
+      MoeRoutingStats st;
+      add_sampled_routing(m, {&s, 1}, l, 0, key, st);
+      EXPECT_EQ(st.passes, 48);
+      EXPECT_EQ(st.rank_experts, sum) << "batch " << batch;
+      EXPECT_EQ(st.rank_experts_max, busier) << "batch " << batch;
+      int64_t picks = 0;
+      for (const int64_t p : st.picks) picks += p;
+      EXPECT_EQ(picks, copies);
+      EXPECT_EQ(picks, 48 * batch * 8);
+    }
+  }
+  // Expected routing (not sampled), or no EP: nothing drawn, nothing recorded.
+  MoeRoutingStats none;
+  const StepShape one = decode_shape(1, 1, 1000);
+  LayoutSpec expected = l;
+  expected.expert_load.sampled = false;
+  add_sampled_routing(m, {&one, 1}, expected, 0, 3, none);
+  EXPECT_EQ(none.passes, 0);
+}
+
 }  // namespace
 }  // namespace twinstep

@@ -104,6 +104,13 @@ TEST(Distributed, WireFormatRoundTripsEveryField) {
   EXPECT_EQ(back.record.rounds[0].accepted, 2);
   EXPECT_EQ(back.record.rounds[0].confidence, (std::vector<float>{0.75f, 0.5f, 0.125f}));
   EXPECT_EQ(back.record.rounds[1].confidence, (std::vector<float>{0.25f}));
+  const MoeRoutingStats& mr = back.record.moe_routing;  // hand_record's 3 passes
+  EXPECT_EQ(mr.num_experts, 8);
+  EXPECT_EQ(mr.ep, 2);
+  EXPECT_EQ(mr.passes, 3);
+  EXPECT_EQ(mr.rank_experts, 10);
+  EXPECT_EQ(mr.rank_experts_max, 8);
+  EXPECT_EQ(mr.picks, run.record.moe_routing.picks);
   ASSERT_EQ(back.metrics.size(), run.metrics.size());
   for (size_t i = 0; i < run.metrics.size(); ++i) {
     EXPECT_EQ(back.metrics[i].key, run.metrics[i].key);

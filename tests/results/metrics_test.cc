@@ -89,6 +89,38 @@ TEST(Metrics, HandExampleSteps) {
   EXPECT_DOUBLE_EQ(m.at("host_wait_ms_mean"), 3);             // (2 + 4) / 2
 }
 
+// sample_record.h's routing, by hand. Distinct experts per (pass, rank): A rank 0 {1, 2} 2,
+// rank 1 {5} 1; B rank 0 none 0, rank 1 {4, 6, 7} 3; C rank 0 {0, 1, 3} 3, rank 1 {6} 1. Mean
+// 10 / 6; most per pass 2, 3, 3: mean 8 / 3. Picks: layer 0 (A and C) 8, expert 1 three of them
+// (3 / 8); layer 1 (B) 4, expert 7 two (1 / 2); mean over the layers 7 / 16.
+TEST(Metrics, HandExampleMoeRouting) {
+  const auto m = as_map(compute_metrics(hand_record(), {4.0}));
+  EXPECT_DOUBLE_EQ(m.at("moe_routing_passes"), 3);
+  EXPECT_DOUBLE_EQ(m.at("moe_rank_experts_mean"), 10.0 / 6);
+  EXPECT_DOUBLE_EQ(m.at("moe_rank_experts_max_mean"), 8.0 / 3);
+  EXPECT_DOUBLE_EQ(m.at("moe_expert_share_max"), 7.0 / 16);
+  // No routing recorded: no moe_* metric.
+  RunRecord rec = hand_record();
+  rec.moe_routing = {};
+  for (const Metric& x : compute_metrics(rec, {4.0})) EXPECT_NE(x.key.rfind("moe_", 0), 0u);
+}
+
+// One EP rank (ep = 1): the rank's distinct experts are the pass's; uneven blocks follow
+// layout.h's ⌊E·i/ep⌋ boundaries (5 experts over 2 ranks: [0, 2), [2, 5)).
+TEST(Metrics, MoeRoutingBlocks) {
+  MoeRoutingStats one;
+  add_moe_routing(one, 3, std::vector<int32_t>{0, 1, 1, 7, 2, 0}, 2, 8, 1);
+  EXPECT_EQ(one.passes, 1);
+  EXPECT_EQ(one.rank_experts, 4);  // {0, 1, 2, 7}
+  EXPECT_EQ(one.rank_experts_max, 4);
+  EXPECT_EQ(one.picks.size(), 4u * 8);  // layers 0 .. 3
+  EXPECT_DOUBLE_EQ(moe_routing_figures(one).expert_share_max, 2.0 / 6);
+  MoeRoutingStats odd;
+  add_moe_routing(odd, 0, std::vector<int32_t>{1, 2, 3, 4}, 1, 5, 2);
+  EXPECT_EQ(odd.rank_experts, 4);      // rank 0 {1}, rank 1 {2, 3, 4}
+  EXPECT_EQ(odd.rank_experts_max, 3);  // rank 1
+}
+
 TEST(Metrics, UnitsAndOrderFollowTheCatalogue) {
   const std::vector<Metric> metrics = compute_metrics(hand_record(), {4.0});
   const auto& defs = metric_definitions();

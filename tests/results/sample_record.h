@@ -2,6 +2,8 @@
 // is worked out in metrics_test.cc.
 #pragma once
 
+#include <vector>
+
 #include "policies/run_record.h"
 
 namespace twinstep::testing {
@@ -14,6 +16,9 @@ constexpr int64_t kMs = 1'000'000;
 //   r2: out 3, start 1000, first token 1200, end 2200, chunks at 1200 (1), 1600 (1), 2200 (1)
 // Steps: s0 prefill only (batch 0, excluded everywhere); s1 and s2 decode steps.
 // Timeline: step 1 on rank 0, one host launch linked (flow 7) to one compute span.
+// MoE routing: 8 experts in 2 EP blocks ([0, 4), [4, 8)), top-2, 2 tokens per pass:
+//   pass A, layer 0: tokens {1, 5}, {1, 2}   pass B, layer 1: {6, 7}, {4, 7}
+//   pass C, layer 0: {0, 1}, {3, 6}
 inline RunRecord hand_record() {
   RunRecord rec;
   auto add_request = [&](int32_t id, int32_t out, int64_t start_ms, int64_t first_ms,
@@ -84,6 +89,9 @@ inline RunRecord hand_record() {
       {0, Lane::kCopy, "copy_out", 1, 70'000'000, 10'500, 0},
   };
   rec.end_ns = 2200 * kMs;
+  add_moe_routing(rec.moe_routing, 0, std::vector<int32_t>{1, 5, 1, 2}, 2, 8, 2);
+  add_moe_routing(rec.moe_routing, 1, std::vector<int32_t>{6, 7, 4, 7}, 2, 8, 2);
+  add_moe_routing(rec.moe_routing, 0, std::vector<int32_t>{0, 1, 3, 6}, 2, 8, 2);
   return rec;
 }
 

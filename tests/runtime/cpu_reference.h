@@ -84,6 +84,10 @@ class CpuLlama {
   std::vector<float> moe_layer(int layer, const std::vector<float>& x) const {
     return moe_ffn("model.layers." + std::to_string(layer) + ".", x, 1);
   }
+  // MoE models: the routing of the last forward (prefill or decode), per layer: row t's top_k
+  // expert ids at [t * top_k ...], by descending logit (ties: lower id), as kernels/moe.h's
+  // MoeRouting copies them.
+  const std::vector<std::vector<int>>& last_routing() const { return routing_; }
   // Smallest gap between the two largest logits over the last generate() (diagnostics: how
   // close the reference came to a tie).
   float min_gap() const { return min_gap_; }
@@ -153,7 +157,8 @@ class CpuLlama {
   }
 
   // The MoE FFN of layer prefix p over T rows of xn (kernels/moe.h's contract).
-  std::vector<float> moe_ffn(const std::string& p, const std::vector<float>& xn, int T) const {
+  std::vector<float> moe_ffn(const std::string& p, const std::vector<float>& xn, int T,
+                             std::vector<int>* routing = nullptr) const {
     const int H = int(c_.hidden), E = c_.num_experts, K = c_.top_k;
     const std::vector<float> logits = matmul(xn, T, w(p + "mlp.gate.weight"), E, H);
     std::vector<float> out(size_t(T) * H);
@@ -171,6 +176,7 @@ class CpuLlama {
       std::vector<float> weight;
       for (int j = 0; j < K; ++j) {
         const int e = order[size_t(j)];
+        if (routing != nullptr) routing->push_back(e);
         weight.push_back(std::exp(l[e] - mx) / denom);
         y.push_back(
             expert(p + "mlp.experts." + std::to_string(e) + ".", x, int(c_.expert_intermediate)));
@@ -258,7 +264,9 @@ class CpuLlama {
       round_all(o);
       rmsnorm(&o, res, w(p + "post_attention_layernorm.weight"), xn, T);
       if (c_.moe()) {
-        mlp = moe_ffn(p, xn, T);
+        routing_.resize(size_t(c_.layers));
+        routing_[size_t(l)].clear();
+        mlp = moe_ffn(p, xn, T, &routing_[size_t(l)]);
         continue;
       }
       std::vector<float> g = matmul(xn, T, w(p + "mlp.gate_proj.weight"), I, H);
@@ -286,6 +294,7 @@ class CpuLlama {
   std::map<std::string, std::vector<float>> weights_;
   float inv_freq_[64];
   std::vector<std::vector<float>> k_, v_;  // per layer: [pos][kv_dim], bf16 values
+  std::vector<std::vector<int>> routing_;  // last_routing()
   float min_gap_ = 0;
 };
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <set>
+#include <span>
 #include <string>
 
 #include "kernels/moe.h"
@@ -507,6 +508,63 @@ TEST_P(TinyMoeEngine, ConcurrentRequestsMatchCpuReference) {
   EXPECT_LE(int(far.size()), kMaxRoutingFlips);
   for (const std::string& f : far) std::printf("  %s\n", f.c_str());
   EXPECT_LE(differences, kMaxDifferenceFraction * tokens);
+}
+
+// The routing record (EngineOptions::record_routing) of a traced run-ahead PDL-graph decode: the
+// ids each decode launch wrote equal the CPU reference's routing, teacher-forced on the GPU's
+// tokens (a near-tie of router logits may flip a row: at most kMaxRoutingFlips rows), and the
+// real backend's moe_* statistics equal those computed here from the ids read back launch by
+// launch (seq 0 is the prefill, seqs 1.. the decode steps).
+TEST_P(TinyMoeEngine, RecordedRoutingMatchesCpuReference) {
+  EngineOptions eo = options_;
+  eo.max_slots = 1;
+  eo.record_routing = true;
+  const std::unique_ptr<Engine> engine = Engine::create_synthetic(config_, kSeed, eo);
+  WorkloadSpec w;
+  w.input_len = {37, 37};
+  w.output_len = {24, 24};
+  RealOptions ro;
+  ro.prompt_seed = 11;
+  ro.trace_first_step = 0;
+  ro.trace_steps = 1000;  // every step
+  const RunResult r =
+      run_policy(*engine, spec_, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraphPdl), ro);
+  ASSERT_EQ(r.tokens[0].size(), 24u);
+  const int L = config_.layers, K = config_.top_k, E = config_.num_experts;
+  const MoeRoutingStats& got = r.record.moe_routing;
+  ASSERT_GT(got.passes, 0);
+  ASSERT_EQ(got.passes % L, 0);
+  const int64_t decodes = got.passes / L;
+  EXPECT_GE(decodes, 23);  // one decode launch per token after the prefill's
+  MoeRoutingStats mine;
+  testing::CpuLlama cpu(config_, kSeed);
+  cpu.prefill(prompt_of(11, 0, 37, config_.vocab));
+  int flips = 0;
+  for (int64_t seq = 1; seq <= decodes; ++seq) {
+    const std::vector<int32_t> ids = engine->decode_routing(seq, 1);
+    ASSERT_EQ(ids.size(), size_t(L * K));
+    for (int l = 0; l < L; ++l)
+      add_moe_routing(mine, l, std::span<const int32_t>(ids).subspan(size_t(l * K), size_t(K)), K,
+                      E, 1);
+    if (seq - 1 >= int64_t(r.tokens[0].size())) continue;  // a launch past the last token
+    cpu.decode(r.tokens[0][size_t(seq - 1)]);
+    for (int l = 0; l < L; ++l) {
+      const std::vector<int>& want = cpu.last_routing()[size_t(l)];
+      ASSERT_EQ(want.size(), size_t(K));
+      flips += !std::equal(want.begin(), want.end(), ids.begin() + l * K);
+    }
+  }
+  std::printf("%s: %d of %lld decode routings (launch, layer) differ from the CPU reference\n",
+              spec_.name.c_str(), flips, static_cast<long long>(decodes * L));
+  EXPECT_LE(flips, kMaxRoutingFlips);
+  EXPECT_EQ(got.ep, 1);
+  EXPECT_EQ(got.rank_experts, mine.rank_experts);
+  EXPECT_EQ(got.rank_experts_max, mine.rank_experts_max);
+  EXPECT_EQ(got.picks, mine.picks);
+  // One token per pass on one rank: K distinct experts each.
+  EXPECT_EQ(got.rank_experts, got.passes * K);
+  // Without record_routing there is nothing to read.
+  EXPECT_THROW(engine_->decode_routing(1, 1), Error);
 }
 
 TEST_P(TinyMoeEngine, EagerGraphAndPdlByteIdentical) {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "policies/decode_loop.h"
@@ -493,6 +495,74 @@ TEST(ExpertSkew, HotExpertRankIsTheStraggler) {
     differs = skew_prefill(hot, seed, layers).steps[0].idle_dep_ns != a.idle_dep_ns;
   }
   EXPECT_TRUE(differs);
+}
+
+// The routing metrics of a simulated TP2-EP2 decode under uniform sampled routing (RunRecord::
+// moe_routing, from the routing the simulator draws for its traced decode steps) against their
+// analytic expectation. A token picks k = 8 distinct of E = 128 experts uniformly, so it misses
+// a given expert with probability (E − k)/E and two given ones with (E − k)(E − k − 1)/(E(E − 1));
+// b independent tokens miss them with m1 = ((E − k)/E)^b and m2 = (...)^b. A block of B = 64
+// experts then gets D = Σ (1 − miss_e) distinct experts, E[D] = B(1 − m1), Var D = B m1 (1 − m1)
+// + B(B − 1)(m2 − m1²). Each (step, layer) is a pass of its own draw; the mean over n passes (and
+// the 2 ranks, which averages no worse than one rank) lies within 4.5 sd, sd ≤ sqrt(Var D / n).
+// At b = 1 the ranks split the token's 8 picks: rank 0 gets X ~ hypergeometric(128, 64, 8), the
+// busier max(X, 8 − X), both exact from the pmf.
+TEST(ExpertSkew, SampledRoutingMetricsMatchUniformExpectation) {
+  const double E = 128, k = 8, B = 64;
+  const int64_t decode_steps = 40, layers = 12;
+  auto simulate_routing = [&](int32_t batch, uint64_t seed) {
+    LayoutSpec l = parse_layout("TP2-EP2");
+    l.vocab_parallel = false;
+    l.expert_load.sampled = true;
+    l.expert_load.seed = seed;
+    WorkloadSpec w;
+    w.input_len = {64, 64};
+    w.output_len = {int32_t(decode_steps + 10), int32_t(decode_steps + 10)};
+    w.num_requests = batch;
+    w.max_concurrency = batch;
+    // Traced steps 0 .. decode_steps: the prefill (step 0) is not a decode launch.
+    return simulate_layout(small_qwen_moe(int32_t(layers)), l, w, byte_machine(), HostCostSpec{},
+                           decode_steps + 1)
+        .moe_routing;
+  };
+  for (const int32_t batch : {1, 4}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    const MoeRoutingStats st = simulate_routing(batch, 5);
+    ASSERT_EQ(st.passes, decode_steps * layers);
+    ASSERT_EQ(st.ep, 2);
+    const MoeRoutingFigures f = moe_routing_figures(st);
+    const double m1 = std::pow((E - k) / E, batch);
+    const double m2 = std::pow((E - k) * (E - k - 1) / (E * (E - 1)), batch);
+    const double mean = B * (1 - m1);
+    const double var = B * m1 * (1 - m1) + B * (B - 1) * (m2 - m1 * m1);
+    std::printf("batch %d: rank experts %.4f (expected %.4f), busiest %.4f, share max %.4f\n",
+                batch, f.rank_experts_mean, mean, f.rank_experts_max_mean, f.expert_share_max);
+    EXPECT_NEAR(f.rank_experts_mean, mean, 4.5 * std::sqrt(var / double(st.passes)));
+    EXPECT_GE(f.rank_experts_max_mean, f.rank_experts_mean);
+    // A token picks an expert at most once: no expert gets more than 1/k of a layer's picks.
+    EXPECT_LE(f.expert_share_max, 1 / k);
+    EXPECT_GT(f.expert_share_max, 1 / E);
+    // Deterministic for a seed; another seed draws other routing.
+    const MoeRoutingStats again = simulate_routing(batch, 5);
+    EXPECT_EQ(again.rank_experts_max, st.rank_experts_max);
+    EXPECT_EQ(again.picks, st.picks);
+    EXPECT_NE(simulate_routing(batch, 6).picks, st.picks);
+    if (batch != 1) continue;
+    EXPECT_DOUBLE_EQ(f.rank_experts_mean, 4.0);  // the 8 picks split between 2 ranks
+    auto choose = [](double n, double r) {
+      double c = 1;
+      for (int i = 0; i < r; ++i) c = c * (n - i) / (i + 1);
+      return c;
+    };
+    double busier = 0, busier_sq = 0;
+    for (int x = 0; x <= 8; ++x) {
+      const double p = choose(64, x) * choose(64, 8 - x) / choose(128, 8);
+      busier += std::max(x, 8 - x) * p;
+      busier_sq += std::max(x, 8 - x) * std::max(x, 8 - x) * p;
+    }
+    const double sd = std::sqrt((busier_sq - busier * busier) / double(st.passes));
+    EXPECT_NEAR(f.rank_experts_max_mean, busier, 4.5 * sd);  // busier = 5.10
+  }
 }
 
 // Speculative decoding under PP2 (run-ahead, NEXTN chain of 3 drafts, one request): the draft
