@@ -522,9 +522,8 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
   const auto top =
       r.mapping(doc, "the profile",
                 {"format", "name", "base", "header", "figures", "kernels", "kernel_names",
-                 "kernel_model_fits", "pdl_node_gap_by_rows", "graph_node_gap_by_rows",
-                 "host_ops", "measurements",
-                 "collective_skew", "spec_graph_residuals"});
+                 "kernel_model_fits", "pdl_node_gap_by_rows", "graph_node_gap_by_rows", "host_ops",
+                 "measurements", "collective_skew", "spec_graph_residuals"});
   CalibrationProfile p;
   const YAML::Node& format = r.require(top, doc, "format", "the profile");
   if (r.integer(format, "format", 0, 1000000) != kFormat) {
@@ -618,8 +617,7 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
           r.fail(v.Mark(), what + ": keys must be row counts in [1, 2^30], ascending");
         }
         prev = rows;
-        table->push_back(
-            {model, rows, r.integer(v, what, -(int64_t(1) << 40), int64_t(1) << 40)});
+        table->push_back({model, rows, r.integer(v, what, -(int64_t(1) << 40), int64_t(1) << 40)});
       }
     }
   }
@@ -738,10 +736,11 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
     }
     o << "}\n";
   };
-  gap_table("pdl_node_gap_by_rows", p.hw.pdl_node_gap_by_rows,
-            "# PDL node gap (ns, signed: negative = overlap) per model and decode rows; a step of R "
-            "rows uses\n# the model's first entry with rows >= R, its last above it; other models "
-            "pdl_node_gap_ns.\n");
+  gap_table(
+      "pdl_node_gap_by_rows", p.hw.pdl_node_gap_by_rows,
+      "# PDL node gap (ns, signed: negative = overlap) per model and decode rows; a step of R "
+      "rows uses\n# the model's first entry with rows >= R, its last above it; other models "
+      "pdl_node_gap_ns.\n");
   gap_table("graph_node_gap_by_rows", p.hw.graph_node_gap_by_rows,
             "# Graph-mode node gap (ns) of plain decode steps per model and rows, looked up the "
             "same way;\n# other models and other graph launches graph_node_gap_ns.\n");

@@ -346,7 +346,7 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
 }
 
 std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<CalibrationSample>& samples,
-                                                   const HardwareSpec& hw, std::string_view mode) {
+                                                    const HardwareSpec& hw, std::string_view mode) {
   // Unprofiled step medians of the mode per (model, batch), by context per request.
   using Key = std::pair<std::string, int64_t>;
   std::map<Key, std::map<int64_t, std::vector<double>>> steps;
@@ -771,7 +771,7 @@ std::string calibration_report(const CalibrationProfile& p) {
     }
   }
   for (const auto& [mode, table] : {std::pair{"pdl", &p.hw.pdl_node_gap_by_rows},
-                                     std::pair{"graph", &p.hw.graph_node_gap_by_rows}}) {
+                                    std::pair{"graph", &p.hw.graph_node_gap_by_rows}}) {
     for (const HardwareSpec::NodeGap& g : *table) {
       std::snprintf(line, sizeof line, "%s node gap %s rows %lld: %lld ns\n", mode, g.model.c_str(),
                     static_cast<long long>(g.rows), static_cast<long long>(g.gap_ns));

@@ -94,7 +94,7 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
 // which the simulator reproduces the measured steps. By model, rows ascending
 // (HardwareSpec::pdl_node_gap_by_rows, graph_node_gap_by_rows).
 std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<CalibrationSample>& samples,
-                                                   const HardwareSpec& hw, std::string_view mode);
+                                                    const HardwareSpec& hw, std::string_view mode);
 
 // Human-readable fit summary: per class R², max relative error and sample count; the figures.
 std::string calibration_report(const CalibrationProfile& profile);
