@@ -159,7 +159,7 @@ start=$(date +%s)
 pool() {  # suite-pattern jobs gpu tools
   local pattern=$1 n=$2 gpu=$3 tool
   for tool in $4; do grep "^$tool $pattern " "$plan"; done |
-    env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} xargs -P "$n" -L 1 bash -c 'run_shard "$@"' _
+    env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} xargs -r -P "$n" -L 1 bash -c 'run_shard "$@"' _
 }
 all_tools="racecheck initcheck synccheck memcheck"
 sync_gpu=${TWINSTEP_SANITIZE_RUNTIME_SYNCCHECK_GPU:-}
