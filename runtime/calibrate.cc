@@ -302,7 +302,7 @@ class InSitu {
                       batches.end());
       std::map<int, GridPoint> points;
       for (const bool profiled : {false, true}) {
-        run_context(spec, config, ctx, batches, profiled, points);
+        run_context(config, ctx, batches, profiled, points);
       }
     }
   }
@@ -310,9 +310,8 @@ class InSitu {
  private:
   int reps() const { return o_.quick ? 6 : 16; }
 
-  void run_context(const ModelSpec& spec, const LlamaConfig& config, int ctx,
-                   const std::vector<int>& batches, bool profiled,
-                   std::map<int, GridPoint>& points) {
+  void run_context(const LlamaConfig& config, int ctx, const std::vector<int>& batches,
+                   bool profiled, std::map<int, GridPoint>& points) {
     const int max_batch = batches.back();
     // Per slot, worst case: every batch in three modes (graph, PDL, eager), in both passes.
     const int launches = 3 * int(batches.size()) * (reps() + 2);

@@ -81,8 +81,8 @@ struct PendingStep {
 struct StepOutputsPlan {
   int64_t step = -1;
   struct Launch {
-    int64_t seq;
-    int32_t count;
+    int64_t seq = -1;
+    int32_t count = 0;
     Phase phase = Phase::kDecode;
     int32_t width = 1;  // verify: positions per request (committed tokens <= width)
     std::vector<int32_t> requests;
