@@ -59,6 +59,27 @@ void calibration_step_kernels(const std::string& label, const StepShape& shape, 
   }
 }
 
+ExpertShare calibration_expert_share(const std::string& label, int32_t layer,
+                                     std::span<const int32_t> ids) {
+  const CalibrationModel cm = parse_calibration_model(label);
+  const ModelSpec& model = model_preset(cm.preset);
+  if (layer < 0 || size_t(layer) >= model.layers.size() ||
+      model.layers[size_t(layer)].mlp.kind != MlpKind::kMoe)
+    throw ConfigError("", "calibration model '" + label + "': layer " + std::to_string(layer) +
+                              " is not an MoE layer");
+  const LayoutSpec l = cm.tp == 1 ? LayoutSpec{} : calibration_layout(model, cm.tp);
+  return routed_expert_share(model.layers[size_t(layer)].mlp, ids, l.ep, 0);
+}
+
+void calibration_layer_kernels(const std::string& label, const StepShape& shape, int32_t layer,
+                               const ExpertShare& routing, std::vector<KernelDesc>& out) {
+  const CalibrationModel cm = parse_calibration_model(label);
+  const ModelSpec& model = model_preset(cm.preset);
+  layer_kernels(model, shape, cm.tp == 1 ? LayoutSpec{} : calibration_layout(model, cm.tp), 0,
+                layer, routing, out);
+  std::erase_if(out, [](const KernelDesc& k) { return k.cls == KernelClass::kCollective; });
+}
+
 namespace {
 
 // `model`'s TP-shard label where `measured(label)` holds for it, else `model`.

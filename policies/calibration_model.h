@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "policies/hardware_spec.h"
 #include "policies/layout.h"
@@ -32,6 +34,18 @@ LayoutSpec calibration_layout(const ModelSpec& model, int32_t tp);
 // The step kernels of the calibration grid point of `label` as the in-situ calibration ran them
 // on one GPU: rank 0's kernels with the collectives left out (the whole step when tp is 1).
 void calibration_step_kernels(const std::string& label, const StepShape& shape, StepKernels& out);
+
+// One launch's routing of MoE layer `layer` on the rank `label` measured: the routed work of
+// rank 0 of its calibration layout (the whole layer at tp 1; under ep = N the block [0, E/N),
+// which tp_shard_config gives rank 0) from `ids`, the layer's rows' top_k expert ids over all
+// experts (Engine::decode_routing). Throws ConfigError for a bad label or a dense layer.
+ExpertShare calibration_expert_share(const std::string& label, int32_t layer,
+                                     std::span<const int32_t> ids);
+
+// The kernels of layer `layer` of the grid point of `label` as calibration_step_kernels lists
+// them (collectives left out), with rank 0's MoE routing `routing` (layer_kernels).
+void calibration_layer_kernels(const std::string& label, const StepShape& shape, int32_t layer,
+                               const ExpertShare& routing, std::vector<KernelDesc>& out);
 
 // The GEMV weight shapes (KernelDesc::gemv_n, gemv_k) of `label`'s projections by kernel name,
 // from its calibration step kernels: what a stored kernel sample (name, bytes, FLOPs) lacks for

@@ -414,14 +414,11 @@ void sampled_routing(const std::vector<double>& p, const MlpSpec& mlp, int64_t t
   }
 }
 
-ExpertShare sampled_expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
-                                 int32_t ep, int32_t index, uint64_t seed, uint64_t pass_key,
-                                 int32_t layer) {
+ExpertShare routed_expert_share(const MlpSpec& mlp, std::span<const int32_t> ids, int32_t ep,
+                                int32_t index) {
   const auto [first, last] = expert_block(mlp, ep, index);
   ExpertShare s;
   s.experts = static_cast<int32_t>(last - first);
-  thread_local std::vector<int32_t> ids;
-  sampled_routing(p, mlp, tokens, seed, pass_key, layer, ids);
   thread_local std::vector<char> hit;  // distinct hits of this rank's experts
   hit.assign(size_t(last - first), 0);
   for (const int32_t e : ids) {
@@ -434,6 +431,14 @@ ExpertShare sampled_expert_share(const std::vector<double>& p, const MlpSpec& ml
     }
   }
   return s;
+}
+
+ExpertShare sampled_expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
+                                 int32_t ep, int32_t index, uint64_t seed, uint64_t pass_key,
+                                 int32_t layer) {
+  thread_local std::vector<int32_t> ids;
+  sampled_routing(p, mlp, tokens, seed, pass_key, layer, ids);
+  return routed_expert_share(mlp, ids, ep, index);
 }
 
 int32_t decode_microbatches(const LayoutSpec& l, int32_t requests) {

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -160,10 +161,18 @@ ExpertShare expert_share(const ExpertLoad& load, const MlpSpec& mlp, int64_t tok
 // The same for per-slot shares `p` (placed_expert_probabilities), summing to 1.
 ExpertShare expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
                          int32_t ep, int32_t index);
+// The routed work on EP rank `index` of `ep` under a given routing: `ids` holds every routed
+// copy of the layer's tokens as an expert id over all mlp.num_experts experts (ids[t * top_k +
+// j], the whole stage's tokens: a real router's picks, or sampled_routing's). routed_tokens
+// counts the ids in the rank's block [⌊E·index/ep⌋, ⌊E·(index + 1)/ep⌋), distinct_experts the
+// distinct ones among them; ids outside [0, E) count for no rank.
+ExpertShare routed_expert_share(const MlpSpec& mlp, std::span<const int32_t> ids, int32_t ep,
+                                int32_t index);
 // One draw of the routing (ExpertLoad::sampled): each of `tokens` tokens picks top_k distinct
 // experts with probabilities proportional to `p` (successive draws, a repeat drawn again), a
 // pure function of (seed, pass_key, layer, token): every rank of a pass sees the same routing,
-// so the ranks' routed_tokens sum to tokens * top_k exactly.
+// so the ranks' routed_tokens sum to tokens * top_k exactly. routed_expert_share of
+// sampled_routing's ids.
 ExpertShare sampled_expert_share(const std::vector<double>& p, const MlpSpec& mlp, int64_t tokens,
                                  int32_t ep, int32_t index, uint64_t seed, uint64_t pass_key,
                                  int32_t layer);

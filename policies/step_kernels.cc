@@ -45,6 +45,8 @@ struct Emitter {
   // ExpertLoad::sampled: the pass and layer the routing draw of this layer is keyed by.
   uint64_t pass_key = 0;
   int32_t layer = 0;
+  // The MoE routing on this rank, given (layer_kernels), instead of the expected or drawn one.
+  const ExpertShare* routing = nullptr;
 
   int64_t wgt(int64_t values) const {
     return weight_bytes_in(l.weight_dtype, m.weight_bytes, values);
@@ -281,7 +283,8 @@ void emit_mlp_body(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
   const int64_t route_tokens = e.moe == MoeSharding::kReplicated ? s.tokens : e.stage.tokens;
   const int32_t ep_width = ep ? l.ep : 1, ep_index = ep ? e.index : 0;
   const ExpertShare es =
-      e.placed == nullptr     ? expert_share(l.expert_load, p, route_tokens, ep_width, ep_index)
+      e.routing != nullptr    ? *e.routing
+      : e.placed == nullptr   ? expert_share(l.expert_load, p, route_tokens, ep_width, ep_index)
       : l.expert_load.sampled ? sampled_expert_share(*e.placed, p, route_tokens, ep_width, ep_index,
                                                      l.expert_load.seed, e.pass_key, e.layer)
                               : expert_share(*e.placed, p, route_tokens, ep_width, ep_index);
@@ -339,7 +342,8 @@ void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
               /*cp_prefill=*/false,
               /*scatter_reduce=*/true,
               e.pass_key,
-              e.layer};
+              e.layer,
+              e.routing};
   emit_mlp_body(all, layer, sh);
 }
 
@@ -522,22 +526,68 @@ void step_kernels(const ModelSpec& m, const StepShape& s, StepKernels& out) {
   step_kernels(m, s, LayoutSpec{}, 0, out);
 }
 
-void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& l, int32_t rank,
-                  StepKernels& out, std::optional<uint64_t> pass_key) {
+namespace {
+
+// Rank `rank`'s view of a step of `shape` (the rules in step_kernels' header). Throws ConfigError
+// for an invalid layout or a rank outside [0, world).
+struct RankView {
+  int32_t w, stage, index;
+  AttnSharding attn;
+  bool cp_prefill;
+  StepShape own;  // the shape its attention, norms and dense projections see
+};
+
+RankView rank_view(const ModelSpec& m, const StepShape& shape, const LayoutSpec& l, int32_t rank) {
   validate_layout(m, l);
   if (rank < 0 || rank >= l.world())
     throw ConfigError("", "rank " + std::to_string(rank) + " outside layout " + layout_name(l));
+  RankView v;
+  v.w = l.width();
+  v.stage = rank / v.w;
+  v.index = rank % v.w;
+  v.attn = attention_sharding(l);
+  v.cp_prefill = v.attn == AttnSharding::kCp && v.w > 1 && !shape.lm_head_all_tokens &&
+                 !has_linear_attention(m);
+  v.own = v.attn == AttnSharding::kDp ? dp_rank_shape(shape, v.w, v.index)
+          : v.cp_prefill              ? cp_prefill_shape(shape, v.w, v.index)
+                                      : shape;
+  return v;
+}
+
+}  // namespace
+
+void layer_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& l, int32_t rank,
+                   int32_t layer, const ExpertShare& routing, std::vector<KernelDesc>& out) {
+  const RankView v = rank_view(m, shape, l, rank);
+  const StageLayers sl = stage_layers(static_cast<int32_t>(m.layers.size()), l.pp, v.stage);
+  if (layer < sl.first || layer >= sl.first + sl.count)
+    throw ConfigError("", "layer " + std::to_string(layer) + " is not on rank " +
+                              std::to_string(rank) + " of layout " + layout_name(l));
+  thread_local StepKernels sk;
+  sk.kernels.clear();
+  sk.runs.clear();
+  Emitter e{sk, m, l, shape, v.own, v.w, v.index, v.attn, moe_sharding(l)};
+  e.cp_prefill = v.cp_prefill;
+  e.layer = layer;
+  e.routing = &routing;
+  const LayerSpec& spec = m.layers[size_t(layer)];
+  const LayerShard sh = layer_shard(spec, l, v.index);
+  emit_attention(e, spec, sh);
+  emit_mlp(e, spec, sh);
+  out.assign(sk.kernels.begin(), sk.kernels.end());
+}
+
+void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& l, int32_t rank,
+                  StepKernels& out, std::optional<uint64_t> pass_key) {
+  const RankView v = rank_view(m, shape, l, rank);
   out.kernels.clear();
   out.runs.clear();
-  const int32_t w = l.width();
-  const int32_t stage = rank / w;
-  const int32_t index = rank % w;
-  const AttnSharding attn = attention_sharding(l);
-  const bool cp_prefill =
-      attn == AttnSharding::kCp && w > 1 && !shape.lm_head_all_tokens && !has_linear_attention(m);
-  const StepShape own = attn == AttnSharding::kDp ? dp_rank_shape(shape, w, index)
-                        : cp_prefill              ? cp_prefill_shape(shape, w, index)
-                                                  : shape;
+  const int32_t w = v.w;
+  const int32_t stage = v.stage;
+  const int32_t index = v.index;
+  const AttnSharding attn = v.attn;
+  const bool cp_prefill = v.cp_prefill;
+  const StepShape& own = v.own;
   Emitter e{out, m, l, shape, own, w, index, attn, moe_sharding(l)};
   e.cp_prefill = cp_prefill;
   const int64_t h = m.hidden;

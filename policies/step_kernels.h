@@ -138,6 +138,16 @@ void step_kernels(const ModelSpec& model, const StepShape& shape, StepKernels& o
 void step_kernels(const ModelSpec& model, const StepShape& shape, const LayoutSpec& layout,
                   int32_t rank, StepKernels& out, std::optional<uint64_t> pass_key = std::nullopt);
 
+// The kernels of layer `layer` (one of rank's stage) as step_kernels(model, shape, layout, rank,
+// ..) emits them, collectives included, except that an MoE layer's routed work on the rank is
+// `routing` (routed_expert_share of a measured launch's routing, say) instead of the expected or
+// drawn one; a dense layer ignores it. With `routing` equal to the one step_kernels prices, the
+// kernels of step_kernels' run of that layer. Fills `out` (cleared first). Throws
+// ConfigError as step_kernels does, and for a layer outside rank's stage.
+void layer_kernels(const ModelSpec& model, const StepShape& shape, const LayoutSpec& layout,
+                   int32_t rank, int32_t layer, const ExpertShare& routing,
+                   std::vector<KernelDesc>& out);
+
 // ---- Pipeline parallelism (docs/layouts.md, "Pipeline microbatches") ----------------------
 // A launch under PP is split into microbatches that enter the pipeline one after another; a
 // stage starts microbatch j once it has finished j − 1 and j's hidden state has arrived.

@@ -706,6 +706,63 @@ TEST(LayoutSkew, SampledRoutingSplitsEachTokensExpertsBetweenTheRanks) {
   EXPECT_EQ(all0.distinct_experts, 8);  // expert 5 and the 7 lowest other ids
 }
 
+// A hand-worked routing: 2 rows, top-2 of 8 experts. Row 0 picks experts 1 and 6, row 1 picks 3
+// and 1. Over 2 EP ranks, rank 0 holds [0, 4): copies 1, 3, 1 (3 routed, experts 1 and 3
+// distinct); rank 1 holds [4, 8): copy 6.
+TEST(RoutedExpertShare, HandWorkedTwoRowsTopTwoOfEightExperts) {
+  MlpSpec mlp;
+  mlp.kind = MlpKind::kMoe;
+  mlp.num_experts = 8;
+  mlp.top_k = 2;
+  const std::vector<int32_t> ids = {1, 6, 3, 1};
+  const ExpertShare r0 = routed_expert_share(mlp, ids, 2, 0);
+  EXPECT_EQ(r0.experts, 4);
+  EXPECT_EQ(r0.routed_tokens, 3);
+  EXPECT_EQ(r0.distinct_experts, 2);
+  const ExpertShare r1 = routed_expert_share(mlp, ids, 2, 1);
+  EXPECT_EQ(r1.experts, 4);
+  EXPECT_EQ(r1.routed_tokens, 1);
+  EXPECT_EQ(r1.distinct_experts, 1);
+  // One rank holds all 8: every copy, experts 1, 3 and 6.
+  const ExpertShare all = routed_expert_share(mlp, ids, 1, 0);
+  EXPECT_EQ(all.experts, 8);
+  EXPECT_EQ(all.routed_tokens, 4);
+  EXPECT_EQ(all.distinct_experts, 3);
+  // 4 ranks of 2 experts: [0, 2) gets 1 twice, [2, 4) gets 3, [4, 6) nothing, [6, 8) gets 6.
+  const int64_t routed[] = {2, 1, 0, 1}, distinct[] = {1, 1, 0, 1};
+  for (int32_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(routed_expert_share(mlp, ids, 4, r).routed_tokens, routed[r]) << r;
+    EXPECT_EQ(routed_expert_share(mlp, ids, 4, r).distinct_experts, distinct[r]) << r;
+  }
+  // An id outside [0, E) (an unwritten routing entry, -1) counts for no rank.
+  const std::vector<int32_t> torn = {1, -1, 8, 1};
+  EXPECT_EQ(routed_expert_share(mlp, torn, 2, 0).routed_tokens, 2);
+  EXPECT_EQ(routed_expert_share(mlp, torn, 2, 1).routed_tokens, 0);
+}
+
+// sampled_expert_share counts sampled_routing's draw as routed_expert_share does.
+TEST(RoutedExpertShare, IsTheCountOfTheSampledDraw) {
+  MlpSpec mlp;
+  mlp.kind = MlpKind::kMoe;
+  mlp.num_experts = 128;
+  mlp.top_k = 8;
+  ExpertLoad zipf;
+  zipf.kind = ExpertLoad::Kind::kZipf;
+  const std::vector<double> p = expert_probabilities(zipf, 128, 8);
+  std::vector<int32_t> ids;
+  for (int32_t pass = 0; pass < 50; ++pass) {
+    sampled_routing(p, mlp, 5, 3, uint64_t(pass), 2, ids);
+    ASSERT_EQ(ids.size(), 40u);
+    for (int32_t r = 0; r < 2; ++r) {
+      const ExpertShare a = sampled_expert_share(p, mlp, 5, 2, r, 3, uint64_t(pass), 2);
+      const ExpertShare b = routed_expert_share(mlp, ids, 2, r);
+      EXPECT_EQ(a.routed_tokens, b.routed_tokens);
+      EXPECT_EQ(a.distinct_experts, b.distinct_experts);
+      EXPECT_EQ(a.experts, b.experts);
+    }
+  }
+}
+
 // Under sampled routing the simulator's EP ranks run different expert loads in each layer of a
 // pass, and their routed copies sum to tokens * top_k in every layer.
 TEST(LayoutSkew, SampledRoutingGivesEachLayerItsOwnRun) {

@@ -4,6 +4,9 @@
 
 #include <cstring>
 
+#include "policies/calibration_model.h"
+#include "policies/error.h"
+
 namespace twinstep {
 namespace {
 
@@ -78,6 +81,120 @@ TEST(StepKernels, PrefillLogitsOnlyForLastToken) {
   EXPECT_EQ(find(s, "lm_head")->flops, 2LL * 2 * 4096 * 128256);
   // Attention pairs Σ L(L+1)/2 = 2 · 5050.
   EXPECT_EQ(find(s, "attention")->flops, 4LL * 10100 * 4096);
+}
+
+// Every field of two kernel lists equal (names by content).
+void expect_same_kernels(const std::vector<KernelDesc>& a, const KernelDesc* b, size_t n) {
+  ASSERT_EQ(a.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_STREQ(a[i].name, b[i].name) << i;
+    EXPECT_EQ(a[i].cls, b[i].cls) << a[i].name;
+    EXPECT_EQ(a[i].bytes_read, b[i].bytes_read) << a[i].name;
+    EXPECT_EQ(a[i].bytes_written, b[i].bytes_written) << a[i].name;
+    EXPECT_EQ(a[i].flops, b[i].flops) << a[i].name;
+    EXPECT_EQ(a[i].coll, b[i].coll) << a[i].name;
+    EXPECT_EQ(a[i].group, b[i].group) << a[i].name;
+    EXPECT_EQ(a[i].requests, b[i].requests) << a[i].name;
+    EXPECT_EQ(a[i].gemv_n, b[i].gemv_n) << a[i].name;
+    EXPECT_EQ(a[i].gemv_k, b[i].gemv_k) << a[i].name;
+    EXPECT_EQ(a[i].rows, b[i].rows) << a[i].name;
+  }
+}
+
+// The routing step_kernels prices (expected, uniform) given to layer_kernels: the kernels of
+// step_kernels' run of that layer, collectives included, on one GPU, TP2-EP2 and DP2-EP2 ranks,
+// and on the second stage of PP2-TP2-EP2.
+TEST(LayerKernels, TheExpectedRoutingGivesTheStepsLayerRun) {
+  const ModelSpec& m = model_preset("qwen3-30b-a3b");
+  const MlpSpec& mlp = m.layers[0].mlp;
+  struct Case {
+    const char* layout;
+    int32_t rank, layer;
+  };
+  for (const Case c : {Case{"TP1", 0, 0}, Case{"TP2-EP2", 0, 5}, Case{"TP2-EP2", 1, 47},
+                       Case{"DP2-EP2", 1, 3}, Case{"PP2-TP2-EP2", 3, 30}}) {
+    const LayoutSpec l = parse_layout(c.layout);
+    for (const int32_t batch : {1, 4, 16}) {
+      SCOPED_TRACE(std::string(c.layout) + " rank " + std::to_string(c.rank) + " batch " +
+                   std::to_string(batch));
+      const StepShape s = decode_shape(batch, 1, 1000 * batch);
+      StepKernels sk;
+      step_kernels(m, s, l, c.rank, sk);
+      ASSERT_EQ(sk.runs.size(), 3u);  // every layer of the stage alike
+      const int32_t index = c.rank % l.width();
+      // EP (and TP1's whole layer): the routed copies of the stage's tokens.
+      const ExpertShare expected =
+          expert_share(l.expert_load, mlp, batch, l.ep, l.ep > 1 ? index : 0);
+      std::vector<KernelDesc> got;
+      layer_kernels(m, s, l, c.rank, c.layer, expected, got);
+      expect_same_kernels(got, &sk.kernels[size_t(sk.runs[1].first)], size_t(sk.runs[1].count));
+    }
+  }
+  // A layer of the other stage.
+  std::vector<KernelDesc> got;
+  EXPECT_THROW(layer_kernels(m, decode_shape(1, 1, 10), parse_layout("PP2-TP2-EP2"), 3, 3,
+                             ExpertShare{}, got),
+               ConfigError);
+}
+
+// One more distinct expert on the rank reads one more expert's weights, and nothing else
+// changes: Qwen3-30B-A3B's expert is gate/up 2048 x 2·768 and down 768 x 2048 bf16,
+// 6,291,456 + 3,145,728 B.
+TEST(LayerKernels, EachDistinctExpertAddsOneExpertsWeightBytes) {
+  const ModelSpec& m = model_preset("qwen3-30b-a3b");
+  const LayoutSpec l = parse_layout("TP2-EP2");
+  const StepShape s = decode_shape(2, 1, 2000);
+  ExpertShare share{64, 16, 3};
+  std::vector<KernelDesc> base, more;
+  layer_kernels(m, s, l, 0, 9, share, base);
+  ++share.distinct_experts;
+  layer_kernels(m, s, l, 0, 9, share, more);
+  ASSERT_EQ(base.size(), more.size());
+  for (size_t i = 0; i < base.size(); ++i) {
+    SCOPED_TRACE(base[i].name);
+    const int64_t extra = std::strcmp(base[i].name, "moe_gate_up") == 0 ? 6'291'456
+                          : std::strcmp(base[i].name, "moe_down") == 0  ? 3'145'728
+                                                                        : 0;
+    EXPECT_EQ(more[i].bytes_read - base[i].bytes_read, extra);
+    EXPECT_EQ(more[i].bytes_written, base[i].bytes_written);
+    EXPECT_EQ(more[i].flops, base[i].flops);
+  }
+  // 3 distinct experts, 16 routed copies (2 rows): gate_up reads 3 experts and 16 rows of 2048.
+  for (const KernelDesc& k : base) {
+    if (std::strcmp(k.name, "moe_gate_up") == 0) {
+      EXPECT_EQ(k.bytes_read, 3 * 6'291'456 + 16 * 2048 * 2);
+      EXPECT_EQ(k.flops, 2LL * 16 * 2048 * 2 * 768);
+    }
+  }
+}
+
+// A calibration shard label's measured rank is rank 0 of its layout: under qwen3-30b-a3b@tp2
+// (ep 2) it holds experts [0, 64). One row's top-8 with experts 0, 5 and 63 below 64.
+TEST(CalibrationRouting, ShardLabelCountsRankZerosBlock) {
+  const std::vector<int32_t> ids = {0, 63, 64, 127, 5, 100, 70, 80};
+  const ExpertShare shard = calibration_expert_share("qwen3-30b-a3b@tp2", 11, ids);
+  EXPECT_EQ(shard.experts, 64);
+  EXPECT_EQ(shard.routed_tokens, 3);
+  EXPECT_EQ(shard.distinct_experts, 3);
+  const ExpertShare whole = calibration_expert_share("qwen3-30b-a3b", 11, ids);
+  EXPECT_EQ(whole.experts, 128);
+  EXPECT_EQ(whole.routed_tokens, 8);
+  EXPECT_EQ(whole.distinct_experts, 8);
+  EXPECT_THROW(calibration_expert_share("llama-3-8b", 0, ids), ConfigError);
+  // With the expected routing, the layer of calibration_step_kernels (no collectives).
+  const ModelSpec& m = model_preset("qwen3-30b-a3b");
+  for (const char* label : {"qwen3-30b-a3b", "qwen3-30b-a3b@tp2"}) {
+    SCOPED_TRACE(label);
+    const int32_t ep = std::strcmp(label, "qwen3-30b-a3b") == 0 ? 1 : 2;
+    const StepShape s = decode_shape(4, 1, 4000);
+    StepKernels sk;
+    calibration_step_kernels(label, s, sk);
+    std::vector<KernelDesc> got;
+    calibration_layer_kernels(label, s, 20, expert_share(ExpertLoad{}, m.layers[0].mlp, 4, ep, 0),
+                              got);
+    for (const KernelDesc& k : got) EXPECT_NE(k.cls, KernelClass::kCollective) << k.name;
+    expect_same_kernels(got, &sk.kernels[size_t(sk.runs[1].first)], size_t(sk.runs[1].count));
+  }
 }
 
 }  // namespace
