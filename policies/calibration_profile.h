@@ -17,8 +17,10 @@
 namespace twinstep {
 
 // One measurement. `kind` says what was measured and which fields mean something:
-//   kernel          cls, model, mode, batch, ctx_tokens, bytes, flops; value_ns = the kernel's
-//                   time with the node gap and the profiling overhead removed
+//   kernel          cls, model, mode, batch, ctx_tokens, bytes, flops, nodes; value_ns = the
+//                   kernel's time with the node gap and the profiling overhead removed, the
+//                   median over the grid point's profiled launches (nodes 0), or one launch's of
+//                   `nodes` launches (MoE kernels, bytes and FLOPs under that launch's routing)
 //   node_gap        mode (graph | pdl | eager), nodes; value_ns = GPU time per node (eager:
 //                   between eagerly launched kernels already queued)
 //   eager_launch    value_ns = host time of one eager kernel launch
@@ -43,7 +45,7 @@ struct CalibrationSample {
   std::string mode;  // eager | graph | pdl
   int64_t batch = 0;
   int64_t ctx_tokens = 0;  // per request
-  int64_t nodes = 0;       // spec_graph: positions per request
+  int64_t nodes = 0;       // spec_graph: positions per request; kernel: launches (above)
   int64_t bytes = 0;
   int64_t flops = 0;
   double value_ns = 0;

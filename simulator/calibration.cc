@@ -307,7 +307,10 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
     const Point key{s.model, s.batch, s.ctx_tokens};
     if (s.kind == "step" && s.mode == "graph") steps[key].push_back(s.value_ns);
     if (s.kind == "kernel" && s.mode == "graph") {
-      kernel_sum[key] += s.value_ns;
+      // One launch's sample of `nodes` (an MoE layer's kernels under that launch's routing)
+      // counts 1 / nodes: their mean over the launches stands for the layer, as the median over
+      // the launches does for the other kernels (nodes 0).
+      kernel_sum[key] += s.nodes > 0 ? s.value_ns / double(s.nodes) : s.value_ns;
       names[key].insert(s.name);
     }
   }

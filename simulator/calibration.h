@@ -75,7 +75,8 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
 // Kernel samples of step kernels the in-situ measurement lost (a kernel whose every sample was
 // dropped, e.g. the last node of a step), recovered per grid point where exactly one
 // single-instance kernel (prologue or epilogue) has no sample: its time is the unprofiled
-// graph-mode step median less the point's kernel samples and one node gap per step kernel
+// graph-mode step median less the point's kernel samples (a sample of one of N launches,
+// CalibrationSample::nodes = N, counted 1/N) and one node gap per step kernel
 // (Σ kernels + nodes · gap = step, docs/calibration.md). Bytes and FLOPs from step_kernels() of
 // the model preset. Points of unknown models are skipped.
 struct ResidualSample {

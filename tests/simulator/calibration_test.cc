@@ -11,6 +11,7 @@
 
 #include "experiments/experiment.h"
 #include "kernels/gemv_split.h"
+#include "policies/calibration_model.h"
 #include "policies/calibration_profile.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
@@ -888,6 +889,75 @@ TEST(ResidualKernels, TheOneLostEpilogueKernelIsTheStepLessTheRest) {
   // Nothing lost: no residual. A per-layer kernel lost: none either (no single instance).
   EXPECT_TRUE(residual_kernel_samples(grid_point("none", 0, 500, 4, 1000), 500).empty());
   EXPECT_TRUE(residual_kernel_samples(grid_point("o_proj", 9000, 500, 4, 1000), 500).empty());
+}
+
+// An MoE grid point as calibrate stores it with the routing recorded: one sample per MoE kernel,
+// layer and profiled launch (nodes = 4 launches), their times spread around the layer's mean,
+// every other kernel one sample (nodes 0). The residual of the lost lm_head counts each
+// per-launch sample 1/4: the same as one sample at their mean.
+TEST(ResidualKernels, PerLaunchMoeSamplesCountAsTheirMean) {
+  const std::string label = "qwen3-30b-a3b@tp2";
+  const int32_t batch = 2;
+  const int64_t ctx = 500;
+  const double gap = 400, lost_ns = 150000;
+  StepKernels sk;
+  calibration_step_kernels(label, decode_shape(batch, 1, ctx * batch), sk);
+  std::vector<CalibrationSample> per_launch, medians;
+  double sum = 0;
+  const double spread[] = {0.8, 1.3, 0.9, 1.0};  // mean 1
+  for (const LayerRun& run : sk.runs) {
+    for (int32_t r = 0; r < run.repeat; ++r) {
+      for (int32_t i = run.first; i < run.first + run.count; ++i) {
+        const KernelDesc& k = sk.kernels[size_t(i)];
+        const double ns = 1000 + double(k.bytes_read + k.bytes_written) * 2.5e-4;
+        if (std::string(k.name) == "lm_head") {
+          sum += lost_ns;
+          continue;
+        }
+        sum += ns;
+        CalibrationSample x;
+        x.kind = "kernel";
+        x.name = k.name;
+        x.cls = kernel_class_name(k.cls);
+        x.model = label;
+        x.mode = "graph";
+        x.batch = batch;
+        x.ctx_tokens = ctx;
+        x.bytes = k.bytes_read + k.bytes_written;
+        x.flops = k.flops;
+        x.value_ns = ns;
+        medians.push_back(x);
+        if (k.cls != KernelClass::kMoeExperts && k.cls != KernelClass::kMoeRouter &&
+            std::string(k.name) != "moe_combine") {
+          per_launch.push_back(x);
+          continue;
+        }
+        for (const double f : spread) {
+          x.value_ns = ns * f;
+          x.nodes = 4;
+          per_launch.push_back(x);
+        }
+      }
+    }
+  }
+  CalibrationSample step;
+  step.kind = "step";
+  step.model = label;
+  step.mode = "graph";
+  step.batch = batch;
+  step.ctx_tokens = ctx;
+  step.value_ns = sum + double(sk.node_count()) * gap;
+  per_launch.push_back(step);
+  medians.push_back(step);
+  for (const auto* samples : {&per_launch, &medians}) {
+    SCOPED_TRACE(samples == &medians ? "medians" : "per launch");
+    const std::vector<ResidualSample> r = residual_kernel_samples(*samples, gap);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].name, "lm_head");
+    EXPECT_NEAR(r[0].sample.ns, lost_ns, 0.01);
+  }
+  // Router, gate/up, down and combine: 4 samples for 1 in each of the 48 layers.
+  EXPECT_EQ(per_launch.size(), medians.size() + 48 * 4 * 3);
 }
 
 TEST(ResidualKernels, FitCalibrationFitsTheLostClassFromThem) {
