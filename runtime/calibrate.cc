@@ -7,6 +7,8 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <span>
+#include <string_view>
 
 #include "policies/calibration_model.h"
 #include "policies/decode_loop.h"
@@ -321,6 +323,10 @@ class InSitu {
     eo.capacity_tokens = ((ctx + 15) / 16 * 16 + launches + 63) / 64 * 64;
     eo.profile_nodes = profiled;
     eo.tp.size = o_.tp;  // a shard measured alone: no communicator, no collectives
+    // MoE: each launch's routing, for its kernel samples (kernel_samples). Both passes alike, so
+    // that the step times pair; a ring of kTsRing launches x layers x bucket rows x top_k ids
+    // (Qwen3-30B-A3B, 64 rows: 25 MB), top_k 4-byte stores per row and layer in the router.
+    eo.record_routing = config.moe();
     std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", label_.c_str(), ctx, max_batch,
                  profiled ? "profiled" : "unprofiled");
     auto engine = Engine::create_synthetic(config, 1, eo);
@@ -440,7 +446,9 @@ class InSitu {
   // Kernel samples of one grid point from the profiled launches (docs/calibration.md): node j's
   // interval d_j between timestamps, less the per-node profiling overhead
   // δ = (T_profiled − T_unprofiled) / nodes, median over launches, less one node gap per step
-  // kernel, so that Σ kernels + nodes · gap reproduces the unprofiled step.
+  // kernel, so that Σ kernels + nodes · gap reproduces the unprofiled step. MoE layers where the
+  // engine records routing: one sample per launch instead, its kernels priced for the experts
+  // that launch routed to the rank in that layer (moe_launch_samples).
   void kernel_samples(Engine& engine, const GridPoint& p, double profiled_step_ns,
                       const std::vector<int64_t>& seqs, int64_t ctx_mid) {
     const std::vector<const char*>& names = engine.decode_node_names(p.batch);
@@ -472,51 +480,142 @@ class InSitu {
     std::vector<std::vector<std::vector<double>>> cost(real.size());
     for (size_t k = 0; k < real.size(); ++k) cost[k].resize(real[k].second - real[k].first);
     const auto stamps = engine.node_timestamps(seqs.front(), seqs.back());
+    std::vector<int64_t> launches;  // the profiled launches, in the order of the costs
     for (const auto& [seq, ts] : stamps) {
       if (ts.size() < n + 1) throw Error("calibrate: fewer timestamps than nodes");
+      launches.push_back(seq);
       for (size_t k = 0; k < real.size(); ++k) {
         for (size_t j = real[k].first; j < real[k].second; ++j) {
           cost[k][j - real[k].first].push_back(double(int64_t(ts[j + 1]) - int64_t(ts[j])) - delta);
         }
       }
     }
+    const bool routed = engine.options().record_routing;
+    const MoeLaunches moe =
+        routed ? moe_launches(engine, p, launches, occurrences(sim_groups, "moe")) : MoeLaunches{};
+    size_t moe_instance = 0;
     for (size_t k = 0; k < sim.size(); ++k) {
-      const size_t members = sim[k].second - sim[k].first;
-      // One runtime node per step kernel: each kernel gets its own node's time less one gap.
-      // Otherwise (fused or relay nodes) the step kernels share the instance's total less one
-      // gap each, in proportion to their bytes.
-      const bool paired = cost[k].size() == members;
-      double total = 0;
-      for (const std::vector<double>& c : cost[k]) total += median(c);
-      double bytes_sum = 0;
-      for (size_t i = sim[k].first; i < sim[k].second; ++i) {
-        bytes_sum += double(flat[i]->bytes_read + flat[i]->bytes_written);
+      const std::span<const KernelDesc* const> kernels(flat.data() + sim[k].first,
+                                                       sim[k].second - sim[k].first);
+      if (routed && sim_groups[k] == "moe") {
+        moe_launch_samples(moe, moe_instance++, kernels, cost[k], p, ctx_mid);
+        continue;
       }
-      for (size_t i = sim[k].first; i < sim[k].second; ++i) {
-        const KernelDesc& d = *flat[i];
-        const double share = bytes_sum > 0 ? double(d.bytes_read + d.bytes_written) / bytes_sum
-                                           : 1.0 / double(members);
-        const double ns = paired ? median(cost[k][i - sim[k].first]) - gap_ns_
-                                 : (total - double(members) * gap_ns_) * share;
-        if (ns <= 0) {
-          ++dropped_;
-          continue;
-        }
-        CalibrationSample x = sample("kernel", ns);
-        x.name = d.name;
-        x.cls = kernel_class_name(d.cls);
-        x.model = label_;
-        x.mode = "graph";
-        x.batch = p.batch;
-        x.ctx_tokens = ctx_mid / p.batch;
-        x.bytes = d.bytes_read + d.bytes_written;
-        x.flops = d.flops;
-        out_.push_back(x);
-      }
+      std::vector<double> node_ns;
+      for (const std::vector<double>& c : cost[k]) node_ns.push_back(median(c));
+      instance_samples(kernels, node_ns, p, ctx_mid, 0);
     }
     if (dropped_ > 0) {
       std::fprintf(o_.log, "calibrate: %lld kernel samples at or below one node gap dropped\n",
                    static_cast<long long>(dropped_));
+    }
+  }
+
+  static size_t occurrences(const std::vector<std::string>& v, const char* x) {
+    return size_t(std::count(v.begin(), v.end(), x));
+  }
+
+  // The routing of the profiled launches of a grid point: per launch, Engine::decode_routing's
+  // ids for the point's rows; the model's MoE layers in order (the step kernels' "moe" instances).
+  struct MoeLaunches {
+    std::vector<std::vector<int32_t>> ids;  // per launch: ids[(layer * rows + row) * top_k + j]
+    std::vector<int32_t> layers;            // the model's MoE layer indices
+    size_t per_layer = 0;                   // rows * top_k
+  };
+
+  MoeLaunches moe_launches(Engine& engine, const GridPoint& p, const std::vector<int64_t>& launches,
+                           size_t instances) {
+    const LlamaConfig& c = engine.config();
+    const ModelSpec& spec = model_preset(parse_calibration_model(label_).preset);
+    MoeLaunches m;
+    for (size_t l = 0; l < spec.layers.size(); ++l) {
+      if (spec.layers[l].mlp.kind == MlpKind::kMoe) m.layers.push_back(int32_t(l));
+    }
+    if (m.layers.size() != instances || int64_t(spec.layers.size()) != c.layers)
+      throw Error("calibrate: " + label_ + ": " + std::to_string(instances) +
+                  " MoE node groups against " + std::to_string(m.layers.size()) + " MoE layers");
+    m.per_layer = size_t(p.batch) * size_t(c.top_k);
+    for (const int64_t seq : launches) {
+      m.ids.push_back(engine.decode_routing(seq, p.batch));
+      for (const int32_t e : m.ids.back()) {
+        // The ring starts at -1: an entry the launch did not write.
+        if (e < 0 || e >= c.num_experts)
+          throw Error("calibrate: " + label_ + " launch " + std::to_string(seq) +
+                      " recorded expert " + std::to_string(e) + " outside [0, " +
+                      std::to_string(c.num_experts) + ")");
+      }
+    }
+    return m;
+  }
+
+  // One MoE layer's samples, one per profiled launch: the node costs of that launch, split over
+  // the layer's moe kernels built for the launch's routing of the layer on this rank (distinct
+  // experts and routed copies in rank 0's block; calibration_expert_share). Each sample carries
+  // nodes = the launches, so that per grid point they count 1 / launches (residual_kernel_samples).
+  void moe_launch_samples(const MoeLaunches& m, size_t instance,
+                          std::span<const KernelDesc* const> expected,
+                          const std::vector<std::vector<double>>& node_costs, const GridPoint& p,
+                          int64_t ctx_mid) {
+    const int32_t layer = m.layers[instance];
+    std::vector<KernelDesc> layer_list;
+    std::vector<const KernelDesc*> kernels;
+    std::vector<double> node_ns(node_costs.size());
+    for (size_t launch = 0; launch < m.ids.size(); ++launch) {
+      const std::span<const int32_t> ids(m.ids[launch].data() + size_t(layer) * m.per_layer,
+                                         m.per_layer);
+      calibration_layer_kernels(label_, decode_shape(p.batch, 1, ctx_mid), layer,
+                                calibration_expert_share(label_, layer, ids), layer_list);
+      kernels.clear();
+      for (const KernelDesc& d : layer_list) {
+        if (group_of(d.name) == "moe") kernels.push_back(&d);
+      }
+      if (kernels.size() != expected.size())
+        throw Error("calibrate: " + label_ + " layer " + std::to_string(layer) + ": " +
+                    std::to_string(kernels.size()) + " moe kernels under the launch's routing, " +
+                    std::to_string(expected.size()) + " in the step");
+      for (size_t i = 0; i < kernels.size(); ++i) {
+        if (std::string_view(kernels[i]->name) != expected[i]->name)
+          throw Error("calibrate: " + label_ + ": moe kernel " + kernels[i]->name +
+                      " where the step has " + expected[i]->name);
+      }
+      for (size_t j = 0; j < node_costs.size(); ++j) node_ns[j] = node_costs[j][launch];
+      instance_samples(kernels, node_ns, p, ctx_mid, int64_t(m.ids.size()));
+    }
+  }
+
+  // Samples of one instance's step kernels from its runtime nodes' costs `node_ns` (d_j − δ, in
+  // node order). One runtime node per step kernel: each kernel gets its own node's time less
+  // one gap. Otherwise (fused or relay nodes) the step kernels share the instance's total less
+  // one gap each, in proportion to their bytes. `launches`: CalibrationSample::nodes.
+  void instance_samples(std::span<const KernelDesc* const> kernels,
+                        const std::vector<double>& node_ns, const GridPoint& p, int64_t ctx_mid,
+                        int64_t launches) {
+    const size_t members = kernels.size();
+    const bool paired = node_ns.size() == members;
+    double total = 0;
+    for (const double c : node_ns) total += c;
+    double bytes_sum = 0;
+    for (const KernelDesc* d : kernels) bytes_sum += double(d->bytes_read + d->bytes_written);
+    for (size_t i = 0; i < members; ++i) {
+      const KernelDesc& d = *kernels[i];
+      const double share = bytes_sum > 0 ? double(d.bytes_read + d.bytes_written) / bytes_sum
+                                         : 1.0 / double(members);
+      const double ns = paired ? node_ns[i] - gap_ns_ : (total - double(members) * gap_ns_) * share;
+      if (ns <= 0) {
+        ++dropped_;
+        continue;
+      }
+      CalibrationSample x = sample("kernel", ns);
+      x.name = d.name;
+      x.cls = kernel_class_name(d.cls);
+      x.model = label_;
+      x.mode = "graph";
+      x.batch = p.batch;
+      x.ctx_tokens = ctx_mid / p.batch;
+      x.nodes = launches;
+      x.bytes = d.bytes_read + d.bytes_written;
+      x.flops = d.flops;
+      out_.push_back(x);
     }
   }
 
