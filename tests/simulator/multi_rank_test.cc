@@ -337,7 +337,9 @@ TEST(Pipeline, BubbleFractionMatchesTheAnalyticValue) {
       int checked = 0;
       for (const StepSample& s : rec.steps) {
         if (s.step < 5 || s.step > 20) continue;
-        if (s.rank == 0) EXPECT_EQ(s.dur_ns, (m + pp - 1) * t) << "pp " << pp << " m " << m;
+        if (s.rank == 0) {
+          EXPECT_EQ(s.dur_ns, (m + pp - 1) * t) << "pp " << pp << " m " << m;
+        }
         const double idle = double(s.dur_ns - s.gpu_busy_ns) / double(s.dur_ns);
         EXPECT_NEAR(idle, double(pp - 1) / double(m + pp - 1), 1e-12)
             << "pp " << pp << " m " << m << " rank " << s.rank;
