@@ -833,6 +833,23 @@ TEST(KernelFit, TwoLinesSplitByBytesRecoveredWithTheSplitBetweenThem) {
   EXPECT_EQ(fit_kernel_class_split_bytes(one, KernelClass::kAttention, 4).split_bytes, 0);
 }
 
+// An in-situ kernel sample of step kernel `k` of `label` at a grid point, ns long.
+CalibrationSample kernel_sample(const KernelDesc& k, const std::string& label, int32_t batch,
+                                int64_t ctx, double ns) {
+  CalibrationSample x;
+  x.kind = "kernel";
+  x.name = k.name;
+  x.cls = kernel_class_name(k.cls);
+  x.model = label;
+  x.mode = "graph";
+  x.batch = batch;
+  x.ctx_tokens = ctx;
+  x.bytes = k.bytes_read + k.bytes_written;
+  x.flops = k.flops;
+  x.value_ns = ns;
+  return x;
+}
+
 // In-situ samples of one model at one grid point: every step kernel but `lost` with a known
 // time, and the graph step that Σ kernels + nodes · gap gives with `lost` costing lost_ns.
 std::vector<CalibrationSample> grid_point(const std::string& lost, double lost_ns, double gap,
@@ -850,19 +867,8 @@ std::vector<CalibrationSample> grid_point(const std::string& lost, double lost_n
           sum += lost_ns;
           continue;
         }
-        CalibrationSample x;
-        x.kind = "kernel";
-        x.name = k.name;
-        x.cls = kernel_class_name(k.cls);
-        x.model = "llama-3-8b";
-        x.mode = "graph";
-        x.batch = batch;
-        x.ctx_tokens = ctx;
-        x.bytes = k.bytes_read + k.bytes_written;
-        x.flops = k.flops;
-        x.value_ns = ns;
         sum += ns;
-        out.push_back(x);
+        out.push_back(kernel_sample(k, "llama-3-8b", batch, ctx, ns));
       }
     }
   }
@@ -915,17 +921,7 @@ TEST(ResidualKernels, PerLaunchMoeSamplesCountAsTheirMean) {
           continue;
         }
         sum += ns;
-        CalibrationSample x;
-        x.kind = "kernel";
-        x.name = k.name;
-        x.cls = kernel_class_name(k.cls);
-        x.model = label;
-        x.mode = "graph";
-        x.batch = batch;
-        x.ctx_tokens = ctx;
-        x.bytes = k.bytes_read + k.bytes_written;
-        x.flops = k.flops;
-        x.value_ns = ns;
+        CalibrationSample x = kernel_sample(k, label, batch, ctx, ns);
         medians.push_back(x);
         if (k.cls != KernelClass::kMoeExperts && k.cls != KernelClass::kMoeRouter &&
             std::string(k.name) != "moe_combine") {
