@@ -358,9 +358,7 @@ std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<Calibratio
       steps[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
     }
   }
-  // Each label priced as a simulated one-rank run of it prices it (calibration_eval.cc does the
-  // same): its own kernel fits (its TP shard's where measured), a donor's attention line where
-  // it has none.
+  // Each label priced as a simulated one-rank run of it prices it (calibration_cost_model).
   std::map<std::string, std::unique_ptr<CostModel>> cost;
   std::map<Key, std::vector<double>> gaps;
   StepKernels sk;
@@ -368,15 +366,7 @@ std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<Calibratio
     const auto& [label, batch] = key;
     if (!is_calibration_model(label)) continue;
     auto it = cost.find(label);
-    if (it == cost.end()) {
-      const CalibrationModel cm = parse_calibration_model(label);
-      const ModelSpec& model = model_preset(cm.preset);
-      it =
-          cost.emplace(label, std::make_unique<CostModel>(
-                                  hw, kernel_fit_model(hw, cm.preset, cm.tp),
-                                  attention_fit_model(hw, model, calibration_layout(model, cm.tp))))
-              .first;
-    }
+    if (it == cost.end()) it = cost.emplace(label, calibration_cost_model(hw, label)).first;
     for (const auto& [ctx, v] : by_ctx) {
       calibration_step_kernels(label, decode_shape(int32_t(batch), 1, ctx * batch), sk);
       const GraphCost c = it->second->graph_cost(sk);

@@ -41,7 +41,7 @@ struct ErrorSum {
 struct Pricing {
   std::unique_ptr<CostModel> cost;
   std::string fit_model;        // kernel_model_fits key, or "(pooled)"
-  std::string pdl_model;        // pdl_node_gap_by_rows / graph_node_gap_by_rows key
+  std::string gap_model;        // pdl_node_gap_by_rows / graph_node_gap_by_rows key
   std::string attention_model;  // attention_fit_model: whose attention fit, empty: its own
 };
 
@@ -58,9 +58,9 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     const std::string fit = kernel_fit_model(hw, cm.preset, cm.tp);
     const ModelSpec& model = model_preset(cm.preset);
     p.attention_model = attention_fit_model(hw, model, calibration_layout(model, cm.tp));
-    p.cost = std::make_unique<CostModel>(hw, fit, p.attention_model);
+    p.cost = calibration_cost_model(hw, label);
     p.fit_model = kernel_model_fits_for(hw, fit) != nullptr ? fit : "(pooled)";
-    p.pdl_model = pdl_gap_model(hw, cm.preset, cm.tp);
+    p.gap_model = pdl_gap_model(hw, cm.preset, cm.tp);
     return pricing.emplace(label, std::move(p)).first->second;
   };
 
@@ -138,9 +138,9 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     r.kernels_us = double(c.busy_ns) / 1e3;
     // The gap per node as the simulator's single-rank launch takes it (sim_backend.cc
     // node_gap_ns); a negative PDL gap shortens the span, never below zero.
-    r.gap_ns = mode == "pdl"     ? double(pdl_node_gap_for(hw, p.pdl_model, batch))
+    r.gap_ns = mode == "pdl"     ? double(pdl_node_gap_for(hw, p.gap_model, batch))
                : mode == "eager" ? double(hw.eager_node_gap_ns)
-                                 : double(graph_node_gap_for(hw, p.pdl_model, batch));
+                                 : double(graph_node_gap_for(hw, p.gap_model, batch));
     r.priced_us = std::max(0.0, r.kernels_us + double(r.nodes) * r.gap_ns / 1e3);
     r.err_pct = 100.0 * (r.priced_us - r.measured_us) / r.measured_us;
     e.steps.push_back(r);

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <string_view>
 
+#include "policies/calibration_model.h"
+
 namespace twinstep {
 
 namespace {
@@ -292,6 +294,15 @@ int64_t CostModel::collective_ns(const KernelDesc& k, bool in_graph) const {
 
 int64_t CostModel::copy_d2h_ns(int64_t bytes) const {
   return d2h_latency_ns_ + std::llround(double(bytes) * d2h_ns_per_byte_);
+}
+
+std::unique_ptr<CostModel> calibration_cost_model(const HardwareSpec& hw,
+                                                  const std::string& label) {
+  const CalibrationModel cm = parse_calibration_model(label);
+  const ModelSpec& model = model_preset(cm.preset);
+  return std::make_unique<CostModel>(
+      hw, kernel_fit_model(hw, cm.preset, cm.tp),
+      attention_fit_model(hw, model, calibration_layout(model, cm.tp)));
 }
 
 }  // namespace twinstep

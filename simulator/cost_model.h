@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -136,5 +137,11 @@ class CostModel {
   std::array<std::array<std::vector<HardwareSpec::SkewPoint>, 2>, 5> skew_curves_{};
   int32_t skew_ranks_ = 0;  // the skew curves' communicator size
 };
+
+// The cost model a simulated one-rank run of calibration label `label` (policies/
+// calibration_model.h: a preset, or rank 0 of its TP shard) prices it with: the label's kernel
+// fits where the profile has them (kernel_fit_model), a donor's attention line where it has none
+// (attention_fit_model on calibration_layout). Throws ConfigError for an unknown label.
+std::unique_ptr<CostModel> calibration_cost_model(const HardwareSpec& hw, const std::string& label);
 
 }  // namespace twinstep

@@ -105,8 +105,8 @@ class Engine {
         cost_(cost),
         record_(record),
         width_(options.layout.width()),
-        pdl_model_(pdl_gap_model(hw, model.name, options.layout.width())),
-        pdl_draft_(pdl_gap_model(hw, draft.name, options.layout.width())),
+        gap_model_(pdl_gap_model(hw, model.name, options.layout.width())),
+        gap_draft_(pdl_gap_model(hw, draft.name, options.layout.width())),
         spec_residuals_(options.layout.world() == 1 &&
                         std::any_of(hw.spec_graph_residuals.begin(), hw.spec_graph_residuals.end(),
                                     [&](const auto& r) { return r.model == model.name; })) {}
@@ -492,7 +492,7 @@ class Engine {
   // between kernels already queued (eager_node_gap_ns); a kernel launched late waits for its
   // launch besides.
   int64_t node_gap_ns(const GraphLaunch& g, const DeviceWork& w) const {
-    const std::string& key = w.model == &draft_ ? pdl_draft_ : pdl_model_;
+    const std::string& key = w.model == &draft_ ? gap_draft_ : gap_model_;
     switch (g.mode) {
       case GraphMode::kCudaGraphPdl:
         return pdl_node_gap_for(hw_, key, w.shape.tokens);
@@ -1107,7 +1107,7 @@ class Engine {
   // pdl_node_gap_by_rows / graph_node_gap_by_rows keys of the target and the draft: a measured TP
   // shard where there is one
   // (policies/calibration_model.h), else the model.
-  std::string pdl_model_, pdl_draft_;
+  std::string gap_model_, gap_draft_;
   bool spec_residuals_;  // the profile has speculative graph residuals of this one-GPU run's model
   std::vector<Rank> ranks_;
   std::vector<Issued> issued_;

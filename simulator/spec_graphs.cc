@@ -123,8 +123,7 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
         p = std::make_unique<Pricing>();
         p->model = model_preset(cm.preset);
         p->draft = nextn_draft(p->model);
-        p->cost = std::make_unique<CostModel>(hw, kernel_fit_model(hw, cm.preset, 1),
-                                              attention_fit_model(hw, p->model, LayoutSpec{}));
+        p->cost = calibration_cost_model(hw, label);
       }
     } catch (const ConfigError&) {
       p.reset();  // not a preset: nothing to price it with
