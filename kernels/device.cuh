@@ -120,10 +120,23 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Weight and KV streams ask L2 for whole 128-byte lines (the .L2::128B prefetch size). A warp's
+// mma fragment load touches 64 bytes of each of 8 rows, the other 64 bytes of those lines come
+// one instruction later; without the hint L2 fetched them from HBM as separate halves. On an
+// H200 (twinstep_kernels_bench --only access, 2 GiB of rows 8 KB long): the GEMV's pattern by
+// cp.async.cg 4.12 TB/s without the hint, 4.50 with it, a plain stream 4.54; by
+// ld.global.nc.L1::no_allocate 3.55 and 4.47. TWINSTEP_NO_L2_PREFETCH (the benchmark's
+// before/after build) leaves the hint out.
+#ifdef TWINSTEP_NO_L2_PREFETCH
+#define TS_L2_PREFETCH ""
+#else
+#define TS_L2_PREFETCH ".L2::128B"
+#endif
+
 // 16-byte global load that bypasses L1 (weights and KV: read once per launch).
 __device__ __forceinline__ uint4 load_stream_16(const void* ptr) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+  asm volatile("ld.global.nc.L1::no_allocate" TS_L2_PREFETCH ".v4.u32 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(ptr));
   return v;
@@ -134,10 +147,11 @@ __device__ __forceinline__ uint4 load_16(const void* ptr) {
   return __ldg(reinterpret_cast<const uint4*>(ptr));
 }
 
-// Asynchronous 16-byte global->shared copy; src_bytes = 0 fills the 16 bytes with zeros.
+// Asynchronous 16-byte global->shared copy (L2 prefetch as load_stream_16); src_bytes = 0 fills
+// the 16 bytes with zeros.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+  asm volatile("cp.async.cg.shared.global" TS_L2_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }

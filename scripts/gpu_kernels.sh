@@ -6,6 +6,9 @@
 # to record when the tree has no .git, TWINSTEP_SANITIZE=1 also runs compute-sanitizer memcheck
 # (TWINSTEP_SANITIZE_FILTER: its gtest filter), TWINSTEP_BENCH_ARGS extra bench flags,
 # TWINSTEP_SKIP_TESTS=1 (benchmark only; e.g. after `ctest -L gpu` in the same session).
+# Configured with -DTWINSTEP_KERNELS_AB=ON (TWINSTEP_CMAKE_ARGS), it also runs the benchmark built
+# without the L2 prefetch hint into OUT_DIR/kernels_noprefetch.json (sections:
+# TWINSTEP_BENCH_AB_ARGS, default gemv, attention, layer_chain).
 # If the whole project fails to configure (other folders mid-edit), kernels/ and tests/kernels/
 # are built alone through a generated wrapper project; the log says which.
 set -uo pipefail
@@ -69,5 +72,13 @@ fi
 bench=$(find "$build" -name twinstep_kernels_bench -type f -perm -u+x | head -1)
 (cd "$root" && timeout "${TWINSTEP_BENCH_TIMEOUT:-360}" "$bench" --out "$out/kernels.json" ${TWINSTEP_COMMIT:+--commit "$TWINSTEP_COMMIT"} ${TWINSTEP_BENCH_ARGS:-}) 2>&1 | tee "$out/bench.log"
 bench_status=${PIPESTATUS[0]}
+# Configured with -DTWINSTEP_KERNELS_AB=ON: the same sections without the L2 prefetch hint.
+before=$(find "$build" -name twinstep_kernels_bench_noprefetch -type f -perm -u+x | head -1)
+if [ -n "$before" ]; then
+  (cd "$root" && timeout "${TWINSTEP_BENCH_TIMEOUT:-360}" "$before" --out "$out/kernels_noprefetch.json" \
+    ${TWINSTEP_COMMIT:+--commit "$TWINSTEP_COMMIT"} ${TWINSTEP_BENCH_AB_ARGS:---only gemv --only attention --only layer_chain}) \
+    >"$out/bench_noprefetch.log" 2>&1 || bench_status=1
+  grep -E "^floor|variant used|gemv variant" "$out/bench_noprefetch.log"
+fi
 echo "bench exit status: $bench_status, tests exit status: $test_status"
 [ "$test_status" = 0 ] && [ "$bench_status" = 0 ]

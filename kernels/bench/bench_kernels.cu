@@ -3,7 +3,8 @@
 //
 //   twinstep_kernels_bench --out results.json [--commit SHA] [--only SECTION ...]
 //
-// SECTION: gemv, attention, layer_chain, moe, lm_head (default: all; the floor always runs).
+// SECTION: gemv, access, attention, layer_chain, moe, lm_head (default: all; the floor always
+// runs).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -62,8 +63,32 @@ __global__ void fill_random_kernel(bf16* p, size_t n, uint64_t seed, float scale
   }
 }
 
+// 16-byte loads and copies of weights, spelled out here (not kernels/device.cuh's, whose L2 hint
+// is a build option) so that every build measures both: kL2Line = the .L2::128B prefetch size.
+template <bool kL2Line>
+__device__ __forceinline__ uint4 ld_weight_16(const void* ptr) {
+  uint4 v;
+  if constexpr (kL2Line)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr));
+  return v;
+}
+template <bool kL2Line>
+__device__ __forceinline__ void cp_weight_16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if constexpr (kL2Line)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+
 // Streaming read: each thread keeps kUnroll independent 16-byte loads in flight.
-template <int kUnroll>
+template <int kUnroll, bool kL2Line>
 __global__ void stream_read_kernel(const uint4* p, size_t n, unsigned* sink) {
   uint32_t acc = 0;
   const size_t stride = size_t{gridDim.x} * blockDim.x;
@@ -71,15 +96,90 @@ __global__ void stream_read_kernel(const uint4* p, size_t n, unsigned* sink) {
   for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
     uint4 v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = detail::load_stream_16(p + i + u * stride);
+    for (int u = 0; u < kUnroll; ++u) v[u] = ld_weight_16<kL2Line>(p + i + u * stride);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   for (; i < n; i += stride) {
-    const uint4 v = detail::load_stream_16(p + i);
+    const uint4 v = ld_weight_16<kL2Line>(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9E3779B9u) sink[0] = acc;  // keeps the loads alive
+}
+
+// Weight access patterns (section "access"): a matrix of 8 KB rows (k = 4096) read in 16-row
+// tiles by 2 blocks of 8 warps per SM, block b taking tiles b, b + grid, ...; warp w reads its
+// 512-element K piece of the tile in 4 steps of 8 instructions, kDepth steps in flight. kPattern 0
+// is the GEMV's (gemv_split_kernel): lane (g, t) reads rows g and g + 8, 16 bytes at column
+// chunk * 32 + t * 8, so one instruction covers 64 bytes of 8 rows; kPattern 1 reads the same
+// bytes as 2 rows x 256 contiguous bytes per instruction. Loads into registers (kAsync false)
+// or cp.async into a private shared-memory ring (kAsync, as the GEMV's ring of 3).
+constexpr int kAccessK = 4096;
+template <int kPattern>
+__device__ __forceinline__ const bf16* access_addr(const bf16* w, int tile, int warp, int step,
+                                                   int j, int lane) {
+  int row, col;
+  if constexpr (kPattern == 0) {
+    row = tile * 16 + lane / 4 + 8 * (j % 2);
+    col = warp * 512 + step * 128 + (j / 2) * 32 + (lane % 4) * 8;
+  } else {
+    row = tile * 16 + 2 * j + lane / 16;
+    col = warp * 512 + step * 128 + (lane % 16) * 8;
+  }
+  return w + static_cast<size_t>(row) * kAccessK + col;
+}
+template <int kPattern, bool kAsync, bool kL2Line, int kDepth>
+__global__ void __launch_bounds__(256, 2)
+    access_kernel(const bf16* w, int tiles, unsigned* sink) {
+  extern __shared__ uint4 access_ring[];  // kAsync: [kDepth][8][256]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int my_tiles = (tiles - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x;
+  const int steps = my_tiles * 4;
+  unsigned acc = 0;
+  auto src = [&](int q, int j) {
+    return access_addr<kPattern>(w, blockIdx.x + (q / 4) * gridDim.x, warp, q % 4, j, lane);
+  };
+  if constexpr (kAsync) {
+    auto issue = [&](int q, int slot) {
+      if (q < steps)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          cp_weight_16<kL2Line>(&access_ring[(slot * 8 + j) * 256 + threadIdx.x], src(q, j));
+      detail::cp_async_commit();
+    };
+    for (int d = 0; d < kDepth - 1; ++d) issue(d, d);
+    int slot = 0;
+    for (int q = 0; q < steps; ++q) {
+      detail::cp_async_wait<kDepth - 2>();
+      issue(q + kDepth - 1, slot == 0 ? kDepth - 1 : slot - 1);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint4 v = access_ring[(slot * 8 + j) * 256 + threadIdx.x];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      slot = slot + 1 == kDepth ? 0 : slot + 1;
+    }
+    detail::cp_async_wait<0>();
+  } else {
+    uint4 buf[kDepth][8];
+    auto issue = [&](int q, uint4(&b)[8]) {
+      if (q < steps)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) b[j] = ld_weight_16<kL2Line>(src(q, j));
+    };
+#pragma unroll
+    for (int d = 0; d < kDepth - 1; ++d) issue(d, buf[d]);
+    for (int q = 0; q < steps; q += kDepth) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        issue(q + d + kDepth - 1, buf[(d + kDepth - 1) % kDepth]);
+        if (q + d < steps)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc ^= buf[d][j].x ^ buf[d][j].y ^ buf[d][j].z ^ buf[d][j].w;
+      }
+    }
+  }
+  if (acc == 0x9E3779B9u) sink[0] = acc;
 }
 
 void fill_random(bf16* p, size_t n, uint64_t seed, float scale) {
@@ -200,24 +300,78 @@ double measure_floor() {
   int sms = 0;
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   double best = 0;
-  for (int blocks_per_sm : {2, 4, 8}) {
-    for (int threads : {256, 512, 1024}) {
-      if (blocks_per_sm * threads > 2048) continue;
-      const double us = time_graph_us(
-          [&](cudaStream_t s) {
-            stream_read_kernel<8><<<sms * blocks_per_sm, threads, 0, s>>>(buf, bytes / 16, sink);
-            TS_CUDA_CHECK(cudaGetLastError());
-          },
-          5);
-      const double tbps = bytes / (us * 1e-6) / 1e12;
-      std::printf("stream-read %d blocks/SM x %d threads: %.1f us, %.3f TB/s\n", blocks_per_sm,
-                  threads, us, tbps);
-      best = std::max(best, tbps);
+  for (const bool l2_line : {false, true}) {
+    for (int blocks_per_sm : {2, 4, 8}) {
+      for (int threads : {256, 512, 1024}) {
+        if (blocks_per_sm * threads > 2048) continue;
+        const double us = time_graph_us(
+            [&](cudaStream_t s) {
+              const dim3 grid(sms * blocks_per_sm);
+              if (l2_line)
+                stream_read_kernel<8, true><<<grid, threads, 0, s>>>(buf, bytes / 16, sink);
+              else
+                stream_read_kernel<8, false><<<grid, threads, 0, s>>>(buf, bytes / 16, sink);
+              TS_CUDA_CHECK(cudaGetLastError());
+            },
+            5);
+        const double tbps = bytes / (us * 1e-6) / 1e12;
+        std::printf("stream-read%s %d blocks/SM x %d threads: %.1f us, %.3f TB/s\n",
+                    l2_line ? " (L2::128B)" : "", blocks_per_sm, threads, us, tbps);
+        best = std::max(best, tbps);
+      }
     }
   }
   TS_CUDA_CHECK(cudaFree(buf));
   TS_CUDA_CHECK(cudaFree(sink));
   return best;
+}
+
+// Section "access": the steady streaming rate of the GEMV's weight access pattern against the
+// same bytes read as row runs, by loads and by cp.async, with and without the .L2::128B hint
+// (kernels/device.cuh), over 2 GiB of 8 KB rows; each beside the floor.
+void bench_access() {
+  const size_t bytes = size_t{2} << 30;
+  bf16* w = alloc_bf16(bytes / 2, 11, 1.0f);
+  unsigned* sink = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+  int sms = 0;
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int tiles = static_cast<int>(bytes / (16 * kAccessK * sizeof(bf16)));
+  constexpr int kDepth = 3;
+  constexpr int kRingBytes = kDepth * 8 * 256 * 16;
+  auto run = [&](auto kernel, const char* pattern, const char* load, bool l2_line) {
+    TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kRingBytes));
+    const double us = time_graph_us(
+        [&](cudaStream_t s) {
+          for (int i = 0; i < 3; ++i) kernel<<<2 * sms, 256, kRingBytes, s>>>(w, tiles, sink);
+          TS_CUDA_CHECK(cudaGetLastError());
+        },
+        5) / 3;
+    Row r;
+    r.s("section", "access_pattern")
+        .s("pattern", pattern)
+        .s("load", load)
+        .b("l2_prefetch_128b", l2_line)
+        .n("depth_steps", kDepth);
+    add_row(r, static_cast<double>(bytes), us);
+    std::printf("access %-34s %-12s L2::128B %-3s %8.1f us  %.3f TB/s (%.1f%% of floor)\n",
+                pattern, load, l2_line ? "on" : "off", us, bytes / (us * 1e-6) / 1e12,
+                100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
+  };
+  const char* frag = "gemv fragments (8 rows x 64 B)";
+  const char* rows = "row runs (2 rows x 256 B)";
+  for (int rep = 0; rep < 2; ++rep) {
+    run(access_kernel<0, true, false, kDepth>, frag, "cp.async.cg", false);
+    run(access_kernel<0, true, true, kDepth>, frag, "cp.async.cg", true);
+    run(access_kernel<0, false, false, kDepth>, frag, "ld.nc", false);
+    run(access_kernel<0, false, true, kDepth>, frag, "ld.nc", true);
+    run(access_kernel<1, true, false, kDepth>, rows, "cp.async.cg", false);
+    run(access_kernel<1, true, true, kDepth>, rows, "cp.async.cg", true);
+    run(access_kernel<1, false, false, kDepth>, rows, "ld.nc", false);
+  }
+  TS_CUDA_CHECK(cudaFree(w));
+  TS_CUDA_CHECK(cudaFree(sink));
 }
 
 struct Shape {
@@ -519,7 +673,7 @@ void bench_attention() {
       const double stream_us =
           time_graph_us([&](cudaStream_t s) {
             for (int l = 0; l < layers; ++l) {
-              stream_read_kernel<8><<<sms * 4, 512, 0, s>>>(
+              stream_read_kernel<8, true><<<sms * 4, 512, 0, s>>>(
                   reinterpret_cast<const uint4*>(kv.buffer + kv_offset(kv.cache, l, 0, 0)),
                   layer_bytes / 16, sink);
               TS_CUDA_CHECK(cudaGetLastError());
@@ -943,7 +1097,8 @@ int main(int argc, char** argv) {
     if (a == "--commit" && i + 1 < argc) commit = argv[i + 1];
     if (a == "--only" && i + 1 < argc) only.push_back(argv[i + 1]);  // repeatable
   }
-  // Sections: gemv (with its variant sweep), attention, layer_chain, moe, lm_head; all by default.
+  // Sections: gemv (with its variant sweep), access, attention, layer_chain, moe, lm_head; all by
+  // default.
   auto want = [&](const char* section) {
     return only.empty() || std::find(only.begin(), only.end(), section) != only.end();
   };
@@ -958,7 +1113,7 @@ int main(int argc, char** argv) {
   {
     Row r;
     r.s("section", "floor")
-        .s("kernel", "stream_read 4 GiB, 16-byte loads, best launch shape")
+        .s("kernel", "stream_read 4 GiB, 16-byte loads, best launch shape and L2 prefetch hint")
         .n("floor_tbps", g_floor_tbps);
     g_rows.push_back(r);
   }
@@ -999,6 +1154,7 @@ int main(int argc, char** argv) {
     std::printf("gemv variant used below: %s\n", gemv_variant().c_str());
     for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16}, true);
   }
+  if (want("access")) bench_access();
   if (want("attention")) bench_attention();
   if (want("layer_chain")) {
     bench_layer_chain(1, false);
