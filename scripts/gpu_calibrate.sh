@@ -26,6 +26,8 @@
 # llama-3-8b; docs/calibration.md "Speculative graphs"); CALIBRATE_COLLECTIVES_FROM=FILE keeps
 # that profile's collective calibration in the final fit (calibrate --collectives-from).
 # CALIBRATE_PREFILL=1 adds a `calibrate --prefill-only` session (llama-3-8b, qwen3-30b-a3b).
+# CALIBRATE_MAIN=0 skips the main session (the full grid, or CALIBRATE_ARGS): the sessions of
+# CALIBRATE_FROM_DB stand for it and only the extra sessions above are measured.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_calibrate.sh OUT_DIR}
 mkdir -p "$out"
@@ -65,9 +67,13 @@ step "calibrate test (quick)"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |kernel_class|^[a-z_]+ +[0-9]+ |measured .* fitted" \
   "$out/calibrate_test.log"
 
-step calibrate
-"$build/twinstep" calibrate --out "$profile" --db "$db" ${CALIBRATE_ARGS:-} \
-  >"$out/calibrate.log" 2>&1 || { status=1; tail -30 "$out/calibrate.log"; }
+if [ "${CALIBRATE_MAIN:-1}" = 1 ]; then
+  step calibrate
+  "$build/twinstep" calibrate --out "$profile" --db "$db" ${CALIBRATE_ARGS:-} \
+    >"$out/calibrate.log" 2>&1 || { status=1; tail -30 "$out/calibrate.log"; }
+else
+  : >"$out/calibrate.log"
+fi
 narrow="--contexts 128,1024 --batches 1,2,4,8,16"
 extra() {  # extra NAME ARGS...: one more calibration session into the same database
   local name=$1
