@@ -177,21 +177,21 @@ check "compare --accept-tolerance exits 3 when exceeded" test $? -eq 3
 check "compare --accept-tolerance says by how much" grep -q "mean accept length differ by up to" "$work/accept.err"
 
 # calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 calibration:
-# sessions 1-4 of 5c5e820, Qwen3-30B-A3B, the prefill passes, the TP2 shards of Llama-3-8B and
-# Qwen3-30B-A3B; 5 of 90df587, the Llama-3-8B grid; 6 of 90df587, the speculative graphs).
+# sessions 1-4 of b2ac37f, Qwen3-30B-A3B, the prefill passes, the TP2 shards of Llama-3-8B and
+# Qwen3-30B-A3B; 5 of 586882a, the Llama-3-8B grid with its speculative graphs).
 cdb=$work/calib.db
-cp "$src/results/h200/calibration_90df587.db" "$cdb"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 6 --out "$work/s1.yaml" >/dev/null 2>&1
-check "fit-only of session 6 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
+xz -dc "$src/results/h200/calibration_b2ac37f.db.xz" >"$cdb"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 5 --out "$work/s1.yaml" >/dev/null 2>&1
+check "fit-only of session 5 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
-check "session 6 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
-"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4,5,6 \
+check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4,5 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
 check "the committed profile is the refit of the committed sessions" test "$(grep -v 'command:' "$work/h200-calibrated.yaml")" = "$(grep -v 'command:' "$src/results/profiles/h200-calibrated.yaml")"
-check "session 6's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
+check "session 5's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
 check "session 2's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
-  --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/d6c9f62.yaml" >/dev/null 2>&1
+  --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/nospec.yaml" >/dev/null 2>&1
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,8 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions.err"
 check "a missing session is refused by number" grep -q "has no calibration session 8" "$work/sessions.err"
 check "and no profile is written" test ! -e "$work/bad.yaml"
@@ -199,7 +199,7 @@ check "and no profile is written" test ! -e "$work/bad.yaml"
 check "--sessions without --fit-only is refused" grep -q "give it with --fit-only" "$work/sessions2.err"
 "$bin" --db "$cdb" calibrate --fit-only --spec-only --out "$work/bad.yaml" >/dev/null 2>"$work/spec.err"
 check "--spec-only with --fit-only is refused" grep -q "fit-only measures nothing" "$work/spec.err"
-check "sessions without speculative graphs: no residuals" bash -c "! grep -q spec_graph_residuals '$work/d6c9f62.yaml'"
+check "sessions without speculative graphs: no residuals" bash -c "! grep -q spec_graph_residuals '$work/nospec.yaml'"
 # --collectives-from keeps another profile's NCCL calibration through a kernel refit.
 "$bin" --db "$cdb" calibrate --fit-only --collectives-from "$src/results/profiles/h200-calibrated.yaml" \
   --out "$work/kept.yaml" >/dev/null 2>&1
