@@ -855,10 +855,8 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kRegThreads, smem));
     return blocks;
   }();
-  const int cap = gemv_tuning().blocks_per_sm;
-  const int resident = cap > 0 ? std::min(per_sm, cap) : per_sm;
   // Clusters of p.split CTAs on one GPC: size the persistent grid by the resident clusters.
-  const int clusters = std::max(1, std::min(tiles, resident * num_sms() / p.split));
+  const int clusters = std::max(1, std::min(tiles, per_sm * num_sms() / p.split));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(clusters * p.split);
   config.blockDim = dim3(kRegThreads);

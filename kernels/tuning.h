@@ -36,10 +36,6 @@ struct GemvTuning {
   // an H200, 583eee2, results/h200/pdl_rows.txt; the ring path for m > 8 gave 6.0 ms). 16: PDL
   // at every row count.
   int pdl_max_rows = 8;
-  // Resident blocks of gemv_split_kernel per SM: 0 = as many as fit (the occupancy API), else at
-  // most this many (benchmark variants: one 96 KB block per SM leaves room for the next GEMV's
-  // blocks to start their prologue beside it under PDL). The grid only: row bits are the same.
-  int blocks_per_sm = 0;
 };
 GemvTuning& gemv_tuning();
 

@@ -389,8 +389,7 @@ std::string gemv_variant() {
                        : t.stages < 0 ? "splitasyncauto"
                                       : "splitasync" + std::to_string(t.stages)) +
            (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split)) +
-           (t.large_m_registers ? "" : "_ringm16") +
-           (t.blocks_per_sm > 0 ? "_" + std::to_string(t.blocks_per_sm) + "bpsm" : "");
+           (t.large_m_registers ? "" : "_ringm16");
   return std::string(t.fill == 0 ? "bulk" : "cpasync") + "_kc" + std::to_string(t.kc) + "_smem" +
          std::to_string(t.smem_budget_bytes / 1024) + "k";
 }
@@ -1137,9 +1136,7 @@ int main(int argc, char** argv) {
   std::vector<detail::GemvTuning> gemv_sweep = {
       detail::GemvTuning{256, 100 * 1024, 2}, detail::GemvTuning{256, 100 * 1024, 3, 0, 0},
       detail::GemvTuning{256, 100 * 1024, 3, 0, 3}, detail::GemvTuning{256, 100 * 1024, 3, 1, 6},
-      detail::GemvTuning{256, 100 * 1024, 3, 0, -1},
-      detail::GemvTuning{256, 100 * 1024, 3, 0, 3, true, 8, 1},
-      detail::GemvTuning{256, 100 * 1024, 3, 0, -1, true, 8, 1}};
+      detail::GemvTuning{256, 100 * 1024, 3, 0, -1}};
   if (!want("gemv")) gemv_sweep.clear();
   for (const detail::GemvTuning v : gemv_sweep) {
     tuning = v;
