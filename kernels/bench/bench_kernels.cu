@@ -129,8 +129,7 @@ __device__ __forceinline__ const bf16* access_addr(const bf16* w, int tile, int 
   return w + static_cast<size_t>(row) * kAccessK + col;
 }
 template <int kPattern, bool kAsync, bool kL2Line, int kDepth>
-__global__ void __launch_bounds__(256, 2)
-    access_kernel(const bf16* w, int tiles, unsigned* sink) {
+__global__ void __launch_bounds__(256, 2) access_kernel(const bf16* w, int tiles, unsigned* sink) {
   extern __shared__ uint4 access_ring[];  // kAsync: [kDepth][8][256]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int my_tiles = (tiles - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x;
@@ -340,14 +339,16 @@ void bench_access() {
   constexpr int kDepth = 3;
   constexpr int kRingBytes = kDepth * 8 * 256 * 16;
   auto run = [&](auto kernel, const char* pattern, const char* load, bool l2_line) {
-    TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kRingBytes));
+    TS_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
     const double us = time_graph_us(
-        [&](cudaStream_t s) {
-          for (int i = 0; i < 3; ++i) kernel<<<2 * sms, 256, kRingBytes, s>>>(w, tiles, sink);
-          TS_CUDA_CHECK(cudaGetLastError());
-        },
-        5) / 3;
+                          [&](cudaStream_t s) {
+                            for (int i = 0; i < 3; ++i)
+                              kernel<<<2 * sms, 256, kRingBytes, s>>>(w, tiles, sink);
+                            TS_CUDA_CHECK(cudaGetLastError());
+                          },
+                          5) /
+                      3;
     Row r;
     r.s("section", "access_pattern")
         .s("pattern", pattern)
@@ -355,8 +356,8 @@ void bench_access() {
         .b("l2_prefetch_128b", l2_line)
         .n("depth_steps", kDepth);
     add_row(r, static_cast<double>(bytes), us);
-    std::printf("access %-34s %-12s L2::128B %-3s %8.1f us  %.3f TB/s (%.1f%% of floor)\n",
-                pattern, load, l2_line ? "on" : "off", us, bytes / (us * 1e-6) / 1e12,
+    std::printf("access %-34s %-12s L2::128B %-3s %8.1f us  %.3f TB/s (%.1f%% of floor)\n", pattern,
+                load, l2_line ? "on" : "off", us, bytes / (us * 1e-6) / 1e12,
                 100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
   };
   const char* frag = "gemv fragments (8 rows x 64 B)";
