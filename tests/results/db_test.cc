@@ -415,6 +415,38 @@ TEST(ResultsDb, FailedFinishKeepsNothing) {
   EXPECT_EQ(scalar_text(db, "SELECT status FROM run"), "complete");
 }
 
+// A run deleted with foreign keys off (the sqlite3 shell's default) leaves its samples; SQLite
+// gives the next run the same id. The new run must start empty and finish (it failed with
+// "UNIQUE constraint failed: request_sample.run_id, request_sample.request_id" before).
+TEST(ResultsDb, ANewRunDropsTheRowsOfADeletedRunWithItsId) {
+  TempDir dir;
+  const std::string path = dir.file("orphans.db");
+  RunRecord rec = hand_record();
+  rec.timeline = {{0, Lane::kCompute, "decode", 1, 0, 10, 0}};
+  rec.rounds = {{0, 3, 2, 1, {0.75f, 0.25f}}};
+  int64_t first = 0;
+  {
+    auto db = ResultsDb::open(path);
+    first = db.begin_run(sample_info());
+    db.finish_run(first, rec, {{"tpot_ms_mean", 4.0, "ms"}}, 1);
+    db.query("PRAGMA foreign_keys = OFF; DELETE FROM run", /*allow_write=*/true);
+  }
+  const char* kRows =
+      "SELECT (SELECT count(*) FROM metric) || ' ' || (SELECT count(*) FROM request_sample) || ' "
+      "' || (SELECT count(*) FROM chunk_sample) || ' ' || (SELECT count(*) FROM timeline_span) || "
+      "' ' || (SELECT count(*) FROM step_sample) || ' ' || (SELECT count(*) FROM draft_round)";
+  auto db = ResultsDb::open(path);
+  const std::string left = scalar_text(db, kRows);
+  EXPECT_EQ(left.find(" 0"), std::string::npos) << "every table kept rows: " << left;
+  const int64_t second = db.begin_run(sample_info());
+  ASSERT_EQ(second, first);
+  EXPECT_EQ(scalar_text(db, kRows), "0 0 0 0 0 0");
+  db.finish_run(second, rec, {{"tpot_ms_mean", 5.0, "ms"}}, 1);
+  EXPECT_EQ(scalar_text(db, "SELECT status FROM run"), "complete");
+  EXPECT_EQ(scalar_text(db, kRows), left);  // this run's own rows, as many as the first had
+  EXPECT_EQ(scalar_real(db, "SELECT value FROM metric"), 5.0);
+}
+
 TEST(ResultsDb, ChunksAreNumberedPerRequestInRecordOrder) {
   auto db = ResultsDb::open(":memory:");
   const int64_t id = db.begin_run(sample_info());
