@@ -516,12 +516,10 @@ int64_t ResultsDb::begin_run(const RunInfo& info) {
   // SQLite gives a new run the largest id + 1, which a deleted run may have had; one deleted with
   // foreign keys off (the sqlite3 shell's default) leaves its rows behind, and this run's first
   // sample would collide with them. They belong to no run: drop them before this one writes.
-  for (const char* sql : {"DELETE FROM metric WHERE run_id = ?1",
-                          "DELETE FROM request_sample WHERE run_id = ?1",
-                          "DELETE FROM chunk_sample WHERE run_id = ?1",
-                          "DELETE FROM timeline_span WHERE run_id = ?1",
-                          "DELETE FROM step_sample WHERE run_id = ?1",
-                          "DELETE FROM draft_round WHERE run_id = ?1"}) {
+  for (const char* sql :
+       {"DELETE FROM metric WHERE run_id = ?1", "DELETE FROM request_sample WHERE run_id = ?1",
+        "DELETE FROM chunk_sample WHERE run_id = ?1", "DELETE FROM timeline_span WHERE run_id = ?1",
+        "DELETE FROM step_sample WHERE run_id = ?1", "DELETE FROM draft_round WHERE run_id = ?1"}) {
     Stmt stale(db_, sql);
     stale.bind(1, run_id);
     stale.run();
