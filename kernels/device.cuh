@@ -123,10 +123,10 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
 // Weight and KV streams ask L2 for whole 128-byte lines (the .L2::128B prefetch size). A warp's
 // mma fragment load touches 64 bytes of each of 8 rows, the other 64 bytes of those lines come
 // one instruction later; without the hint L2 fetched them from HBM as separate halves. On an
-// H200 (twinstep_kernels_bench --only access, 2 GiB of rows 8 KB long): the GEMV's pattern by
-// cp.async.cg 4.12 TB/s without the hint, 4.50 with it, a plain stream 4.54; by
-// ld.global.nc.L1::no_allocate 3.55 and 4.47. TWINSTEP_NO_L2_PREFETCH (the benchmark's
-// before/after build) leaves the hint out.
+// H200 (twinstep_kernels_bench --only access, 2 GiB of rows 8 KB long, results/h200/kernels.json):
+// the GEMV's pattern by cp.async.cg 4.06-4.09 TB/s without the hint, 4.46 with it; by
+// ld.global.nc.L1::no_allocate 4.12 and 4.31; the same bytes as row runs 4.54 (the floor 4.545).
+// TWINSTEP_NO_L2_PREFETCH (the benchmark's before/after build) leaves the hint out.
 #ifdef TWINSTEP_NO_L2_PREFETCH
 #define TS_L2_PREFETCH ""
 #else
