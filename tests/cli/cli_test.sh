@@ -113,6 +113,15 @@ db5=$work/e.db
 val="$src/experiments/validation/h200_decode.yaml"
 "$bin" --db "$db5" run -q "$val" >/dev/null 2>"$work/val.err"
 check "sim+real experiment runs sim and says real was skipped" grep -q "real backend skipped" "$work/val.err"
+# The same experiment with the real backend alone, on a machine without one (as the line above
+# found): refused with the reason before anything is run or written.
+if grep -q "real backend skipped" "$work/val.err"; then
+  sed 's/^backends: .*/backends: [real]/' "$val" >"$work/real_only.yaml"
+  "$bin" --db "$work/real_only.db" run -q "$work/real_only.yaml" >/dev/null 2>"$work/real_only.err"
+  check "a real-only experiment without a GPU fails" test $? -ne 0
+  check "and says why" grep -q "asks only for the real backend, but .*nothing was run or written" "$work/real_only.err"
+  check "and creates no database" test ! -e "$work/real_only.db"
+fi
 "$bin" --db "$db5" import "$src/results/h200/decode.json" --as "$val" >"$work/import.out"
 check "import stores 8 measured runs" grep -q "8 measured run(s)" "$work/import.out"
 check "each variant has a sim and a real run" test "$(q "$db5" "SELECT count(*) FROM (SELECT variant_index FROM run GROUP BY variant_index HAVING count(DISTINCT backend) = 2)")" = 8
