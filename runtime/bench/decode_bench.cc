@@ -8,7 +8,7 @@
 //      breakdown and a real timeline of a few steps.
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
-//   twinstep_decode_bench --out DIR [--commit SHA] [--quick]
+//   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-sizing]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include <ctime>
 #include <fstream>
 #include <map>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -186,9 +187,97 @@ std::string q(const std::string& s) { return "\"" + s + "\""; }
 
 }  // namespace
 
+// --probe-sizing: batch-1 graph and PDL decode at context 128 on engines sized as the runner
+// sizes them (1 slot, KV capacity 384 for 128 + 256 tokens) and as `twinstep calibrate` sizes its
+// grid engine (64 slots, capacity 512), and the two crossed; each launch timed alone between two
+// events (calibrate's method) and 64 launches back to back (the runner's rhythm). Calibrate's
+// plain-graph step at batch 1, context 138 measured 4487 us against the runner's 4389 us in one
+// call (586882a) while PDL agreed within 0.5 %: this isolates engine sizing and timing method.
+// Two passes in opposite order expose drift. Writes OUT/decode_sizing_probe.json.
+void probe_sizing(const std::string& out_dir, const std::string& header) {
+  const ModelSpec& model = model_preset("llama-3-8b");
+  const LlamaConfig config = llama_config_from_spec(model);
+  struct Sizing {
+    const char* label;
+    int slots, capacity;
+  };
+  const std::vector<Sizing> sizings = {{"runner_1x384", 1, 384},
+                                       {"calibrate_64x512", 64, 512},
+                                       {"slots_1x512", 1, 512},
+                                       {"slots_64x384", 64, 384}};
+  Json json;
+  std::printf(
+      "\nsizing probe, batch 1, context 128 (+ launches), median of 16 event-timed "
+      "launches and mean of 64 back-to-back launches, us\n");
+  std::printf("%-18s %5s %-6s %12s %12s\n", "sizing", "pass", "mode", "timed_alone",
+              "back_to_back");
+  cudaEvent_t e0, e1;
+  TS_CUDA_CHECK(cudaEventCreate(&e0));
+  TS_CUDA_CHECK(cudaEventCreate(&e1));
+  auto elapsed_us = [&] {
+    TS_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return double(ms) * 1e3;
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < sizings.size(); ++i) {
+      const Sizing& z = sizings[pass == 0 ? i : sizings.size() - 1 - i];
+      EngineOptions eo;
+      eo.max_slots = z.slots;
+      eo.capacity_tokens = z.capacity;
+      auto engine = Engine::create_synthetic(config, 1, eo);
+      std::vector<int32_t> slots(size_t(z.slots));
+      std::vector<std::vector<int32_t>> prompts(size_t(z.slots), std::vector<int32_t>(128));
+      for (int s = 0; s < z.slots; ++s) {
+        slots[size_t(s)] = s;
+        for (int t = 0; t < 128; ++t) prompts[size_t(s)][size_t(t)] = (s * 7919 + t * 31) % 32000;
+      }
+      engine->enqueue_prefill(slots, prompts);
+      for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
+        engine->prepare(m, z.slots);
+      TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
+      const int32_t slot0 = 0;
+      const std::span<const int32_t> one(&slot0, 1);
+      cudaStream_t st = engine->compute_stream();
+      for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+        for (int w = 0; w < 2; ++w) engine->enqueue_decode(one, m);
+        std::vector<double> alone;
+        for (int r = 0; r < 16; ++r) {
+          TS_CUDA_CHECK(cudaEventRecord(e0, st));
+          engine->enqueue_decode(one, m);
+          TS_CUDA_CHECK(cudaEventRecord(e1, st));
+          alone.push_back(elapsed_us());
+        }
+        std::sort(alone.begin(), alone.end());
+        const double median_us = (alone[7] + alone[8]) / 2;
+        TS_CUDA_CHECK(cudaEventRecord(e0, st));
+        for (int r = 0; r < 64; ++r) engine->enqueue_decode(one, m);
+        TS_CUDA_CHECK(cudaEventRecord(e1, st));
+        const double mean_us = elapsed_us() / 64;
+        std::printf("%-18s %5d %-6s %12.1f %12.1f\n", z.label, pass,
+                    m == GraphMode::kCudaGraph ? "graph" : "pdl", median_us, mean_us);
+        json.row({{"sizing", q(z.label)},
+                  {"max_slots", std::to_string(z.slots)},
+                  {"capacity_tokens", std::to_string(z.capacity)},
+                  {"pass", std::to_string(pass)},
+                  {"graph_mode", q(graph_mode_name(m))},
+                  {"batch", "1"},
+                  {"ctx_tokens_start", "128"},
+                  {"step_us_timed_alone_median", fmt(median_us, 6)},
+                  {"step_us_back_to_back_mean", fmt(mean_us, 6)}});
+      }
+      TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  json.write(out_dir + "/decode_sizing_probe.json", header);
+}
+
 int main(int argc, char** argv) {
   std::string out_dir = ".", commit = "unknown", note;
-  bool quick = false;
+  bool quick = false, probe_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -197,6 +286,8 @@ int main(int argc, char** argv) {
       commit = argv[++i];
     else if (a == "--quick")
       quick = true;
+    else if (a == "--probe-sizing")
+      probe_only = true;
     else if (a == "--note" && i + 1 < argc)
       note = argv[++i];
   }
@@ -216,6 +307,10 @@ int main(int argc, char** argv) {
                                ",\n  \"gpu\": " + q(prop.name) + ",\n  \"date\": " + q(date) +
                                ",\n" + (note.empty() ? "" : "  \"note\": " + q(note) + ",\n");
 
+    if (probe_only) {
+      probe_sizing(out_dir, header);
+      return 0;
+    }
     const Bandwidth bw = measure_bandwidth();
     std::printf("bandwidth: streaming read %.3f TB/s, d2d copy %.3f TB/s (read+write)\n",
                 bw.read_tbps, bw.copy_tbps);

@@ -272,6 +272,39 @@ TEST_F(TinyEngine, GreedyRerunAfterSampledRequestsIsIdentical) {
   EXPECT_EQ(b.tokens, a.tokens);
 }
 
+// RealOptions::warmup_launches: the untimed prefill and decode launches on slot 0 before the run
+// change no token (the CPU reference still agrees), no step sample and no request's timing origin
+// (every step ends after the run's anchor, the first sample starts the run).
+TEST_F(TinyEngine, WarmUpChangesNothingButTime) {
+  WorkloadSpec w;
+  w.input_len = {5, 70};
+  w.output_len = {33, 40};
+  w.num_requests = 5;
+  w.max_concurrency = 3;
+  w.seed = 8;
+  RealOptions cold;
+  cold.prompt_seed = 4;
+  RealOptions warm = cold;
+  warm.warmup_launches = 32;
+  for (GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl, GraphMode::kEager}) {
+    const PolicySpec p = policy(HostSchedule::kRunahead, m);
+    const RunResult a = run_policy(*engine_, spec_, w, p, cold);
+    const RunResult b = run_policy(*engine_, spec_, w, p, warm);
+    EXPECT_EQ(b.tokens, a.tokens) << graph_mode_name(m);
+    EXPECT_EQ(b.record.steps.size(), a.record.steps.size()) << graph_mode_name(m);
+    ASSERT_FALSE(b.record.steps.empty());
+    EXPECT_GE(b.record.steps.front().end_ns - b.record.steps.front().dur_ns, 0)
+        << graph_mode_name(m);
+    for (const RequestSample& s : b.record.requests) EXPECT_GE(s.start_ns, 0);
+  }
+  testing::CpuLlama cpu(config_, kSeed);
+  const RunResult b =
+      run_policy(*engine_, spec_, w, policy(HostSchedule::kLockstep, GraphMode::kCudaGraph), warm);
+  for (const RequestSpec& q : generate_requests(w))
+    expect_matches_cpu(cpu, prompt_of(4, q.id, q.input_len, config_.vocab), b.tokens[size_t(q.id)],
+                       "warm request " + std::to_string(q.id));
+}
+
 TEST_F(TinyEngine, StepSamplesAddUpAndTimelineIsFilled) {
   WorkloadSpec w;
   w.input_len = {32, 32};

@@ -62,7 +62,7 @@ struct SpecRun {
 
 SpecRun run(Engine& engine, const ModelSpec& model, const WorkloadSpec& w, const SpecSpec& spec,
             HostSchedule schedule = HostSchedule::kRunahead, GraphMode mode = GraphMode::kCudaGraph,
-            float temperature = 0.0f) {
+            float temperature = 0.0f, int32_t warmup_launches = 0) {
   PolicySpec p;
   p.host_schedule = schedule;
   p.graph_mode = mode;
@@ -78,6 +78,7 @@ SpecRun run(Engine& engine, const ModelSpec& model, const WorkloadSpec& w, const
   ro.spec = spec;
   ro.temperature = temperature;
   ro.sampling_seed = 77;
+  ro.warmup_launches = warmup_launches;
   RealBackend backend(engine, model, host, requests, ro);
   HostProgram* ranks[] = {&loop};
   backend.run(ranks, r.record);
@@ -314,6 +315,19 @@ TEST_F(TinySpec, DeviceEarlyExitChangesNothingButTime) {
   EXPECT_EQ(with.tokens, without.tokens);
   EXPECT_EQ(with.accept_len, without.accept_len);
   EXPECT_EQ(with.tokens, run(*engine_, spec_, w_, SpecSpec{}).tokens);
+}
+
+// The untimed warm-up before a run (a prefill and plain decode launches on slot 0 of the
+// speculative engine) leaves the speculative run as it was: tokens, accept length, step count.
+TEST_F(TinySpec, WarmUpChangesNothingButTime) {
+  for (const SpecSpec& s : {chain(5, 6), confidence(DraftMode::kDevice)}) {
+    const SpecRun cold = run(*engine_, spec_, w_, s);
+    const SpecRun warm = run(*engine_, spec_, w_, s, HostSchedule::kRunahead, GraphMode::kCudaGraph,
+                             0.0f, /*warmup_launches=*/32);
+    EXPECT_EQ(warm.tokens, cold.tokens) << spec_method_name(s.method);
+    EXPECT_EQ(warm.committed, cold.committed) << spec_method_name(s.method);
+    EXPECT_EQ(warm.record.steps.size(), cold.record.steps.size()) << spec_method_name(s.method);
+  }
 }
 
 TEST_F(TinySpec, AcceptLengthsEqualAcrossReruns) {
