@@ -775,6 +775,18 @@ void Engine::prepare(GraphMode mode, int max_batch) {
   TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
 
+void Engine::warm_up(GraphMode mode, int launches) {
+  const int prompt_len = 16;
+  launches = std::min(launches, options_.capacity_tokens - prompt_len - 1);
+  if (launches <= 0) return;
+  const int32_t slot = 0;
+  std::vector<std::vector<int32_t>> prompt(1, std::vector<int32_t>(size_t(prompt_len)));
+  for (int t = 0; t < prompt_len; ++t) prompt[0][size_t(t)] = t + 1;
+  enqueue_prefill({&slot, 1}, prompt);
+  for (int i = 0; i < launches; ++i) enqueue_decode({&slot, 1}, mode);
+  TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
 int64_t Engine::enqueue_decode(std::span<const int32_t> slots, GraphMode mode, bool profiled) {
   const int n = int(slots.size());
   if (n < 1 || n > options_.max_slots)

@@ -50,6 +50,11 @@
 
 namespace twinstep::runtime {
 
+// Engine::warm_up's launch count before timed decode (the experiment runner's real runs and
+// `twinstep calibrate`'s grid engines): about 0.4 s of batch-1 decode of the Llama-3-8B shape,
+// longer than the ~0.3 s power-cap clock dip seen at the onset of decode on the H200.
+inline constexpr int kDecodeWarmupLaunches = 96;
+
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file,
                                      int line);
 
@@ -132,6 +137,13 @@ class Engine {
   // measured on the H200 above later ones; not yet confirmed). Not timed work: call before a
   // run.
   void prepare(GraphMode mode, int max_batch);
+
+  // Untimed warm-up, synchronised: a 16-token prefill of slot 0, then `launches` batch-1 decode
+  // launches of it in `mode` (fewer where the KV capacity is short). Slot 0's contents are
+  // garbage after it: prefill it before use. Brings the GPU to its decode state before timed
+  // work (docs/calibration.md "Warm-up before timed decode"). Collective under TP / PP: every
+  // rank calls it with the same arguments.
+  void warm_up(GraphMode mode, int launches);
 
   // Enqueues the prefill of `slots` (their prompts; the slot's previous contents are dropped).
   // Returns the launch sequence number of its output entry (rows in `slots` order).

@@ -150,21 +150,8 @@ struct RealBackend::State {
     record.timeline.push_back({0, lane, name, step, start, dur, f});
   }
 
-  void warm_up() {
-    const int32_t capacity = engine.options().capacity_tokens;
-    const int32_t prompt_len = 16;
-    const int32_t launches = std::min(b.options_.warmup_launches, capacity - prompt_len - 1);
-    if (launches <= 0) return;
-    const int32_t slot = 0;
-    std::vector<std::vector<int32_t>> prompt(1, std::vector<int32_t>(size_t(prompt_len)));
-    for (int32_t t = 0; t < prompt_len; ++t) prompt[0][size_t(t)] = t + 1;
-    engine.enqueue_prefill({&slot, 1}, prompt);
-    for (int32_t i = 0; i < launches; ++i)
-      engine.enqueue_decode({&slot, 1}, b.options_.prepare_mode);
-  }
-
   void init() {
-    warm_up();
+    engine.warm_up(b.options_.prepare_mode, b.options_.warmup_launches);
     for (int i = 0; i < kPlanEvents; ++i) {
       TS_CUDA_CHECK(cudaEventCreateWithFlags(&plan_events[size_t(i)], cudaEventDisableTiming));
       plan_event_ids[size_t(i)] = -1;

@@ -57,11 +57,10 @@ struct RealOptions {
   float temperature = 0.0f;  // sampling of every request of the run (<= 0: greedy)
   uint64_t sampling_seed = 0;
   uint64_t prompt_seed = 0;  // prompt token t of request r: a hash of (seed, r, t) mod vocab
-  // Untimed warm-up before the run: a 16-token prefill and up to this many batch-1 decode
-  // launches on slot 0 (fewer where the KV capacity is short), in prepare_mode, then a sync. The
-  // run's first prefill of slot 0 overwrites its context. A fixed count, so that the ranks of a
-  // multi-GPU run issue the same collectives. Why: a run right after a heavy one (8K x 32) ran
-  // its first ~10 decode steps 6-10 % slow (docs/calibration.md "Warm-up of real runs").
+  // Untimed warm-up before the run's clock starts (Engine::warm_up: a 16-token prefill and this
+  // many batch-1 decode launches on slot 0 in prepare_mode; the run's first prefill of slot 0
+  // overwrites it). A fixed count, so that the ranks of a multi-GPU run issue the same
+  // collectives (docs/calibration.md "Warm-up before timed decode").
   int32_t warmup_launches = 0;
   // The policy's speculation (must match the DecodeLoop's): which graphs to capture, the draft
   // control of each draft launch (runtime::draft_control). Needs an engine with the draft module.

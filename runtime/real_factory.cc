@@ -14,9 +14,8 @@
 namespace twinstep {
 namespace {
 
-// Untimed decode launches before every real run (RealOptions::warmup_launches): about 0.13 s of
-// batch-1 decode of the Llama-3-8B shape.
-constexpr int32_t kWarmupLaunches = 32;
+// Untimed decode launches before every real run (RealOptions::warmup_launches).
+constexpr int32_t kWarmupLaunches = runtime::kDecodeWarmupLaunches;
 
 class OwningRealBackend final : public Backend {
  public:

@@ -189,27 +189,29 @@ std::string q(const std::string& s) { return "\"" + s + "\""; }
 
 // --probe-sizing: batch-1 graph and PDL decode at context 128 on engines sized as the runner
 // sizes them (1 slot, KV capacity 384 for 128 + 256 tokens) and as `twinstep calibrate` sizes its
-// grid engine (64 slots, capacity 512), and the two crossed; each launch timed alone between two
-// events (calibrate's method) and 64 launches back to back (the runner's rhythm). Calibrate's
-// plain-graph step at batch 1, context 138 measured 4487 us against the runner's 4389 us in one
-// call (586882a) while PDL agreed within 0.5 %: this isolates engine sizing and timing method.
-// Two passes in opposite order expose drift. Writes OUT/decode_sizing_probe.json.
+// grid engine (64 slots, capacity 512), each with and without Engine::warm_up before its
+// prefill; per engine the modes in the order graph, PDL, graph again; each launch timed alone
+// between two events (calibrate's method) and 64 launches back to back (the runner's rhythm).
+// Why: calibrate's plain-graph step at batch 1, context 138 measured 4487 us against the
+// runner's 4389 us in one call (586882a) while PDL agreed within 0.5 %. Two passes in opposite
+// order expose drift. Writes OUT/decode_sizing_probe.json.
 void probe_sizing(const std::string& out_dir, const std::string& header) {
   const ModelSpec& model = model_preset("llama-3-8b");
   const LlamaConfig config = llama_config_from_spec(model);
   struct Sizing {
     const char* label;
     int slots, capacity;
+    bool warm;
   };
-  const std::vector<Sizing> sizings = {{"runner_1x384", 1, 384},
-                                       {"calibrate_64x512", 64, 512},
-                                       {"slots_1x512", 1, 512},
-                                       {"slots_64x384", 64, 384}};
+  const std::vector<Sizing> sizings = {{"runner_1x384", 1, 384, false},
+                                       {"calibrate_64x512", 64, 512, false},
+                                       {"runner_1x384_warm", 1, 384, true},
+                                       {"calibrate_64x512_warm", 64, 512, true}};
   Json json;
   std::printf(
       "\nsizing probe, batch 1, context 128 (+ launches), median of 16 event-timed "
       "launches and mean of 64 back-to-back launches, us\n");
-  std::printf("%-18s %5s %-6s %12s %12s\n", "sizing", "pass", "mode", "timed_alone",
+  std::printf("%-22s %5s %-12s %12s %12s\n", "sizing", "pass", "mode", "timed_alone",
               "back_to_back");
   cudaEvent_t e0, e1;
   TS_CUDA_CHECK(cudaEventCreate(&e0));
@@ -227,6 +229,7 @@ void probe_sizing(const std::string& out_dir, const std::string& header) {
       eo.max_slots = z.slots;
       eo.capacity_tokens = z.capacity;
       auto engine = Engine::create_synthetic(config, 1, eo);
+      if (z.warm) engine->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
       std::vector<int32_t> slots(size_t(z.slots));
       std::vector<std::vector<int32_t>> prompts(size_t(z.slots), std::vector<int32_t>(128));
       for (int s = 0; s < z.slots; ++s) {
@@ -240,7 +243,9 @@ void probe_sizing(const std::string& out_dir, const std::string& header) {
       const int32_t slot0 = 0;
       const std::span<const int32_t> one(&slot0, 1);
       cudaStream_t st = engine->compute_stream();
-      for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      int order = 0;
+      for (const GraphMode m :
+           {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl, GraphMode::kCudaGraph}) {
         for (int w = 0; w < 2; ++w) engine->enqueue_decode(one, m);
         std::vector<double> alone;
         for (int r = 0; r < 16; ++r) {
@@ -255,17 +260,22 @@ void probe_sizing(const std::string& out_dir, const std::string& header) {
         for (int r = 0; r < 64; ++r) engine->enqueue_decode(one, m);
         TS_CUDA_CHECK(cudaEventRecord(e1, st));
         const double mean_us = elapsed_us() / 64;
-        std::printf("%-18s %5d %-6s %12.1f %12.1f\n", z.label, pass,
-                    m == GraphMode::kCudaGraph ? "graph" : "pdl", median_us, mean_us);
+        const std::string label = std::string(m == GraphMode::kCudaGraph ? "graph" : "pdl") +
+                                  (order == 2 ? "_again" : "");
+        std::printf("%-22s %5d %-12s %12.1f %12.1f\n", z.label, pass, label.c_str(), median_us,
+                    mean_us);
         json.row({{"sizing", q(z.label)},
                   {"max_slots", std::to_string(z.slots)},
                   {"capacity_tokens", std::to_string(z.capacity)},
+                  {"warm_up_launches", std::to_string(z.warm ? runtime::kDecodeWarmupLaunches : 0)},
                   {"pass", std::to_string(pass)},
+                  {"order", std::to_string(order)},
                   {"graph_mode", q(graph_mode_name(m))},
                   {"batch", "1"},
                   {"ctx_tokens_start", "128"},
                   {"step_us_timed_alone_median", fmt(median_us, 6)},
                   {"step_us_back_to_back_mean", fmt(mean_us, 6)}});
+        ++order;
       }
       TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
     }
