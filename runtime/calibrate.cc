@@ -330,9 +330,13 @@ class InSitu {
     std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", label_.c_str(), ctx, max_batch,
                  profiled ? "profiled" : "unprofiled");
     auto engine = Engine::create_synthetic(config, 1, eo);
-    // As a real run starts (RealOptions::warmup_launches): decode, then the prefill, then the
-    // timed launches. Without it the first mode of the grid (plain graphs) met the clock dip at
-    // the onset of decode (docs/calibration.md "Warm-up before timed decode").
+    // As a real run starts (the RealBackend captures its graphs, then RealOptions::
+    // warmup_launches): graphs, decode, the prefill, then the timed launches. Plain-graph steps
+    // timed right after a capture or a prefill ran up to 2.5 % slow for a few hundred ms
+    // (docs/calibration.md "Warm-up before timed decode").
+    for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      engine->prepare(mode, max_batch);
+    }
     engine->warm_up(GraphMode::kCudaGraph, kDecodeWarmupLaunches);
     const size_t slot_count = size_t(max_batch);
     std::vector<int32_t> slots(slot_count);
@@ -345,9 +349,6 @@ class InSitu {
     engine->enqueue_prefill(slots, prompts);
     TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
     std::vector<int64_t> slot_ctx(slot_count, ctx);
-    for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
-      engine->prepare(mode, max_batch);
-    }
     Events ev(size_t(2 * reps()));
     for (const int batch : batches) {
       const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));

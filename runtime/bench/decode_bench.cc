@@ -189,12 +189,13 @@ std::string q(const std::string& s) { return "\"" + s + "\""; }
 
 // --probe-sizing: batch-1 graph and PDL decode at context 128 on engines sized as the runner
 // sizes them (1 slot, KV capacity 384 for 128 + 256 tokens) and as `twinstep calibrate` sizes its
-// grid engine (64 slots, capacity 512), each with and without Engine::warm_up before its
-// prefill; per engine the modes in the order graph, PDL, graph again; each launch timed alone
-// between two events (calibrate's method) and 64 launches back to back (the runner's rhythm).
-// Why: calibrate's plain-graph step at batch 1, context 138 measured 4487 us against the
-// runner's 4389 us in one call (586882a) while PDL agreed within 0.5 %. Two passes in opposite
-// order expose drift. Writes OUT/decode_sizing_probe.json.
+// grid engine (64 slots, capacity 512), each cold (prefill, graph capture, timed launches) and
+// in the runner's order (capture, Engine::warm_up, prefill, timed launches); per engine the modes
+// in the order graph, PDL, graph again; each launch timed alone between two events (calibrate's
+// method) and 64 launches back to back (the runner's rhythm). Why: calibrate's plain-graph step at
+// batch 1, context 138 measured 4487 us against the runner's 4389 us in one call (586882a) while
+// PDL agreed within 0.5 %. Two passes in opposite order expose drift. Writes
+// OUT/decode_sizing_probe.json.
 void probe_sizing(const std::string& out_dir, const std::string& header) {
   const ModelSpec& model = model_preset("llama-3-8b");
   const LlamaConfig config = llama_config_from_spec(model);
@@ -229,7 +230,16 @@ void probe_sizing(const std::string& out_dir, const std::string& header) {
       eo.max_slots = z.slots;
       eo.capacity_tokens = z.capacity;
       auto engine = Engine::create_synthetic(config, 1, eo);
-      if (z.warm) engine->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
+      // Warm: the runner's order (graphs captured, then the warm-up, then the prefill); cold:
+      // the prefill, then the capture, then the timed launches.
+      auto capture = [&] {
+        for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
+          engine->prepare(m, z.slots);
+      };
+      if (z.warm) {
+        capture();
+        engine->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
+      }
       std::vector<int32_t> slots(size_t(z.slots));
       std::vector<std::vector<int32_t>> prompts(size_t(z.slots), std::vector<int32_t>(128));
       for (int s = 0; s < z.slots; ++s) {
@@ -237,8 +247,7 @@ void probe_sizing(const std::string& out_dir, const std::string& header) {
         for (int t = 0; t < 128; ++t) prompts[size_t(s)][size_t(t)] = (s * 7919 + t * 31) % 32000;
       }
       engine->enqueue_prefill(slots, prompts);
-      for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
-        engine->prepare(m, z.slots);
+      if (!z.warm) capture();
       TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
       const int32_t slot0 = 0;
       const std::span<const int32_t> one(&slot0, 1);
