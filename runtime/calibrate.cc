@@ -356,9 +356,12 @@ class InSitu {
       point.batch = batch;
       // Eager's gap comes from unprofiled step times, never from node timestamps; the profiled
       // pass runs its launches too, unrecorded, so that both passes reach every grid point at
-      // the same contexts (the kernel samples and the graph steps pair up by context).
+      // the same contexts (the kernel samples and the graph steps pair up by context). PDL
+      // first, plain graphs right after it: plain graphs timed first after a prefill or after
+      // eager launches ran 2-3 % slower than the runner's steady steps, after PDL launches they
+      // matched (docs/calibration.md "Warm-up before timed decode"); PDL steps agree either way.
       for (const GraphMode mode :
-           {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl, GraphMode::kEager}) {
+           {GraphMode::kCudaGraphPdl, GraphMode::kCudaGraph, GraphMode::kEager}) {
         const bool eager = mode == GraphMode::kEager;
         const char* mode_name = eager ? "eager" : mode == GraphMode::kCudaGraph ? "graph" : "pdl";
         for (int w = 0; w < 2; ++w) engine->enqueue_decode(batch_slots, mode);  // warm-up
