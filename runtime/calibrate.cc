@@ -330,13 +330,9 @@ class InSitu {
     std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", label_.c_str(), ctx, max_batch,
                  profiled ? "profiled" : "unprofiled");
     auto engine = Engine::create_synthetic(config, 1, eo);
-    // As a real run starts (the RealBackend captures its graphs, then RealOptions::
-    // warmup_launches): graphs, decode, the prefill, then the timed launches. Plain-graph steps
-    // timed right after a capture or a prefill ran up to 2.5 % slow for a few hundred ms
-    // (docs/calibration.md "Warm-up before timed decode").
-    for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
-      engine->prepare(mode, max_batch);
-    }
+    // As a real run starts (RealOptions::warmup_launches): decode, then the prefill, then the
+    // timed launches (docs/calibration.md "Warm-up before timed decode": capturing the graphs
+    // before the warm-up, or timing PDL before plain graphs, was measured and changed nothing).
     engine->warm_up(GraphMode::kCudaGraph, kDecodeWarmupLaunches);
     const size_t slot_count = size_t(max_batch);
     std::vector<int32_t> slots(slot_count);
@@ -349,6 +345,9 @@ class InSitu {
     engine->enqueue_prefill(slots, prompts);
     TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
     std::vector<int64_t> slot_ctx(slot_count, ctx);
+    for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      engine->prepare(mode, max_batch);
+    }
     Events ev(size_t(2 * reps()));
     for (const int batch : batches) {
       const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
@@ -356,12 +355,9 @@ class InSitu {
       point.batch = batch;
       // Eager's gap comes from unprofiled step times, never from node timestamps; the profiled
       // pass runs its launches too, unrecorded, so that both passes reach every grid point at
-      // the same contexts (the kernel samples and the graph steps pair up by context). PDL
-      // first, plain graphs right after it: plain graphs timed first after a prefill or after
-      // eager launches ran 2-3 % slower than the runner's steady steps, after PDL launches they
-      // matched (docs/calibration.md "Warm-up before timed decode"); PDL steps agree either way.
+      // the same contexts (the kernel samples and the graph steps pair up by context).
       for (const GraphMode mode :
-           {GraphMode::kCudaGraphPdl, GraphMode::kCudaGraph, GraphMode::kEager}) {
+           {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl, GraphMode::kEager}) {
         const bool eager = mode == GraphMode::kEager;
         const char* mode_name = eager ? "eager" : mode == GraphMode::kCudaGraph ? "graph" : "pdl";
         for (int w = 0; w < 2; ++w) engine->enqueue_decode(batch_slots, mode);  // warm-up

@@ -187,9 +187,9 @@ check "compare --accept-tolerance says by how much" grep -q "mean accept length 
 
 # calibrate --fit-only over chosen sessions of a stored calibration (the repo's H200 calibration:
 # sessions 1-4 of b2ac37f, Qwen3-30B-A3B, the prefill passes, the TP2 shards of Llama-3-8B and
-# Qwen3-30B-A3B; 5 of 586882a, the Llama-3-8B grid with its speculative graphs).
+# Qwen3-30B-A3B; 5 of 321e4f2, the Llama-3-8B grid with its speculative graphs).
 cdb=$work/calib.db
-xz -dc "$src/results/h200/calibration_b2ac37f.db.xz" >"$cdb"
+xz -dc "$src/results/h200/calibration_321e4f2.db.xz" >"$cdb"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 5 --out "$work/s1.yaml" >/dev/null 2>&1
 check "fit-only of session 5 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
