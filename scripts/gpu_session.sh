@@ -10,7 +10,9 @@
 #   tests        every ctest suite labelled gpu (they skip where a GPU is missing)
 #   spec calibrate nccl tp attention kernels reliability runtime sanitize synccheck_bisect
 #   spec_validation all
-# Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS; an unpacked libsqlite3-dev in
+# Env: TWINSTEP_SMI_MS=N samples the SM and memory clocks, power, temperatures and clock-event
+# reasons with nvidia-smi every N ms into OUT/smi.csv for the whole session (packed with the logs).
+# TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS; an unpacked libsqlite3-dev in
 # .device-deps/root (from .device-deps/*.deb, unpacked here when present) provides SQLite.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_session.sh OUT STAGE[:SECONDS] ...}
@@ -25,6 +27,12 @@ summary="$out/summary.txt"
 start=$(date +%s)
 note() { echo "$*" | tee -a "$summary"; }
 
+smi_pid=
+if [ -n "${TWINSTEP_SMI_MS:-}" ]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory,clocks_event_reasons.active \
+    --format=csv -lms "$TWINSTEP_SMI_MS" >"$out/smi.csv" 2>&1 &
+  smi_pid=$!
+fi
 note "commit $TWINSTEP_COMMIT, $(nvidia-smi -L 2>/dev/null | wc -l) GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 cmake -S "$root" -B "$TWINSTEP_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES=90 ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 &&
@@ -71,6 +79,7 @@ for group in "$@"; do
   wait "${pids[@]}"
 done
 
+[ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null
 pack=$(mktemp -d)
 if tar -C "$out" -czf "$pack/logs.tgz" . ; then
   find "$out" -mindepth 1 -maxdepth 1 ! -name summary.txt -exec rm -rf {} +

@@ -321,7 +321,9 @@ int main(int argc, char** argv) {
     char date[32];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    const std::string cmd = "scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)";
+    const std::string cmd =
+        probe_only ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-sizing --out OUT)"
+                   : "scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)";
     const std::string header = "  \"command\": " + q(cmd) + ",\n  \"commit\": " + q(commit) +
                                ",\n  \"gpu\": " + q(prop.name) + ",\n  \"date\": " + q(date) +
                                ",\n" + (note.empty() ? "" : "  \"note\": " + q(note) + ",\n");
