@@ -83,7 +83,9 @@ class OwningRealBackend final : public Backend {
     ro.prepare_max_batch = eo.max_slots;
     ro.prompt_seed = v.workload.seed;
     ro.spec = v.policy.spec;
-    ro.warmup_launches = kWarmupLaunches;
+    // One GPU only for now: the warm-up is collective under TP / PP (every rank issues the same
+    // launches) but has not run on two GPUs yet; multi-GPU runs start as before.
+    ro.warmup_launches = v.layout.world() <= 1 ? kWarmupLaunches : 0;
     backend_ = std::make_unique<RealBackend>(*engine_, model_, host_, requests, ro);
   }
   void run(std::span<HostProgram* const> ranks, RunRecord& record) override {
