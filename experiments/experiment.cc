@@ -108,6 +108,10 @@
 //     calibrated: {experiment: NAME, variant: LABEL}   the newest complete real run of that
 //                                  experiment (and variant label, optional), or {run: ID};
 //                                  db: PATH (optional; default the database being written)
+//                                  align: round (default) | position: replay the source round
+//                                  covering the same output position of the same request (a
+//                                  source that decoded the same texts: same model, draft,
+//                                  prompts and output lengths, batch 1, greedy)
 //
 //   host:                          optional; an absent op costs 0
 //     schedule | prepare_prefill | prepare_decode | process_outputs:
@@ -763,7 +767,7 @@ LayoutSpec parse_layout_node(const Context& ctx, const Node& node, const ModelSp
 
 // acceptance.calibrated: {experiment, variant} or {run}, optional db.
 std::shared_ptr<const AcceptanceSource> parse_calibrated(const Context& ctx, const Node& node) {
-  MapReader m(ctx, node, "acceptance.calibrated", {"experiment", "variant", "run", "db"});
+  MapReader m(ctx, node, "acceptance.calibrated", {"experiment", "variant", "run", "db", "align"});
   auto s = std::make_shared<AcceptanceSource>();
   s->where = yaml::where(ctx.source, node.mark);
   if (m.has("run") == m.has("experiment")) {
@@ -785,6 +789,14 @@ std::shared_ptr<const AcceptanceSource> parse_calibrated(const Context& ctx, con
     s->variant = read_string(ctx, *n, "acceptance.calibrated.variant");
   }
   if (const Node* n = m.get("db")) s->db = read_string(ctx, *n, "acceptance.calibrated.db");
+  if (const Node* n = m.get("align")) {
+    const std::string align = read_string(ctx, *n, "acceptance.calibrated.align");
+    if (align != "round" && align != "position")
+      ctx.fail(n->mark, "acceptance.calibrated.align is \"" + align +
+                            "\"; expected round (replay the source's rounds in order) or position "
+                            "(the round covering the same output position of the same request)");
+    s->align_position = align == "position";
+  }
   return s;
 }
 

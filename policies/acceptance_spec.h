@@ -27,7 +27,11 @@ struct AcceptanceTable {
   int32_t draft_len = 0;          // every round drafted this many tokens
   std::vector<int32_t> accepted;  // per round: leading draft tokens the target accepted
   std::vector<float> confidence;  // per round, draft_len values: draft token i's top-1 prob
-  std::string source;             // where the rounds came from (for messages and reports)
+  // Per round: its request in the source run and the tokens that request's earlier rounds
+  // committed (sum of accepted + 1), i.e. where in the request's output text the round began.
+  std::vector<int32_t> request;
+  std::vector<int32_t> start;
+  std::string source;  // where the rounds came from (for messages and reports)
 
   size_t rounds() const { return accepted.size(); }
   // Mean tokens committed per verify of a draft of `draft` tokens (<= draft_len):
@@ -44,6 +48,14 @@ struct AcceptanceSource {
   std::string experiment;
   std::string variant;
   int64_t run_id = 0;
+  // align: position. A simulated round of request q that begins t tokens into q's output
+  // replays the source round of request q that covers output position t, instead of the next
+  // round in order. For a source run that decoded the same texts (same model and draft, same
+  // prompts and output lengths, batch 1, greedy): acceptance varies along a text, and a chain
+  // of another length meets the text's easy and hard stretches in other proportions per round
+  // (a 15-token chain spends few rounds where drafts agree, a 5-token chain more). Rounds past
+  // the source's text for that request fall back to the order replay.
+  bool align_position = false;
   std::string where;
 };
 

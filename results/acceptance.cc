@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <unordered_map>
 
 #include "policies/error.h"
 
@@ -94,12 +95,19 @@ AcceptanceTable acceptance_table(const std::vector<DraftRound>& rounds, const st
   AcceptanceTable t;
   t.source = source;
   t.draft_len = rounds.front().draft_len;
+  std::unordered_map<int32_t, int32_t> committed_by_request;
   for (const DraftRound& d : rounds) {
     if (d.draft_len != t.draft_len) {
       throw Error("calibrated acceptance: " + source + " drafted " + std::to_string(t.draft_len) +
                   " tokens in one round and " + std::to_string(d.draft_len) +
                   " in another; calibrate from a chain run (every round the same length)");
     }
+    // Each request's rounds in round order (load_draft_rounds; interleaved requests are fine):
+    // a round starts where that request's earlier rounds' commits end.
+    int32_t& committed = committed_by_request[d.request];
+    t.start.push_back(committed);
+    committed += d.accepted + 1;
+    t.request.push_back(d.request);
     t.accepted.push_back(d.accepted);
     t.confidence.insert(t.confidence.end(), d.confidence.begin(), d.confidence.end());
   }

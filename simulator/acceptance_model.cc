@@ -1,6 +1,8 @@
 #include "simulator/acceptance_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "policies/error.h"
@@ -18,20 +20,64 @@ AcceptanceModel::AcceptanceModel(const AcceptanceSpec& spec, uint64_t seed)
     throw Error("simulator: calibrated acceptance from " + spec_.calibrated->source +
                 " holds no verify rounds");
   }
+  if (spec_.calibrated && spec_.calibrated_from && spec_.calibrated_from->align_position) {
+    const AcceptanceTable& t = *spec_.calibrated;
+    if (t.request.size() != t.rounds() || t.start.size() != t.rounds()) {
+      throw Error("simulator: calibrated acceptance from " + t.source +
+                  " has no per-round request and start (needed by align: position)");
+    }
+    for (uint64_t row = 0; row < t.rounds(); ++row)
+      by_request_[t.request[row]].emplace_back(t.start[row], row);
+    for (auto& [request, rows] : by_request_) std::sort(rows.begin(), rows.end());
+  }
+}
+
+int64_t AcceptanceModel::aligned_row(int32_t request, int32_t text_offset) const {
+  const auto it = by_request_.find(request);
+  if (it == by_request_.end()) return -1;
+  const std::vector<std::pair<int32_t, uint64_t>>& rows = it->second;
+  // The last round starting at or before the offset; it covers the offset when the offset is
+  // within the tokens it committed (accepted + 1).
+  auto next = std::upper_bound(rows.begin(), rows.end(),
+                               std::pair<int32_t, uint64_t>{text_offset, UINT64_MAX});
+  if (next == rows.begin()) return -1;
+  const auto [start, row] = *(next - 1);
+  if (text_offset > start + spec_.calibrated->accepted[row]) return -1;
+  return int64_t(row);
 }
 
 int32_t AcceptanceModel::max_position() const {
   return spec_.calibrated ? spec_.calibrated->draft_len : std::numeric_limits<int32_t>::max();
 }
 
-AcceptanceModel::Draw AcceptanceModel::draw(int32_t request, int64_t round, int32_t position) {
+AcceptanceModel::Draw AcceptanceModel::draw(int32_t request, int64_t round, int32_t position,
+                                            int32_t text_offset) {
   if (const AcceptanceTable* t = spec_.calibrated.get()) {
     const uint64_t key = (uint64_t(uint32_t(request)) << 32) ^ uint64_t(round);
-    auto [it, added] = rows_.try_emplace(key, 0);
-    if (added) it->second = (rng_key(seed_, 0xacce97ull, 0) + cursor_++) % t->rounds();
-    const uint64_t row = it->second;
-    const float c = t->confidence[row * size_t(t->draft_len) + size_t(position - 1)];
-    return {c, position <= t->accepted[row]};
+    auto [it, added] = rows_.try_emplace(key, Replay{});
+    Replay& r = it->second;
+    if (added) {
+      // Aligned when the source covers where this round begins; else the next row in order.
+      r.aligned = !by_request_.empty() && aligned_row(request, text_offset) >= 0;
+      r.offset = text_offset;
+      if (!r.aligned) r.row = (rng_key(seed_, 0xacce97ull, 0) + cursor_++) % t->rounds();
+    }
+    if (!r.aligned) {
+      const float c = t->confidence[r.row * size_t(t->draft_len) + size_t(position - 1)];
+      return {c, position <= t->accepted[r.row]};
+    }
+    // Aligned: draft position p predicts output token x = offset + p - 1. The source round
+    // covering x (start s, accepted a) drafted it as its position q = x - s + 1: agreed when
+    // q <= a; q = a + 1 is where it disagreed (a below its draft length) or its bonus token (a
+    // equal to it: never drafted there; taken as agreeing, with its last confidence). Past the
+    // source's text: no agreement.
+    const int64_t row = aligned_row(request, r.offset + position - 1);
+    if (row < 0) return {0.0f, false};
+    const int32_t q = r.offset + position - t->start[size_t(row)];
+    const int32_t a = t->accepted[size_t(row)];
+    const size_t base = size_t(row) * size_t(t->draft_len);
+    if (q > t->draft_len) return {t->confidence[base + size_t(t->draft_len - 1)], true};
+    return {t->confidence[base + size_t(q - 1)], q <= a};
   }
   const uint64_t stream = (uint64_t(uint32_t(request)) << 8) | uint64_t(position & 0xff);
   const uint64_t counter = uint64_t(round);

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "policies/acceptance_spec.h"
 
@@ -23,9 +25,11 @@ class AcceptanceModel {
     float confidence;
     bool agrees;
   };
-  // Draft position `position` (1-based) of verify round `round` of `request`. Calibrated:
-  // position <= max_position().
-  Draw draw(int32_t request, int64_t round, int32_t position);
+  // Draft position `position` (1-based) of verify round `round` of `request`, which begins
+  // `text_offset` tokens into the request's output (the tokens its earlier rounds committed).
+  // Calibrated: position <= max_position(); with AcceptanceSource::align_position the round
+  // replays the source round covering that offset (same request), else the next in order.
+  Draw draw(int32_t request, int64_t round, int32_t position, int32_t text_offset = 0);
   // The longest draft the model can answer for (calibrated: the measured draft length; else
   // unbounded).
   int32_t max_position() const;
@@ -33,9 +37,19 @@ class AcceptanceModel {
  private:
   AcceptanceSpec spec_;
   uint64_t seed_;
-  // Calibrated: the table row of each (request, round) seen, and the next row to hand out.
-  std::unordered_map<uint64_t, uint64_t> rows_;
+  // Calibrated: per (request, round) seen, the replayed row (in order), or the round's output
+  // offset when aligned by position.
+  struct Replay {
+    bool aligned = false;
+    uint64_t row = 0;
+    int32_t offset = 0;
+  };
+  std::unordered_map<uint64_t, Replay> rows_;
   uint64_t cursor_ = 0;
+  // align_position: per source request, its rounds' (start, row) in start order.
+  std::unordered_map<int32_t, std::vector<std::pair<int32_t, uint64_t>>> by_request_;
+  // The row covering `text_offset` of `request`, or -1 (no such request, or past its text).
+  int64_t aligned_row(int32_t request, int32_t text_offset) const;
 };
 
 }  // namespace twinstep

@@ -135,6 +135,7 @@ class Engine {
       rank.draft_len.assign(requests_.size(), 0);
       rank.conf_len.assign(requests_.size(), 0);
       rank.rounds.assign(requests_.size(), 0);
+      rank.text_offset.assign(requests_.size(), 0);
     }
     if (world > 1) {
       run_coupled();
@@ -156,10 +157,11 @@ class Engine {
     std::array<StreamState, kStreamCount> streams{};
     std::array<EventSlot, kEventRing> events{};
     std::array<OutputSlot, kOutputRing> outputs{};
-    std::vector<int64_t> device_ctx;  // per request: sequence length on the device
-    std::vector<int32_t> draft_len;   // per request: tokens the current round drafted
-    std::vector<int32_t> conf_len;    // per request: of those, the confident prefix
-    std::vector<int64_t> rounds;      // per request: verify rounds done
+    std::vector<int64_t> device_ctx;   // per request: sequence length on the device
+    std::vector<int32_t> draft_len;    // per request: tokens the current round drafted
+    std::vector<int32_t> conf_len;     // per request: of those, the confident prefix
+    std::vector<int64_t> rounds;       // per request: verify rounds done
+    std::vector<int32_t> text_offset;  // per request: tokens its verify rounds committed
     int64_t prev_step_end_ns = 0;
     StepSample carry;  // a draft-only plan's sample, merged into the next step's
     bool has_carry = false;
@@ -422,7 +424,7 @@ class Engine {
           float conf[kMaxDraft];
           const int32_t max_len = std::min(g.q_tokens, kMaxDraft);
           for (int32_t p = 0; p < max_len; ++p) {
-            conf[p] = acceptance_.draw(ids[i], r.rounds[id], p + 1).confidence;
+            conf[p] = acceptance_.draw(ids[i], r.rounds[id], p + 1, r.text_offset[id]).confidence;
           }
           const std::span<const float> c(conf, size_t(max_len));
           r.draft_len[id] = device_decides ? device_draft_len(options_.spec, c, max_len) : max_len;
@@ -447,7 +449,8 @@ class Engine {
           const bool keep = sample.rank == 0 && d > 0;
           if (keep) record_.rounds.push_back({ids[i], sample.step, d, 0, {}});
           for (int32_t p = 0; p < d; ++p) {
-            const AcceptanceModel::Draw draw = acceptance_.draw(ids[i], r.rounds[id], p + 1);
+            const AcceptanceModel::Draw draw =
+                acceptance_.draw(ids[i], r.rounds[id], p + 1, r.text_offset[id]);
             agrees[p] = draw.agrees;
             if (keep) record_.rounds.back().confidence.push_back(draw.confidence);
           }
@@ -456,6 +459,7 @@ class Engine {
           if (keep) record_.rounds.back().accepted = committed - 1;
           r.device_ctx[id] += committed;
           ++r.rounds[id];
+          r.text_offset[id] += committed;
           out.outputs.push_back({ids[i], committed, d, r.conf_len[id]});
           sample.tokens += committed;
           widest = std::max(widest, d);

@@ -340,6 +340,27 @@ TEST(ExperimentGood, CalibratedAcceptanceSource) {
   EXPECT_DOUBLE_EQ(by_id.variants[0].acceptance.draft_fidelity, 0.9);  // the default
 }
 
+// acceptance.calibrated.align: position or round (the default); anything else is refused at its
+// position.
+TEST(ExperimentGood, CalibratedAcceptanceAlign) {
+  auto load = [](const std::string& align) {
+    return load_experiment_text(
+        std::string(kMinimal) + "acceptance:\n  calibrated: {experiment: calib" + align + "}\n",
+        "c.yaml");
+  };
+  EXPECT_TRUE(load(", align: position").variants[0].acceptance.calibrated_from->align_position);
+  EXPECT_FALSE(load(", align: round").variants[0].acceptance.calibrated_from->align_position);
+  EXPECT_FALSE(load("").variants[0].acceptance.calibrated_from->align_position);
+  try {
+    load(", align: text");
+    ADD_FAILURE() << "align: text was accepted";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("c.yaml:6:42: "), std::string::npos) << m;  // the value
+    EXPECT_NE(m.find("acceptance.calibrated.align is \"text\""), std::string::npos) << m;
+  }
+}
+
 TEST(ExperimentGood, DurationsRoundToNanoseconds) {
   const std::string base = std::string(kMinimal) + "host:\n  schedule: ";
   auto schedule_ns = [&](const std::string& d) {

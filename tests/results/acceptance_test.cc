@@ -115,6 +115,15 @@ TEST(Acceptance, TableOfAChainRun) {
             std::string::npos);
 }
 
+// Each round's start is what its request's earlier rounds committed (accepted + 1 each), with
+// the requests' rounds interleaved as a concurrent run stores them. chain_rounds alternates
+// requests 0 and 1: request 0 gets accepted 0, 1, 3; request 1 gets 3, 2.
+TEST(Acceptance, TableRoundsKnowTheirRequestAndOutputPosition) {
+  const AcceptanceTable t = acceptance_table(chain_rounds(3, {0, 3, 1, 2, 3}), "run 7");
+  EXPECT_EQ(t.request, (std::vector<int32_t>{0, 1, 0, 1, 0}));
+  EXPECT_EQ(t.start, (std::vector<int32_t>{0, 0, 1, 4, 3}));
+}
+
 TEST(Acceptance, HistogramMeanAndTotalVariation) {
   // Tokens per verify 1, 2, 2, 4 and 1, 1, 2, 3.
   const AcceptHistogram a = accept_histogram(chain_rounds(3, {0, 1, 1, 3}));

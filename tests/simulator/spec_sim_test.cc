@@ -7,6 +7,7 @@
 #include "policies/decode_loop.h"
 #include "policies/error.h"
 #include "policies/rng.h"
+#include "simulator/acceptance_model.h"
 #include "simulator/sim_backend.h"
 #include "tests/support/sim_fixtures.h"
 
@@ -165,6 +166,71 @@ AcceptanceSpec two_round_table() {
   AcceptanceSpec a;
   a.calibrated = t;
   return a;
+}
+
+// align: position, hand-worked on one request's measured text of 4-draft rounds:
+//   round 0: start 0, accepted 2 (tokens 0, 1 agreed; the draft missed token 2)
+//   round 1: start 3, accepted 4 (tokens 3..6 agreed; token 7 is the bonus)
+//   round 2: start 8, accepted 0 (missed token 8)
+// Confidence of position q of round k: 0.1 k + 0.01 q.
+AcceptanceSpec one_text_table() {
+  auto t = std::make_shared<AcceptanceTable>();
+  t->draft_len = 4;
+  t->accepted = {2, 4, 0};
+  t->request = {0, 0, 0};
+  t->start = {0, 3, 8};
+  for (int k = 0; k < 3; ++k)
+    for (int q = 1; q <= 4; ++q) t->confidence.push_back(0.1f * float(k) + 0.01f * float(q));
+  t->source = "a hand-made text";
+  AcceptanceSpec a;
+  a.calibrated = t;
+  auto from = std::make_shared<AcceptanceSource>();
+  from->align_position = true;
+  a.calibrated_from = from;
+  return a;
+}
+
+TEST(SpecSim, AlignedReplayFollowsTheMeasuredText) {
+  AcceptanceModel m(one_text_table(), 1);
+  auto agrees = [&](int32_t request, int64_t round, int32_t offset, int32_t positions) {
+    std::vector<int> out;
+    for (int32_t p = 1; p <= positions; ++p)
+      out.push_back(m.draw(request, round, p, offset).agrees ? 1 : 0);
+    return out;
+  };
+  // A round at the start replays round 0: two agree, then the miss at token 2.
+  EXPECT_EQ(agrees(0, 0, 0, 3), (std::vector<int>{1, 1, 0}));
+  // Starting at token 1 (inside round 0): token 1 agrees, token 2 is the miss.
+  EXPECT_EQ(agrees(0, 1, 1, 2), (std::vector<int>{1, 0}));
+  // Starting at token 5: tokens 5, 6 agree, 7 is round 1's bonus (agrees), 8 is round 2's miss.
+  EXPECT_EQ(agrees(0, 2, 5, 4), (std::vector<int>{1, 1, 1, 0}));
+  // Confidence is the measured one at the same token: token 5 is round 1's position 3.
+  EXPECT_FLOAT_EQ(m.draw(0, 3, 1, 5).confidence, 0.13f);
+  // Token 7 (round 1's bonus, never drafted): its last measured confidence.
+  EXPECT_FLOAT_EQ(m.draw(0, 4, 1, 7).confidence, 0.14f);
+  // Past the measured text (token 9 on): no agreement.
+  EXPECT_EQ(agrees(0, 5, 8, 3), (std::vector<int>{0, 0, 0}));
+  // A round that begins past the text, or of a request the source never ran, replays in order:
+  // one of the three rows from its own position 1 (row 0: 1,1,0; row 1: 1,1,1; row 2: 0,0,0).
+  const std::vector<int> fallback = agrees(1, 0, 0, 3);
+  EXPECT_TRUE(fallback == (std::vector<int>{1, 1, 0}) || fallback == (std::vector<int>{1, 1, 1}) ||
+              fallback == (std::vector<int>{0, 0, 0}));
+  // The same (request, round) keeps its alignment whatever offset later draws pass.
+  EXPECT_EQ(agrees(0, 1, 99, 2), (std::vector<int>{1, 0}));
+}
+
+// Without align the same table replays its rows in order, ignoring the offset.
+TEST(SpecSim, UnalignedReplayIgnoresTheOffset) {
+  AcceptanceSpec a = one_text_table();
+  auto from = std::make_shared<AcceptanceSource>();
+  a.calibrated_from = from;  // align_position false
+  AcceptanceModel m(a, 1);
+  for (int64_t round = 0; round < 6; ++round) {
+    const bool first = m.draw(0, round, 1, 5).agrees;
+    const bool third = m.draw(0, round, 3, 5).agrees;
+    // Row 0 (1,1,0), row 1 (1,1,1) or row 2 (0,0,0) from its position 1, never a shifted row.
+    EXPECT_TRUE((first && !third) || (first && third) || (!first && !third));
+  }
 }
 
 // A chain of 3 replays A as 3 accepted drafts (4 tokens) and B as 1 (2 tokens): every simulated
