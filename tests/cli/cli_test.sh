@@ -239,6 +239,19 @@ check "--by-batch splits the kernel errors by batch" grep -Eq "^llama-3-8b@tp2 +
 "$bin" calibrate-eval --profile h200-calibrated --db "$work/nope.db" >/dev/null 2>"$work/eval.err"
 check "calibrate-eval refuses a missing database" grep -q "nope.db does not exist" "$work/eval.err"
 
+# scripts/validation_json.py: the record of an offline sim-vs-real CSV, with the counts within each
+# tolerance (TPOT 2 %, 3 % held-out; busy fraction in points).
+printf '%s\n' 'experiment,validation-h200-x-calibrated' 'variant,metric,sim,real,error_pct' \
+  'a,tpot_ms_mean,1.03,1,3' 'b,tpot_ms_mean,1.01,1,1' 'a,gpu_busy_frac,0.9,0.93,-3.2' \
+  'experiment,validation-h200-heldout-calibrated' 'variant,metric,sim,real,error_pct' \
+  'a,tpot_ms_mean,1.025,1,2.5' >"$work/v.csv"
+python3 "$src/scripts/validation_json.py" "$work/v.csv" "$work/v.json" --command c --commit x \
+  --gpu g --date d >"$work/v.out" 2>&1
+check "validation_json counts the fitted TPOT rows within 2 %" grep -q "^fitted_tpot_pct: 1 of 2 within tolerance" "$work/v.out"
+check "and the held-out ones within 3 %" grep -q "^heldout_tpot_pct: 1 of 1 within tolerance" "$work/v.out"
+check "and GPU busy in points" grep -q "^gpu_busy_points: 0 of 1 within tolerance" "$work/v.out"
+check "and writes every row" python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(len(d['rows']) != 4 or d['rows'][0]['experiment'] != 'h200-x')" "$work/v.json"
+
 # models / hardware list presets.
 check "models lists llama-3-8b" bash -c "'$bin' models | grep -q 'llama-3-8b .* 8.0303'"
 check "hardware lists h200" bash -c "'$bin' hardware | grep -q '^h200 '"
