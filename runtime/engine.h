@@ -50,9 +50,10 @@
 
 namespace twinstep::runtime {
 
-// Engine::warm_up's launch count before timed decode (the experiment runner's real runs and
-// `twinstep calibrate`'s grid engines): about 0.4 s of batch-1 decode of the Llama-3-8B shape,
-// longer than the ~0.3 s power-cap clock dip seen at the onset of decode on the H200.
+// Engine::warm_up's launch count before timed decode (the experiment runner's one-GPU real runs
+// and `twinstep calibrate`'s grid engines): about 0.4 s of batch-1 decode of the Llama-3-8B
+// shape, ten times the ~40 ms slow start measured after a heavy run (docs/calibration.md
+// "Warm-up before timed decode").
 inline constexpr int kDecodeWarmupLaunches = 96;
 
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file,
