@@ -14,9 +14,6 @@
 namespace twinstep {
 namespace {
 
-// Untimed decode launches before every real run (RealOptions::warmup_launches).
-constexpr int32_t kWarmupLaunches = runtime::kDecodeWarmupLaunches;
-
 class OwningRealBackend final : public Backend {
  public:
   OwningRealBackend(const Variant& v, const std::vector<RequestSpec>& requests)
@@ -85,7 +82,7 @@ class OwningRealBackend final : public Backend {
     ro.spec = v.policy.spec;
     // One GPU only for now: the warm-up is collective under TP / PP (every rank issues the same
     // launches) but has not run on two GPUs yet; multi-GPU runs start as before.
-    ro.warmup_launches = v.layout.world() <= 1 ? kWarmupLaunches : 0;
+    ro.warmup_launches = v.layout.world() <= 1 ? runtime::kDecodeWarmupLaunches : 0;
     backend_ = std::make_unique<RealBackend>(*engine_, model_, host_, requests, ro);
   }
   void run(std::span<HostProgram* const> ranks, RunRecord& record) override {
