@@ -296,13 +296,14 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attributes[2];
-  int count = 0;
+  int count = int(detail::add_carveout(attributes, 0));
   if (pdl) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[count++].val.programmaticStreamSerializationAllowed = 1;
   }
   const detail::AttentionTuning& tuning = detail::attention_tuning();
-  if (tuning.carveout_max_shared && token_rows <= tuning.carveout_max_shared_rows) {
+  if (detail::kernel_tuning().carveout_percent < 0 && tuning.carveout_max_shared &&
+      token_rows <= tuning.carveout_max_shared_rows) {
     attributes[count].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
     attributes[count++].val.sharedMemCarveout =
         static_cast<unsigned>(cudaSharedmemCarveoutMaxShared);

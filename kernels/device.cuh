@@ -9,8 +9,19 @@
 #include <utility>
 
 #include "kernels/common.h"
+#include "kernels/tuning.h"
 
 namespace twinstep::kernels::detail {
+
+// Appends the carveout request of KernelTuning::carveout_percent (if any) at attrs[n]; returns
+// the new count.
+inline unsigned add_carveout(cudaLaunchAttribute* attrs, unsigned n) {
+  const int percent = kernel_tuning().carveout_percent;
+  if (percent < 0) return n;
+  attrs[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+  attrs[n].val.sharedMemCarveout = static_cast<unsigned>(percent);
+  return n + 1;
+}
 
 // Launches `kernel` with cudaLaunchKernelEx; with pdl the launch carries
 // cudaLaunchAttributeProgrammaticStreamSerialization, so its blocks may start while the previous
@@ -23,11 +34,13 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem_by
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2];
   config.attrs = attribute;
-  config.numAttrs = pdl ? 1 : 0;
+  config.numAttrs = add_carveout(attribute, 0);
+  if (pdl) {
+    attribute[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
   TS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   TS_CUDA_CHECK(cudaGetLastError());
 }

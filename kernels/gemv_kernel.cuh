@@ -862,8 +862,8 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
   config.blockDim = dim3(kRegThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  int n_attr = 0;
+  cudaLaunchAttribute attribute[3];
+  int n_attr = int(add_carveout(attribute, 0));
   if (p.split > 1) {
     attribute[n_attr].id = cudaLaunchAttributeClusterDimension;
     attribute[n_attr].val.clusterDim.x = p.split;

@@ -9,6 +9,11 @@ struct KernelTuning {
   // Small kernels between two streaming kernels (rmsnorm, rope, attention combine) trigger their
   // dependent launch before their own dependency wait (see device.cuh, pdl_trigger_then_wait).
   bool early_trigger = true;
+  // Shared-memory carveout asked by every launch of kernels/ and of the runtime's decode relay
+  // kernels (cudaLaunchAttributePreferredSharedMemoryCarveout, percent of the maximum): -1 = no
+  // preference (the driver picks per launch, which can depend on the SMs' current L1/shared
+  // split). The attention's own max-shared request (AttentionTuning) applies where this is -1.
+  int carveout_percent = -1;
 };
 KernelTuning& kernel_tuning();
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/common.h"
+#include "kernels/device.cuh"
 #include "runtime/synthetic.h"
 
 namespace twinstep::runtime {
@@ -116,18 +117,19 @@ void launch_gather_batch(int rows, const int* batch_slots, const int* tokens, co
                          bf16* const* slot_base, int* tok_in, int* ctx_b, bf16** base_b,
                          cudaStream_t stream) {
   TS_REQUIRE(rows >= 1 && rows <= 1024, "rows outside [1, 1024]");
-  gather_batch_kernel<<<1, std::max(32, rows), 0, stream>>>(rows, batch_slots, tokens, ctx,
-                                                            slot_base, tok_in, ctx_b, base_b);
-  TS_CUDA_CHECK(cudaGetLastError());
+  // kernels/' launcher: the decode step's carveout request applies (KernelTuning).
+  kernels::detail::launch(gather_batch_kernel, dim3(1), dim3(std::max(32, rows)), 0, stream,
+                          /*pdl=*/false, rows, batch_slots, tokens, ctx, slot_base, tok_in, ctx_b,
+                          base_b);
 }
 
 void launch_decode_commit(int rows, const int* batch_slots, int pad_slot, const int* sampled,
                           const int* ctx_b, int* tokens, int* ctx, OutputRow* ring, int ring_rows,
                           uint64_t* seq, uint64_t* sample_step, cudaStream_t stream) {
   TS_REQUIRE(rows >= 1 && rows <= 1024 && rows <= ring_rows, "rows outside [1, ring_rows]");
-  decode_commit_kernel<<<1, std::max(32, rows), 0, stream>>>(
-      rows, batch_slots, pad_slot, sampled, ctx_b, tokens, ctx, ring, ring_rows, seq, sample_step);
-  TS_CUDA_CHECK(cudaGetLastError());
+  kernels::detail::launch(decode_commit_kernel, dim3(1), dim3(std::max(32, rows)), 0, stream,
+                          /*pdl=*/false, rows, batch_slots, pad_slot, sampled, ctx_b, tokens, ctx,
+                          ring, ring_rows, seq, sample_step);
 }
 
 void launch_prefill_commit(int n, const int* slots, const int* lens, const int* sampled,

@@ -2,8 +2,10 @@
 # Engine-sizing probe of the decode step (runtime/bench/decode_bench.cc probe_sizing): batch-1
 # graph and PDL decode on engines sized as the runner and as `twinstep calibrate` size them, then
 # the warm-up tests of the real backend (RealOptions::warmup_launches).
-#   scripts/gpu_probe.sh OUT_DIR
-# Writes OUT_DIR/decode_sizing_probe.json, probe.log, tests.log. Env: TWINSTEP_COMMIT.
+#   [TWINSTEP_PROBE=sizing|carveout] scripts/gpu_probe.sh OUT_DIR
+# Writes OUT_DIR/decode_sizing_probe.json (or decode_carveout_probe.json: --probe-carveout, the
+# kernels' shared-memory carveout left to the driver vs pinned), probe.log, tests.log.
+# Env: TWINSTEP_COMMIT.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_probe.sh OUT_DIR}
 mkdir -p "$out"
@@ -12,7 +14,7 @@ build=${TWINSTEP_BUILD_DIR:-$root/build}
 gpu_build "$out" twinstep_decode_bench runtime_gpu_test runtime_spec_gpu_test || exit 1
 find_exe() { find "$build" -name "$1" -type f -perm -u+x | head -1; }
 status=0
-"$(find_exe twinstep_decode_bench)" --probe-sizing --out "$out" \
+"$(find_exe twinstep_decode_bench)" "--probe-${TWINSTEP_PROBE:-sizing}" --out "$out" \
   --commit "${TWINSTEP_COMMIT:-unknown}" >"$out/probe.log" 2>&1 || status=1
 cat "$out/probe.log"
 for t in runtime_gpu_test runtime_spec_gpu_test; do

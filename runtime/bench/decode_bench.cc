@@ -8,7 +8,7 @@
 //      breakdown and a real timeline of a few steps.
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
-//   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-sizing]
+//   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-sizing | --probe-carveout]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/tuning.h"
 #include "policies/decode_loop.h"
 #include "runtime/checkpoint.h"
 #include "runtime/engine.h"
@@ -294,9 +295,118 @@ void probe_sizing(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_sizing_probe.json", header);
 }
 
+// --probe-carveout: the same batch-1 decode at prompt 128 with the kernels' shared-memory
+// carveout left to the driver (-1) and pinned to the maximum (100), in the order -1, 100, 100, -1,
+// a fresh engine each (runner sizing, the runner's warm-up): the four runner configurations of
+// decode.json (one 256-token run each) and the probe's event-timed graph, PDL, graph-again
+// launches. Why: the plain-graph step at prompt 128 is bimodal across engines and schedules
+// (run-ahead 4421 us, lockstep 4531 us in one validation call, 321e4f2; calibrate 4519 us) while
+// PDL and context 8192 are not; the driver's per-launch carveout choice depends on the SMs'
+// current L1 / shared split, a state that outlives a launch. Writes
+// OUT/decode_carveout_probe.json.
+void probe_carveout(const std::string& out_dir, const std::string& header) {
+  const ModelSpec& model = model_preset("llama-3-8b");
+  const LlamaConfig config = llama_config_from_spec(model);
+  HostCostSpec hc;  // decode.json's fixed host loop
+  hc.ops[size_t(HostOp::kSchedule)] = {DistKind::kFixed, 50'000, 0, 0, 0};
+  hc.ops[size_t(HostOp::kPrepareDecode)] = {DistKind::kFixed, 150'000, 0, 0, 0};
+  hc.ops[size_t(HostOp::kProcessOutputs)] = {DistKind::kFixed, 100'000, 0, 0, 0};
+  struct Config {
+    const char* label;
+    HostSchedule schedule;
+    GraphMode mode;
+  };
+  const std::vector<Config> configs = {
+      {"runahead_graph", HostSchedule::kRunahead, GraphMode::kCudaGraph},
+      {"lockstep_graph", HostSchedule::kLockstep, GraphMode::kCudaGraph},
+      {"runahead_graph_pdl", HostSchedule::kRunahead, GraphMode::kCudaGraphPdl},
+      {"runahead_eager", HostSchedule::kRunahead, GraphMode::kEager},
+      {"runahead_graph_again", HostSchedule::kRunahead, GraphMode::kCudaGraph},
+      {"lockstep_graph_again", HostSchedule::kLockstep, GraphMode::kCudaGraph},
+  };
+  Json json;
+  std::printf("\ncarveout probe, batch 1, prompt 128, 256 decode tokens: GPU step (us), busy %%\n");
+  cudaEvent_t e0, e1;
+  TS_CUDA_CHECK(cudaEventCreate(&e0));
+  TS_CUDA_CHECK(cudaEventCreate(&e1));
+  const int out_tokens = 257;
+  const int settings[] = {-1, 100, 100, -1};
+  for (int pass = 0; pass < 4; ++pass) {
+    const int carveout = settings[pass];
+    kernels::detail::kernel_tuning().carveout_percent = carveout;
+    EngineOptions eo;
+    eo.max_slots = 1;
+    eo.capacity_tokens = (128 + 16 + out_tokens + 63) / 64 * 64;
+    auto engine = Engine::create_synthetic(config, 1, eo);
+    for (const Config& c : configs) {
+      WorkloadSpec w;
+      w.input_len = {128, 128};
+      w.output_len = {out_tokens, out_tokens};
+      PolicySpec p;
+      p.host_schedule = c.schedule;
+      p.graph_mode = c.mode;
+      RealOptions ro;
+      ro.prompt_seed = 1;
+      ro.warmup_launches = runtime::kDecodeWarmupLaunches;  // as make_real_backend
+      const Summary s = summarize(run_once(*engine, model, w, p, hc, ro));
+      const double busy_step_us = s.step_ms * 1e3 * s.busy_pct / 100;
+      std::printf("carveout %4d pass %d %-22s tpot %8.3f ms  step %8.1f us  busy %6.2f%%  "
+                  "busy/step %8.1f us\n",
+                  carveout, pass, c.label, s.tpot_ms, s.step_ms * 1e3, s.busy_pct, busy_step_us);
+      json.row({{"carveout_percent", std::to_string(carveout)},
+                {"pass", std::to_string(pass)},
+                {"what", q("runner")},
+                {"config", q(c.label)},
+                {"host_schedule", q(host_schedule_name(c.schedule))},
+                {"graph_mode", q(graph_mode_name(c.mode))},
+                {"tpot_ms", fmt(s.tpot_ms, 6)},
+                {"step_us", fmt(s.step_ms * 1e3, 6)},
+                {"gpu_busy_pct", fmt(s.busy_pct, 5)},
+                {"busy_us_per_step", fmt(busy_step_us, 6)}});
+    }
+    // Event-timed launches on slot 0 after the runs (calibrate's method).
+    const int32_t slot0 = 0;
+    const std::span<const int32_t> one(&slot0, 1);
+    cudaStream_t st = engine->compute_stream();
+    int order = 0;
+    for (const GraphMode m :
+         {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl, GraphMode::kCudaGraph}) {
+      for (int w = 0; w < 2; ++w) engine->enqueue_decode(one, m);
+      std::vector<double> alone;
+      for (int r = 0; r < 16; ++r) {
+        TS_CUDA_CHECK(cudaEventRecord(e0, st));
+        engine->enqueue_decode(one, m);
+        TS_CUDA_CHECK(cudaEventRecord(e1, st));
+        TS_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        TS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        alone.push_back(double(ms) * 1e3);
+      }
+      std::sort(alone.begin(), alone.end());
+      const double median_us = (alone[7] + alone[8]) / 2;
+      const std::string label = std::string(m == GraphMode::kCudaGraph ? "graph" : "pdl") +
+                                (order == 2 ? "_again" : "");
+      std::printf("carveout %4d pass %d timed alone %-12s %8.1f us\n", carveout, pass,
+                  label.c_str(), median_us);
+      json.row({{"carveout_percent", std::to_string(carveout)},
+                {"pass", std::to_string(pass)},
+                {"what", q("timed_alone")},
+                {"config", q(label)},
+                {"graph_mode", q(graph_mode_name(m))},
+                {"step_us", fmt(median_us, 6)}});
+      ++order;
+    }
+    TS_CUDA_CHECK(cudaStreamSynchronize(st));
+  }
+  kernels::detail::kernel_tuning().carveout_percent = -1;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  json.write(out_dir + "/decode_carveout_probe.json", header);
+}
+
 int main(int argc, char** argv) {
   std::string out_dir = ".", commit = "unknown", note;
-  bool quick = false, probe_only = false;
+  bool quick = false, probe_only = false, probe_carveout_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -307,6 +417,8 @@ int main(int argc, char** argv) {
       quick = true;
     else if (a == "--probe-sizing")
       probe_only = true;
+    else if (a == "--probe-carveout")
+      probe_carveout_only = true;
     else if (a == "--note" && i + 1 < argc)
       note = argv[++i];
   }
@@ -322,12 +434,18 @@ int main(int argc, char** argv) {
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     const std::string cmd =
-        probe_only ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-sizing --out OUT)"
-                   : "scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)";
+        probe_carveout_only
+            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-carveout --out OUT)"
+        : probe_only ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-sizing --out OUT)"
+                     : "scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)";
     const std::string header = "  \"command\": " + q(cmd) + ",\n  \"commit\": " + q(commit) +
                                ",\n  \"gpu\": " + q(prop.name) + ",\n  \"date\": " + q(date) +
                                ",\n" + (note.empty() ? "" : "  \"note\": " + q(note) + ",\n");
 
+    if (probe_carveout_only) {
+      probe_carveout(out_dir, header);
+      return 0;
+    }
     if (probe_only) {
       probe_sizing(out_dir, header);
       return 0;
