@@ -350,9 +350,10 @@ void probe_carveout(const std::string& out_dir, const std::string& header) {
       ro.warmup_launches = runtime::kDecodeWarmupLaunches;  // as make_real_backend
       const Summary s = summarize(run_once(*engine, model, w, p, hc, ro));
       const double busy_step_us = s.step_ms * 1e3 * s.busy_pct / 100;
-      std::printf("carveout %4d pass %d %-22s tpot %8.3f ms  step %8.1f us  busy %6.2f%%  "
-                  "busy/step %8.1f us\n",
-                  carveout, pass, c.label, s.tpot_ms, s.step_ms * 1e3, s.busy_pct, busy_step_us);
+      std::printf(
+          "carveout %4d pass %d %-22s tpot %8.3f ms  step %8.1f us  busy %6.2f%%  "
+          "busy/step %8.1f us\n",
+          carveout, pass, c.label, s.tpot_ms, s.step_ms * 1e3, s.busy_pct, busy_step_us);
       json.row({{"carveout_percent", std::to_string(carveout)},
                 {"pass", std::to_string(pass)},
                 {"what", q("runner")},
@@ -384,8 +385,8 @@ void probe_carveout(const std::string& out_dir, const std::string& header) {
       }
       std::sort(alone.begin(), alone.end());
       const double median_us = (alone[7] + alone[8]) / 2;
-      const std::string label = std::string(m == GraphMode::kCudaGraph ? "graph" : "pdl") +
-                                (order == 2 ? "_again" : "");
+      const std::string label =
+          std::string(m == GraphMode::kCudaGraph ? "graph" : "pdl") + (order == 2 ? "_again" : "");
       std::printf("carveout %4d pass %d timed alone %-12s %8.1f us\n", carveout, pass,
                   label.c_str(), median_us);
       json.row({{"carveout_percent", std::to_string(carveout)},
