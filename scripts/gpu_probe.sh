@@ -2,9 +2,10 @@
 # Engine-sizing probe of the decode step (runtime/bench/decode_bench.cc probe_sizing): batch-1
 # graph and PDL decode on engines sized as the runner and as `twinstep calibrate` size them, then
 # the warm-up tests of the real backend (RealOptions::warmup_launches).
-#   [TWINSTEP_PROBE=sizing|carveout] scripts/gpu_probe.sh OUT_DIR
-# Writes OUT_DIR/decode_sizing_probe.json (or decode_carveout_probe.json: --probe-carveout, the
-# kernels' shared-memory carveout left to the driver vs pinned), probe.log, tests.log.
+#   [TWINSTEP_PROBE=sizing|carveout|engines] scripts/gpu_probe.sh OUT_DIR
+# Writes OUT_DIR/decode_sizing_probe.json (decode_carveout_probe.json: --probe-carveout, the
+# kernels' shared-memory carveout left to the driver vs pinned; decode_engines_probe.json:
+# --probe-engines, three engines alive, timed in turn over 40 rounds), probe.log, tests.log.
 # Env: TWINSTEP_COMMIT.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_probe.sh OUT_DIR}

@@ -8,7 +8,8 @@
 //      breakdown and a real timeline of a few steps.
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
-//   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-sizing | --probe-carveout]
+//   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-sizing | --probe-carveout |
+//                                                               --probe-engines]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -405,9 +406,81 @@ void probe_carveout(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_carveout_probe.json", header);
 }
 
+// --probe-engines: is the plain-graph step's bimodality (4360-4370 vs 4458-4477 us at prompt 128
+// across engines of one process, decode_carveout_probe.json at 4f63cb0) a property of an engine
+// (its allocations) or of the moment (the GPU's state)? Three engines alive at once (runner
+// sizing), each round re-prefills slot 0 with 128 tokens and times 32 back-to-back plain-graph
+// launches then 32 PDL launches on each engine in turn, for `rounds` rounds, with the wall-clock
+// second of each row (to set beside an nvidia-smi trace). Writes OUT/decode_engines_probe.json.
+void probe_engines(const std::string& out_dir, const std::string& header, int rounds) {
+  const ModelSpec& model = model_preset("llama-3-8b");
+  const LlamaConfig config = llama_config_from_spec(model);
+  constexpr int kEngines = 3, kLaunches = 32;
+  std::vector<std::unique_ptr<Engine>> engines;
+  std::vector<int32_t> prompt(128);
+  for (int t = 0; t < 128; ++t) prompt[size_t(t)] = (t * 31 + 7) % 32000;
+  const std::vector<std::vector<int32_t>> prompts = {prompt};
+  const int32_t slot0 = 0;
+  const std::span<const int32_t> one(&slot0, 1);
+  for (int e = 0; e < kEngines; ++e) {
+    EngineOptions eo;
+    eo.max_slots = 1;
+    eo.capacity_tokens = 384;
+    engines.push_back(Engine::create_synthetic(config, 1, eo));
+    for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
+      engines.back()->prepare(m, 1);
+    engines.back()->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
+  }
+  cudaEvent_t e0, e1;
+  TS_CUDA_CHECK(cudaEventCreate(&e0));
+  TS_CUDA_CHECK(cudaEventCreate(&e1));
+  Json json;
+  const auto t_start = std::chrono::system_clock::now();
+  std::printf(
+      "\nengines probe: %d engines alive, per round and engine the mean of %d "
+      "back-to-back launches at context 128..%d, us\n%6s %8s %6s %10s %10s\n",
+      kEngines, kLaunches, 128 + 2 * kLaunches, "round", "t_s", "engine", "graph", "pdl");
+  for (int r = 0; r < rounds; ++r) {
+    for (int e = 0; e < kEngines; ++e) {
+      Engine& engine = *engines[size_t(e)];
+      cudaStream_t st = engine.compute_stream();
+      engine.enqueue_prefill(std::span<const int32_t>(&slot0, 1), prompts);
+      double us[2] = {0, 0};
+      for (int k = 0; k < 2; ++k) {
+        const GraphMode m = k == 0 ? GraphMode::kCudaGraph : GraphMode::kCudaGraphPdl;
+        engine.enqueue_decode(one, m);  // the launch before the timed ones
+        TS_CUDA_CHECK(cudaEventRecord(e0, st));
+        for (int i = 0; i < kLaunches; ++i) engine.enqueue_decode(one, m);
+        TS_CUDA_CHECK(cudaEventRecord(e1, st));
+        TS_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        TS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        us[k] = double(ms) * 1e3 / kLaunches;
+      }
+      const double t_s =
+          std::chrono::duration<double>(std::chrono::system_clock::now() - t_start).count();
+      const double epoch_s =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      std::printf("%6d %8.2f %6d %10.1f %10.1f\n", r, t_s, e, us[0], us[1]);
+      json.row({{"round", std::to_string(r)},
+                {"engine", std::to_string(e)},
+                {"t_s", fmt(t_s, 6)},
+                {"unix_s", fmt(epoch_s, 14)},
+                {"graph_step_us", fmt(us[0], 6)},
+                {"pdl_step_us", fmt(us[1], 6)}});
+    }
+  }
+  std::fflush(stdout);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  json.write(out_dir + "/decode_engines_probe.json", header);
+}
+
 int main(int argc, char** argv) {
   std::string out_dir = ".", commit = "unknown", note;
   bool quick = false, probe_only = false, probe_carveout_only = false;
+  int probe_engine_rounds = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -420,6 +493,8 @@ int main(int argc, char** argv) {
       probe_only = true;
     else if (a == "--probe-carveout")
       probe_carveout_only = true;
+    else if (a == "--probe-engines")
+      probe_engine_rounds = 40;
     else if (a == "--note" && i + 1 < argc)
       note = argv[++i];
   }
@@ -435,7 +510,9 @@ int main(int argc, char** argv) {
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     const std::string cmd =
-        probe_carveout_only
+        probe_engine_rounds > 0
+            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-engines --out OUT)"
+        : probe_carveout_only
             ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-carveout --out OUT)"
         : probe_only ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-sizing --out OUT)"
                      : "scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)";
@@ -443,6 +520,10 @@ int main(int argc, char** argv) {
                                ",\n  \"gpu\": " + q(prop.name) + ",\n  \"date\": " + q(date) +
                                ",\n" + (note.empty() ? "" : "  \"note\": " + q(note) + ",\n");
 
+    if (probe_engine_rounds > 0) {
+      probe_engines(out_dir, header, probe_engine_rounds);
+      return 0;
+    }
     if (probe_carveout_only) {
       probe_carveout(out_dir, header);
       return 0;
