@@ -9,7 +9,7 @@
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
 //   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-sizing | --probe-carveout |
-//                                                               --probe-engines]
+//                                                               --probe-engines | --probe-thermal]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/tuning.h"
@@ -477,10 +478,79 @@ void probe_engines(const std::string& out_dir, const std::string& header, int ro
   json.write(out_dir + "/decode_engines_probe.json", header);
 }
 
+// --probe-thermal: the plain-graph step against the GPU's recent load. After an idle spell of
+// 20, 8 and 3 s (the GPU cools), 40 windows (about 6 s, the GPU heats): slot 0 re-prefilled with
+// 128 tokens, 16 back-to-back plain-graph launches, 16 PDL launches, each set timed by events;
+// each row carries its wall-clock second, to set beside an nvidia-smi trace of the memory
+// temperature (TWINSTEP_SMI_MS). Why: the plain-graph step at prompt 128 takes two values,
+// 4330-4370 us (graph - PDL ~ 370 us) or 4415-4480 us (~ 450 us), the first only early in a
+// process or after the GPU idled (decode_engines_probe.json, decode_carveout_probe.json).
+// Writes OUT/decode_thermal_probe.json.
+void probe_thermal(const std::string& out_dir, const std::string& header) {
+  const ModelSpec& model = model_preset("llama-3-8b");
+  const LlamaConfig config = llama_config_from_spec(model);
+  constexpr int kWindows = 40, kLaunches = 16;
+  EngineOptions eo;
+  eo.max_slots = 1;
+  eo.capacity_tokens = 384;
+  auto engine = Engine::create_synthetic(config, 1, eo);
+  for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) engine->prepare(m, 1);
+  engine->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
+  std::vector<int32_t> prompt(128);
+  for (int t = 0; t < 128; ++t) prompt[size_t(t)] = (t * 31 + 7) % 32000;
+  const std::vector<std::vector<int32_t>> prompts = {prompt};
+  const int32_t slot0 = 0;
+  const std::span<const int32_t> one(&slot0, 1);
+  cudaStream_t st = engine->compute_stream();
+  cudaEvent_t ev[3];
+  for (cudaEvent_t& e : ev) TS_CUDA_CHECK(cudaEventCreate(&e));
+  Json json;
+  const auto t_start = std::chrono::system_clock::now();
+  std::printf(
+      "\nthermal probe: per window %d plain-graph then %d PDL launches at context "
+      "128..%d, us\n%6s %6s %8s %10s %10s %10s\n",
+      kLaunches, kLaunches, 128 + 2 * kLaunches + 2, "idle_s", "window", "t_s", "graph", "pdl",
+      "graph-pdl");
+  for (const int idle_s : {20, 8, 3}) {
+    TS_CUDA_CHECK(cudaStreamSynchronize(st));
+    std::this_thread::sleep_for(std::chrono::seconds(idle_s));
+    for (int w = 0; w < kWindows; ++w) {
+      engine->enqueue_prefill(std::span<const int32_t>(&slot0, 1), prompts);
+      engine->enqueue_decode(one, GraphMode::kCudaGraph);  // untimed: the first after a prefill
+      TS_CUDA_CHECK(cudaEventRecord(ev[0], st));
+      for (int i = 0; i < kLaunches; ++i) engine->enqueue_decode(one, GraphMode::kCudaGraph);
+      TS_CUDA_CHECK(cudaEventRecord(ev[1], st));
+      for (int i = 0; i < kLaunches; ++i) engine->enqueue_decode(one, GraphMode::kCudaGraphPdl);
+      TS_CUDA_CHECK(cudaEventRecord(ev[2], st));
+      TS_CUDA_CHECK(cudaEventSynchronize(ev[2]));
+      float graph_ms = 0, pdl_ms = 0;
+      TS_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, ev[0], ev[1]));
+      TS_CUDA_CHECK(cudaEventElapsedTime(&pdl_ms, ev[1], ev[2]));
+      const double graph_us = double(graph_ms) * 1e3 / kLaunches,
+                   pdl_us = double(pdl_ms) * 1e3 / kLaunches;
+      const auto now = std::chrono::system_clock::now();
+      const double t_s = std::chrono::duration<double>(now - t_start).count();
+      const double epoch_s = std::chrono::duration<double>(now.time_since_epoch()).count();
+      std::printf("%6d %6d %8.2f %10.1f %10.1f %10.1f\n", idle_s, w, t_s, graph_us, pdl_us,
+                  graph_us - pdl_us);
+      json.row({{"idle_s_before", std::to_string(idle_s)},
+                {"window", std::to_string(w)},
+                {"t_s", fmt(t_s, 6)},
+                {"unix_s", fmt(epoch_s, 14)},
+                {"graph_step_us", fmt(graph_us, 6)},
+                {"pdl_step_us", fmt(pdl_us, 6)}});
+    }
+  }
+  std::fflush(stdout);
+  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+  json.write(out_dir + "/decode_thermal_probe.json", header);
+}
+
 int main(int argc, char** argv) {
   std::string out_dir = ".", commit = "unknown", note;
   bool quick = false, probe_only = false, probe_carveout_only = false;
   int probe_engine_rounds = 0;
+  bool probe_thermal_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -495,6 +565,8 @@ int main(int argc, char** argv) {
       probe_carveout_only = true;
     else if (a == "--probe-engines")
       probe_engine_rounds = 40;
+    else if (a == "--probe-thermal")
+      probe_thermal_only = true;
     else if (a == "--note" && i + 1 < argc)
       note = argv[++i];
   }
@@ -510,7 +582,9 @@ int main(int argc, char** argv) {
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     const std::string cmd =
-        probe_engine_rounds > 0
+        probe_thermal_only
+            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-thermal --out OUT)"
+        : probe_engine_rounds > 0
             ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-engines --out OUT)"
         : probe_carveout_only
             ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-carveout --out OUT)"
@@ -520,6 +594,10 @@ int main(int argc, char** argv) {
                                ",\n  \"gpu\": " + q(prop.name) + ",\n  \"date\": " + q(date) +
                                ",\n" + (note.empty() ? "" : "  \"note\": " + q(note) + ",\n");
 
+    if (probe_thermal_only) {
+      probe_thermal(out_dir, header);
+      return 0;
+    }
     if (probe_engine_rounds > 0) {
       probe_engines(out_dir, header, probe_engine_rounds);
       return 0;
