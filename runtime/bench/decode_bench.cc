@@ -9,7 +9,8 @@
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
 //   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-sizing | --probe-carveout |
-//                                                               --probe-engines | --probe-thermal]
+//                                                               --probe-engines | --probe-thermal |
+//                                                               --probe-graphs]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -546,11 +547,87 @@ void probe_thermal(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_thermal_probe.json", header);
 }
 
+// --probe-graphs: the plain-graph step of one engine (1 slot, its graph and PDL graphs of bucket
+// 1) while another engine's graphs are alive or not: A alone; B created (64 slots: the graph and
+// PDL graphs of buckets 1..64, idle); B destroyed; C created (1 slot, 2 graphs); C destroyed.
+// 10 windows per phase (slot 0 re-prefilled, 16 plain-graph then 16 PDL launches). Why: in
+// earlier probes the step took ~370 us over PDL in processes holding few decode graphs and ~450
+// us where several engines' graphs were alive (calibrate, decode_engines_probe.json). Writes
+// OUT/decode_graphs_probe.json.
+void probe_graphs(const std::string& out_dir, const std::string& header) {
+  const ModelSpec& model = model_preset("llama-3-8b");
+  const LlamaConfig config = llama_config_from_spec(model);
+  constexpr int kWindows = 10, kLaunches = 16;
+  auto make = [&](int slots) {
+    EngineOptions eo;
+    eo.max_slots = slots;
+    eo.capacity_tokens = 384;
+    auto e = Engine::create_synthetic(config, 1, eo);
+    for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
+      e->prepare(m, slots);
+    e->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
+    return e;
+  };
+  auto a = make(1);
+  std::unique_ptr<Engine> other;
+  std::vector<int32_t> prompt(128);
+  for (int t = 0; t < 128; ++t) prompt[size_t(t)] = (t * 31 + 7) % 32000;
+  const std::vector<std::vector<int32_t>> prompts = {prompt};
+  const int32_t slot0 = 0;
+  const std::span<const int32_t> one(&slot0, 1);
+  cudaStream_t st = a->compute_stream();
+  cudaEvent_t ev[3];
+  for (cudaEvent_t& e : ev) TS_CUDA_CHECK(cudaEventCreate(&e));
+  Json json;
+  std::printf(
+      "\ngraphs probe: engine A (1 slot) timed while other engines' graphs live, us\n"
+      "%-28s %6s %10s %10s %10s\n",
+      "phase", "window", "graph", "pdl", "graph-pdl");
+  const std::vector<std::pair<const char*, int>> phases = {
+      {"A_alone", 0},        {"B_64_slots_alive", 64}, {"B_destroyed", 0},
+      {"C_1_slot_alive", 1}, {"C_destroyed", 0},       {"A_alone_end", 0}};
+  for (const auto& [phase, slots] : phases) {
+    if (slots > 0)
+      other = make(slots);
+    else
+      other.reset();
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+    double sum_graph = 0, sum_pdl = 0;
+    for (int w = 0; w < kWindows; ++w) {
+      a->enqueue_prefill(std::span<const int32_t>(&slot0, 1), prompts);
+      a->enqueue_decode(one, GraphMode::kCudaGraph);  // untimed: the first after a prefill
+      TS_CUDA_CHECK(cudaEventRecord(ev[0], st));
+      for (int i = 0; i < kLaunches; ++i) a->enqueue_decode(one, GraphMode::kCudaGraph);
+      TS_CUDA_CHECK(cudaEventRecord(ev[1], st));
+      for (int i = 0; i < kLaunches; ++i) a->enqueue_decode(one, GraphMode::kCudaGraphPdl);
+      TS_CUDA_CHECK(cudaEventRecord(ev[2], st));
+      TS_CUDA_CHECK(cudaEventSynchronize(ev[2]));
+      float graph_ms = 0, pdl_ms = 0;
+      TS_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, ev[0], ev[1]));
+      TS_CUDA_CHECK(cudaEventElapsedTime(&pdl_ms, ev[1], ev[2]));
+      const double graph_us = double(graph_ms) * 1e3 / kLaunches,
+                   pdl_us = double(pdl_ms) * 1e3 / kLaunches;
+      sum_graph += graph_us;
+      sum_pdl += pdl_us;
+      json.row({{"phase", q(phase)},
+                {"other_engine_slots", std::to_string(slots)},
+                {"window", std::to_string(w)},
+                {"graph_step_us", fmt(graph_us, 6)},
+                {"pdl_step_us", fmt(pdl_us, 6)}});
+    }
+    std::printf("%-28s %6s %10.1f %10.1f %10.1f\n", phase, "mean", sum_graph / kWindows,
+                sum_pdl / kWindows, (sum_graph - sum_pdl) / kWindows);
+  }
+  std::fflush(stdout);
+  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+  json.write(out_dir + "/decode_graphs_probe.json", header);
+}
+
 int main(int argc, char** argv) {
   std::string out_dir = ".", commit = "unknown", note;
   bool quick = false, probe_only = false, probe_carveout_only = false;
   int probe_engine_rounds = 0;
-  bool probe_thermal_only = false;
+  bool probe_thermal_only = false, probe_graphs_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -567,6 +644,8 @@ int main(int argc, char** argv) {
       probe_engine_rounds = 40;
     else if (a == "--probe-thermal")
       probe_thermal_only = true;
+    else if (a == "--probe-graphs")
+      probe_graphs_only = true;
     else if (a == "--note" && i + 1 < argc)
       note = argv[++i];
   }
@@ -582,7 +661,9 @@ int main(int argc, char** argv) {
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     const std::string cmd =
-        probe_thermal_only
+        probe_graphs_only
+            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-graphs --out OUT)"
+        : probe_thermal_only
             ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-thermal --out OUT)"
         : probe_engine_rounds > 0
             ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-engines --out OUT)"
@@ -594,6 +675,10 @@ int main(int argc, char** argv) {
                                ",\n  \"gpu\": " + q(prop.name) + ",\n  \"date\": " + q(date) +
                                ",\n" + (note.empty() ? "" : "  \"note\": " + q(note) + ",\n");
 
+    if (probe_graphs_only) {
+      probe_graphs(out_dir, header);
+      return 0;
+    }
     if (probe_thermal_only) {
       probe_thermal(out_dir, header);
       return 0;
