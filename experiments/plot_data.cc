@@ -166,7 +166,8 @@ bool run_metric(ResultsDb& db, int64_t run_id, const std::string& key, double* v
 
 std::vector<std::pair<int32_t, double>> collective_wait_ms_by_rank(ResultsDb& db, int64_t run_id) {
   const QueryResult r = db.query_params(
-      "SELECT rank, avg(idle_dep_ns) / 1e6 FROM step_sample WHERE run_id = ?1 AND batch > 0 "
+      "SELECT rank, avg(collective_wait_ns) / 1e6 FROM step_sample WHERE run_id = ?1 AND "
+      "batch > 0 "
       "GROUP BY rank ORDER BY rank",
       {run_id});
   std::vector<std::pair<int32_t, double>> out;

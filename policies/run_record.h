@@ -32,7 +32,10 @@ struct RequestSample {
 };
 
 // One step of one rank. The GPU interval of step k runs from the end of step k-1's compute work
-// to the end of step k's: busy + idle_host + idle_launch + idle_dep == dur.
+// to the end of step k's: busy + idle_host + idle_launch + idle_dep == dur. GPU busy is every
+// launch's span on the compute stream, as the real backend measures it (one event pair per
+// launch): a collective waiting inside a launch for its group's late rank is busy there (a
+// spinning NCCL kernel) and that wait is in collective_wait_ns.
 struct StepSample {
   int32_t rank = 0;
   int64_t step = 0;
@@ -41,8 +44,10 @@ struct StepSample {
   int64_t gpu_busy_ns = 0;
   int64_t idle_host_ns = 0;    // compute stream empty: the host had not issued the work yet
   int64_t idle_launch_ns = 0;  // work issued, GPU waiting on launch latency / node gaps
-  int64_t idle_dep_ns = 0;     // waiting on another stream's event or a collective's late rank
+  int64_t idle_dep_ns = 0;     // between launches, waiting on another stream's event
   int64_t collective_ns = 0;   // in collectives, waiting for the late rank included
+  int64_t collective_wait_ns = 0;  // of collective_ns: waiting for the group's late rank (or a
+                                   // pipeline receive's data); GPU busy (simulator only)
   int32_t batch = 0;           // requests decoded this step
   int32_t prefills = 0;        // requests prefilled this step
   int32_t tokens = 0;          // tokens committed by decode this step (all requests)

@@ -259,9 +259,17 @@ CREATE TABLE draft_round (
 )sql");
 }
 
+// Version 4: of collective_ns, the wait for the group's late rank (GPU busy since: inside a
+// launch's span, as the real backend measures busy; before, the simulator counted it in
+// idle_dep_ns). 0 in real runs (not measured) and in rows written before version 4.
+void migrate_v3_to_v4(sqlite3* db) {
+  exec(db, "ALTER TABLE step_sample ADD COLUMN collective_wait_ns INTEGER NOT NULL DEFAULT 0");
+}
+
 // Migration i takes the schema from version i to i + 1. Append, never edit.
 using MigrationFn = void (*)(sqlite3*);
-constexpr MigrationFn kMigrations[] = {&create_schema_v1, &migrate_v1_to_v2, &migrate_v2_to_v3};
+constexpr MigrationFn kMigrations[] = {&create_schema_v1, &migrate_v1_to_v2, &migrate_v2_to_v3,
+                                       &migrate_v3_to_v4};
 static_assert(std::size(kMigrations) == ResultsDb::kSchemaVersion);
 
 void migrate(sqlite3* db, const std::string& path) {
@@ -624,8 +632,9 @@ void ResultsDb::finish_run(int64_t run_id, const RunRecord& record,
   std::string step_sql =
       "INSERT INTO step_sample (run_id, rank, step, end_ns, dur_ns, gpu_busy_ns, idle_host_ns, "
       "idle_launch_ns, idle_dep_ns, batch, prefills, tokens, draft_len, bytes_read" +
-      step_sample_host_columns("") + ", host_launch_ns, host_wait_ns, collective_ns) VALUES (?1";
-  constexpr int kStepColumns = 17 + kHostOpCount;
+      step_sample_host_columns("") +
+      ", host_launch_ns, host_wait_ns, collective_ns, collective_wait_ns) VALUES (?1";
+  constexpr int kStepColumns = 18 + kHostOpCount;
   for (int i = 2; i <= kStepColumns; ++i) step_sql += ", ?" + std::to_string(i);
   step_sql += ")";
   Stmt step(db_, step_sql.c_str());
@@ -637,7 +646,7 @@ void ResultsDb::finish_run(int64_t run_id, const RunRecord& record,
     step.bind(13, s.draft_len).bind(14, s.bytes_read);
     for (int op = 0; op < kHostOpCount; ++op) step.bind(15 + op, s.host_ns[op]);
     step.bind(15 + kHostOpCount, s.host_launch_ns).bind(16 + kHostOpCount, s.host_wait_ns);
-    step.bind(17 + kHostOpCount, s.collective_ns);
+    step.bind(17 + kHostOpCount, s.collective_ns).bind(18 + kHostOpCount, s.collective_wait_ns);
     step.run();
   }
 

@@ -54,7 +54,7 @@ struct RunInfo {
 
 class ResultsDb {
  public:
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Opens or creates the database at `path` (":memory:" for a private in-memory one), enables
   // WAL and foreign keys, and creates/migrates the schema. Throws Error if the parent directory

@@ -60,7 +60,10 @@ std::vector<MetricDef> build_definitions() {
   add("idle_launch_frac", "fraction",
       "sum(idle_launch_ns) / sum(dur_ns): work issued, GPU waiting on launch latency");
   add("idle_dep_frac", "fraction",
-      "sum(idle_dep_ns) / sum(dur_ns): waiting on another stream or a collective");
+      "sum(idle_dep_ns) / sum(dur_ns): between launches, waiting on another stream");
+  add("collective_wait_frac", "fraction",
+      "sum(collective_wait_ns) / sum(dur_ns): in collectives waiting for the group's late rank "
+      "(GPU busy); runs whose steps carry collective times (simulated multi-rank runs)");
   add("achieved_tbps", "TB/s",
       "sum(bytes_read) / sum(dur_ns) over decode steps, per GPU (1 TB = 1e12 B)");
   add("floor_ms", "ms",
@@ -184,6 +187,7 @@ std::vector<Metric> compute_metrics(const RunRecord& record, const MetricsContex
   // Decode steps (batch > 0): acceptance, step time, GPU busy/idle split, bandwidth, host time.
   int64_t steps = 0, tokens = 0, batch = 0;
   int64_t dur = 0, busy = 0, idle_host = 0, idle_launch = 0, idle_dep = 0, bytes = 0;
+  int64_t collective = 0, collective_wait = 0;
   int64_t host_wait = 0, host_launch = 0;
   int64_t host_op[kHostOpCount] = {};
   for (const StepSample& s : record.steps) {
@@ -196,6 +200,8 @@ std::vector<Metric> compute_metrics(const RunRecord& record, const MetricsContex
     idle_host += s.idle_host_ns;
     idle_launch += s.idle_launch_ns;
     idle_dep += s.idle_dep_ns;
+    collective += s.collective_ns;
+    collective_wait += s.collective_wait_ns;
     bytes += s.bytes_read;
     host_wait += s.host_wait_ns;
     host_launch += s.host_launch_ns;
@@ -213,6 +219,7 @@ std::vector<Metric> compute_metrics(const RunRecord& record, const MetricsContex
       values["idle_host_frac"] = static_cast<double>(idle_host) / d;
       values["idle_launch_frac"] = static_cast<double>(idle_launch) / d;
       values["idle_dep_frac"] = static_cast<double>(idle_dep) / d;
+      if (collective > 0) values["collective_wait_frac"] = static_cast<double>(collective_wait) / d;
       // bytes/ns = 1e9 B/s = 1e-3 TB/s.
       values["achieved_tbps"] = static_cast<double>(bytes) / d / 1000.0;
     }

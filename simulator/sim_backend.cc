@@ -948,17 +948,18 @@ class Engine {
           const int64_t group = collective_group(*item.coll, int32_t(ri));
           const Instance& inst = instances[{group, is.seq[group] - 1}];
           if (inst.done_ns < 0) break;  // blocked until the group's last member arrives
+          // Inside the launch's span all of it is GPU busy, as the real backend measures it
+          // (one event pair per launch; the collective's kernel spins until its peers arrive):
+          // the wait for the group's last member (a receive: for the data) is recorded apart.
           if (item.coll->coll == CollectiveKind::kSendRecv) {
-            // A receive: the wait for the data, nothing computed.
             const int64_t wait = std::max<int64_t>(0, inst.done_ns - is.coll_arrival);
-            r.sample.idle_dep_ns += wait;
+            r.sample.gpu_busy_ns += wait;
             r.sample.collective_ns += wait;
+            r.sample.collective_wait_ns += wait;
           } else {
-            // Waiting for the last member is idle; the collective itself (its cost and any
-            // late-arrival extra) is busy.
-            r.sample.idle_dep_ns += inst.latest - is.coll_arrival;
-            r.sample.gpu_busy_ns += inst.done_ns - inst.latest;
+            r.sample.gpu_busy_ns += inst.done_ns - is.coll_arrival;
             r.sample.collective_ns += inst.done_ns - is.coll_arrival;
+            r.sample.collective_wait_ns += inst.latest - is.coll_arrival;
           }
           const int64_t resume = std::max(is.t, inst.done_ns);
           if (r.trace && resume > is.coll_arrival) {

@@ -45,7 +45,7 @@ RunRecord two_rank_record() {
   for (const StepSample& s : hand_record().steps) {
     StepSample r1 = s;
     r1.rank = 1;
-    r1.idle_dep_ns = 3 * kMs;
+    r1.collective_wait_ns = 3 * kMs;
     rec.steps.push_back(r1);
   }
   return rec;
@@ -199,11 +199,12 @@ TEST(PlotData, SamplesFromTheDatabaseMatchHandValues) {
   EXPECT_TRUE(collective_wait_ms_by_rank(db, id).empty());  // one rank
 
   const int64_t two = store(db, two_rank_record(), 1, "policies.host_schedule=runahead", "sim");
-  // Rank 0: idle_dep 0.5 ms (s1) and 0 (s2) -> 0.25 ms; rank 1: 3 ms on both decode steps.
+  // Rank 0: collective waits 1.5 ms (s1) and 1 ms (s2) -> 1.25 ms; rank 1: 3 ms on both decode
+  // steps.
   const auto waits = collective_wait_ms_by_rank(db, two);
   ASSERT_EQ(waits.size(), 2u);
   EXPECT_EQ(waits[0].first, 0);
-  EXPECT_DOUBLE_EQ(waits[0].second, 0.25);
+  EXPECT_DOUBLE_EQ(waits[0].second, 1.25);
   EXPECT_EQ(waits[1].first, 1);
   EXPECT_DOUBLE_EQ(waits[1].second, 3.0);
 }

@@ -185,7 +185,7 @@ TEST(ResultsDb, SchemaVersionAndPragmas) {
   {
     auto db = ResultsDb::open(path);
     EXPECT_EQ(db.schema_version(), ResultsDb::kSchemaVersion);
-    EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 3);
+    EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 4);
     EXPECT_EQ(std::get<std::string>(db.query("PRAGMA journal_mode", true).rows.at(0).at(0)), "wal");
     EXPECT_EQ(scalar_int(db, "PRAGMA foreign_keys"), 1);
     EXPECT_EQ(scalar_text(db,
@@ -227,9 +227,9 @@ TEST(ResultsDb, MigratesVersion1) {
   ResultsDb::open(path).begin_run(sample_info());
   raw_exec(path,
            "DROP TABLE draft_round; ALTER TABLE step_sample DROP COLUMN collective_ns; "
-           "PRAGMA user_version = 1;");
+           "ALTER TABLE step_sample DROP COLUMN collective_wait_ns; PRAGMA user_version = 1;");
   auto db = ResultsDb::open(path);
-  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 3);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 4);
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 1);
   RunRecord record = hand_record();
   record.steps[0].collective_ns = 1234;
@@ -246,11 +246,42 @@ TEST(ResultsDb, MigratesVersion2) {
   TempDir dir;
   const std::string path = dir.file("v2.db");
   ResultsDb::open(path).begin_run(sample_info());
-  raw_exec(path, "DROP TABLE draft_round; PRAGMA user_version = 2;");
+  raw_exec(path,
+           "DROP TABLE draft_round; ALTER TABLE step_sample DROP COLUMN collective_wait_ns; "
+           "PRAGMA user_version = 2;");
   auto db = ResultsDb::open(path);
-  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 3);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 4);
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 1);
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM draft_round"), 0);
+}
+
+// A version-3 database (no step_sample.collective_wait_ns) gains the column on open, its old rows
+// 0; new steps store it.
+TEST(ResultsDb, MigratesVersion3) {
+  TempDir dir;
+  const std::string path = dir.file("v3.db");
+  {
+    auto old = ResultsDb::open(path);
+    const int64_t id = old.begin_run(sample_info());
+    old.finish_run(id, hand_record(), {}, 0.1);
+  }
+  raw_exec(path,
+           "ALTER TABLE step_sample DROP COLUMN collective_wait_ns; PRAGMA user_version = 3;");
+  auto db = ResultsDb::open(path);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 4);
+  const int64_t old_steps = scalar_int(db, "SELECT count(*) FROM step_sample");
+  EXPECT_GT(old_steps, 0);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM step_sample WHERE collective_wait_ns = 0"),
+            old_steps);
+  RunRecord record = hand_record();
+  record.steps[0].collective_ns = 900;
+  record.steps[0].collective_wait_ns = 700;
+  const int64_t id = db.begin_run(sample_info());
+  db.finish_run(id, record, {}, 0.1);
+  EXPECT_EQ(scalar_int(db, "SELECT collective_wait_ns FROM step_sample WHERE run_id = " +
+                               std::to_string(id) +
+                               " AND step = " + std::to_string(record.steps[0].step)),
+            700);
 }
 
 // Verify rounds are stored one row per round, numbered per request in record order, with the

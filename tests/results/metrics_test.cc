@@ -76,6 +76,7 @@ TEST(Metrics, HandExampleSteps) {
   EXPECT_DOUBLE_EQ(m.at("idle_host_frac"), 3.0 / 40);
   EXPECT_DOUBLE_EQ(m.at("idle_launch_frac"), 1.5 / 40);
   EXPECT_DOUBLE_EQ(m.at("idle_dep_frac"), 0.5 / 40);
+  EXPECT_DOUBLE_EQ(m.at("collective_wait_frac"), 2.5 / 40);  // (1.5 + 1) / 40, inside busy
   // 60e9 B in 40 ms = 1.5e12 B/s.
   EXPECT_DOUBLE_EQ(m.at("achieved_tbps"), 1.5);
   // Floors at 4 TB/s: 20e9 B -> 5 ms, 40e9 B -> 10 ms; mean 7.5; 100 * 15 / 40 = 37.5 %.
@@ -87,6 +88,15 @@ TEST(Metrics, HandExampleSteps) {
   EXPECT_DOUBLE_EQ(m.at("host_process_outputs_ms_mean"), 2);  // (3 + 1) / 2
   EXPECT_DOUBLE_EQ(m.at("host_launch_ms_mean"), 1);           // (0.5 + 1.5) / 2
   EXPECT_DOUBLE_EQ(m.at("host_wait_ms_mean"), 3);             // (2 + 4) / 2
+}
+
+// Steps without collective times (one-rank runs, real runs) have no collective-wait fraction.
+TEST(Metrics, NoCollectivesNoWaitFraction) {
+  RunRecord rec = hand_record();
+  for (StepSample& s : rec.steps) s.collective_ns = s.collective_wait_ns = 0;
+  const auto m = as_map(compute_metrics(rec, {4.0}));
+  EXPECT_EQ(m.count("collective_wait_frac"), 0u);
+  EXPECT_DOUBLE_EQ(m.at("gpu_busy_frac"), 35.0 / 40);
 }
 
 // sample_record.h's routing, by hand. Distinct experts per (pass, rank): A rank 0 {1, 2} 2,

@@ -58,6 +58,8 @@ inline RunRecord hand_record() {
   s1.idle_host_ns = 1 * kMs;
   s1.idle_launch_ns = kMs / 2;
   s1.idle_dep_ns = kMs / 2;
+  s1.collective_ns = 2 * kMs;  // of busy; 1.5 ms of it waiting for a late rank
+  s1.collective_wait_ns = 3 * kMs / 2;
   s1.batch = 1;
   s1.tokens = 2;
   s1.draft_len = 3;
@@ -73,6 +75,8 @@ inline RunRecord hand_record() {
   s2.gpu_busy_ns = 27 * kMs;
   s2.idle_host_ns = 2 * kMs;
   s2.idle_launch_ns = 1 * kMs;
+  s2.collective_ns = 4 * kMs;
+  s2.collective_wait_ns = 1 * kMs;
   s2.batch = 2;
   s2.tokens = 3;
   s2.draft_len = 3;

@@ -276,7 +276,7 @@ TEST(CollectiveSkew, TheLateRanksCollectiveEndsAtLatestPlusCostPlusExtra) {
     const bool spiked = step >= 3 && (step - 3) % 5 == 0;
     if (!spiked) {
       // Zero skew everywhere: no extra, the same step as without the curve.
-      EXPECT_EQ(r0.idle_dep_ns, 0) << step;
+      EXPECT_EQ(r0.collective_wait_ns, 0) << step;
       EXPECT_EQ(r0.collective_ns, coll_ns) << step;
       EXPECT_EQ(r1.collective_ns, coll_ns) << step;
       EXPECT_EQ(r0.dur_ns, base[0].dur_ns) << step;
@@ -284,9 +284,11 @@ TEST(CollectiveSkew, TheLateRanksCollectiveEndsAtLatestPlusCostPlusExtra) {
       ++even;
       continue;
     }
-    // Rank 0 waits delay_ns for rank 1, then both spend cost + extra in the all-reduce.
-    EXPECT_EQ(r0.idle_dep_ns, delay_ns) << step;
-    EXPECT_EQ(r1.idle_dep_ns, 0) << step;
+    // Rank 0 waits delay_ns for rank 1, then both spend cost + extra in the all-reduce; all of
+    // it inside the launch, GPU busy (base[0] waited delay_ns too).
+    EXPECT_EQ(r0.collective_wait_ns, delay_ns) << step;
+    EXPECT_EQ(r1.collective_wait_ns, 0) << step;
+    EXPECT_EQ(r0.idle_dep_ns, 0) << step;
     EXPECT_EQ(r0.collective_ns, coll_ns + delay_ns + extra_ns) << step;
     EXPECT_EQ(r1.collective_ns, coll_ns + extra_ns) << step;
     EXPECT_EQ(r1.gpu_busy_ns, base[1].gpu_busy_ns + extra_ns) << step;

@@ -82,8 +82,10 @@ TEST(MultiRank, SymmetricTensorParallelSteps) {
     ASSERT_EQ(samples.size(), 2u);
     for (const StepSample& s : samples) {
       EXPECT_EQ(s.dur_ns, want) << "step " << step << " rank " << s.rank;
-      EXPECT_EQ(s.idle_dep_ns, 0);  // nobody waits for anybody
+      EXPECT_EQ(s.idle_dep_ns, 0);
+      EXPECT_EQ(s.collective_wait_ns, 0);  // nobody waits for anybody
       EXPECT_GT(s.collective_ns, 0);
+      EXPECT_EQ(s.gpu_busy_ns, s.dur_ns);  // the collectives' cost is GPU busy
       EXPECT_EQ(s.gpu_busy_ns + s.idle_host_ns + s.idle_launch_ns + s.idle_dep_ns, s.dur_ns);
     }
     ++checked;
@@ -98,6 +100,8 @@ TEST(MultiRank, SymmetricTensorParallelSteps) {
 // others. One rank of four gets a 2 ms host spike every 10 steps; with a 100 µs host loop and
 // a GPU step of a few hundred µs the spike exceeds the slack, so that rank launches late; the
 // other ranks wait for it in the step's first collective, and every rank ends the step together.
+// The late rank's GPU is idle (host-bound); the others are busy in the collective, as a real
+// profile shows it (a spinning all-reduce), and the wait is their collective_wait_ns.
 TEST(MultiRank, LateRankSkewIsAbsorbedByTheOthersCollectives) {
   const HardwareSpec hw = testing::ideal_machine();
   const LayoutSpec tp4 = parse_layout("TP4");
@@ -117,16 +121,21 @@ TEST(MultiRank, LateRankSkewIsAbsorbedByTheOthersCollectives) {
     if (step < 5 || step > 100) continue;
     ASSERT_EQ(samples.size(), 4u);
     for (const StepSample& s : samples) EXPECT_EQ(s.end_ns, samples[0].end_ns) << step;
+    for (const StepSample& s : samples) {
+      EXPECT_EQ(s.idle_dep_ns, 0) << step;
+      EXPECT_EQ(s.gpu_busy_ns + s.idle_host_ns + s.idle_launch_ns, s.dur_ns) << step;
+    }
     if (samples[2].idle_host_ns == 0) {
-      for (const StepSample& s : samples) EXPECT_EQ(s.idle_dep_ns, 0) << step;
+      for (const StepSample& s : samples) EXPECT_EQ(s.collective_wait_ns, 0) << step;
       continue;
     }
     ++spiked_steps;
     EXPECT_EQ(samples[2].idle_host_ns, late) << step;
-    EXPECT_EQ(samples[2].idle_dep_ns, 0) << step;
+    EXPECT_EQ(samples[2].collective_wait_ns, 0) << step;
     for (int r : {0, 1, 3}) {
-      EXPECT_EQ(samples[size_t(r)].idle_dep_ns, late) << "rank " << r << " step " << step;
+      EXPECT_EQ(samples[size_t(r)].collective_wait_ns, late) << "rank " << r << " step " << step;
       EXPECT_EQ(samples[size_t(r)].idle_host_ns, 0);
+      EXPECT_EQ(samples[size_t(r)].gpu_busy_ns, samples[size_t(r)].dur_ns);
       EXPECT_EQ(samples[size_t(r)].dur_ns, samples[2].dur_ns);
     }
   }
@@ -293,8 +302,10 @@ TEST(Pipeline, DecodeStepIsTheMicrobatchPipelineMakespan) {
         EXPECT_EQ(s.dur_ns, want) << c.layout << " m=" << m << " step " << s.step;
         ++checked;
       }
-      // Busy m·t_s; the rest of the step is pipeline bubble (waiting for data).
-      EXPECT_EQ(s.gpu_busy_ns, m * t[size_t(stage)]) << c.layout << " stage " << stage;
+      // Computing m·t_s; the rest of the step is pipeline bubble: waiting for data, inside the
+      // launch (GPU busy, collective_wait_ns) or before it (idle).
+      EXPECT_EQ(s.gpu_busy_ns - s.collective_wait_ns, m * t[size_t(stage)])
+          << c.layout << " stage " << stage;
       EXPECT_EQ(s.gpu_busy_ns + s.idle_host_ns + s.idle_launch_ns + s.idle_dep_ns, s.dur_ns);
     }
     EXPECT_GT(checked, 20) << c.layout;
@@ -315,7 +326,8 @@ ModelSpec balanced_stages_model() {
 }
 
 // Equal stage times t, m microbatches, free transfers: a step takes (m + pp − 1)·t and every
-// stage idles (pp − 1)/(m + pp − 1) of it (the pipeline bubble).
+// stage spends (pp − 1)/(m + pp − 1) of it not computing (the pipeline bubble: idle, or busy
+// waiting in a receive).
 TEST(Pipeline, BubbleFractionMatchesTheAnalyticValue) {
   const HardwareSpec hw = pipeline_machine(0);
   for (int32_t pp : {2, 4}) {
@@ -340,7 +352,8 @@ TEST(Pipeline, BubbleFractionMatchesTheAnalyticValue) {
         if (s.rank == 0) {
           EXPECT_EQ(s.dur_ns, (m + pp - 1) * t) << "pp " << pp << " m " << m;
         }
-        const double idle = double(s.dur_ns - s.gpu_busy_ns) / double(s.dur_ns);
+        const double idle =
+            double(s.dur_ns - s.gpu_busy_ns + s.collective_wait_ns) / double(s.dur_ns);
         EXPECT_NEAR(idle, double(pp - 1) / double(m + pp - 1), 1e-12)
             << "pp " << pp << " m " << m << " rank " << s.rank;
         ++checked;
@@ -452,8 +465,8 @@ TEST(ExpertSkew, UniformLoadGivesEqualRankTimes) {
   ASSERT_EQ(a.step, 0);
   ASSERT_EQ(b.step, 0);
   EXPECT_EQ(a.gpu_busy_ns, b.gpu_busy_ns);
-  EXPECT_EQ(a.idle_dep_ns, 0);
-  EXPECT_EQ(b.idle_dep_ns, 0);
+  EXPECT_EQ(a.collective_wait_ns, 0);
+  EXPECT_EQ(b.collective_wait_ns, 0);
   EXPECT_EQ(a.end_ns, b.end_ns);
 }
 
@@ -480,21 +493,21 @@ TEST(ExpertSkew, HotExpertRankIsTheStraggler) {
   ASSERT_EQ(a.step, 0);
   ASSERT_EQ(b.step, 0);
   // One rank waits per layer; the draw moves the hot expert between ranks across layers.
-  EXPECT_EQ(a.idle_dep_ns + b.idle_dep_ns, layers * straggle_ns);
-  EXPECT_EQ(a.idle_dep_ns % straggle_ns, 0);
-  EXPECT_GT(a.idle_dep_ns, 0);
-  EXPECT_GT(b.idle_dep_ns, 0);
+  EXPECT_EQ(a.collective_wait_ns + b.collective_wait_ns, layers * straggle_ns);
+  EXPECT_EQ(a.collective_wait_ns % straggle_ns, 0);
+  EXPECT_GT(a.collective_wait_ns, 0);
+  EXPECT_GT(b.collective_wait_ns, 0);
   EXPECT_EQ(a.end_ns, b.end_ns);
   // The step is the uniform one plus, per layer, the hot rank's extra work over the uniform
   // rank's 2540 copies (2840 − 2540 = 300 more).
   EXPECT_EQ(a.dur_ns - uniform.steps[0].dur_ns, layers * (2840 - 2540) * (6 * h + 4 * i));
   // Deterministic from the run seed; another seed draws other placements.
   const RunRecord again = skew_prefill(hot, 7, layers);
-  EXPECT_EQ(again.steps[0].idle_dep_ns, a.idle_dep_ns);
-  EXPECT_EQ(again.steps[1].idle_dep_ns, b.idle_dep_ns);
+  EXPECT_EQ(again.steps[0].collective_wait_ns, a.collective_wait_ns);
+  EXPECT_EQ(again.steps[1].collective_wait_ns, b.collective_wait_ns);
   bool differs = false;
   for (uint64_t seed = 8; seed < 12 && !differs; ++seed) {
-    differs = skew_prefill(hot, seed, layers).steps[0].idle_dep_ns != a.idle_dep_ns;
+    differs = skew_prefill(hot, seed, layers).steps[0].collective_wait_ns != a.collective_wait_ns;
   }
   EXPECT_TRUE(differs);
 }
@@ -624,10 +637,10 @@ TEST(ExpertSkew, HotRankStragglesIntoTheCombineAllToAll) {
   const StepSample& b = rec.steps[1];
   ASSERT_EQ(a.step, 0);
   ASSERT_EQ(b.step, 0);
-  EXPECT_EQ(uniform.steps[0].idle_dep_ns, 0);
-  EXPECT_EQ(uniform.steps[1].idle_dep_ns, 0);
-  EXPECT_EQ(a.idle_dep_ns + b.idle_dep_ns, layers * straggle_ns);
-  EXPECT_EQ(a.idle_dep_ns % straggle_ns, 0);
+  EXPECT_EQ(uniform.steps[0].collective_wait_ns, 0);
+  EXPECT_EQ(uniform.steps[1].collective_wait_ns, 0);
+  EXPECT_EQ(a.collective_wait_ns + b.collective_wait_ns, layers * straggle_ns);
+  EXPECT_EQ(a.collective_wait_ns % straggle_ns, 0);
   EXPECT_EQ(a.end_ns, b.end_ns);
   EXPECT_EQ(a.dur_ns - uniform.steps[0].dur_ns, layers * (5680 - 5080) * (4 * h + 4 * i));
 }
