@@ -42,17 +42,17 @@ struct StepSample {
   int64_t end_ns = 0;
   int64_t dur_ns = 0;
   int64_t gpu_busy_ns = 0;
-  int64_t idle_host_ns = 0;    // compute stream empty: the host had not issued the work yet
-  int64_t idle_launch_ns = 0;  // work issued, GPU waiting on launch latency / node gaps
-  int64_t idle_dep_ns = 0;     // between launches, waiting on another stream's event
-  int64_t collective_ns = 0;   // in collectives, waiting for the late rank included
+  int64_t idle_host_ns = 0;        // compute stream empty: the host had not issued the work yet
+  int64_t idle_launch_ns = 0;      // work issued, GPU waiting on launch latency / node gaps
+  int64_t idle_dep_ns = 0;         // between launches, waiting on another stream's event
+  int64_t collective_ns = 0;       // in collectives, waiting for the late rank included
   int64_t collective_wait_ns = 0;  // of collective_ns: waiting for the group's late rank (or a
                                    // pipeline receive's data); GPU busy (simulator only)
-  int32_t batch = 0;           // requests decoded this step
-  int32_t prefills = 0;        // requests prefilled this step
-  int32_t tokens = 0;          // tokens committed by decode this step (all requests)
-  int32_t draft_len = 0;       // most draft tokens of a request this step (0: no speculation)
-  int64_t bytes_read = 0;      // decode kernels' bytes read
+  int32_t batch = 0;               // requests decoded this step
+  int32_t prefills = 0;            // requests prefilled this step
+  int32_t tokens = 0;              // tokens committed by decode this step (all requests)
+  int32_t draft_len = 0;           // most draft tokens of a request this step (0: no speculation)
+  int64_t bytes_read = 0;          // decode kernels' bytes read
   std::array<int64_t, kHostOpCount> host_ns{};  // per host op, this step's plan
   int64_t host_launch_ns = 0;                   // host time spent in launch calls
   int64_t host_wait_ns = 0;                     // host time blocked on events
