@@ -408,6 +408,49 @@ void probe_carveout(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_carveout_probe.json", header);
 }
 
+// One probe window on slot 0 of `engine`: re-prefill `prompt` (so the context stays short), one
+// untimed plain-graph launch, then `launches` plain-graph and `launches` PDL launches back to
+// back, each set between two of `ev`'s events. Returns the mean step of each, us.
+struct GraphPdlWindow {
+  double graph_us = 0, pdl_us = 0;
+};
+GraphPdlWindow time_graph_pdl_window(Engine& engine, const std::vector<int32_t>& prompt,
+                                     int launches, cudaEvent_t (&ev)[3]) {
+  const int32_t slot0 = 0;
+  const std::span<const int32_t> one(&slot0, 1);
+  const std::vector<std::vector<int32_t>> prompts = {prompt};
+  cudaStream_t st = engine.compute_stream();
+  engine.enqueue_prefill(one, prompts);
+  engine.enqueue_decode(one, GraphMode::kCudaGraph);  // untimed: the first after a prefill
+  TS_CUDA_CHECK(cudaEventRecord(ev[0], st));
+  for (int i = 0; i < launches; ++i) engine.enqueue_decode(one, GraphMode::kCudaGraph);
+  TS_CUDA_CHECK(cudaEventRecord(ev[1], st));
+  for (int i = 0; i < launches; ++i) engine.enqueue_decode(one, GraphMode::kCudaGraphPdl);
+  TS_CUDA_CHECK(cudaEventRecord(ev[2], st));
+  TS_CUDA_CHECK(cudaEventSynchronize(ev[2]));
+  float graph_ms = 0, pdl_ms = 0;
+  TS_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, ev[0], ev[1]));
+  TS_CUDA_CHECK(cudaEventElapsedTime(&pdl_ms, ev[1], ev[2]));
+  return {double(graph_ms) * 1e3 / launches, double(pdl_ms) * 1e3 / launches};
+}
+
+// A probe engine as the runner's: one slot, its graph and PDL graphs captured, warmed up.
+std::unique_ptr<Engine> probe_engine(const LlamaConfig& config, int slots) {
+  EngineOptions eo;
+  eo.max_slots = slots;
+  eo.capacity_tokens = 384;
+  auto e = Engine::create_synthetic(config, 1, eo);
+  for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) e->prepare(m, slots);
+  e->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
+  return e;
+}
+
+std::vector<int32_t> probe_prompt() {
+  std::vector<int32_t> prompt(128);
+  for (int t = 0; t < 128; ++t) prompt[size_t(t)] = (t * 31 + 7) % 32000;
+  return prompt;
+}
+
 // --probe-engines: is the plain-graph step's bimodality (4360-4370 vs 4458-4477 us at prompt 128
 // across engines of one process, decode_carveout_probe.json at 4f63cb0) a property of an engine
 // (its allocations) or of the moment (the GPU's state)? Three engines alive at once (runner
@@ -415,67 +458,36 @@ void probe_carveout(const std::string& out_dir, const std::string& header) {
 // launches then 32 PDL launches on each engine in turn, for `rounds` rounds, with the wall-clock
 // second of each row (to set beside an nvidia-smi trace). Writes OUT/decode_engines_probe.json.
 void probe_engines(const std::string& out_dir, const std::string& header, int rounds) {
-  const ModelSpec& model = model_preset("llama-3-8b");
-  const LlamaConfig config = llama_config_from_spec(model);
+  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
   constexpr int kEngines = 3, kLaunches = 32;
   std::vector<std::unique_ptr<Engine>> engines;
-  std::vector<int32_t> prompt(128);
-  for (int t = 0; t < 128; ++t) prompt[size_t(t)] = (t * 31 + 7) % 32000;
-  const std::vector<std::vector<int32_t>> prompts = {prompt};
-  const int32_t slot0 = 0;
-  const std::span<const int32_t> one(&slot0, 1);
-  for (int e = 0; e < kEngines; ++e) {
-    EngineOptions eo;
-    eo.max_slots = 1;
-    eo.capacity_tokens = 384;
-    engines.push_back(Engine::create_synthetic(config, 1, eo));
-    for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
-      engines.back()->prepare(m, 1);
-    engines.back()->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
-  }
-  cudaEvent_t e0, e1;
-  TS_CUDA_CHECK(cudaEventCreate(&e0));
-  TS_CUDA_CHECK(cudaEventCreate(&e1));
+  for (int e = 0; e < kEngines; ++e) engines.push_back(probe_engine(config, 1));
+  const std::vector<int32_t> prompt = probe_prompt();
+  cudaEvent_t ev[3];
+  for (cudaEvent_t& e : ev) TS_CUDA_CHECK(cudaEventCreate(&e));
   Json json;
   const auto t_start = std::chrono::system_clock::now();
   std::printf(
       "\nengines probe: %d engines alive, per round and engine the mean of %d "
       "back-to-back launches at context 128..%d, us\n%6s %8s %6s %10s %10s\n",
-      kEngines, kLaunches, 128 + 2 * kLaunches, "round", "t_s", "engine", "graph", "pdl");
+      kEngines, kLaunches, 128 + 2 * kLaunches + 2, "round", "t_s", "engine", "graph", "pdl");
   for (int r = 0; r < rounds; ++r) {
     for (int e = 0; e < kEngines; ++e) {
-      Engine& engine = *engines[size_t(e)];
-      cudaStream_t st = engine.compute_stream();
-      engine.enqueue_prefill(std::span<const int32_t>(&slot0, 1), prompts);
-      double us[2] = {0, 0};
-      for (int k = 0; k < 2; ++k) {
-        const GraphMode m = k == 0 ? GraphMode::kCudaGraph : GraphMode::kCudaGraphPdl;
-        engine.enqueue_decode(one, m);  // the launch before the timed ones
-        TS_CUDA_CHECK(cudaEventRecord(e0, st));
-        for (int i = 0; i < kLaunches; ++i) engine.enqueue_decode(one, m);
-        TS_CUDA_CHECK(cudaEventRecord(e1, st));
-        TS_CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0;
-        TS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        us[k] = double(ms) * 1e3 / kLaunches;
-      }
-      const double t_s =
-          std::chrono::duration<double>(std::chrono::system_clock::now() - t_start).count();
-      const double epoch_s =
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-              .count();
-      std::printf("%6d %8.2f %6d %10.1f %10.1f\n", r, t_s, e, us[0], us[1]);
+      const GraphPdlWindow w = time_graph_pdl_window(*engines[size_t(e)], prompt, kLaunches, ev);
+      const auto now = std::chrono::system_clock::now();
+      const double t_s = std::chrono::duration<double>(now - t_start).count();
+      const double epoch_s = std::chrono::duration<double>(now.time_since_epoch()).count();
+      std::printf("%6d %8.2f %6d %10.1f %10.1f\n", r, t_s, e, w.graph_us, w.pdl_us);
       json.row({{"round", std::to_string(r)},
                 {"engine", std::to_string(e)},
                 {"t_s", fmt(t_s, 6)},
                 {"unix_s", fmt(epoch_s, 14)},
-                {"graph_step_us", fmt(us[0], 6)},
-                {"pdl_step_us", fmt(us[1], 6)}});
+                {"graph_step_us", fmt(w.graph_us, 6)},
+                {"pdl_step_us", fmt(w.pdl_us, 6)}});
     }
   }
   std::fflush(stdout);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
   json.write(out_dir + "/decode_engines_probe.json", header);
 }
 
@@ -488,21 +500,10 @@ void probe_engines(const std::string& out_dir, const std::string& header, int ro
 // process or after the GPU idled (decode_engines_probe.json, decode_carveout_probe.json).
 // Writes OUT/decode_thermal_probe.json.
 void probe_thermal(const std::string& out_dir, const std::string& header) {
-  const ModelSpec& model = model_preset("llama-3-8b");
-  const LlamaConfig config = llama_config_from_spec(model);
+  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
   constexpr int kWindows = 40, kLaunches = 16;
-  EngineOptions eo;
-  eo.max_slots = 1;
-  eo.capacity_tokens = 384;
-  auto engine = Engine::create_synthetic(config, 1, eo);
-  for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) engine->prepare(m, 1);
-  engine->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
-  std::vector<int32_t> prompt(128);
-  for (int t = 0; t < 128; ++t) prompt[size_t(t)] = (t * 31 + 7) % 32000;
-  const std::vector<std::vector<int32_t>> prompts = {prompt};
-  const int32_t slot0 = 0;
-  const std::span<const int32_t> one(&slot0, 1);
-  cudaStream_t st = engine->compute_stream();
+  auto engine = probe_engine(config, 1);
+  const std::vector<int32_t> prompt = probe_prompt();
   cudaEvent_t ev[3];
   for (cudaEvent_t& e : ev) TS_CUDA_CHECK(cudaEventCreate(&e));
   Json json;
@@ -513,33 +514,21 @@ void probe_thermal(const std::string& out_dir, const std::string& header) {
       kLaunches, kLaunches, 128 + 2 * kLaunches + 2, "idle_s", "window", "t_s", "graph", "pdl",
       "graph-pdl");
   for (const int idle_s : {20, 8, 3}) {
-    TS_CUDA_CHECK(cudaStreamSynchronize(st));
+    TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
     std::this_thread::sleep_for(std::chrono::seconds(idle_s));
-    for (int w = 0; w < kWindows; ++w) {
-      engine->enqueue_prefill(std::span<const int32_t>(&slot0, 1), prompts);
-      engine->enqueue_decode(one, GraphMode::kCudaGraph);  // untimed: the first after a prefill
-      TS_CUDA_CHECK(cudaEventRecord(ev[0], st));
-      for (int i = 0; i < kLaunches; ++i) engine->enqueue_decode(one, GraphMode::kCudaGraph);
-      TS_CUDA_CHECK(cudaEventRecord(ev[1], st));
-      for (int i = 0; i < kLaunches; ++i) engine->enqueue_decode(one, GraphMode::kCudaGraphPdl);
-      TS_CUDA_CHECK(cudaEventRecord(ev[2], st));
-      TS_CUDA_CHECK(cudaEventSynchronize(ev[2]));
-      float graph_ms = 0, pdl_ms = 0;
-      TS_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, ev[0], ev[1]));
-      TS_CUDA_CHECK(cudaEventElapsedTime(&pdl_ms, ev[1], ev[2]));
-      const double graph_us = double(graph_ms) * 1e3 / kLaunches,
-                   pdl_us = double(pdl_ms) * 1e3 / kLaunches;
+    for (int i = 0; i < kWindows; ++i) {
+      const GraphPdlWindow w = time_graph_pdl_window(*engine, prompt, kLaunches, ev);
       const auto now = std::chrono::system_clock::now();
       const double t_s = std::chrono::duration<double>(now - t_start).count();
       const double epoch_s = std::chrono::duration<double>(now.time_since_epoch()).count();
-      std::printf("%6d %6d %8.2f %10.1f %10.1f %10.1f\n", idle_s, w, t_s, graph_us, pdl_us,
-                  graph_us - pdl_us);
+      std::printf("%6d %6d %8.2f %10.1f %10.1f %10.1f\n", idle_s, i, t_s, w.graph_us, w.pdl_us,
+                  w.graph_us - w.pdl_us);
       json.row({{"idle_s_before", std::to_string(idle_s)},
-                {"window", std::to_string(w)},
+                {"window", std::to_string(i)},
                 {"t_s", fmt(t_s, 6)},
                 {"unix_s", fmt(epoch_s, 14)},
-                {"graph_step_us", fmt(graph_us, 6)},
-                {"pdl_step_us", fmt(pdl_us, 6)}});
+                {"graph_step_us", fmt(w.graph_us, 6)},
+                {"pdl_step_us", fmt(w.pdl_us, 6)}});
     }
   }
   std::fflush(stdout);
@@ -555,27 +544,11 @@ void probe_thermal(const std::string& out_dir, const std::string& header) {
 // us where several engines' graphs were alive (calibrate, decode_engines_probe.json). Writes
 // OUT/decode_graphs_probe.json.
 void probe_graphs(const std::string& out_dir, const std::string& header) {
-  const ModelSpec& model = model_preset("llama-3-8b");
-  const LlamaConfig config = llama_config_from_spec(model);
+  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
   constexpr int kWindows = 10, kLaunches = 16;
-  auto make = [&](int slots) {
-    EngineOptions eo;
-    eo.max_slots = slots;
-    eo.capacity_tokens = 384;
-    auto e = Engine::create_synthetic(config, 1, eo);
-    for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
-      e->prepare(m, slots);
-    e->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
-    return e;
-  };
-  auto a = make(1);
+  auto a = probe_engine(config, 1);
   std::unique_ptr<Engine> other;
-  std::vector<int32_t> prompt(128);
-  for (int t = 0; t < 128; ++t) prompt[size_t(t)] = (t * 31 + 7) % 32000;
-  const std::vector<std::vector<int32_t>> prompts = {prompt};
-  const int32_t slot0 = 0;
-  const std::span<const int32_t> one(&slot0, 1);
-  cudaStream_t st = a->compute_stream();
+  const std::vector<int32_t> prompt = probe_prompt();
   cudaEvent_t ev[3];
   for (cudaEvent_t& e : ev) TS_CUDA_CHECK(cudaEventCreate(&e));
   Json json;
@@ -588,32 +561,20 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
       {"C_1_slot_alive", 1}, {"C_destroyed", 0},       {"A_alone_end", 0}};
   for (const auto& [phase, slots] : phases) {
     if (slots > 0)
-      other = make(slots);
+      other = probe_engine(config, slots);
     else
       other.reset();
     TS_CUDA_CHECK(cudaDeviceSynchronize());
     double sum_graph = 0, sum_pdl = 0;
-    for (int w = 0; w < kWindows; ++w) {
-      a->enqueue_prefill(std::span<const int32_t>(&slot0, 1), prompts);
-      a->enqueue_decode(one, GraphMode::kCudaGraph);  // untimed: the first after a prefill
-      TS_CUDA_CHECK(cudaEventRecord(ev[0], st));
-      for (int i = 0; i < kLaunches; ++i) a->enqueue_decode(one, GraphMode::kCudaGraph);
-      TS_CUDA_CHECK(cudaEventRecord(ev[1], st));
-      for (int i = 0; i < kLaunches; ++i) a->enqueue_decode(one, GraphMode::kCudaGraphPdl);
-      TS_CUDA_CHECK(cudaEventRecord(ev[2], st));
-      TS_CUDA_CHECK(cudaEventSynchronize(ev[2]));
-      float graph_ms = 0, pdl_ms = 0;
-      TS_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, ev[0], ev[1]));
-      TS_CUDA_CHECK(cudaEventElapsedTime(&pdl_ms, ev[1], ev[2]));
-      const double graph_us = double(graph_ms) * 1e3 / kLaunches,
-                   pdl_us = double(pdl_ms) * 1e3 / kLaunches;
-      sum_graph += graph_us;
-      sum_pdl += pdl_us;
+    for (int i = 0; i < kWindows; ++i) {
+      const GraphPdlWindow w = time_graph_pdl_window(*a, prompt, kLaunches, ev);
+      sum_graph += w.graph_us;
+      sum_pdl += w.pdl_us;
       json.row({{"phase", q(phase)},
                 {"other_engine_slots", std::to_string(slots)},
-                {"window", std::to_string(w)},
-                {"graph_step_us", fmt(graph_us, 6)},
-                {"pdl_step_us", fmt(pdl_us, 6)}});
+                {"window", std::to_string(i)},
+                {"graph_step_us", fmt(w.graph_us, 6)},
+                {"pdl_step_us", fmt(w.pdl_us, 6)}});
     }
     std::printf("%-28s %6s %10.1f %10.1f %10.1f\n", phase, "mean", sum_graph / kWindows,
                 sum_pdl / kWindows, (sum_graph - sum_pdl) / kWindows);
