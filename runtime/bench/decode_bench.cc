@@ -414,8 +414,20 @@ void probe_carveout(const std::string& out_dir, const std::string& header) {
 struct GraphPdlWindow {
   double graph_us = 0, pdl_us = 0;
 };
+struct WindowEvents {  // the three events of a window, owned
+  cudaEvent_t ev[3] = {};
+  WindowEvents() {
+    for (cudaEvent_t& e : ev) TS_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~WindowEvents() {
+    for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+  }
+  WindowEvents(const WindowEvents&) = delete;
+  WindowEvents& operator=(const WindowEvents&) = delete;
+};
 GraphPdlWindow time_graph_pdl_window(Engine& engine, const std::vector<int32_t>& prompt,
-                                     int launches, cudaEvent_t (&ev)[3]) {
+                                     int launches, WindowEvents& events) {
+  cudaEvent_t(&ev)[3] = events.ev;
   const int32_t slot0 = 0;
   const std::span<const int32_t> one(&slot0, 1);
   const std::vector<std::vector<int32_t>> prompts = {prompt};
@@ -432,6 +444,21 @@ GraphPdlWindow time_graph_pdl_window(Engine& engine, const std::vector<int32_t>&
   TS_CUDA_CHECK(cudaEventElapsedTime(&graph_ms, ev[0], ev[1]));
   TS_CUDA_CHECK(cudaEventElapsedTime(&pdl_ms, ev[1], ev[2]));
   return {double(graph_ms) * 1e3 / launches, double(pdl_ms) * 1e3 / launches};
+}
+
+// Appends one window's row: `keys`, then the seconds since `t_start` and since the epoch (to set
+// beside an nvidia-smi trace) and the two steps. Returns the seconds since `t_start`.
+double add_window_row(Json& json, std::vector<std::pair<std::string, std::string>> keys,
+                      std::chrono::system_clock::time_point t_start, const GraphPdlWindow& w) {
+  const auto now = std::chrono::system_clock::now();
+  const double t_s = std::chrono::duration<double>(now - t_start).count();
+  keys.push_back({"t_s", fmt(t_s, 6)});
+  keys.push_back(
+      {"unix_s", fmt(std::chrono::duration<double>(now.time_since_epoch()).count(), 14)});
+  keys.push_back({"graph_step_us", fmt(w.graph_us, 6)});
+  keys.push_back({"pdl_step_us", fmt(w.pdl_us, 6)});
+  json.row(keys);
+  return t_s;
 }
 
 // A probe engine as the runner's: one slot, its graph and PDL graphs captured, warmed up.
@@ -463,8 +490,7 @@ void probe_engines(const std::string& out_dir, const std::string& header, int ro
   std::vector<std::unique_ptr<Engine>> engines;
   for (int e = 0; e < kEngines; ++e) engines.push_back(probe_engine(config, 1));
   const std::vector<int32_t> prompt = probe_prompt();
-  cudaEvent_t ev[3];
-  for (cudaEvent_t& e : ev) TS_CUDA_CHECK(cudaEventCreate(&e));
+  WindowEvents ev;
   Json json;
   const auto t_start = std::chrono::system_clock::now();
   std::printf(
@@ -474,20 +500,12 @@ void probe_engines(const std::string& out_dir, const std::string& header, int ro
   for (int r = 0; r < rounds; ++r) {
     for (int e = 0; e < kEngines; ++e) {
       const GraphPdlWindow w = time_graph_pdl_window(*engines[size_t(e)], prompt, kLaunches, ev);
-      const auto now = std::chrono::system_clock::now();
-      const double t_s = std::chrono::duration<double>(now - t_start).count();
-      const double epoch_s = std::chrono::duration<double>(now.time_since_epoch()).count();
+      const double t_s = add_window_row(
+          json, {{"round", std::to_string(r)}, {"engine", std::to_string(e)}}, t_start, w);
       std::printf("%6d %8.2f %6d %10.1f %10.1f\n", r, t_s, e, w.graph_us, w.pdl_us);
-      json.row({{"round", std::to_string(r)},
-                {"engine", std::to_string(e)},
-                {"t_s", fmt(t_s, 6)},
-                {"unix_s", fmt(epoch_s, 14)},
-                {"graph_step_us", fmt(w.graph_us, 6)},
-                {"pdl_step_us", fmt(w.pdl_us, 6)}});
     }
   }
   std::fflush(stdout);
-  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
   json.write(out_dir + "/decode_engines_probe.json", header);
 }
 
@@ -504,8 +522,7 @@ void probe_thermal(const std::string& out_dir, const std::string& header) {
   constexpr int kWindows = 40, kLaunches = 16;
   auto engine = probe_engine(config, 1);
   const std::vector<int32_t> prompt = probe_prompt();
-  cudaEvent_t ev[3];
-  for (cudaEvent_t& e : ev) TS_CUDA_CHECK(cudaEventCreate(&e));
+  WindowEvents ev;
   Json json;
   const auto t_start = std::chrono::system_clock::now();
   std::printf(
@@ -518,21 +535,14 @@ void probe_thermal(const std::string& out_dir, const std::string& header) {
     std::this_thread::sleep_for(std::chrono::seconds(idle_s));
     for (int i = 0; i < kWindows; ++i) {
       const GraphPdlWindow w = time_graph_pdl_window(*engine, prompt, kLaunches, ev);
-      const auto now = std::chrono::system_clock::now();
-      const double t_s = std::chrono::duration<double>(now - t_start).count();
-      const double epoch_s = std::chrono::duration<double>(now.time_since_epoch()).count();
+      const double t_s = add_window_row(
+          json, {{"idle_s_before", std::to_string(idle_s)}, {"window", std::to_string(i)}}, t_start,
+          w);
       std::printf("%6d %6d %8.2f %10.1f %10.1f %10.1f\n", idle_s, i, t_s, w.graph_us, w.pdl_us,
                   w.graph_us - w.pdl_us);
-      json.row({{"idle_s_before", std::to_string(idle_s)},
-                {"window", std::to_string(i)},
-                {"t_s", fmt(t_s, 6)},
-                {"unix_s", fmt(epoch_s, 14)},
-                {"graph_step_us", fmt(w.graph_us, 6)},
-                {"pdl_step_us", fmt(w.pdl_us, 6)}});
     }
   }
   std::fflush(stdout);
-  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
   json.write(out_dir + "/decode_thermal_probe.json", header);
 }
 
@@ -549,9 +559,9 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
   auto a = probe_engine(config, 1);
   std::unique_ptr<Engine> other;
   const std::vector<int32_t> prompt = probe_prompt();
-  cudaEvent_t ev[3];
-  for (cudaEvent_t& e : ev) TS_CUDA_CHECK(cudaEventCreate(&e));
+  WindowEvents ev;
   Json json;
+  const auto t_start = std::chrono::system_clock::now();
   std::printf(
       "\ngraphs probe: engine A (1 slot) timed while other engines' graphs live, us\n"
       "%-28s %6s %10s %10s %10s\n",
@@ -570,17 +580,16 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
       const GraphPdlWindow w = time_graph_pdl_window(*a, prompt, kLaunches, ev);
       sum_graph += w.graph_us;
       sum_pdl += w.pdl_us;
-      json.row({{"phase", q(phase)},
-                {"other_engine_slots", std::to_string(slots)},
-                {"window", std::to_string(i)},
-                {"graph_step_us", fmt(w.graph_us, 6)},
-                {"pdl_step_us", fmt(w.pdl_us, 6)}});
+      add_window_row(json,
+                     {{"phase", q(phase)},
+                      {"other_engine_slots", std::to_string(slots)},
+                      {"window", std::to_string(i)}},
+                     t_start, w);
     }
     std::printf("%-28s %6s %10.1f %10.1f %10.1f\n", phase, "mean", sum_graph / kWindows,
                 sum_pdl / kWindows, (sum_graph - sum_pdl) / kWindows);
   }
   std::fflush(stdout);
-  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
   json.write(out_dir + "/decode_graphs_probe.json", header);
 }
 
