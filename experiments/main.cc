@@ -226,8 +226,8 @@ constexpr int kToleranceExceeded = 3;
 
 int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
                 const std::string& db_path, OutputFormat f, bool sim_real, bool ops,
-                double tolerance_pct, const std::vector<std::string>& metrics, bool accept,
-                double accept_tolerance) {
+                bool collectives, double tolerance_pct, const std::vector<std::string>& metrics,
+                bool accept, double accept_tolerance) {
   ResultsDb db = open_db(db_path);
   const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
   if (accept || accept_tolerance >= 0) {
@@ -246,6 +246,16 @@ int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
                    worst, accept_tolerance);
       return kToleranceExceeded;
     }
+    if (!sim_real && tolerance_pct < 0 && !ops && !collectives) return 0;
+  }
+  if (collectives) {
+    const QueryResult table = sim_vs_real_collective_waits(db, ids);
+    if (table.rows.empty()) {
+      throw Error(
+          "no variant has a simulated and a measured run of two or more ranks that both stored a "
+          "timeline among these runs (a multi-rank layout with `trace:`, run on both backends)");
+    }
+    print_table(table, f);
     if (!sim_real && tolerance_pct < 0 && !ops) return 0;
   }
   if (ops) {
@@ -728,6 +738,11 @@ int main(int argc, char** argv) {
   compare->add_flag("--ops", compare_ops,
                     "simulated against measured operation by operation over the traced steps "
                     "(per op: matched spans, mean durations, error, start drift)");
+  bool compare_collectives = false;
+  compare->add_flag("--collectives", compare_collectives,
+                    "multi-rank runs: simulated against measured collective waits per rank and "
+                    "collective over the traced steps (a span less the group's shortest span of "
+                    "the same instance)");
   compare->add_option("--tolerance", compare_tolerance,
                       "fail (exit 3) when a simulated metric is off the measured one by more "
                       "than this many percent (implies --sim-vs-real)");
@@ -920,7 +935,7 @@ int main(int argc, char** argv) {
         it = compare_metrics.erase(it);
       }
       return cmd_compare(run_ids, experiment, db_path, f, compare_sim_real, compare_ops,
-                         compare_tolerance, compare_metrics, compare_accept,
+                         compare_collectives, compare_tolerance, compare_metrics, compare_accept,
                          compare_accept_tolerance);
     }
     if (*trace) return cmd_trace(trace_run, trace_out, db_path);

@@ -450,6 +450,16 @@ std::string_view runtime_node_name(std::string_view name) {
   return name;
 }
 
+bool group_collective_name(std::string_view name) {
+  // Every name the emitter gives a collective other than kSendRecv (a test walks the layouts).
+  static constexpr std::string_view kNames[] = {
+      "attn_all_reduce",       "mlp_all_reduce",       "mlp_reduce_scatter", "moe_all_reduce",
+      "moe_reduce_scatter",    "embedding_all_reduce", "moe_dispatch",       "moe_combine_a2a",
+      "cp_kv_gather",          "cp_exchange",          "cp_hidden_gather",   "embedding_ids_gather",
+      "lm_head_hidden_gather", "argmax_gather"};
+  return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
+}
+
 const char* collective_kind_name(CollectiveKind c) {
   switch (c) {
     case CollectiveKind::kNone:

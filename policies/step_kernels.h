@@ -43,6 +43,12 @@ const char* collective_kind_name(CollectiveKind c);
 // `compare --ops` merges consecutive kernels of one node on both timelines by this rule.
 std::string_view runtime_node_name(std::string_view name);
 
+// Whether step kernel (or runtime node) `name` is a group collective: an all-reduce,
+// reduce-scatter, all-gather or all-to-all that every member of its group runs under that name
+// once per instance, so the members' spans of one instance can be set side by side (`compare
+// --collectives`). Sends and receives (a pipeline's) and compute kernels: false.
+bool group_collective_name(std::string_view name);
+
 // A collective's bytes_read is the message this rank contributes (a receive: 0) and
 // bytes_written what it ends up receiving (all-reduce: the message; all-gather: group × message;
 // all-to-all: its share of everyone's messages). `group` is the number of ranks taking part; for

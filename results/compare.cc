@@ -308,6 +308,109 @@ QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids) 
   return out;
 }
 
+namespace {
+
+// Per (rank, collective name): the summed wait and span over the instances of `spans` in
+// `steps`, by the estimate of sim_vs_real_collective_waits.
+struct WaitSums {
+  int64_t instances = 0;
+  double wait_ns = 0, span_ns = 0;
+};
+std::map<std::pair<int64_t, std::string>, WaitSums> collective_waits(
+    const std::map<SpanKey, std::vector<Span>>& spans, const std::set<int64_t>& steps) {
+  std::set<int64_t> ranks;
+  for (const auto& [key, v] : spans) ranks.insert(std::get<0>(key));
+  std::map<std::pair<int64_t, std::string>, WaitSums> out;
+  for (const auto& [key, v] : spans) {
+    const auto& [rank, step, lane, name] = key;
+    if (rank != *ranks.begin() || lane != "compute" || !steps.count(step) ||
+        !group_collective_name(name))
+      continue;
+    // The instance's span on every rank, k-th occurrence in the step.
+    for (size_t k = 0; k < v.size(); ++k) {
+      std::vector<std::pair<int64_t, int64_t>> durs;  // (rank, dur)
+      for (const int64_t r : ranks) {
+        auto it = spans.find(SpanKey{r, step, lane, name});
+        if (it == spans.end() || it->second.size() <= k) break;
+        durs.emplace_back(r, it->second[k].dur_ns);
+      }
+      if (durs.size() != ranks.size()) continue;  // not on every rank: no estimate
+      int64_t shortest = durs[0].second;
+      for (const auto& [r, d] : durs) shortest = std::min(shortest, d);
+      for (const auto& [r, d] : durs) {
+        WaitSums& w = out[{r, name}];
+        ++w.instances;
+        w.wait_ns += double(d - shortest);
+        w.span_ns += double(d);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+QueryResult sim_vs_real_collective_waits(ResultsDb& db, const std::vector<int64_t>& run_ids) {
+  QueryResult out;
+  out.columns = {"variant",     "rank",         "op",          "instances",
+                 "sim_wait_us", "real_wait_us", "sim_span_us", "real_span_us"};
+  for (const auto& [index, p] : sim_real_pairs(db, run_ids)) {
+    if (p.sim < 0 || p.real < 0) continue;
+    const auto sim = load_spans(db, p.sim);
+    const auto real = load_spans(db, p.real);
+    std::set<int64_t> sim_ranks, real_ranks, sim_steps, steps;
+    for (const auto& [key, v] : sim) {
+      sim_ranks.insert(std::get<0>(key));
+      sim_steps.insert(std::get<1>(key));
+    }
+    for (const auto& [key, v] : real) {
+      real_ranks.insert(std::get<0>(key));
+      if (sim_steps.count(std::get<1>(key))) steps.insert(std::get<1>(key));
+    }
+    if (sim_ranks.size() < 2 || sim_ranks != real_ranks || steps.empty()) continue;
+    const auto s = collective_waits(sim, steps), r = collective_waits(real, steps);
+    const double n_steps = double(steps.size());
+    std::vector<std::pair<std::pair<int64_t, std::string>, std::pair<WaitSums, WaitSums>>> rows;
+    for (const auto& [key, w] : s) rows.push_back({key, {w, {}}});
+    for (const auto& [key, w] : r) {
+      auto it =
+          std::find_if(rows.begin(), rows.end(), [&](const auto& x) { return x.first == key; });
+      if (it == rows.end())
+        rows.push_back({key, {{}, w}});
+      else
+        it->second.second = w;
+    }
+    std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+      if (a.first.first != b.first.first) return a.first.first < b.first.first;
+      return a.second.second.wait_ns > b.second.second.wait_ns;
+    });
+    auto span_us = [](const WaitSums& w) {
+      return w.instances > 0 ? Cell(w.span_ns / double(w.instances) / 1e3) : Cell();
+    };
+    std::pair<WaitSums, WaitSums> total;  // of the current rank
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& [key, w] = rows[i];
+      out.rows.push_back({p.label, key.first, key.second,
+                          std::max(w.first.instances, w.second.instances),
+                          w.first.wait_ns / n_steps / 1e3, w.second.wait_ns / n_steps / 1e3,
+                          span_us(w.first), span_us(w.second)});
+      for (auto [from, to] :
+           {std::pair{&w.first, &total.first}, std::pair{&w.second, &total.second}}) {
+        to->instances += from->instances;
+        to->wait_ns += from->wait_ns;
+        to->span_ns += from->span_ns;
+      }
+      if (i + 1 < rows.size() && rows[i + 1].first.first == key.first) continue;
+      out.rows.push_back({p.label, key.first, std::string("all"),
+                          std::max(total.first.instances, total.second.instances),
+                          total.first.wait_ns / n_steps / 1e3, total.second.wait_ns / n_steps / 1e3,
+                          span_us(total.first), span_us(total.second)});
+      total = {};
+    }
+  }
+  return out;
+}
+
 QueryResult sim_vs_real_accept(ResultsDb& db, const std::vector<int64_t>& run_ids,
                                double* worst_mean_diff) {
   QueryResult out;

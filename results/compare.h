@@ -48,6 +48,19 @@ QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
 // Rows: by variant index, then by the real run's total matched time, largest first.
 QueryResult sim_vs_real_ops(ResultsDb& db, const std::vector<int64_t>& run_ids);
 
+// Collective waits per rank, measured and simulated alike from the traced steps: for each variant
+// with a sim and a real run among `run_ids` that both stored a timeline of two or more ranks, over
+// the steps both cover, each instance of a group collective (group_collective_name; the k-th span
+// of that name on the compute lane in a step, present on every rank of the run) gives rank r the
+// wait dur_r − min over the ranks of dur: the last rank to arrive waits for nobody, so the
+// shortest span is the collective itself. The same estimate on both sides (the simulator's spans
+// hold the wait it modelled, the runtime's node spans the measured one). One row per (variant,
+// rank, collective), then one per (variant, rank) named "all":
+//   variant, rank, op, instances, sim_wait_us, real_wait_us   (mean wait per traced step)
+//   sim_span_us, real_span_us                                 (mean span per instance)
+// Rows by variant index, rank, then the real wait, largest first ("all" last).
+QueryResult sim_vs_real_collective_waits(ResultsDb& db, const std::vector<int64_t>& run_ids);
+
 // Accept lengths (speculative decoding): for each variant with a sim and a real run among
 // `run_ids` that both stored verify rounds, one row per tokens-per-verify value k (1 .. the
 // largest seen) with the fraction of rounds committing k tokens in each run, then a row "mean"

@@ -148,6 +148,13 @@ check "compare --tolerance says by how much" grep -q "over the tolerance of 1.00
 "$bin" --db "$db5" compare --experiment validation-h200-decode --ops >/dev/null 2>"$work/ops.err"
 check "compare --ops without timelines exits 1" test $? -eq 1
 check "compare --ops says how to get timelines" grep -q "add \`trace:" "$work/ops.err"
+"$bin" --db "$db5" compare --experiment validation-h200-decode --collectives >/dev/null 2>"$work/coll.err"
+check "compare --collectives on one-rank runs exits 1" test $? -eq 1
+check "compare --collectives says what it needs" grep -q "two or more ranks" "$work/coll.err"
+# The stored two-H200 TP2-EP2 runs (traced steps 40-41): measured and simulated waits per rank.
+xz -dc "$src/results/h200/ep2_b2ac37f.db.xz" > "$work/ep2.db"
+"$bin" --db "$work/ep2.db" compare --experiment validation-h200-ep2-h200-calibrated --collectives --csv > "$work/coll.csv"
+check "compare --collectives lists both ranks' MoE all-reduce waits" test "$(grep -c '^workload.concurrency=1,[01],moe_all_reduce,96,' "$work/coll.csv")" -eq 2
 check "sim-vs-real rows carry the error" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode --sim-vs-real --csv | head -1 | grep -q 'variant,metric,sim,real,error_pct'"
 # Run ids after --metrics (a greedy list option) are still run ids: the same table as before it.
 ids=$(q "$db5" "SELECT group_concat(id, ' ') FROM (SELECT id FROM run ORDER BY id LIMIT 2)")

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "policies/error.h"
 #include "policies/step_kernels.h"
@@ -840,6 +841,49 @@ TEST(LayoutSkew, RecordedRoutingIsTheRoutingPriced) {
   expected.expert_load.sampled = false;
   add_sampled_routing(m, {&one, 1}, expected, 0, 3, none);
   EXPECT_EQ(none.passes, 0);
+}
+
+// group_collective_name knows every group collective the emitter writes, and nothing else: all
+// kernels of every rank of a spread of layouts (TP, TP with a vocabulary-parallel head, EP over TP
+// and DP attention, CP decode and prefill, pipelines), decode and prefill shapes.
+TEST(LayoutKernels, GroupCollectiveNamesAreTheEmittersCollectives) {
+  struct Case {
+    const char* model;
+    const char* layout;
+  };
+  std::set<std::string> seen;
+  for (const Case c :
+       {Case{"llama-3-8b", "TP2"}, Case{"llama-3-8b", "TP8"}, Case{"llama-3-8b", "CP8-TP8"},
+        Case{"llama-3-8b", "PP2-TP2"}, Case{"qwen3-30b-a3b", "TP2-EP2"},
+        Case{"qwen3-30b-a3b", "DP4-EP4"}, Case{"qwen3-30b-a3b", "PP2-TP2-EP2"},
+        Case{"deepseek-like", "PP2-CP8-TP8"}}) {
+    const ModelSpec& m = model_preset(c.model);
+    for (const bool vocab_parallel : {false, true}) {
+      LayoutSpec l = parse_layout(c.layout);
+      l.vocab_parallel = vocab_parallel;
+      for (const StepShape& shape :
+           {decode_shape(4, 1, 4000), prefill_shape(1, 2048, 2048LL * 2048)}) {
+        for (int32_t r = 0; r < l.world(); ++r) {
+          StepKernels s;
+          step_kernels(m, shape, l, r, s);
+          for (const KernelDesc& k : s.kernels) {
+            const bool group =
+                k.cls == KernelClass::kCollective && k.coll != CollectiveKind::kSendRecv;
+            EXPECT_EQ(group_collective_name(k.name), group)
+                << c.model << " " << c.layout << " rank " << r << " " << k.name;
+            if (group) seen.insert(k.name);
+          }
+        }
+      }
+    }
+  }
+  // The walk reaches the collectives of each placement (a name never emitted would not be caught).
+  for (const char* name : {"attn_all_reduce", "mlp_all_reduce", "moe_all_reduce", "moe_dispatch",
+                           "moe_combine_a2a", "cp_exchange", "cp_kv_gather", "cp_hidden_gather",
+                           "mlp_reduce_scatter", "embedding_all_reduce", "argmax_gather"})
+    EXPECT_TRUE(seen.count(name)) << name;
+  EXPECT_FALSE(group_collective_name("pp_recv"));
+  EXPECT_FALSE(group_collective_name("moe_combine"));  // the weighted sum, a compute kernel
 }
 
 }  // namespace

@@ -167,6 +167,65 @@ TEST(Compare, OperationsMatchByStepLaneNameAndOccurrence) {
   EXPECT_TRUE(sim_vs_real_ops(lone_db, {lone}).rows.empty());
 }
 
+// Collective waits, by hand. Two ranks, traced step 5 on both runs (step 6 only simulated).
+// Simulated: attn_all_reduce 10 (rank 0) / 4 (rank 1) ns, then moe_all_reduce 3 / 9 and 5 / 5;
+// measured: attn 6 / 7, moe 20 / 8 and 4 / 12. The shortest span of an instance is its cost, the
+// rest of each rank's span its wait: sim rank 0 waits 6 + 0 + 0, rank 1 0 + 6 + 0; real rank 0
+// 0 + 12 + 0, rank 1 1 + 0 + 8. A qkv span (compute) and an embedding_ids_gather on rank 0 only
+// (no instance on every rank) give nothing. One traced step in common: waits per step in µs.
+TEST(Compare, CollectiveWaitsAreSpansLessTheGroupsShortest) {
+  auto db = ResultsDb::open(":memory:");
+  RunRecord sim_rec;
+  sim_rec.timeline = {{0, Lane::kCompute, "qkv", 5, 0, 50, 0},
+                      {0, Lane::kCompute, "attn_all_reduce", 5, 100, 10, 0},
+                      {1, Lane::kCompute, "attn_all_reduce", 5, 106, 4, 0},
+                      {0, Lane::kCompute, "moe_all_reduce", 5, 200, 3, 0},
+                      {1, Lane::kCompute, "moe_all_reduce", 5, 194, 9, 0},
+                      {0, Lane::kCompute, "moe_all_reduce", 5, 300, 5, 0},
+                      {1, Lane::kCompute, "moe_all_reduce", 5, 300, 5, 0},
+                      {0, Lane::kCompute, "embedding_ids_gather", 5, 400, 7, 0},
+                      {0, Lane::kCompute, "attn_all_reduce", 6, 1000, 99, 0},
+                      {1, Lane::kCompute, "attn_all_reduce", 6, 1000, 1, 0}};
+  RunRecord real_rec;
+  real_rec.timeline = {{0, Lane::kCompute, "attn_all_reduce", 5, 100, 6, 0},
+                       {1, Lane::kCompute, "attn_all_reduce", 5, 100, 7, 0},
+                       {0, Lane::kCompute, "moe_all_reduce", 5, 200, 20, 0},
+                       {1, Lane::kCompute, "moe_all_reduce", 5, 212, 8, 0},
+                       {0, Lane::kCompute, "moe_all_reduce", 5, 300, 4, 0},
+                       {1, Lane::kCompute, "moe_all_reduce", 5, 292, 12, 0}};
+  const int64_t sim = db.begin_run(info("e", "y", 0, "sim"));
+  db.finish_run(sim, sim_rec, {}, 1);
+  const int64_t real = db.begin_run(info("e", "y", 0, "real"));
+  db.finish_run(real, real_rec, {}, 1);
+  const QueryResult t = sim_vs_real_collective_waits(db, {sim, real});
+  ASSERT_EQ(t.rows.size(), 6u);  // per rank: moe, attn (by real wait), all
+  auto row = [&](size_t i, int64_t rank, const char* op, int64_t instances, double sim_wait,
+                 double real_wait, double sim_span, double real_span) {
+    EXPECT_EQ(count(t.rows[i][1]), rank) << i;
+    EXPECT_EQ(std::get<std::string>(t.rows[i][2]), op) << i;
+    EXPECT_EQ(count(t.rows[i][3]), instances) << i;
+    EXPECT_DOUBLE_EQ(num(t.rows[i][4]), sim_wait) << i;
+    EXPECT_DOUBLE_EQ(num(t.rows[i][5]), real_wait) << i;
+    EXPECT_DOUBLE_EQ(num(t.rows[i][6]), sim_span) << i;
+    EXPECT_DOUBLE_EQ(num(t.rows[i][7]), real_span) << i;
+  };
+  row(0, 0, "moe_all_reduce", 2, 0.0, 0.012, 0.004, 0.012);
+  row(1, 0, "attn_all_reduce", 1, 0.006, 0.0, 0.010, 0.006);
+  row(2, 0, "all", 3, 0.006, 0.012, 0.018 / 3, 0.030 / 3);
+  row(3, 1, "moe_all_reduce", 2, 0.006, 0.008, 0.007, 0.010);
+  row(4, 1, "attn_all_reduce", 1, 0.0, 0.001, 0.004, 0.007);
+  row(5, 1, "all", 3, 0.006, 0.009, 0.018 / 3, 0.027 / 3);
+  // One rank: no rows.
+  RunRecord one_rank;
+  one_rank.timeline = {{0, Lane::kCompute, "attn_all_reduce", 5, 100, 6, 0}};
+  auto lone_db = ResultsDb::open(":memory:");
+  const int64_t a = lone_db.begin_run(info("e", "y", 0, "sim"));
+  lone_db.finish_run(a, one_rank, {}, 1);
+  const int64_t b = lone_db.begin_run(info("e", "y", 0, "real"));
+  lone_db.finish_run(b, one_rank, {}, 1);
+  EXPECT_TRUE(sim_vs_real_collective_waits(lone_db, {a, b}).rows.empty());
+}
+
 // Hand-worked: the simulator lists rope, kv_append, gate_up_proj, swiglu and four MoE kernels
 // where the runtime runs rope_kv_append, gate_up_swiglu and moe; consecutive kernels of one node
 // fold into one span (first start to latest end) and match the runtime's node.
