@@ -12,7 +12,8 @@
 # one GPU) and experiments/validation/h200_pp2.yaml into OUT/pp2.db.
 #   scripts/gpu_tp.sh OUT_DIR            EP=1 scripts/gpu_tp.sh OUT_DIR     PP=1 scripts/gpu_tp.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,tp_test_1rank,tp_test_2ranks,tp2_run}.log, OUT_DIR/tp2.db,
-# OUT_DIR/tp2.sim_vs_real.txt, OUT_DIR/tp2.ops.txt (traced steps per operation), OUT_DIR/tp2.metrics.csv;
+# OUT_DIR/tp2.sim_vs_real.txt, OUT_DIR/tp2.ops.txt (traced steps per operation),
+# OUT_DIR/tp2.collectives.txt (collective waits per rank, traced steps), OUT_DIR/tp2.metrics.csv;
 # with EP=1 the same ep2_run.log, ep2.db, ep2.ops.txt,
 # ep2.sim_vs_real.txt, ep2.routing.txt (the moe_* routing metrics, sim vs real), ep2.metrics.csv; with PP=1 pp2_run.log, pp2.db, pp2.ops.txt,
 # pp2.sim_vs_real.txt, pp2.metrics.csv.
@@ -94,6 +95,11 @@ validate() {
   "$build/twinstep" --db "$db" compare --experiment "$xname" --ops >"$out/$tag.ops.txt" 2>&1 ||
     status=1
   head -40 "$out/$tag.ops.txt"
+  # Collective waits per rank over the traced steps, measured against simulated (one estimate
+  # on both sides: a span less the group's shortest span of the instance).
+  "$build/twinstep" --db "$db" compare --experiment "$xname" --collectives \
+    >"$out/$tag.collectives.txt" 2>&1 || [ "$tag" = pp2 ] || status=1
+  cat "$out/$tag.collectives.txt"
   "$build/twinstep" --db "$db" query --csv "SELECT r.id, r.variant_label, r.backend, r.status,
     m.key, m.value, m.unit FROM run r JOIN metric m ON m.run_id = r.id
     WHERE m.key LIKE 'rank%' OR m.key LIKE 'tp_%' OR m.key LIKE 'moe_%' OR m.key IN ('tpot_ms_mean', 'gpu_busy_frac',
