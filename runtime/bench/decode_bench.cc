@@ -10,7 +10,7 @@
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
 //   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-sizing | --probe-carveout |
 //                                                               --probe-engines | --probe-thermal |
-//                                                               --probe-graphs]
+//                                                               --probe-graphs | --probe-alloc]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <span>
 #include <sstream>
@@ -593,11 +594,66 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_graphs_probe.json", header);
 }
 
+// --probe-alloc: which part of an engine's creation switches the plain-graph step from ~370 to
+// ~450 us over PDL (decode_graphs_probe_7facbdd.json: the third engine's creation)? Engine A (1
+// slot) timed in 10 windows after each phase: 16 GiB allocated raw, then written, then freed,
+// allocated and written again, freed; then engines created and destroyed one after another.
+// Writes OUT/decode_alloc_probe.json.
+void probe_alloc(const std::string& out_dir, const std::string& header) {
+  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
+  constexpr int kWindows = 10, kLaunches = 16;
+  constexpr size_t kBytes = size_t{16} << 30;
+  auto a = probe_engine(config, 1);
+  const std::vector<int32_t> prompt = probe_prompt();
+  WindowEvents ev;
+  Json json;
+  const auto t_start = std::chrono::system_clock::now();
+  std::printf(
+      "\nalloc probe: engine A (1 slot) after each phase, mean of %d windows, us\n"
+      "%-24s %10s %10s %10s\n",
+      kWindows, "phase", "graph", "pdl", "graph-pdl");
+  void* raw = nullptr;
+  std::unique_ptr<Engine> other;
+  const std::vector<std::pair<const char*, std::function<void()>>> phases = {
+      {"A_alone", [] {}},
+      {"malloc_16GiB", [&] { TS_CUDA_CHECK(cudaMalloc(&raw, kBytes)); }},
+      {"memset_16GiB", [&] { TS_CUDA_CHECK(cudaMemset(raw, 1, kBytes)); }},
+      {"free_16GiB", [&] { TS_CUDA_CHECK(cudaFree(raw)); }},
+      {"malloc_memset_again",
+       [&] {
+         TS_CUDA_CHECK(cudaMalloc(&raw, kBytes));
+         TS_CUDA_CHECK(cudaMemset(raw, 1, kBytes));
+       }},
+      {"free_again", [&] { TS_CUDA_CHECK(cudaFree(raw)); }},
+      {"engine_B_created", [&] { other = probe_engine(config, 1); }},
+      {"engine_B_destroyed", [&] { other.reset(); }},
+      {"engine_C_created", [&] { other = probe_engine(config, 1); }},
+      {"engine_C_destroyed", [&] { other.reset(); }},
+      {"engine_D_created", [&] { other = probe_engine(config, 1); }},
+      {"engine_D_destroyed", [&] { other.reset(); }},
+  };
+  for (const auto& [phase, action] : phases) {
+    action();
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+    double sum_graph = 0, sum_pdl = 0;
+    for (int i = 0; i < kWindows; ++i) {
+      const GraphPdlWindow w = time_graph_pdl_window(*a, prompt, kLaunches, ev);
+      sum_graph += w.graph_us;
+      sum_pdl += w.pdl_us;
+      add_window_row(json, {{"phase", q(phase)}, {"window", std::to_string(i)}}, t_start, w);
+    }
+    std::printf("%-24s %10.1f %10.1f %10.1f\n", phase, sum_graph / kWindows, sum_pdl / kWindows,
+                (sum_graph - sum_pdl) / kWindows);
+    std::fflush(stdout);
+  }
+  json.write(out_dir + "/decode_alloc_probe.json", header);
+}
+
 int main(int argc, char** argv) {
   std::string out_dir = ".", commit = "unknown", note;
   bool quick = false, probe_only = false, probe_carveout_only = false;
   int probe_engine_rounds = 0;
-  bool probe_thermal_only = false, probe_graphs_only = false;
+  bool probe_thermal_only = false, probe_graphs_only = false, probe_alloc_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -616,6 +672,8 @@ int main(int argc, char** argv) {
       probe_thermal_only = true;
     else if (a == "--probe-graphs")
       probe_graphs_only = true;
+    else if (a == "--probe-alloc")
+      probe_alloc_only = true;
     else if (a == "--note" && i + 1 < argc)
       note = argv[++i];
   }
@@ -631,7 +689,9 @@ int main(int argc, char** argv) {
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     const std::string cmd =
-        probe_graphs_only
+        probe_alloc_only
+            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-alloc --out OUT)"
+        : probe_graphs_only
             ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-graphs --out OUT)"
         : probe_thermal_only
             ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-thermal --out OUT)"
@@ -645,6 +705,10 @@ int main(int argc, char** argv) {
                                ",\n  \"gpu\": " + q(prop.name) + ",\n  \"date\": " + q(date) +
                                ",\n" + (note.empty() ? "" : "  \"note\": " + q(note) + ",\n");
 
+    if (probe_alloc_only) {
+      probe_alloc(out_dir, header);
+      return 0;
+    }
     if (probe_graphs_only) {
       probe_graphs(out_dir, header);
       return 0;
