@@ -596,8 +596,10 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
 
 // --probe-alloc: which part of an engine's creation switches the plain-graph step from ~370 to
 // ~450 us over PDL (decode_graphs_probe_7facbdd.json: the third engine's creation)? Engine A (1
-// slot) timed in 10 windows after each phase: 16 GiB allocated raw, then written, then freed,
-// allocated and written again, freed; then engines created and destroyed one after another.
+// slot) timed in 10 windows after each phase: the host-side pieces of an engine's creation
+// (device flags, streams, a cuBLAS handle, pinned memory and events), 16 GiB allocated raw, then
+// written, then freed, allocated and written again, freed; then engines created and destroyed
+// one after another.
 // Writes OUT/decode_alloc_probe.json.
 void probe_alloc(const std::string& out_dir, const std::string& header) {
   const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
@@ -613,9 +615,35 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
       "%-24s %10s %10s %10s\n",
       kWindows, "phase", "graph", "pdl", "graph-pdl");
   void* raw = nullptr;
+  void* pinned = nullptr;
   std::unique_ptr<Engine> other;
+  cudaStream_t streams[3] = {};
+  std::vector<cudaEvent_t> events(64);
+  cublasHandle_t blas = nullptr;
+  // What an engine's creation does besides its device allocations (Engine::Engine, allocate),
+  // one piece at a time, each kept alive to the end.
   const std::vector<std::pair<const char*, std::function<void()>>> phases = {
       {"A_alone", [] {}},
+      {"set_flags_spin",
+       [] {
+         if (cudaSetDeviceFlags(cudaDeviceScheduleSpin) != cudaSuccess) (void)cudaGetLastError();
+       }},
+      {"three_streams",
+       [&] {
+         for (cudaStream_t& x : streams)
+           TS_CUDA_CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+       }},
+      {"cublas_handle",
+       [&] {
+         TS_CUBLAS_CHECK(cublasCreate(&blas));
+         TS_CUBLAS_CHECK(cublasSetStream(blas, streams[0]));
+       }},
+      {"pinned_64MiB_and_events",
+       [&] {
+         TS_CUDA_CHECK(cudaMallocHost(&pinned, size_t{64} << 20));
+         for (cudaEvent_t& e : events)
+           TS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+       }},
       {"malloc_16GiB", [&] { TS_CUDA_CHECK(cudaMalloc(&raw, kBytes)); }},
       {"memset_16GiB", [&] { TS_CUDA_CHECK(cudaMemset(raw, 1, kBytes)); }},
       {"free_16GiB", [&] { TS_CUDA_CHECK(cudaFree(raw)); }},
@@ -646,6 +674,10 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
                 (sum_graph - sum_pdl) / kWindows);
     std::fflush(stdout);
   }
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  if (blas) cublasDestroy(blas);
+  for (cudaStream_t x : streams) cudaStreamDestroy(x);
+  if (pinned) cudaFreeHost(pinned);
   json.write(out_dir + "/decode_alloc_probe.json", header);
 }
 
