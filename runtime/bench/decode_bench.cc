@@ -653,7 +653,17 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
          TS_CUDA_CHECK(cudaMemset(raw, 1, kBytes));
        }},
       {"free_again", [&] { TS_CUDA_CHECK(cudaFree(raw)); }},
-      {"engine_B_created", [&] { other = probe_engine(config, 1); }},
+      {"engine_B_allocated",  // Engine::create_synthetic: allocations, synthetic weights
+       [&] {
+         EngineOptions eo;
+         eo.max_slots = 1;
+         eo.capacity_tokens = 384;
+         other = Engine::create_synthetic(config, 1, eo);
+       }},
+      {"engine_B_graph_captured", [&] { other->prepare(GraphMode::kCudaGraph, 1); }},
+      {"engine_B_pdl_captured", [&] { other->prepare(GraphMode::kCudaGraphPdl, 1); }},
+      {"engine_B_warmed_up",
+       [&] { other->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches); }},
       {"engine_B_destroyed", [&] { other.reset(); }},
       {"engine_C_created", [&] { other = probe_engine(config, 1); }},
       {"engine_C_destroyed", [&] { other.reset(); }},
