@@ -30,6 +30,7 @@
 #include "kernels/tuning.h"
 #include "policies/decode_loop.h"
 #include "runtime/checkpoint.h"
+#include "runtime/device_ops.h"
 #include "runtime/engine.h"
 #include "runtime/real_backend.h"
 
@@ -653,6 +654,13 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
          TS_CUDA_CHECK(cudaMemset(raw, 1, kBytes));
        }},
       {"free_again", [&] { TS_CUDA_CHECK(cudaFree(raw)); }},
+      {"malloc_16GiB_synthetic_fill",  // the engine's weight initialisation on a raw buffer
+       [&] {
+         TS_CUDA_CHECK(cudaMalloc(&raw, kBytes));
+         runtime::launch_init_synthetic(static_cast<uint16_t*>(raw), kBytes / 2, 7, 0, 0.02f,
+                                        nullptr);
+       }},
+      {"free_synthetic", [&] { TS_CUDA_CHECK(cudaFree(raw)); }},
       {"engine_B_allocated",  // Engine::create_synthetic: allocations, synthetic weights
        [&] {
          EngineOptions eo;
