@@ -464,9 +464,11 @@ double add_window_row(Json& json, std::vector<std::pair<std::string, std::string
 }
 
 // A probe engine as the runner's: one slot, its graph and PDL graphs captured, warmed up.
-std::unique_ptr<Engine> probe_engine(const LlamaConfig& config, int slots) {
+std::unique_ptr<Engine> probe_engine(const LlamaConfig& config, int slots,
+                                     int64_t small_buffer_arena_bytes = 0) {
   EngineOptions eo;
   eo.max_slots = slots;
+  eo.small_buffer_arena_bytes = small_buffer_arena_bytes;
   eo.capacity_tokens = 384;
   auto e = Engine::create_synthetic(config, 1, eo);
   for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) e->prepare(m, slots);
@@ -595,7 +597,8 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_graphs_probe.json", header);
 }
 
-// --probe-alloc: which part of an engine's creation switches the plain-graph step from ~370 to
+// --probe-alloc (engine A's small buffers in one block since the arena option): which part of an
+// engine's creation switches the plain-graph step from ~370 to
 // ~450 us over PDL (decode_graphs_probe_7facbdd.json: the third engine's creation)? Engine A (1
 // slot) timed in 10 windows after each phase: the host-side pieces of an engine's creation
 // (device flags, streams, a cuBLAS handle, pinned memory and events), 16 GiB allocated raw, then
@@ -606,7 +609,9 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
   const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
   constexpr int kWindows = 10, kLaunches = 16;
   constexpr size_t kBytes = size_t{16} << 30;
-  auto a = probe_engine(config, 1);
+  // A's buffers under 2 MiB in one 64 MiB block (EngineOptions::small_buffer_arena_bytes): if
+  // the switch is other allocations landing beside A's small hot buffers, A stays at ~370 us.
+  auto a = probe_engine(config, 1, int64_t{64} << 20);
   const std::vector<int32_t> prompt = probe_prompt();
   WindowEvents ev;
   Json json;
@@ -621,6 +626,7 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
   cudaStream_t streams[3] = {};
   std::vector<cudaEvent_t> events(64);
   cublasHandle_t blas = nullptr;
+  std::vector<void*> small(40, nullptr);
   // What an engine's creation does besides its device allocations (Engine::Engine, allocate),
   // one piece at a time, each kept alive to the end.
   const std::vector<std::pair<const char*, std::function<void()>>> phases = {
@@ -661,6 +667,10 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
                                         nullptr);
        }},
       {"free_synthetic", [&] { TS_CUDA_CHECK(cudaFree(raw)); }},
+      {"small_mallocs_40x256KiB",  // an engine's small buffers, another owner's
+       [&] {
+         for (void*& x : small) TS_CUDA_CHECK(cudaMalloc(&x, size_t{256} << 10));
+       }},
       {"engine_B_allocated",  // Engine::create_synthetic: allocations, synthetic weights
        [&] {
          EngineOptions eo;
@@ -693,6 +703,7 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
     std::fflush(stdout);
   }
   for (cudaEvent_t e : events) cudaEventDestroy(e);
+  for (void* x : small) cudaFree(x);
   if (blas) cublasDestroy(blas);
   for (cudaStream_t x : streams) cudaStreamDestroy(x);
   if (pinned) cudaFreeHost(pinned);
