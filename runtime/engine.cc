@@ -181,10 +181,6 @@ int Engine::bucket_for(int batch) {
 void Engine::allocate() {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
-  if (options_.small_buffer_arena_bytes > 0) {
-    b.arena = b.dev<char>(size_t(options_.small_buffer_arena_bytes), "the small-buffer arena");
-    b.arena_bytes = size_t(options_.small_buffer_arena_bytes);
-  }
   const int64_t H = c.hidden, I = c.intermediate, V = c.vocab;
   // Weights: one allocation, 256-byte aligned tensors.
   int64_t elems = 0;

@@ -68,11 +68,7 @@ struct Sampling {
 };
 
 struct EngineOptions {
-  int32_t max_slots = 1;  // requests resident at once
-  // > 0: the engine's device buffers under 2 MiB (activations, relay tables, rings) are carved,
-  // 256-byte aligned, from one allocation of this many bytes instead of a cudaMalloc each (those
-  // that do not fit still get their own). Probe option (decode_bench --probe-alloc), off.
-  int64_t small_buffer_arena_bytes = 0;
+  int32_t max_slots = 1;               // requests resident at once
   int32_t capacity_tokens = 0;         // KV positions per slot
   int32_t max_prefill_tokens = 16384;  // tokens per prefill pass (more are split into passes)
   bool profile_nodes = false;          // decode graphs/launches write a GPU timestamp per kernel

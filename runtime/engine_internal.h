@@ -100,20 +100,10 @@ struct Engine::Buffers {
   // A device allocation of `count` T; out of memory throws OutOfMemoryError naming `what` and
   // the size (memory_plan.h checked the total first, so this is fragmentation or another
   // process taking memory meanwhile).
-  // EngineOptions::small_buffer_arena_bytes: the block small buffers are carved from.
-  char* arena = nullptr;
-  size_t arena_bytes = 0, arena_used = 0;
-
   template <typename T>
   T* dev(size_t count, const char* what = "an engine buffer") {
     void* p = nullptr;
     const size_t bytes = std::max<size_t>(count * sizeof(T), 16);
-    constexpr size_t kSmall = size_t{2} << 20, kAlign = 256;
-    if (arena != nullptr && bytes < kSmall && arena_used + bytes <= arena_bytes) {
-      p = arena + arena_used;
-      arena_used = (arena_used + bytes + kAlign - 1) / kAlign * kAlign;
-      return static_cast<T*>(p);
-    }
     const cudaError_t err = cudaMalloc(&p, bytes);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();

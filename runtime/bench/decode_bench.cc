@@ -464,11 +464,9 @@ double add_window_row(Json& json, std::vector<std::pair<std::string, std::string
 }
 
 // A probe engine as the runner's: one slot, its graph and PDL graphs captured, warmed up.
-std::unique_ptr<Engine> probe_engine(const LlamaConfig& config, int slots,
-                                     int64_t small_buffer_arena_bytes = 0) {
+std::unique_ptr<Engine> probe_engine(const LlamaConfig& config, int slots) {
   EngineOptions eo;
   eo.max_slots = slots;
-  eo.small_buffer_arena_bytes = small_buffer_arena_bytes;
   eo.capacity_tokens = 384;
   auto e = Engine::create_synthetic(config, 1, eo);
   for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) e->prepare(m, slots);
@@ -597,21 +595,19 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_graphs_probe.json", header);
 }
 
-// --probe-alloc (engine A's small buffers in one block since the arena option): which part of an
-// engine's creation switches the plain-graph step from ~370 to
+// --probe-alloc: which part of an engine's creation switches the plain-graph step from ~370 to
 // ~450 us over PDL (decode_graphs_probe_7facbdd.json: the third engine's creation)? Engine A (1
 // slot) timed in 10 windows after each phase: the host-side pieces of an engine's creation
 // (device flags, streams, a cuBLAS handle, pinned memory and events), 16 GiB allocated raw, then
 // written, then freed, allocated and written again, freed; then engines created and destroyed
-// one after another.
+// one after another. (At 55a01a0 engine A's buffers under 2 MiB were carved from one block, an
+// engine option since removed: the switch came at engine B's allocation all the same.)
 // Writes OUT/decode_alloc_probe.json.
 void probe_alloc(const std::string& out_dir, const std::string& header) {
   const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
   constexpr int kWindows = 10, kLaunches = 16;
   constexpr size_t kBytes = size_t{16} << 30;
-  // A's buffers under 2 MiB in one 64 MiB block (EngineOptions::small_buffer_arena_bytes): if
-  // the switch is other allocations landing beside A's small hot buffers, A stays at ~370 us.
-  auto a = probe_engine(config, 1, int64_t{64} << 20);
+  auto a = probe_engine(config, 1);
   const std::vector<int32_t> prompt = probe_prompt();
   WindowEvents ev;
   Json json;
