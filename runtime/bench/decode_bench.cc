@@ -463,6 +463,24 @@ double add_window_row(Json& json, std::vector<std::pair<std::string, std::string
   return t_s;
 }
 
+// One phase of a probe: `windows` windows on `engine`, a row each (`keys` + "window"); returns
+// the mean steps.
+GraphPdlWindow time_phase(Engine& engine, const std::vector<int32_t>& prompt, int windows,
+                          int launches, WindowEvents& ev, Json& json,
+                          const std::vector<std::pair<std::string, std::string>>& keys,
+                          std::chrono::system_clock::time_point t_start) {
+  GraphPdlWindow mean;
+  for (int i = 0; i < windows; ++i) {
+    const GraphPdlWindow w = time_graph_pdl_window(engine, prompt, launches, ev);
+    mean.graph_us += w.graph_us / windows;
+    mean.pdl_us += w.pdl_us / windows;
+    auto row = keys;
+    row.push_back({"window", std::to_string(i)});
+    add_window_row(json, row, t_start, w);
+  }
+  return mean;
+}
+
 // A probe engine as the runner's: one slot, its graph and PDL graphs captured, warmed up.
 std::unique_ptr<Engine> probe_engine(const LlamaConfig& config, int slots) {
   EngineOptions eo;
@@ -577,19 +595,11 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
     else
       other.reset();
     TS_CUDA_CHECK(cudaDeviceSynchronize());
-    double sum_graph = 0, sum_pdl = 0;
-    for (int i = 0; i < kWindows; ++i) {
-      const GraphPdlWindow w = time_graph_pdl_window(*a, prompt, kLaunches, ev);
-      sum_graph += w.graph_us;
-      sum_pdl += w.pdl_us;
-      add_window_row(json,
-                     {{"phase", q(phase)},
-                      {"other_engine_slots", std::to_string(slots)},
-                      {"window", std::to_string(i)}},
-                     t_start, w);
-    }
-    std::printf("%-28s %6s %10.1f %10.1f %10.1f\n", phase, "mean", sum_graph / kWindows,
-                sum_pdl / kWindows, (sum_graph - sum_pdl) / kWindows);
+    const GraphPdlWindow m =
+        time_phase(*a, prompt, kWindows, kLaunches, ev, json,
+                   {{"phase", q(phase)}, {"other_engine_slots", std::to_string(slots)}}, t_start);
+    std::printf("%-28s %6s %10.1f %10.1f %10.1f\n", phase, "mean", m.graph_us, m.pdl_us,
+                m.graph_us - m.pdl_us);
   }
   std::fflush(stdout);
   json.write(out_dir + "/decode_graphs_probe.json", header);
@@ -687,15 +697,9 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
   for (const auto& [phase, action] : phases) {
     action();
     TS_CUDA_CHECK(cudaDeviceSynchronize());
-    double sum_graph = 0, sum_pdl = 0;
-    for (int i = 0; i < kWindows; ++i) {
-      const GraphPdlWindow w = time_graph_pdl_window(*a, prompt, kLaunches, ev);
-      sum_graph += w.graph_us;
-      sum_pdl += w.pdl_us;
-      add_window_row(json, {{"phase", q(phase)}, {"window", std::to_string(i)}}, t_start, w);
-    }
-    std::printf("%-24s %10.1f %10.1f %10.1f\n", phase, sum_graph / kWindows, sum_pdl / kWindows,
-                (sum_graph - sum_pdl) / kWindows);
+    const GraphPdlWindow m =
+        time_phase(*a, prompt, kWindows, kLaunches, ev, json, {{"phase", q(phase)}}, t_start);
+    std::printf("%-24s %10.1f %10.1f %10.1f\n", phase, m.graph_us, m.pdl_us, m.graph_us - m.pdl_us);
     std::fflush(stdout);
   }
   for (cudaEvent_t e : events) cudaEventDestroy(e);
