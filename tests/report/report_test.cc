@@ -91,6 +91,7 @@ TEST(Distributed, WireFormatRoundTripsEveryField) {
   EXPECT_EQ(back.record.chunks[1].tokens, 2);
   ASSERT_EQ(back.record.steps.size(), 3u);
   EXPECT_EQ(back.record.steps[2].host_ns[1], 4 * kMs);
+  EXPECT_EQ(back.record.steps[1].collective_wait_ns, 3 * kMs / 2);
   EXPECT_EQ(back.record.end_ns, 2200 * kMs);
   ASSERT_EQ(back.record.timeline.size(), 5u);
   EXPECT_STREQ(back.record.timeline[2].name, "decode_graph");
