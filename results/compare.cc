@@ -370,16 +370,12 @@ QueryResult sim_vs_real_collective_waits(ResultsDb& db, const std::vector<int64_
     if (sim_ranks.size() < 2 || sim_ranks != real_ranks || steps.empty()) continue;
     const auto s = collective_waits(sim, steps), r = collective_waits(real, steps);
     const double n_steps = double(steps.size());
-    std::vector<std::pair<std::pair<int64_t, std::string>, std::pair<WaitSums, WaitSums>>> rows;
-    for (const auto& [key, w] : s) rows.push_back({key, {w, {}}});
-    for (const auto& [key, w] : r) {
-      auto it =
-          std::find_if(rows.begin(), rows.end(), [&](const auto& x) { return x.first == key; });
-      if (it == rows.end())
-        rows.push_back({key, {{}, w}});
-      else
-        it->second.second = w;
-    }
+    // (rank, collective) -> (simulated, measured), then ordered for the table.
+    std::map<std::pair<int64_t, std::string>, std::pair<WaitSums, WaitSums>> merged;
+    for (const auto& [key, w] : s) merged[key].first = w;
+    for (const auto& [key, w] : r) merged[key].second = w;
+    std::vector<std::pair<std::pair<int64_t, std::string>, std::pair<WaitSums, WaitSums>>> rows(
+        merged.begin(), merged.end());
     std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
       if (a.first.first != b.first.first) return a.first.first < b.first.first;
       return a.second.second.wait_ns > b.second.second.wait_ns;

@@ -8,9 +8,9 @@
 //      breakdown and a real timeline of a few steps.
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
-//   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-sizing | --probe-carveout |
-//                                                               --probe-engines | --probe-thermal |
-//                                                               --probe-graphs | --probe-alloc]
+//   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-NAME]
+// (--probe-NAME: sizing, carveout, engines, thermal, graphs or alloc, each described at its
+// function below, instead of the benchmark; scripts/gpu_probe.sh with TWINSTEP_PROBE=NAME).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -502,9 +502,10 @@ std::vector<int32_t> probe_prompt() {
 // across engines of one process, decode_carveout_probe.json at 4f63cb0) a property of an engine
 // (its allocations) or of the moment (the GPU's state)? Three engines alive at once (runner
 // sizing), each round re-prefills slot 0 with 128 tokens and times 32 back-to-back plain-graph
-// launches then 32 PDL launches on each engine in turn, for `rounds` rounds, with the wall-clock
+// launches then 32 PDL launches on each engine in turn, for 40 rounds, with the wall-clock
 // second of each row (to set beside an nvidia-smi trace). Writes OUT/decode_engines_probe.json.
-void probe_engines(const std::string& out_dir, const std::string& header, int rounds) {
+void probe_engines(const std::string& out_dir, const std::string& header) {
+  constexpr int rounds = 40;
   const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
   constexpr int kEngines = 3, kLaunches = 32;
   std::vector<std::unique_ptr<Engine>> engines;
@@ -711,10 +712,13 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
 }
 
 int main(int argc, char** argv) {
-  std::string out_dir = ".", commit = "unknown", note;
-  bool quick = false, probe_only = false, probe_carveout_only = false;
-  int probe_engine_rounds = 0;
-  bool probe_thermal_only = false, probe_graphs_only = false, probe_alloc_only = false;
+  // --probe-NAME runs that probe instead of the benchmark (scripts/gpu_probe.sh, TWINSTEP_PROBE).
+  using Probe = void (*)(const std::string& out_dir, const std::string& header);
+  const std::map<std::string, Probe> probes = {
+      {"sizing", probe_sizing},   {"carveout", probe_carveout}, {"engines", probe_engines},
+      {"thermal", probe_thermal}, {"graphs", probe_graphs},     {"alloc", probe_alloc}};
+  std::string out_dir = ".", commit = "unknown", note, probe;
+  bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--out" && i + 1 < argc)
@@ -723,20 +727,17 @@ int main(int argc, char** argv) {
       commit = argv[++i];
     else if (a == "--quick")
       quick = true;
-    else if (a == "--probe-sizing")
-      probe_only = true;
-    else if (a == "--probe-carveout")
-      probe_carveout_only = true;
-    else if (a == "--probe-engines")
-      probe_engine_rounds = 40;
-    else if (a == "--probe-thermal")
-      probe_thermal_only = true;
-    else if (a == "--probe-graphs")
-      probe_graphs_only = true;
-    else if (a == "--probe-alloc")
-      probe_alloc_only = true;
+    else if (a.rfind("--probe-", 0) == 0)
+      probe = a.substr(std::strlen("--probe-"));
     else if (a == "--note" && i + 1 < argc)
       note = argv[++i];
+  }
+  if (!probe.empty() && !probes.count(probe)) {
+    std::fprintf(stderr,
+                 "twinstep_decode_bench: unknown probe --probe-%s (sizing, carveout, engines, "
+                 "thermal, graphs, alloc)\n",
+                 probe.c_str());
+    return 2;
   }
   std::string why;
   if (!real_backend_available(&why)) {
@@ -750,44 +751,15 @@ int main(int argc, char** argv) {
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     const std::string cmd =
-        probe_alloc_only
-            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-alloc --out OUT)"
-        : probe_graphs_only
-            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-graphs --out OUT)"
-        : probe_thermal_only
-            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-thermal --out OUT)"
-        : probe_engine_rounds > 0
-            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-engines --out OUT)"
-        : probe_carveout_only
-            ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-carveout --out OUT)"
-        : probe_only ? "scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-sizing --out OUT)"
-                     : "scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)";
+        probe.empty() ? std::string("scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)")
+                      : "TWINSTEP_PROBE=" + probe +
+                            " scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-" + probe +
+                            " --out OUT)";
     const std::string header = "  \"command\": " + q(cmd) + ",\n  \"commit\": " + q(commit) +
                                ",\n  \"gpu\": " + q(prop.name) + ",\n  \"date\": " + q(date) +
                                ",\n" + (note.empty() ? "" : "  \"note\": " + q(note) + ",\n");
-
-    if (probe_alloc_only) {
-      probe_alloc(out_dir, header);
-      return 0;
-    }
-    if (probe_graphs_only) {
-      probe_graphs(out_dir, header);
-      return 0;
-    }
-    if (probe_thermal_only) {
-      probe_thermal(out_dir, header);
-      return 0;
-    }
-    if (probe_engine_rounds > 0) {
-      probe_engines(out_dir, header, probe_engine_rounds);
-      return 0;
-    }
-    if (probe_carveout_only) {
-      probe_carveout(out_dir, header);
-      return 0;
-    }
-    if (probe_only) {
-      probe_sizing(out_dir, header);
+    if (!probe.empty()) {
+      probes.at(probe)(out_dir, header);
       return 0;
     }
     const Bandwidth bw = measure_bandwidth();
