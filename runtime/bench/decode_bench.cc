@@ -9,13 +9,14 @@
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
 //   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-NAME]
-// (--probe-NAME: sizing, carveout, engines, thermal, graphs or alloc, each described at its
-// function below, instead of the benchmark; scripts/gpu_probe.sh with TWINSTEP_PROBE=NAME).
+// (--probe-NAME: sizing, carveout, engines, thermal, graphs, alloc or streams, each described at
+// its function below, instead of the benchmark; scripts/gpu_probe.sh with TWINSTEP_PROBE=NAME).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -711,12 +712,60 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_alloc_probe.json", header);
 }
 
+// --probe-streams: is the switch a count of created streams? Engine A (1 slot: its compute, copy
+// and aux streams are the process's first three) timed in 10 windows, then after each of 12 more
+// streams is created (each kept alive, none used). Why: in decode_alloc_probe_00206c0.json and
+// decode_graphs_probe_7facbdd.json the step switched from ~370 to ~450 us over PDL when the
+// process's seventh to ninth stream was created (the third engine's three; three raw streams
+// before it did not), and stayed after that engine was destroyed; CUDA maps streams onto
+// CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 unless set) in creation order. Run it with the
+// variable unset, 32 and 1 (the record's "connections" field). Writes
+// OUT/decode_streams_probe.json.
+void probe_streams(const std::string& out_dir, const std::string& header) {
+  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
+  constexpr int kWindows = 10, kLaunches = 16, kStreams = 12;
+  const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const std::string connections = env != nullptr && *env != '\0' ? env : "unset";
+  auto a = probe_engine(config, 1);
+  const std::vector<int32_t> prompt = probe_prompt();
+  WindowEvents ev;
+  Json json;
+  const auto t_start = std::chrono::system_clock::now();
+  std::printf(
+      "\nstreams probe (CUDA_DEVICE_MAX_CONNECTIONS %s): engine A (1 slot, streams 1-3) after "
+      "each stream created, mean of %d windows, us\n%-10s %10s %10s %10s\n",
+      connections.c_str(), kWindows, "streams", "graph", "pdl", "graph-pdl");
+  std::vector<cudaStream_t> streams;
+  for (int n = 3; n <= 3 + kStreams; ++n) {
+    if (n > 3) {
+      streams.emplace_back();
+      TS_CUDA_CHECK(cudaStreamCreateWithFlags(&streams.back(), cudaStreamNonBlocking));
+    }
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+    const GraphPdlWindow m = time_phase(
+        *a, prompt, kWindows, kLaunches, ev, json,
+        {{"connections", q(connections)}, {"streams_created", std::to_string(n)}}, t_start);
+    std::printf("%-10d %10.1f %10.1f %10.1f\n", n, m.graph_us, m.pdl_us, m.graph_us - m.pdl_us);
+    std::fflush(stdout);
+  }
+  for (cudaStream_t x : streams) cudaStreamDestroy(x);
+  json.write(out_dir + "/decode_streams_probe.json", header);
+}
+
+// "CUDA_DEVICE_MAX_CONNECTIONS=N " when the variable is set (a probe record's command), else "".
+std::string connections_prefix() {
+  const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return env != nullptr && *env != '\0' ? "CUDA_DEVICE_MAX_CONNECTIONS=" + std::string(env) + " "
+                                        : std::string();
+}
+
 int main(int argc, char** argv) {
   // --probe-NAME runs that probe instead of the benchmark (scripts/gpu_probe.sh, TWINSTEP_PROBE).
   using Probe = void (*)(const std::string& out_dir, const std::string& header);
   const std::map<std::string, Probe> probes = {
       {"sizing", probe_sizing},   {"carveout", probe_carveout}, {"engines", probe_engines},
-      {"thermal", probe_thermal}, {"graphs", probe_graphs},     {"alloc", probe_alloc}};
+      {"thermal", probe_thermal}, {"graphs", probe_graphs},     {"alloc", probe_alloc},
+      {"streams", probe_streams}};
   std::string out_dir = ".", commit = "unknown", note, probe;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
@@ -735,7 +784,7 @@ int main(int argc, char** argv) {
   if (!probe.empty() && !probes.count(probe)) {
     std::fprintf(stderr,
                  "twinstep_decode_bench: unknown probe --probe-%s (sizing, carveout, engines, "
-                 "thermal, graphs, alloc)\n",
+                 "thermal, graphs, alloc, streams)\n",
                  probe.c_str());
     return 2;
   }
@@ -752,7 +801,7 @@ int main(int argc, char** argv) {
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     const std::string cmd =
         probe.empty() ? std::string("scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)")
-                      : "TWINSTEP_PROBE=" + probe +
+                      : connections_prefix() + "TWINSTEP_PROBE=" + probe +
                             " scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-" + probe +
                             " --out OUT)";
     const std::string header = "  \"command\": " + q(cmd) + ",\n  \"commit\": " + q(commit) +
