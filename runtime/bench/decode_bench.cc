@@ -9,8 +9,9 @@
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
 //   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-NAME]
-// (--probe-NAME: sizing, carveout, engines, thermal, graphs, alloc or streams, each described at
-// its function below, instead of the benchmark; scripts/gpu_probe.sh with TWINSTEP_PROBE=NAME).
+// (--probe-NAME: sizing, carveout, engines, thermal, graphs, alloc, streams or create, each
+// described at its function below, instead of the benchmark; scripts/gpu_probe.sh with
+// TWINSTEP_PROBE=NAME).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -752,11 +753,64 @@ void probe_streams(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_streams_probe.json", header);
 }
 
-// "CUDA_DEVICE_MAX_CONNECTIONS=N " when the variable is set (a probe record's command), else "".
-std::string connections_prefix() {
-  const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  return env != nullptr && *env != '\0' ? "CUDA_DEVICE_MAX_CONNECTIONS=" + std::string(env) + " "
-                                        : std::string();
+// --probe-create: which engines' creation switches engine A (decode_alloc_probe_00206c0.json: the
+// first engine created after any 16 GiB free; decode_graphs_probe_7facbdd.json: an engine created
+// after none stayed fast)? Engine A (1 slot) timed in 10 windows after each phase: a 2-layer
+// engine (the same shapes, 2.3 GB) created, destroyed, a second created and destroyed; then
+// full engines created and destroyed. Run under CUDA_MODULE_LOADING unset (lazy) and EAGER (the
+// record's "module_loading" field): were it code loaded at an engine's creation, eager loading
+// would move it to the start. Writes OUT/decode_create_probe.json.
+void probe_create(const std::string& out_dir, const std::string& header) {
+  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
+  LlamaConfig tiny = config;
+  tiny.layers = 2;
+  constexpr int kWindows = 10, kLaunches = 16;
+  const char* env = std::getenv("CUDA_MODULE_LOADING");
+  const std::string loading = env != nullptr && *env != '\0' ? env : "unset";
+  auto a = probe_engine(config, 1);
+  const std::vector<int32_t> prompt = probe_prompt();
+  WindowEvents ev;
+  Json json;
+  const auto t_start = std::chrono::system_clock::now();
+  std::printf(
+      "\ncreate probe (CUDA_MODULE_LOADING %s): engine A (1 slot) after each phase, mean of %d "
+      "windows, us\n%-24s %10s %10s %10s\n",
+      loading.c_str(), kWindows, "phase", "graph", "pdl", "graph-pdl");
+  std::unique_ptr<Engine> other;
+  EngineOptions eo;
+  eo.max_slots = 1;
+  eo.capacity_tokens = 384;
+  const std::vector<std::pair<const char*, std::function<void()>>> phases = {
+      {"A_alone", [] {}},
+      {"tiny_B_created", [&] { other = Engine::create_synthetic(tiny, 1, eo); }},
+      {"tiny_B_destroyed", [&] { other.reset(); }},
+      {"tiny_C_created", [&] { other = Engine::create_synthetic(tiny, 1, eo); }},
+      {"tiny_C_destroyed", [&] { other.reset(); }},
+      {"full_D_created", [&] { other = Engine::create_synthetic(config, 1, eo); }},
+      {"full_D_destroyed", [&] { other.reset(); }},
+      {"full_E_created", [&] { other = Engine::create_synthetic(config, 1, eo); }},
+      {"full_E_destroyed", [&] { other.reset(); }},
+  };
+  for (const auto& [phase, action] : phases) {
+    action();
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+    const GraphPdlWindow m =
+        time_phase(*a, prompt, kWindows, kLaunches, ev, json,
+                   {{"module_loading", q(loading)}, {"phase", q(phase)}}, t_start);
+    std::printf("%-24s %10.1f %10.1f %10.1f\n", phase, m.graph_us, m.pdl_us, m.graph_us - m.pdl_us);
+    std::fflush(stdout);
+  }
+  json.write(out_dir + "/decode_create_probe.json", header);
+}
+
+// The CUDA variables a probe is run under, "NAME=VALUE " each where set (a probe record's command).
+std::string cuda_env_prefix() {
+  std::string out;
+  for (const char* name : {"CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && *v != '\0') out += std::string(name) + "=" + v + " ";
+  }
+  return out;
 }
 
 int main(int argc, char** argv) {
@@ -765,7 +819,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, Probe> probes = {
       {"sizing", probe_sizing},   {"carveout", probe_carveout}, {"engines", probe_engines},
       {"thermal", probe_thermal}, {"graphs", probe_graphs},     {"alloc", probe_alloc},
-      {"streams", probe_streams}};
+      {"streams", probe_streams}, {"create", probe_create}};
   std::string out_dir = ".", commit = "unknown", note, probe;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
@@ -784,7 +838,7 @@ int main(int argc, char** argv) {
   if (!probe.empty() && !probes.count(probe)) {
     std::fprintf(stderr,
                  "twinstep_decode_bench: unknown probe --probe-%s (sizing, carveout, engines, "
-                 "thermal, graphs, alloc, streams)\n",
+                 "thermal, graphs, alloc, streams, create)\n",
                  probe.c_str());
     return 2;
   }
@@ -801,7 +855,7 @@ int main(int argc, char** argv) {
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     const std::string cmd =
         probe.empty() ? std::string("scripts/gpu_runtime.sh OUT (twinstep_decode_bench --out OUT)")
-                      : connections_prefix() + "TWINSTEP_PROBE=" + probe +
+                      : cuda_env_prefix() + "TWINSTEP_PROBE=" + probe +
                             " scripts/gpu_probe.sh OUT (twinstep_decode_bench --probe-" + probe +
                             " --out OUT)";
     const std::string header = "  \"command\": " + q(cmd) + ",\n  \"commit\": " + q(commit) +
