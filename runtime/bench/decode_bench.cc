@@ -9,7 +9,7 @@
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
 //   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-NAME]
-// (--probe-NAME: sizing, carveout, engines, thermal, graphs, alloc, streams or create, each
+// (--probe-NAME: sizing, carveout, engines, thermal, graphs, alloc, streams, create or cycle, each
 // described at its function below, instead of the benchmark; scripts/gpu_probe.sh with
 // TWINSTEP_PROBE=NAME).
 #include <cuda_runtime.h>
@@ -803,10 +803,157 @@ void probe_create(const std::string& out_dir, const std::string& header) {
   json.write(out_dir + "/decode_create_probe.json", header);
 }
 
+// --probe-cycle: which creation after which release switches engine A? (decode_create_probe: a
+// 2-layer engine created beside A leaves it fast, the next one, created after the first was
+// destroyed, switches it; decode_alloc_probe: raw 16 GiB malloc / free / malloc of the same size
+// and 40 small mallocs after a free leave it fast, an engine created after a 16 GiB free
+// switches it.) Engine A (1 slot) timed in 10 windows after each phase, in the order of
+// TWINSTEP_PROBE_PHASES (comma-separated; default every phase below in its listed order). Each
+// phase keeps what it creates to the end. Writes OUT/decode_cycle_probe.json (rows name the
+// order).
+void probe_cycle(const std::string& out_dir, const std::string& header) {
+  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
+  LlamaConfig tiny = config;
+  tiny.layers = 2;
+  constexpr int kWindows = 10, kLaunches = 16;
+  constexpr size_t kGiB = size_t{1} << 30;
+  auto a = probe_engine(config, 1);
+  const std::vector<int32_t> prompt = probe_prompt();
+  WindowEvents ev;
+  Json json;
+  std::vector<void*> device, host;
+  std::vector<cudaStream_t> streams;
+  std::vector<cudaEvent_t> events;
+  std::vector<cublasHandle_t> handles;
+  std::vector<std::unique_ptr<Engine>> engines;
+  EngineOptions eo;
+  eo.max_slots = 1;
+  eo.capacity_tokens = 384;
+  auto malloc_kept = [&](size_t bytes) {
+    device.emplace_back();
+    TS_CUDA_CHECK(cudaMalloc(&device.back(), bytes));
+  };
+  auto make_streams = [&] {
+    for (int i = 0; i < 3; ++i) {
+      streams.emplace_back();
+      TS_CUDA_CHECK(cudaStreamCreateWithFlags(&streams.back(), cudaStreamNonBlocking));
+    }
+  };
+  auto make_events = [&] {
+    for (int i = 0; i < 64; ++i) {
+      events.emplace_back();
+      TS_CUDA_CHECK(cudaEventCreateWithFlags(&events.back(), cudaEventDisableTiming));
+      TS_CUDA_CHECK(cudaEventRecord(events.back(), a->compute_stream()));
+    }
+  };
+  auto make_pinned = [&] {
+    host.emplace_back();
+    TS_CUDA_CHECK(cudaMallocHost(&host.back(), size_t{64} << 20));
+  };
+  auto make_cublas = [&] {  // as an engine sets its handle up
+    handles.emplace_back();
+    TS_CUBLAS_CHECK(cublasCreate(&handles.back()));
+    TS_CUBLAS_CHECK(cublasSetStream(handles.back(), a->compute_stream()));
+    malloc_kept(size_t{32} << 20);
+    TS_CUBLAS_CHECK(cublasSetWorkspace(handles.back(), device.back(), size_t{32} << 20));
+  };
+  auto drop_last = [](auto& v, auto destroy) {
+    destroy(v.back());
+    v.pop_back();
+  };
+  const std::map<std::string, std::function<void()>> actions = {
+      {"stream_cycle",  // 3 streams created, destroyed, created again
+       [&] {
+         make_streams();
+         for (int i = 0; i < 3; ++i) drop_last(streams, cudaStreamDestroy);
+         make_streams();
+       }},
+      {"event_cycle",
+       [&] {
+         make_events();
+         for (int i = 0; i < 64; ++i) drop_last(events, cudaEventDestroy);
+         make_events();
+       }},
+      {"pinned_cycle",
+       [&] {
+         make_pinned();
+         drop_last(host, cudaFreeHost);
+         make_pinned();
+       }},
+      {"cublas_cycle",
+       [&] {
+         make_cublas();
+         drop_last(handles, cublasDestroy);
+         drop_last(device, cudaFree);
+         make_cublas();
+       }},
+      {"small_malloc_cycle",  // 40 x 256 KiB
+       [&] {
+         for (int i = 0; i < 40; ++i) malloc_kept(size_t{256} << 10);
+         for (int i = 0; i < 40; ++i) drop_last(device, cudaFree);
+         for (int i = 0; i < 40; ++i) malloc_kept(size_t{256} << 10);
+       }},
+      {"big_free",  // 16 GiB allocated, written, freed
+       [&] {
+         malloc_kept(16 * kGiB);
+         TS_CUDA_CHECK(cudaMemset(device.back(), 1, 16 * kGiB));
+         TS_CUDA_CHECK(cudaDeviceSynchronize());
+         drop_last(device, cudaFree);
+       }},
+      {"streams", make_streams},
+      {"events", make_events},
+      {"pinned", make_pinned},
+      {"cublas", make_cublas},
+      {"partial_reuse",  // 10 GiB and 4 GiB, kept
+       [&] {
+         malloc_kept(10 * kGiB);
+         malloc_kept(4 * kGiB);
+       }},
+      {"larger_malloc", [&] { malloc_kept(17 * kGiB); }},
+      {"tiny_engine", [&] { engines.push_back(Engine::create_synthetic(tiny, 1, eo)); }},
+      {"engine", [&] { engines.push_back(Engine::create_synthetic(config, 1, eo)); }},
+      {"destroy_engine", [&] { engines.pop_back(); }},
+  };
+  std::string order =
+      "stream_cycle,event_cycle,pinned_cycle,cublas_cycle,small_malloc_cycle,"
+      "big_free,streams,events,pinned,cublas,partial_reuse,larger_malloc,engine";
+  if (const char* env = std::getenv("TWINSTEP_PROBE_PHASES"); env != nullptr && *env != '\0')
+    order = env;
+  std::vector<std::string> phases = {"A_alone"};
+  for (size_t at = 0; at <= order.size();) {
+    const size_t comma = std::min(order.find(',', at), order.size());
+    phases.push_back(order.substr(at, comma - at));
+    if (!actions.count(phases.back())) throw Error("--probe-cycle: unknown phase " + phases.back());
+    at = comma + 1;
+  }
+  const auto t_start = std::chrono::system_clock::now();
+  std::printf(
+      "\ncycle probe (%s): engine A (1 slot) after each phase, mean of %d windows, us\n"
+      "%-20s %10s %10s %10s\n",
+      order.c_str(), kWindows, "phase", "graph", "pdl", "graph-pdl");
+  for (const std::string& phase : phases) {
+    if (phase != "A_alone") actions.at(phase)();
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+    const GraphPdlWindow m = time_phase(*a, prompt, kWindows, kLaunches, ev, json,
+                                        {{"order", q(order)}, {"phase", q(phase)}}, t_start);
+    std::printf("%-20s %10.1f %10.1f %10.1f\n", phase.c_str(), m.graph_us, m.pdl_us,
+                m.graph_us - m.pdl_us);
+    std::fflush(stdout);
+  }
+  engines.clear();
+  for (cublasHandle_t h : handles) cublasDestroy(h);
+  for (void* p : device) cudaFree(p);
+  for (void* p : host) cudaFreeHost(p);
+  for (cudaEvent_t e : events) cudaEventDestroy(e);
+  for (cudaStream_t x : streams) cudaStreamDestroy(x);
+  json.write(out_dir + "/decode_cycle_probe.json", header);
+}
+
 // The CUDA variables a probe is run under, "NAME=VALUE " each where set (a probe record's command).
 std::string cuda_env_prefix() {
   std::string out;
-  for (const char* name : {"CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING"}) {
+  for (const char* name :
+       {"CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING", "TWINSTEP_PROBE_PHASES"}) {
     const char* v = std::getenv(name);
     if (v != nullptr && *v != '\0') out += std::string(name) + "=" + v + " ";
   }
@@ -819,7 +966,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, Probe> probes = {
       {"sizing", probe_sizing},   {"carveout", probe_carveout}, {"engines", probe_engines},
       {"thermal", probe_thermal}, {"graphs", probe_graphs},     {"alloc", probe_alloc},
-      {"streams", probe_streams}, {"create", probe_create}};
+      {"streams", probe_streams}, {"create", probe_create},     {"cycle", probe_cycle}};
   std::string out_dir = ".", commit = "unknown", note, probe;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
@@ -838,7 +985,7 @@ int main(int argc, char** argv) {
   if (!probe.empty() && !probes.count(probe)) {
     std::fprintf(stderr,
                  "twinstep_decode_bench: unknown probe --probe-%s (sizing, carveout, engines, "
-                 "thermal, graphs, alloc, streams, create)\n",
+                 "thermal, graphs, alloc, streams, create, cycle)\n",
                  probe.c_str());
     return 2;
   }
