@@ -910,6 +910,32 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
          malloc_kept(4 * kGiB);
        }},
       {"larger_malloc", [&] { malloc_kept(17 * kGiB); }},
+      {"set_flags",  // Engine::Engine's first call
+       [] {
+         if (cudaSetDeviceFlags(cudaDeviceScheduleSpin) != cudaSuccess) (void)cudaGetLastError();
+       }},
+      {"mem_get_info",
+       [] {
+         size_t free_bytes = 0, total_bytes = 0;
+         TS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+       }},
+      {"memcpy_pageable",  // Engine::allocate's slot table: 16 bytes from pageable memory
+       [&] {
+         malloc_kept(256);
+         const uint64_t bits[2] = {1, 2};
+         TS_CUDA_CHECK(cudaMemcpy(device.back(), bits, sizeof bits, cudaMemcpyHostToDevice));
+         TS_CUDA_CHECK(cudaMemset(device.back(), 0, 16));
+       }},
+      {"init_many",  // 16 GiB kept, written by 290 init launches as an engine's tensors are
+       [&] {
+         malloc_kept(16 * kGiB);
+         make_streams();
+         const uint64_t n = 16 * kGiB / 2 / 290 / 128 * 128;
+         for (uint64_t t = 0; t < 290; ++t)
+           runtime::launch_init_synthetic(static_cast<uint16_t*>(device.back()) + t * n, n, 1, t,
+                                          0.02f, streams.back());
+         TS_CUDA_CHECK(cudaStreamSynchronize(streams.back()));
+       }},
       {"tiny_engine", [&] { engines.push_back(Engine::create_synthetic(tiny, 1, eo)); }},
       {"engine", [&] { engines.push_back(Engine::create_synthetic(config, 1, eo)); }},
       {"destroy_engine", [&] { engines.pop_back(); }},
