@@ -857,6 +857,15 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
     malloc_kept(size_t{32} << 20);
     TS_CUBLAS_CHECK(cublasSetWorkspace(handles.back(), device.back(), size_t{32} << 20));
   };
+  // 16 GiB kept, written by 290 init launches on `st` (an engine's tensors' count).
+  auto init_many = [&](cudaStream_t st) {
+    malloc_kept(16 * kGiB);
+    const uint64_t n = 16 * kGiB / 2 / 290 / 128 * 128;
+    for (uint64_t t = 0; t < 290; ++t)
+      runtime::launch_init_synthetic(static_cast<uint16_t*>(device.back()) + t * n, n, 1, t, 0.02f,
+                                     st);
+    TS_CUDA_CHECK(cudaDeviceSynchronize());
+  };
   auto drop_last = [](auto& v, auto destroy) {
     destroy(v.back());
     v.pop_back();
@@ -926,15 +935,28 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
          TS_CUDA_CHECK(cudaMemcpy(device.back(), bits, sizeof bits, cudaMemcpyHostToDevice));
          TS_CUDA_CHECK(cudaMemset(device.back(), 0, 16));
        }},
-      {"init_many",  // 16 GiB kept, written by 290 init launches as an engine's tensors are
+      {"init_many",  // 16 GiB kept, written by 290 init launches on 3 new streams' last
+       [&] {
+         make_streams();
+         init_many(streams.back());
+       }},
+      {"init_many_same_stream", [&] { init_many(streams.at(streams.size() - 1)); }},
+      {"init_many_null", [&] { init_many(nullptr); }},
+      {"init_one_null",  // 16 GiB kept, one launch on the legacy stream
        [&] {
          malloc_kept(16 * kGiB);
+         runtime::launch_init_synthetic(static_cast<uint16_t*>(device.back()), 8 * kGiB, 1, 0,
+                                        0.02f, nullptr);
+         TS_CUDA_CHECK(cudaDeviceSynchronize());
+       }},
+      {"streams_used",  // 3 new streams, one 256-byte init launch on each
+       [&] {
          make_streams();
-         const uint64_t n = 16 * kGiB / 2 / 290 / 128 * 128;
-         for (uint64_t t = 0; t < 290; ++t)
-           runtime::launch_init_synthetic(static_cast<uint16_t*>(device.back()) + t * n, n, 1, t,
-                                          0.02f, streams.back());
-         TS_CUDA_CHECK(cudaStreamSynchronize(streams.back()));
+         malloc_kept(256);
+         for (size_t i = streams.size() - 3; i < streams.size(); ++i)
+           runtime::launch_init_synthetic(static_cast<uint16_t*>(device.back()), 128, 1, 0, 0.02f,
+                                          streams[i]);
+         TS_CUDA_CHECK(cudaDeviceSynchronize());
        }},
       {"tiny_engine", [&] { engines.push_back(Engine::create_synthetic(tiny, 1, eo)); }},
       {"engine", [&] { engines.push_back(Engine::create_synthetic(config, 1, eo)); }},
