@@ -593,23 +593,14 @@ __global__ void __launch_bounds__(kRegThreads, 2) gemv_regpipe_kernel(const Gemv
 //  - kStages = 0: weights through registers (two batches, as fill 2); kStages > 0: each thread
 //    streams its own 16-byte pieces into a private shared-memory ring with cp.async
 //    (kStages - 1 batches in flight, no register cost), waits with cp.async.wait_group.
-//  - kGroup = 2 (registers only): a warp step covers kGroup tiles of the cluster (tile, tile +
-//    clusters, ...) over kBatch / kGroup chunks, the same weight bytes in flight, and every
-//    activation fragment it loads feeds kGroup tiles: 1 / kGroup of the activation loads per
-//    weight byte (at 16 rows they are as many bytes as the weights, re-read per tile).
-// With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2; kGroup
-// changes only which tiles a warp interleaves, never a tile's chunk order or its reduction, so
-// the bits are the same for every kGroup.
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, int kGroup = 1>
+// With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
-  static_assert(kGroup == 1 || (kStages == 0 && kGroup == 2),
-                "tile pairs are a register-path option (4: 64 KB of partials, over static shared)");
   constexpr int kBatch = 4;
-  constexpr int kChunks = kBatch / kGroup;  // chunks per step and tile
   constexpr bool kSwiglu = kEpilogue == GemvEpilogue::kSwiglu;
   constexpr int kOutCols = kSwiglu ? 8 : 16;
-  __shared__ float partial[2][kRegWarps][kGroup][kNTiles][4][32];
+  __shared__ float partial[2][kRegWarps][kNTiles][4][32];
   extern __shared__ __align__(16) uint4 gemv_ring[];  // [kStages][kBatch][2][kRegThreads]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -637,35 +628,28 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     x_row[nt] = p.x + static_cast<size_t>(x_valid[nt] ? m : 0) * p.k + tq * 8;
   }
 
-  // One step = one batch of <= kChunks chunks of one group of kGroup tiles (tile, tile +
-  // clusters, ...; those past the last tile are skipped); a warp's steps walk its K piece of the
-  // cluster's tile groups in order (an empty piece is one step of count 0 per group).
+  // One step = one batch of <= kBatch chunks of one tile; a warp's steps walk its K piece of the
+  // cluster's tiles in order (an empty piece is one step of count 0 per tile).
   struct Step {
     int tile, chunk, count;
   };
   auto make_step = [&](int tile, int chunk) {
-    return Step{tile, chunk, tile < tiles ? min(kChunks, chunk_end - chunk) : 0};
+    return Step{tile, chunk, tile < tiles ? min(kBatch, chunk_end - chunk) : 0};
   };
   auto next_step = [&](const Step& s) {
     const int c = s.chunk + s.count;
-    return c >= chunk_end ? make_step(s.tile + kGroup * clusters, chunk_begin)
-                          : make_step(s.tile, c);
+    return c >= chunk_end ? make_step(s.tile + clusters, chunk_begin) : make_step(s.tile, c);
   };
-  auto in_range = [&](const Step& s, int j) { return s.tile + j * clusters < tiles; };
-  uint4 cur[kChunks][kGroup][2], nxt[kChunks][kGroup][2];
-  auto load_regs = [&](uint4(&buf)[kChunks][kGroup][2], const Step& s) {
+  uint4 cur[kBatch][2], nxt[kBatch][2];
+  auto load_regs = [&](uint4(&buf)[kBatch][2], const Step& s) {
+    const bf16* r0 = weight_row(s.tile, 0) + s.chunk * 32;
+    const bf16* r1 = weight_row(s.tile, 1) + s.chunk * 32;
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
-      if (!in_range(s, j)) continue;
-      const bf16* r0 = weight_row(s.tile + j * clusters, 0) + s.chunk * 32;
-      const bf16* r1 = weight_row(s.tile + j * clusters, 1) + s.chunk * 32;
-#pragma unroll
-      for (int u = 0; u < kChunks; ++u)
-        if (u < s.count) {
-          buf[u][j][0] = load_stream_16(r0 + u * 32);
-          buf[u][j][1] = load_stream_16(r1 + u * 32);
-        }
-    }
+    for (int u = 0; u < kBatch; ++u)
+      if (u < s.count) {
+        buf[u][0] = load_stream_16(r0 + u * 32);
+        buf[u][1] = load_stream_16(r1 + u * 32);
+      }
   };
   auto ring_at = [&](int slot, int u, int h) -> uint4* {
     return gemv_ring + ((slot * kBatch + u) * 2 + h) * kRegThreads + threadIdx.x;
@@ -697,17 +681,14 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   }
   pdl_wait_and_trigger();
 
-  float acc[kGroup][kNTiles][4];
+  float acc[kNTiles][4];
 #pragma unroll
-  for (int j = 0; j < kGroup; ++j)
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-      acc[j][nt][0] = acc[j][nt][1] = acc[j][nt][2] = acc[j][nt][3] = 0.0f;
+  for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   int slot = 0, tile_iter = 0;
   while (step.tile < tiles) {
-    uint4 xv[kChunks][kNTiles];
+    uint4 xv[kBatch][kNTiles];
 #pragma unroll
-    for (int u = 0; u < kChunks; ++u)
+    for (int u = 0; u < kBatch; ++u)
       if (u < step.count)
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
@@ -721,117 +702,106 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
       issue_async(ahead, slot == 0 ? kStages - 1 : slot - 1);
       ahead = next_step(ahead);
 #pragma unroll
-      for (int u = 0; u < kChunks; ++u)
+      for (int u = 0; u < kBatch; ++u)
         if (u < step.count) {
-          cur[u][0][0] = *ring_at(slot, u, 0);
-          cur[u][0][1] = *ring_at(slot, u, 1);
+          cur[u][0] = *ring_at(slot, u, 0);
+          cur[u][1] = *ring_at(slot, u, 1);
         }
     }
 #pragma unroll
-    for (int u = 0; u < kChunks; ++u)
+    for (int u = 0; u < kBatch; ++u)
       if (u < step.count)
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j)
-          if (j == 0 || in_range(step, j))
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-              const uint4 lo = cur[u][j][0], hi = cur[u][j][1], b = xv[u][nt];
-              mma_16816(acc[j][nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-              mma_16816(acc[j][nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
-            }
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          const uint4 lo = cur[u][0], hi = cur[u][1], b = xv[u][nt];
+          mma_16816(acc[nt], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+          mma_16816(acc[nt], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+        }
     if constexpr (kStages == 0) {
 #pragma unroll
-      for (int u = 0; u < kChunks; ++u)
-#pragma unroll
-        for (int j = 0; j < kGroup; ++j) {
-          cur[u][j][0] = nxt[u][j][0];
-          cur[u][j][1] = nxt[u][j][1];
-        }
+      for (int u = 0; u < kBatch; ++u) {
+        cur[u][0] = nxt[u][0];
+        cur[u][1] = nxt[u][1];
+      }
     } else {
       slot = slot + 1 == kStages ? 0 : slot + 1;
     }
     const bool tile_done = following.tile != step.tile;
-    const int first_tile = step.tile;
+    const int tile = step.tile;
     step = following;
     if (!tile_done) continue;
 
-    // ---- group epilogue: per tile, partial sums of the S x 8 pieces, summed in piece order ----
+    // ---- tile epilogue: partial sums of the S x 8 pieces, summed in piece order ----
     const int buf = tile_iter & 1;
     ++tile_iter;
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j)
+    for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          partial[buf][warp][j][nt][r][lane] = acc[j][nt][r];
-          acc[j][nt][r] = 0.0f;
-        }
-    // One barrier per group: partial is double-buffered, so buffer b is rewritten (group g + 2)
-    // only after every reader of group g passed the barrier of group g + 1.
+      for (int r = 0; r < 4; ++r) {
+        partial[buf][warp][nt][r][lane] = acc[nt][r];
+        acc[nt][r] = 0.0f;
+      }
+    // One barrier per tile: partial is double-buffered, so buffer b is rewritten (tile t + 2)
+    // only after every reader of tile t passed the barrier of tile t + 1.
     if (split > 1)
       cooperative_groups::this_cluster().sync();
     else
       __syncthreads();
     if (rank != 0) continue;
-    for (int j = 0; j < kGroup; ++j) {
-      const int tile = first_tile + j * clusters;
-      if (tile >= tiles) break;
-      auto reduced = [&](int r, int m) {
-        const int src_lane = (r % 8) * 4 + (m % 8) / 2, src_reg = (r / 8) * 2 + (m % 2);
-        float sum = 0.0f;
-        for (int q = 0; q < split; ++q) {
-          const float* src = &partial[buf][0][j][(m / 8) % kNTiles][src_reg][src_lane];
-          if (split > 1) src = cooperative_groups::this_cluster().map_shared_rank(src, q);
+    auto reduced = [&](int r, int m) {
+      const int src_lane = (r % 8) * 4 + (m % 8) / 2, src_reg = (r / 8) * 2 + (m % 2);
+      float sum = 0.0f;
+      for (int q = 0; q < split; ++q) {
+        const float* src = &partial[buf][0][(m / 8) % kNTiles][src_reg][src_lane];
+        if (split > 1) src = cooperative_groups::this_cluster().map_shared_rank(src, q);
 #pragma unroll
-          for (int w = 0; w < kRegWarps; ++w) sum += src[w * kGroup * kNTiles * 4 * 32];
-        }
-        return sum;
-      };
-      const int m = threadIdx.x / kOutCols, i = threadIdx.x % kOutCols;
-      const int col = tile * kOutCols + i;
-      if (m < p.m) {
-        if constexpr (kEpilogue == GemvEpilogue::kStore) {
-          p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m));
-        } else if constexpr (kSwiglu) {
-          const float g = reduced(i, m), u = reduced(i + 8, m);
-          p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
-        } else {
-          const float logit = reduced(i, m);
-          if (p.logits != nullptr) p.logits[static_cast<size_t>(m) * p.n + col] = logit;
-          const unsigned mask = 0xFFFFu << (threadIdx.x & 16);
-          float best = logit;
-          int best_index = col;
-          float score = -INFINITY;
-          int score_index = col;
-          if (p.inv_temperature > 0.0f) {
-            const uint64_t st = p.step != nullptr ? *p.step : 0;
-            score = logit * p.inv_temperature + gumbel_noise(p.seed, st, m, col);
-          }
-#pragma unroll
-          for (int offset = 8; offset > 0; offset /= 2) {
-            const float other = __shfl_xor_sync(mask, best, offset, 16);
-            const int other_index = __shfl_xor_sync(mask, best_index, offset, 16);
-            if (other > best || (other == best && other_index < best_index)) {
-              best = other;
-              best_index = other_index;
-            }
-            const float other_score = __shfl_xor_sync(mask, score, offset, 16);
-            const int other_score_index = __shfl_xor_sync(mask, score_index, offset, 16);
-            if (other_score > score || (other_score == score && other_score_index < score_index)) {
-              score = other_score;
-              score_index = other_score_index;
-            }
-          }
-          float e = __expf(logit - best);
-#pragma unroll
-          for (int offset = 8; offset > 0; offset /= 2) e += __shfl_xor_sync(mask, e, offset, 16);
-          if (i == 0)
-            p.partials[static_cast<size_t>(m) * tiles + tile] =
-                LogitPartial{best, best_index, e, score, score_index};
-        }
+        for (int w = 0; w < kRegWarps; ++w) sum += src[w * kNTiles * 4 * 32];
       }
-    }  // tiles of the group
+      return sum;
+    };
+    const int m = threadIdx.x / kOutCols, i = threadIdx.x % kOutCols;
+    const int col = tile * kOutCols + i;
+    if (m < p.m) {
+      if constexpr (kEpilogue == GemvEpilogue::kStore) {
+        p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m));
+      } else if constexpr (kSwiglu) {
+        const float g = reduced(i, m), u = reduced(i + 8, m);
+        p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+      } else {
+        const float logit = reduced(i, m);
+        if (p.logits != nullptr) p.logits[static_cast<size_t>(m) * p.n + col] = logit;
+        const unsigned mask = 0xFFFFu << (threadIdx.x & 16);
+        float best = logit;
+        int best_index = col;
+        float score = -INFINITY;
+        int score_index = col;
+        if (p.inv_temperature > 0.0f) {
+          const uint64_t st = p.step != nullptr ? *p.step : 0;
+          score = logit * p.inv_temperature + gumbel_noise(p.seed, st, m, col);
+        }
+#pragma unroll
+        for (int offset = 8; offset > 0; offset /= 2) {
+          const float other = __shfl_xor_sync(mask, best, offset, 16);
+          const int other_index = __shfl_xor_sync(mask, best_index, offset, 16);
+          if (other > best || (other == best && other_index < best_index)) {
+            best = other;
+            best_index = other_index;
+          }
+          const float other_score = __shfl_xor_sync(mask, score, offset, 16);
+          const int other_score_index = __shfl_xor_sync(mask, score_index, offset, 16);
+          if (other_score > score || (other_score == score && other_score_index < score_index)) {
+            score = other_score;
+            score_index = other_score_index;
+          }
+        }
+        float e = __expf(logit - best);
+#pragma unroll
+        for (int offset = 8; offset > 0; offset /= 2) e += __shfl_xor_sync(mask, e, offset, 16);
+        if (i == 0)
+          p.partials[static_cast<size_t>(m) * tiles + tile] =
+              LogitPartial{best, best_index, e, score, score_index};
+      }
+    }
   }
   if constexpr (kStages > 0) cp_async_wait<0>();
   // Rank 0 reads the other CTAs' shared memory until its last epilogue: keep them resident.
@@ -872,9 +842,9 @@ inline int choose_split(int tiles, int k, int stages, int forced) {
   return gemv_choose_split(tiles, k, stages, num_sms(), forced);
 }
 
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, int kGroup = 1>
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bool pdl) {
-  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages, kGroup>;
+  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages>;
   const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
   static const int per_sm = [&] {
     if (smem > 48 * 1024)
@@ -920,17 +890,14 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-// group: tiles per warp step on the register path for m > 8 (GemvTuning::large_m_tile_group).
 template <GemvEpilogue kEpilogue, int kStages>
-void launch_gemv_split_s(GemvParams p, int split, int group, cudaStream_t stream, bool pdl) {
+void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
   p.split = choose_split(tiles, p.k, kStages, split);
   if (p.m <= 8)
     launch_gemv_split_t<1, kEpilogue, kStages>(p, tiles, stream, pdl);
-  else if (kStages > 0 || group <= 1)
-    launch_gemv_split_t<2, kEpilogue, kStages>(p, tiles, stream, pdl);
   else
-    launch_gemv_split_t<2, kEpilogue, 0, 2>(p, tiles, stream, pdl);
+    launch_gemv_split_t<2, kEpilogue, kStages>(p, tiles, stream, pdl);
 }
 
 // stages < 0 (auto): the cp.async ring of 6 (one 8-warp block per SM, S = 1) when two blocks
@@ -950,11 +917,11 @@ void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t st
   const int split = choose_split(tiles, p.k, stages, t.split);  // never depends on m
   if (p.m > 8 && t.large_m_registers) stages = 0;
   if (stages >= 6)
-    launch_gemv_split_s<kEpilogue, 6>(p, split, 1, stream, pdl);
+    launch_gemv_split_s<kEpilogue, 6>(p, split, stream, pdl);
   else if (stages >= 3)
-    launch_gemv_split_s<kEpilogue, 3>(p, split, 1, stream, pdl);
+    launch_gemv_split_s<kEpilogue, 3>(p, split, stream, pdl);
   else
-    launch_gemv_split_s<kEpilogue, 0>(p, split, t.large_m_tile_group, stream, pdl);
+    launch_gemv_split_s<kEpilogue, 0>(p, split, stream, pdl);
 }
 
 // Launches gemv_kernel: one block per SM (at most one per tile; grouped mode: one per SM, the

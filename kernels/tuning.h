@@ -34,9 +34,6 @@ struct GemvTuning {
   int split = 0;
   int stages = -1;
   bool large_m_registers = true;
-  // Tiles a warp step covers on that register path (1 or 2; same bits): each activation
-  // fragment loaded feeds this many tiles, cutting the 16 rows' re-reads (gemv_split_kernel).
-  int large_m_tile_group = 1;
   // Dense GEMVs of more than this many rows launch without the PDL attribute (they start when
   // their predecessor has finished; their successors still overlap them). Chained under PDL the
   // m > 8 register path made the Llama-3-8B decode step at batch 12-16 run 8.1 ms against 5.3 ms

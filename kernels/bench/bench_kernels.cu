@@ -390,7 +390,7 @@ std::string gemv_variant() {
                        : t.stages < 0 ? "splitasyncauto"
                                       : "splitasync" + std::to_string(t.stages)) +
            (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split)) +
-           (t.large_m_registers ? "" : "_ringm16") + (t.large_m_tile_group == 2 ? "_pairs" : "");
+           (t.large_m_registers ? "" : "_ringm16");
   return std::string(t.fill == 0 ? "bulk" : "cpasync") + "_kc" + std::to_string(t.kc) + "_smem" +
          std::to_string(t.smem_budget_bytes / 1024) + "k";
 }
@@ -897,10 +897,6 @@ void bench_layer_chain(int m, bool diagnose) {
       tuned(
           "gemv ring path for m > 8", [&] { gt.large_m_registers = false; },
           [&] { gt = gemv_saved; });
-    if (m > 8)
-      tuned(
-          "gemv tile pairs for m > 8", [&] { gt.large_m_tile_group = 2; },
-          [&] { gt = gemv_saved; });
     tuned(
         "gemv split 1 (no clusters)", [&] { gt.split = 1; }, [&] { gt = gemv_saved; });
   }
@@ -1158,22 +1154,6 @@ int main(int argc, char** argv) {
   if (want("gemv")) {
     std::printf("gemv variant used below: %s\n", gemv_variant().c_str());
     for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16}, true);
-    // m = 16 against m = 1 per shape, the m > 8 register path with one tile per warp step and
-    // with tile pairs (GemvTuning::large_m_tile_group), side by side in this run.
-    for (const Shape& s : shapes) {
-      const double one_us = bench_gemv(cublas, s, {1}, false);
-      double sixteen_us[2];
-      for (int g = 1; g <= 2; ++g) {
-        tuning.large_m_tile_group = g;
-        sixteen_us[g - 1] = bench_gemv(cublas, s, {16}, false);
-      }
-      tuning.large_m_tile_group = best.large_m_tile_group;
-      std::printf(
-          "gemv m=16 over m=1 %-15s: m=1 %7.2f us; m=16 %7.2f us (%+5.1f%%), tile pairs %7.2f us "
-          "(%+5.1f%%); target <= +10%%\n",
-          s.name, one_us, sixteen_us[0], 100.0 * (sixteen_us[0] / one_us - 1), sixteen_us[1],
-          100.0 * (sixteen_us[1] / one_us - 1));
-    }
   }
   if (want("access")) bench_access();
   if (want("attention")) bench_attention();
