@@ -101,8 +101,21 @@ std::string real_layout_problem(const Variant& v, const RealLayoutEnv& env) {
     return name + ": " + std::to_string(v.model.layers[0].mlp.num_experts) +
            " routed experts do not divide into " + std::to_string(l.ep) +
            " equal blocks (unequal expert blocks are not implemented in the runtime)";
-  if (v.policy.spec.method != SpecMethod::kNone)
-    return name + ": speculative decoding with tensor or pipeline parallelism is not implemented";
+  if (v.policy.spec.method != SpecMethod::kNone) {
+    if (l.pp > 1)
+      return name + ": speculative decoding with pipeline parallelism is not implemented";
+    if (moe)
+      return name +
+             ": speculative decoding of an MoE model (its draft module) is not implemented "
+             "in the runtime";
+    if (v.policy.spec.early_exit && v.policy.spec.method == SpecMethod::kConfidence &&
+        (v.policy.spec.mode == DraftMode::kDevice ||
+         v.policy.spec.mode == DraftMode::kHostBlocking))
+      return name +
+             ": speculative decoding under tensor parallelism runs without early exit (the draft "
+             "steps' all-reduces would sit in conditional graph nodes): set "
+             "policies.spec.early_exit: false";
+  }
   if (l.vocab_parallel && l.width() > 1)  // a stage of one GPU holds the whole vocabulary anyway
     return name +
            ": the runtime holds the whole embedding and LM head on every rank (no vocabulary "

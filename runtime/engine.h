@@ -86,8 +86,9 @@ struct EngineOptions {
   bool draft_early_exit = false;
   // Tensor parallelism (runtime/tensor_parallel.h): with a communicator, create_synthetic builds
   // this rank's shard of the model it is given and the forwards all-reduce after o_proj and
-  // down_proj (MoE: expert parallelism, one all-reduce after the MoE FFN). Plain decode only (no
-  // draft); checkpoints are not sharded yet.
+  // down_proj (MoE: expert parallelism, one all-reduce after the MoE FFN). With a draft (dense
+  // models): its input projection replicated, its layer sharded like a model layer with the same
+  // two all-reduces; no early exit (draft_early_exit refused). Checkpoints are not sharded yet.
   TensorParallel tp;
   // Pipeline parallelism (runtime/pipeline_parallel.h): with a communicator, create_synthetic
   // builds this stage of the model it is given (pp_stage_config) and the forwards hand the hidden
@@ -223,7 +224,8 @@ class Engine {
   void init_synthetic(uint64_t seed, double draft_fidelity);
   void upload(const Checkpoint& checkpoint);
   // tensor_parallel.cc: the shard of `full` (options.tp), its sliced synthetic init, and the
-  // all-reduce (bf16 sum, in place, rows x hidden) after a row-parallel projection.
+  // all-reduce (bf16 sum, in place, rows x hidden) after a row-parallel projection (a named trace
+  // node unless name is null: the draft's, whose kernels are not traced one by one).
   static std::unique_ptr<Engine> create_synthetic_tp(const LlamaConfig& full, uint64_t seed,
                                                      const EngineOptions& options,
                                                      double draft_fidelity);

@@ -13,7 +13,9 @@
 //     round's draft attends over target-quality pairs. Later positions are overwritten by the
 //     next round before they are read.
 #include <algorithm>
+#include <cassert>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
@@ -50,7 +52,10 @@ void Engine::allocate_spec() {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
   if (c.intermediate < c.hidden)
-    throw ConfigError("", "real runtime: speculative decoding needs intermediate >= hidden");
+    throw ConfigError("", "real runtime: speculative decoding needs intermediate >= hidden, got " +
+                              std::to_string(c.intermediate) + " < " + std::to_string(c.hidden) +
+                              " (under tensor parallelism the rank's intermediate; the draft's "
+                              "input concatenation reuses the gate/up buffer)");
   spec_ = std::make_unique<Spec>();
   Spec& sp = *spec_;
   const int H = int(c.hidden), V = int(c.vocab);
@@ -161,6 +166,13 @@ void Engine::draft_step(int B, int j, const DraftControl& ctl, cudaStream_t s) {
   const kernels::KvCache dcache{sp.base_b, c.layers + 1, c.kv_heads, options_.capacity_tokens};
   const kernels::AttentionShape shape{B, 1, c.q_heads, kSoftmaxScale};
   const int* step_ctx = sp.step_ctx + size_t(j) * B;
+  // Tensor parallelism: the layer's row-parallel outputs summed over the ranks, on the compute
+  // stream (no early exit under TP, so the draft runs there: create_synthetic_tp).
+  auto draft_all_reduce = [&](bf16* x, int rows, cudaStream_t st) {
+    assert(!options_.tp.active() || st == compute_);
+    (void)st;
+    tp_all_reduce(x, rows, nullptr);
+  };
   kernels::embedding_gather(b.embed, sp.in_tok, b.o, B, V, H, s);
   // Step 0 reads the target's hidden state of the slot; later steps the draft's own output g.
   launch_concat_norm(b.o, j == 0 ? sp.hid : b.residual, j == 0 ? sp.h_index : nullptr, dw.enorm,
@@ -171,11 +183,13 @@ void Engine::draft_step(int B, int j, const DraftControl& ctl, cudaStream_t s) {
   kernels::rope_kv_append(b.qkv, step_ctx, dcache, c.layers, b.q, B, 1, c.q_heads, rope_, s);
   kernels::decode_attention(b.q, dcache, c.layers, step_ctx, b.attn, shape, sp.attn_ws, s);
   proj_rows(dw.w_o, b.attn, b.o, B, H, int(c.q_dim()), s);
+  draft_all_reduce(b.o, B, s);
   kernels::rmsnorm_residual(b.o, b.residual, dw.post_norm, b.xn, B, H, eps, s);
   for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
     kernels::gemv_swiglu(dw.w_gu, b.xn + size_t(r0) * H, b.act + size_t(r0) * I,
                          std::min(kernels::kGemvMaxRows, B - r0), I, H, s);
   proj_rows(dw.w_down, b.act, b.mlp, B, H, I, s);
+  draft_all_reduce(b.mlp, B, s);
   // g_j = residual + mlp (kept in residual for the next step), normed by the target's norm.
   kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s);
   spec_lm_head(b.lm_head, b.xn, B, V, H, sp.lm_ws, sp.lm_ws_chunk, sp.argmax, sp.top1, sp.sampled,

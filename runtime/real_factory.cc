@@ -52,7 +52,10 @@ class OwningRealBackend final : public Backend {
     eo.max_slots = std::max(1, v.workload.max_concurrency);
     eo.capacity_tokens = (need + 63) / 64 * 64;
     eo.draft = spec;
-    eo.draft_early_exit = v.policy.spec.early_exit;
+    // Early exit only where the device decides draft lengths (the option matters nowhere else;
+    // tensor parallelism refuses it).
+    eo.draft_early_exit =
+        v.policy.spec.early_exit && runtime::draft_control(v.policy.spec, 1).device_stop;
     const bool trace_nodes = v.trace.nodes && v.trace.step_count > 0;
     eo.node_trace = trace_nodes;
     // The routing of the traced decode steps (moe_* metrics): the ring is written by every decode

@@ -93,7 +93,9 @@ TensorSlice tp_slice(const LlamaConfig& full, const WeightDesc& w, int32_t rank,
     s.cols = total / size;
     s.col0 = s.cols * rank;
   };
-  if (w.name.rfind("model.layers.", 0) != 0) return s;       // embeddings, final norm, lm_head
+  // Embeddings, final norm, lm_head and the draft's input (enorm, hnorm, eh_proj): replicated.
+  // The draft's layer (mtp.layer.*) is sharded as a model layer (the simulator's nextn draft).
+  if (w.name.rfind("model.layers.", 0) != 0 && w.name.rfind("mtp.layer.", 0) != 0) return s;
   if (const int32_t j = routed_expert_of(w.name); j >= 0) {  // whole, on its EP rank only
     const auto [first, end] = expert_block(full.num_experts, rank, size);
     if (j < first || j >= end) s.rows = s.cols = 0;
@@ -175,10 +177,11 @@ std::unique_ptr<Engine> Engine::create_synthetic_tp(const LlamaConfig& full, uin
 #ifndef TWINSTEP_HAVE_NCCL
   throw Error("tensor parallelism: this build has no NCCL (runtime/comm.cc not built)");
 #endif
-  if (options.draft)
+  if (options.draft && options.draft_early_exit)
     throw ConfigError("",
-                      "speculative decoding with tensor parallelism is not implemented yet "
-                      "(the draft module is not sharded); run tp > 1 without spec");
+                      "speculative decoding with tensor parallelism: early exit "
+                      "(policies.spec.early_exit) is not implemented there (the draft steps' "
+                      "all-reduces would sit in conditional graph nodes); set early_exit: false");
   if (comm_size(*tp.comm) != tp.size || comm_rank(*tp.comm) != tp.rank)
     throw Error("tensor parallelism: rank " + std::to_string(tp.rank) + " of " +
                 std::to_string(tp.size) + " given a communicator of rank " +
@@ -191,15 +194,20 @@ std::unique_ptr<Engine> Engine::create_synthetic_tp(const LlamaConfig& full, uin
 void Engine::init_synthetic_tp(const LlamaConfig& full, uint64_t seed, double draft_fidelity) {
   const TensorParallel& tp = options_.tp;
   size_t held = 0;
-  for (const WeightDesc& d : synthetic_weight_list(full, false, draft_fidelity)) {
+  for (const WeightDesc& d : synthetic_weight_list(full, options_.draft, draft_fidelity)) {
     const TensorSlice s = tp_slice(full, d, tp.rank, tp.size);
     if (s.empty()) continue;  // another rank's expert
     ++held;
     const auto& [p, n] = b_->by_name.at(d.name);
-    if (d.eye || s.rows * s.cols != n)
+    if (s.rows * s.cols != n)
       throw Error("tensor parallelism: shard of " + d.name + " has " +
                   std::to_string(s.rows * s.cols) + " elements, the engine's tensor " +
                   std::to_string(n));
+    if (d.eye) {  // a structured tensor (the draft's eh_proj), made on the host as init_synthetic
+      const std::vector<uint16_t> bits = tp_shard_bits(full, d, seed, tp.rank, tp.size);
+      TS_CUDA_CHECK(cudaMemcpy(p, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+      continue;
+    }
     const float scale = d.init_std == 0 ? 0.0f : synthetic::scale_for_std(d.init_std);
     launch_init_synthetic_slice(reinterpret_cast<uint16_t*>(p), s, seed,
                                 synthetic::tensor_stream(d.name), scale, compute_);
@@ -213,7 +221,7 @@ void Engine::init_synthetic_tp(const LlamaConfig& full, uint64_t seed, double dr
 
 void Engine::tp_all_reduce(bf16* x, int rows, const char* name) {
   if (!options_.tp.active()) return;
-  node(name);
+  if (name != nullptr) node(name);
   all_reduce_bf16(*options_.tp.comm, x, size_t(rows) * size_t(config_.hidden), compute_);
 }
 

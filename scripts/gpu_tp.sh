@@ -16,7 +16,9 @@
 # OUT_DIR/tp2.collectives.txt (collective waits per rank, traced steps), OUT_DIR/tp2.metrics.csv;
 # with EP=1 the same ep2_run.log, ep2.db, ep2.ops.txt,
 # ep2.sim_vs_real.txt, ep2.routing.txt (the moe_* routing metrics, sim vs real), ep2.metrics.csv; with PP=1 pp2_run.log, pp2.db, pp2.ops.txt,
-# pp2.sim_vs_real.txt, pp2.metrics.csv.
+# pp2.sim_vs_real.txt, pp2.metrics.csv; with SPEC=1 (and TP_SPEC_CAL_DB, the database of
+# h200_spec_calibration.yaml) experiments/validation/h200_tp2_spec.yaml into OUT/tp2spec.db,
+# tp2spec.sim_vs_real.txt, tp2spec.accept.txt.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2);
 # EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2); PP (0: the
 # PipelineParallel tests filtered out; 1: also PP2); TP_TESTS (1; 0: the validation runs only,
@@ -68,6 +70,9 @@ validate() {
   step "validation $(basename "$exp" .yaml) ($np ranks)"
   db="$out/$tag.db"
   rm -f "$db"
+  # The speculative run's simulated twin replays measured verify rounds (acceptance.calibrated):
+  # TP_SPEC_CAL_DB is the database h200_spec_calibration.yaml was run into.
+  if [ "$tag" = tp2spec ] && [ -n "${TP_SPEC_CAL_DB:-}" ]; then cp "$TP_SPEC_CAL_DB" "$db"; fi
   xname=$(sed -n 's/^name: //p' "$exp")
   # TP_HARDWARE=NAME (with TP_PROFILES=DIR holding NAME.yaml): simulate with that profile instead.
   if [ -n "${TP_HARDWARE:-}" ]; then
@@ -86,19 +91,22 @@ validate() {
   # MoE routing of the traced steps, simulated draws against the real router (issue #11; rows
   # only where both backends recorded it: EP with sampled routing in the simulator; a dense
   # model has none).
-  if [ "$tag" != tp2 ]; then
+  if [ "$tag" = tp2spec ]; then
+    "$build/twinstep" --db "$db" compare --experiment "$xname" --accept |
+      tee "$out/$tag.accept.txt" || status=1
+  elif [ "$tag" != tp2 ]; then
     "$build/twinstep" --db "$db" compare --experiment "$xname" --sim-vs-real \
       --metrics moe_routing_passes moe_rank_experts_mean moe_rank_experts_max_mean \
       moe_expert_share_max | tee "$out/$tag.routing.txt" || status=1
   fi
   # The traced steps (the YAML's trace), operation by operation: measured against simulated.
   "$build/twinstep" --db "$db" compare --experiment "$xname" --ops >"$out/$tag.ops.txt" 2>&1 ||
-    status=1
+    [ "$tag" = tp2spec ] || status=1  # (no traced steps in the speculative experiment)
   head -40 "$out/$tag.ops.txt"
   # Collective waits per rank over the traced steps, measured against simulated (one estimate
   # on both sides: a span less the group's shortest span of the instance).
   "$build/twinstep" --db "$db" compare --experiment "$xname" --collectives \
-    >"$out/$tag.collectives.txt" 2>&1 || [ "$tag" = pp2 ] || status=1
+    >"$out/$tag.collectives.txt" 2>&1 || [ "$tag" = pp2 ] || [ "$tag" = tp2spec ] || status=1
   cat "$out/$tag.collectives.txt"
   "$build/twinstep" --db "$db" query --csv "SELECT r.id, r.variant_label, r.backend, r.status,
     m.key, m.value, m.unit FROM run r JOIN metric m ON m.run_id = r.id
@@ -108,4 +116,5 @@ validate() {
 [ "${TP2_RUN:-1}" = 1 ] && validate tp2 "$root/experiments/validation/h200_tp2.yaml"
 [ "$ep" = 1 ] && validate ep2 "$root/experiments/validation/h200_ep2.yaml"
 [ "$pp" = 1 ] && validate pp2 "$root/experiments/validation/h200_pp2.yaml"
+[ "${SPEC:-0}" = 1 ] && validate tp2spec "$root/experiments/validation/h200_tp2_spec.yaml"
 exit $status

@@ -194,6 +194,30 @@ TEST(TensorParallel, ShardsTileTheFullTensors) {
     EXPECT_EQ(t.part, sharded ? 2 : 0) << w.name;
   }
   expect_slices_match_shard_lists(full, 2);
+  // The draft module (speculative decoding under TP) at fidelity 0.5 (eh_proj a structured
+  // tensor): its input (enorm, hnorm, eh_proj) whole on every rank, its layer split as a model
+  // layer; the union is the full module bit for bit, and each rank's slices are its shard
+  // config's draft tensors.
+  for (const WeightDesc& w : synthetic_weight_list(full, true, 0.5)) {
+    if (w.name.rfind("mtp.", 0) != 0) continue;
+    const Tiling t = tile_over_ranks(full, w, 5, 2);
+    EXPECT_EQ(t.bits, full_bits(w, 5)) << w.name;
+    const bool sharded = w.name.find("proj") != std::string::npos && w.name != "mtp.eh_proj.weight";
+    EXPECT_EQ(t.whole, sharded ? 0 : 2) << w.name;
+    EXPECT_EQ(t.part, sharded ? 2 : 0) << w.name;
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::map<std::string, int64_t> sliced, listed;
+    for (const WeightDesc& w : draft_weight_list(full))
+      if (const runtime::TensorSlice s = runtime::tp_slice(full, w, r, 2); !s.empty())
+        sliced[w.name] = s.rows * s.cols;
+    for (const WeightDesc& w : draft_weight_list(runtime::tp_shard_config(full, r, 2))) {
+      int64_t n = 1;
+      for (int64_t d : w.shape) n *= d;
+      listed[w.name] = n;
+    }
+    EXPECT_EQ(sliced, listed) << "draft, rank " << r;
+  }
   const LlamaConfig shard = runtime::tp_shard_config(full, 1, 2);
   EXPECT_EQ(shard.q_heads, 2);
   EXPECT_EQ(shard.kv_heads, 1);
@@ -399,7 +423,8 @@ TEST(TensorParallel, RealLayoutChecks) {
   EXPECT_EQ(problem(pp_moe, ok), "");
   Variant pp_spec = pp;
   pp_spec.policy.spec.method = SpecMethod::kChain;
-  EXPECT_NE(problem(pp_spec, ok).find("speculative"), std::string::npos);
+  EXPECT_NE(problem(pp_spec, ok).find("speculative decoding with pipeline parallelism"),
+            std::string::npos);
   Variant pp_open = pp;
   pp_open.workload.arrival_rate_per_s = 5;
   EXPECT_NE(problem(pp_open, ok).find("closed loop"), std::string::npos);
@@ -407,9 +432,23 @@ TEST(TensorParallel, RealLayoutChecks) {
   dp.layout.tp = 1;
   dp.layout.dp = 2;
   EXPECT_NE(problem(dp, ok).find("tensor parallelism only"), std::string::npos);
+  // Speculative decoding of a dense model under TP runs (its draft layer sharded); early exit
+  // of device-decided drafts does not (conditional graph nodes around all-reduces).
   Variant spec = v;
   spec.policy.spec.method = SpecMethod::kChain;
-  EXPECT_NE(problem(spec, ok).find("speculative"), std::string::npos);
+  EXPECT_EQ(problem(spec, ok), "");
+  Variant conf = v;
+  conf.policy.spec.method = SpecMethod::kConfidence;
+  conf.policy.spec.mode = DraftMode::kDevice;
+  EXPECT_NE(problem(conf, ok).find("set policies.spec.early_exit: false"), std::string::npos)
+      << problem(conf, ok);
+  conf.policy.spec.mode = DraftMode::kHostBlocking;
+  EXPECT_NE(problem(conf, ok).find("early_exit"), std::string::npos);
+  conf.policy.spec.early_exit = false;
+  EXPECT_EQ(problem(conf, ok), "");
+  conf.policy.spec.early_exit = true;
+  conf.policy.spec.mode = DraftMode::kHostLate;  // the host decides: early exit never applies
+  EXPECT_EQ(problem(conf, ok), "");
   Variant vocab = v;
   vocab.layout.vocab_parallel = true;
   EXPECT_NE(problem(vocab, ok).find("give layout.vocab_parallel: false"), std::string::npos)
@@ -447,7 +486,8 @@ TEST(TensorParallel, RealLayoutChecks) {
       << problem(odd, ok);
   Variant moe_spec = moe;
   moe_spec.policy.spec.method = SpecMethod::kChain;
-  EXPECT_NE(problem(moe_spec, ok).find("speculative"), std::string::npos);
+  EXPECT_NE(problem(moe_spec, ok).find("speculative decoding of an MoE model"), std::string::npos)
+      << problem(moe_spec, ok);
 }
 
 // One GPU: tp = 1 through the tensor-parallel path (sliced init, an NCCL all-reduce of one rank
@@ -471,6 +511,118 @@ TEST(TensorParallel, OneRankPathEqualsPlainEngine) {
     const auto a = greedy(*plain, spec, workload(37, 48, 3), HostSchedule::kRunahead, mode);
     const auto b = greedy(*tp1, spec, workload(37, 48, 3), HostSchedule::kRunahead, mode);
     EXPECT_EQ(a, b) << "graph mode " << int(mode);
+  }
+}
+
+// Greedy tokens of request 0..n-1 under speculative policy `spec` (runahead, graphs with PDL).
+std::vector<std::vector<int32_t>> greedy_spec(Engine& engine, const ModelSpec& model,
+                                              const WorkloadSpec& w, const SpecSpec& spec,
+                                              double* accept_len = nullptr) {
+  const std::vector<RequestSpec> requests = generate_requests(w);
+  PolicySpec p;
+  p.host_schedule = HostSchedule::kRunahead;
+  p.graph_mode = GraphMode::kCudaGraphPdl;
+  p.spec = spec;
+  RunRecord record;
+  DecodeLoop loop(p, w, requests, &record);
+  const HostCostModel host(HostCostSpec{}, 1);
+  RealOptions ro;
+  ro.prompt_seed = 1;
+  ro.prepare_mode = p.graph_mode;
+  ro.prepare_max_batch = w.max_concurrency;
+  ro.spec = spec;
+  RealBackend backend(engine, model, host, requests, ro);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, record);
+  int64_t committed = 0, verified = 0;
+  for (const StepSample& s : record.steps) {
+    if (s.draft_len == 0) continue;
+    committed += s.tokens;
+    verified += s.batch;
+  }
+  if (accept_len != nullptr) *accept_len = verified ? double(committed) / double(verified) : 0;
+  std::vector<std::vector<int32_t>> out;
+  for (const RequestSpec& q : requests) out.push_back(backend.output_tokens(q.id));
+  return out;
+}
+
+// The speculative policies a TP engine runs: chain(5), and confidence-scheduled drafts decided on
+// the device (without early exit) and late on the host.
+std::vector<std::pair<const char*, SpecSpec>> tp_spec_policies() {
+  SpecSpec chain5;
+  chain5.method = SpecMethod::kChain;
+  chain5.steps = 5;
+  chain5.draft_tokens = 6;
+  SpecSpec device;
+  device.method = SpecMethod::kConfidence;
+  device.mode = DraftMode::kDevice;
+  device.threshold = 0.5;
+  device.max_steps = 8;
+  device.early_exit = false;
+  SpecSpec late = device;
+  late.mode = DraftMode::kHostLate;
+  return {{"chain(5)", chain5}, {"confidence/device", device}, {"confidence/host_late", late}};
+}
+
+// One GPU: speculative decoding through the tensor-parallel path (draft module sliced by
+// tp_slice, its layer's two all-reduces of one rank): the draft weights are the plain engine's
+// bit for bit, and greedy speculative output equals plain greedy output (speculation is lossless
+// under greedy acceptance). Early exit is refused under TP with a message saying so.
+TEST(TensorParallel, OneRankSpeculativeEqualsPlainGreedy) {
+  SKIP_WITHOUT_GPU();
+  const std::unique_ptr<Communicator> comm =
+      Communicator::create(Communicator::new_unique_id(), 0, 1);
+  const ModelSpec spec = tiny_runtime_spec();
+  const LlamaConfig config = llama_config_from_spec(spec);
+  EngineOptions eo;
+  eo.max_slots = 2;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  auto plain = Engine::create_synthetic(config, 5, eo, 0.85);
+  eo.tp = TensorParallel{0, 1, comm.get()};
+  auto tp1 = Engine::create_synthetic(config, 5, eo, 0.85);
+  for (const WeightDesc& w : synthetic_weight_list(config, true, 0.85))
+    EXPECT_EQ(plain->download_weight(w.name), tp1->download_weight(w.name)) << w.name;
+  const WorkloadSpec w = workload(37, 200, 2);
+  const auto ref = greedy(*plain, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+  for (const auto& [label, policy] : tp_spec_policies()) {
+    double accept = 0;
+    EXPECT_EQ(greedy_spec(*tp1, spec, w, policy, &accept), ref) << label;
+    EXPECT_GT(accept, 1.0) << label;
+    std::printf("tiny TP1-with-communicator %-22s accept length %.3f\n", label, accept);
+  }
+  eo.draft_early_exit = true;
+  try {
+    Engine::create_synthetic(config, 5, eo, 0.85);
+    ADD_FAILURE() << "early exit under tensor parallelism was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("set early_exit: false"), std::string::npos) << e.what();
+  }
+}
+
+// Two ranks, the tiny model with its draft module: for each speculative policy the ranks agree,
+// and the tokens equal the same engines' plain greedy tokens (lossless speculation).
+TEST(TensorParallel, TinyTwoRanksSpeculativeEqualsPlainGreedy) {
+  SKIP_WITHOUT_RANKS(2);
+  Communicator& comm = runtime::tp_world_communicator();
+  const ModelSpec spec = tiny_runtime_spec();
+  const LlamaConfig config = llama_config_from_spec(spec);
+  EngineOptions eo;
+  eo.max_slots = 2;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  eo.tp = runtime::tp_world(2);
+  auto engine = Engine::create_synthetic(config, 5, eo, 0.85);
+  const WorkloadSpec w = workload(37, 200, 2);
+  const auto ref = greedy(*engine, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+  for (const auto& [label, policy] : tp_spec_policies()) {
+    double accept = 0;
+    const auto tokens = greedy_spec(*engine, spec, w, policy, &accept);
+    EXPECT_EQ(tokens, ref) << label;
+    const auto ranks = gather_tokens(comm, flat(tokens));
+    EXPECT_EQ(ranks[0], ranks[1]) << label << ": the ranks committed different tokens";
+    EXPECT_GT(accept, 1.0) << label;
+    std::printf("tiny TP2 rank %d %-22s accept length %.3f\n", comm.rank(), label, accept);
   }
 }
 
