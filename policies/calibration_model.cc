@@ -40,13 +40,17 @@ LayoutSpec calibration_layout(const ModelSpec& model, int32_t tp) {
 
 void calibration_step_kernels(const std::string& label, const StepShape& shape, StepKernels& out) {
   const CalibrationModel cm = parse_calibration_model(label);
-  const ModelSpec& model = model_preset(cm.preset);
-  if (cm.tp == 1) {
+  shard_step_kernels(model_preset(cm.preset), cm.tp, shape, out);
+}
+
+void shard_step_kernels(const ModelSpec& model, int32_t tp, const StepShape& shape,
+                        StepKernels& out) {
+  if (tp == 1) {
     step_kernels(model, shape, out);
     return;
   }
   StepKernels full;
-  step_kernels(model, shape, calibration_layout(model, cm.tp), 0, full);
+  step_kernels(model, shape, calibration_layout(model, tp), 0, full);
   out.kernels.clear();
   out.runs.clear();
   for (const LayerRun& run : full.runs) {

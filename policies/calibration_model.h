@@ -35,6 +35,12 @@ LayoutSpec calibration_layout(const ModelSpec& model, int32_t tp);
 // on one GPU: rank 0's kernels with the collectives left out (the whole step when tp is 1).
 void calibration_step_kernels(const std::string& label, const StepShape& shape, StepKernels& out);
 
+// Rank 0's kernels of `model` (a target or a draft module) sharded tp ways as a calibration label
+// lays it out (calibration_layout), its collectives left out: what a shard measured alone on one
+// GPU runs; tp 1: step_kernels(model, shape).
+void shard_step_kernels(const ModelSpec& model, int32_t tp, const StepShape& shape,
+                        StepKernels& out);
+
 // One launch's routing of MoE layer `layer` on the rank `label` measured: the routed work of
 // rank 0 of its calibration layout (the whole layer at tp 1; under ep = N the block [0, E/N),
 // which tp_shard_config gives rank 0) from `ids`, the layer's rows' top_k expert ids over all

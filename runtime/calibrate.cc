@@ -634,9 +634,9 @@ class InSitu {
 
 // The engine runs speculative decoding for dense models whose FFN is at least as wide as the
 // hidden state (engine_spec.cc), on one GPU.
-bool drafts(const LlamaConfig& c, int tp) {
-  return tp == 1 && !c.moe() && c.intermediate >= c.hidden;
-}
+// Whether the runtime runs speculative decoding of `c` (a rank's shard under tp > 1): dense, its
+// intermediate (the shard's) >= hidden (Engine::allocate_spec).
+bool drafts(const LlamaConfig& c) { return !c.moe() && c.intermediate >= c.hidden; }
 
 // The speculative graphs of `name` (docs/calibration.md "Speculative graphs"): at the smallest
 // and largest context of the decode grid, per batch and verify width W, rounds of draft(W − 1),
@@ -647,13 +647,19 @@ bool drafts(const LlamaConfig& c, int tp) {
 // output entries (verify commits a device-decided count; draft and extend commit nothing).
 void spec_graphs(const CalibrateOptions& o, const std::string& name,
                  std::vector<CalibrationSample>& out) {
-  const LlamaConfig config = llama_config_from_spec(model_preset(name));
-  if (!drafts(config, o.tp)) {
-    std::fprintf(o.log, "calibrate: %s: no speculative graphs (%s)\n", name.c_str(),
-                 o.tp > 1 ? "tensor parallel" : "no draft module: MoE or intermediate < hidden");
+  const LlamaConfig full = llama_config_from_spec(model_preset(name));
+  // tp > 1: rank 0's shard alone, as the decode grid measures it (no collectives), without the
+  // early-exit draft (tensor parallelism runs drafts without early exit: create_synthetic_tp).
+  const LlamaConfig config = o.tp > 1 ? tp_shard_config(full, 0, o.tp) : full;
+  if (!drafts(config)) {
+    std::fprintf(o.log,
+                 "calibrate: %s: no speculative graphs (no draft module: MoE, or the %s "
+                 "intermediate < hidden)\n",
+                 name.c_str(), o.tp > 1 ? "shard's" : "model's");
     return;
   }
-  const std::string label = calibration_model_label(name, 1);
+  const std::string label = calibration_model_label(name, o.tp);
+  const bool early_exit = o.tp == 1;
   std::vector<int> contexts = o.quick ? std::vector<int>{128, 2048} : std::vector<int>{128, 8192};
   if (!o.contexts.empty()) {
     const auto [lo, hi] = std::minmax_element(o.contexts.begin(), o.contexts.end());
@@ -697,7 +703,8 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     eo.max_slots = max_batch;
     eo.capacity_tokens = int32_t(((ctx + 15) / 16 * 16 + growth + 63) / 64 * 64);
     eo.draft = true;
-    eo.draft_early_exit = true;  // used by drafts with device stops only
+    eo.draft_early_exit = early_exit;  // used by drafts with device stops only
+    eo.tp.size = o.tp;                 // a shard measured alone: no communicator
     std::fprintf(o.log, "calibrate: %s speculative graphs, ctx %d, %d slots\n", label.c_str(), ctx,
                  max_batch);
     auto engine = Engine::create_synthetic(config, 1, eo, /*draft_fidelity=*/0.5);
@@ -774,13 +781,13 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
           sample_of("extend", extend_ns.back(), batch, ctx_mid, width);
         }
         // The early-exit draft from the state the last round left (drafts commit nothing).
-        for (int r = -kWarm; r < reps; ++r) {
+        for (int r = -kWarm; early_exit && r < reps; ++r) {
           if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], stream));
           engine->enqueue_draft(batch_slots, early, GraphMode::kCudaGraph);
           if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], stream));
         }
         TS_CUDA_CHECK(cudaStreamSynchronize(stream));
-        for (int r = 0; r < reps; ++r) {
+        for (int r = 0; early_exit && r < reps; ++r) {
           early_ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
           sample_of("draft_early_exit", early_ns.back(), batch, std::llround(ctx_after_last),
                     width - 1);
@@ -789,8 +796,8 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
                      "calibrate: %s batch %d ctx %lld W %d: draft(%d) %.3f ms, with early exit "
                      "%.3f ms, verify %.3f ms, extend %.3f ms (medians)\n",
                      label.c_str(), batch, static_cast<long long>(ctx_mid), width, width - 1,
-                     median(draft_ns) / 1e6, median(early_ns) / 1e6, median(verify_ns) / 1e6,
-                     median(extend_ns) / 1e6);
+                     median(draft_ns) / 1e6, early_exit ? median(early_ns) / 1e6 : 0.0,
+                     median(verify_ns) / 1e6, median(extend_ns) / 1e6);
       }
     }
   }
@@ -904,9 +911,8 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
   if (!real_backend_available(&why)) throw Error("calibrate needs a CUDA GPU: " + why);
   if (o.tp < 1 || o.tp > 64)
     throw Error("calibrate: --tp " + std::to_string(o.tp) + " outside [1, 64]");
-  if (o.spec_only && (!o.spec || o.tp > 1))
-    throw Error("calibrate: --spec-only measures the speculative graphs, which run on one GPU; " +
-                std::string(o.spec ? "drop --tp" : "drop --no-spec"));
+  if (o.spec_only && !o.spec)
+    throw Error("calibrate: --spec-only measures the speculative graphs; drop --no-spec");
   if (o.prefill_only && !o.prefill)
     throw Error("calibrate: --prefill-only measures the prefill passes; drop --no-prefill");
   for (const int len : o.prefill_tokens) {

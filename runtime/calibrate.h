@@ -31,8 +31,9 @@ struct CalibrateOptions {
   // (policies/calibration_model.h).
   int tp = 1;
   // Speculative graphs (docs/calibration.md "Speculative graphs"): every model the runtime runs
-  // speculative decoding for (dense, tp 1) gets its draft(L), draft(L) with early exit,
-  // verify(W) and extend(W) graphs timed in situ (spec_graph samples) at the smallest and largest
+  // speculative decoding for (dense) gets its draft(L), draft(L) with early exit (tp 1 only: TP
+  // runs drafts without it), verify(W) and extend(W) graphs timed in situ (spec_graph samples;
+  // tp > 1: rank 0's shard alone, labelled "<model>@tp<N>") at the smallest and largest
   // context of the grid, batches 1 and 4 (quick: 1; with `batches`, those <= 4, else the
   // smallest), W in 2..16 (L = W − 1); ~11 s for Llama-3-8B on an H200. spec_only: only these
   // (no microbenchmarks, decode grid or host operations), to be fitted with stored sessions
@@ -61,7 +62,7 @@ struct CalibrationRun {
 
 // Runs every measurement on device 0. Throws Error when no CUDA device is visible, a model is not
 // one the runtime can run (Llama-family dense or MoE), a grid value or prompt length is out of
-// range, spec_only asks for nothing (spec off, or tp > 1), or prefill_only does (prefill off);
+// range, spec_only asks for nothing (spec off), or prefill_only does (prefill off);
 // CUDA failures throw through the runtime's checks.
 CalibrationRun run_calibration(const CalibrateOptions& options);
 

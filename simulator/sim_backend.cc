@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cassert>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <queue>
@@ -20,6 +21,23 @@
 
 namespace twinstep {
 namespace {
+
+// The spec_graph_residuals label of `model` under `layout`: the model itself on one GPU; under
+// tensor parallelism alone (tp ranks, no pipeline, data or context split) its TP shard, where
+// calibrate measured that shard's speculative graphs alone; else none ("").
+std::string spec_residual_model(const HardwareSpec& hw, const std::string& model,
+                                const LayoutSpec& layout) {
+  const int32_t world = layout.world();
+  std::string label;
+  if (world == 1)
+    label = model;
+  else if (layout.tp == world)
+    label = calibration_model_label(model, layout.tp);
+  const bool fitted =
+      !label.empty() && std::any_of(hw.spec_graph_residuals.begin(), hw.spec_graph_residuals.end(),
+                                    [&](const auto& r) { return r.model == label; });
+  return fitted ? label : std::string();
+}
 
 constexpr size_t kEventRing = 1024;  // events alive at once per rank (policy depth ≪ this)
 constexpr size_t kOutputRing = 64;   // steps whose outputs may be in flight per rank
@@ -107,9 +125,7 @@ class Engine {
         width_(options.layout.width()),
         gap_model_(pdl_gap_model(hw, model.name, options.layout.width())),
         gap_draft_(pdl_gap_model(hw, draft.name, options.layout.width())),
-        spec_residuals_(options.layout.world() == 1 &&
-                        std::any_of(hw.spec_graph_residuals.begin(), hw.spec_graph_residuals.end(),
-                                    [&](const auto& r) { return r.model == model.name; })) {}
+        spec_model_(spec_residual_model(hw, model.name, options.layout)) {}
 
   void run(std::span<HostProgram* const> programs) {
     const int32_t world = options_.layout.world();
@@ -509,12 +525,12 @@ class Engine {
   }
 
   // The calibrated residual of speculative launch `g` running `w` (simulator/spec_graphs.h,
-  // docs/calibration.md "Speculative graphs"): the profile's fit for this model, the graph kind,
-  // the launch's requests and graph mode. Only one-GPU runs (the runtime's speculative graphs
-  // run on one GPU) and only plain graph mode, the one calibrate measures: PDL, eager and other
-  // phases get 0, as does a profile without a fit.
+  // docs/calibration.md "Speculative graphs"): the profile's fit for this model (spec_model_: one
+  // GPU, or the TP shard calibrate --tp measured), the graph kind, the launch's requests and
+  // graph mode. Only plain graph mode, the one calibrate measures: PDL, eager and other phases
+  // get 0, as does a run whose model (or shard) the profile has no fit for.
   int64_t spec_residual_ns(const GraphLaunch& g, const DeviceWork& w) const {
-    if (!spec_residuals_ || g.mode != GraphMode::kCudaGraph || w.shape.requests < 1) return 0;
+    if (spec_model_.empty() || g.mode != GraphMode::kCudaGraph || w.shape.requests < 1) return 0;
     SpecGraph graph = SpecGraph::kVerify;
     int32_t positions = w.q_tokens;
     switch (g.phase) {
@@ -538,10 +554,32 @@ class Engine {
         return 0;
     }
     const HardwareSpec::SpecGraphResidual* r =
-        spec_graph_residual_for(hw_, model_.name, graph, "graph", w.shape.requests);
+        spec_graph_residual_for(hw_, spec_model_, graph, "graph", w.shape.requests);
     return r == nullptr ? 0
                         : spec_graph_residual_ns(*r, graph, w.shape.requests, positions,
                                                  double(w.shape.ctx_tokens) / w.shape.requests);
+  }
+
+  // A calibrated speculative graph's residual on a rank of coupled ranks (its TP shard, measured
+  // alone): spread over the launch's compute in proportion to it, so that the items' compute
+  // grows by exactly residual_ns (to no less than zero in all); collectives keep their price.
+  // Cumulative rounding keeps the sum exact.
+  static void spread_residual(std::vector<Item>& items, int64_t residual_ns) {
+    if (residual_ns == 0) return;
+    int64_t total = 0;
+    for (const Item& it : items) total += it.compute_ns;
+    if (total <= 0) {
+      if (residual_ns > 0) items.push_back({residual_ns, 0, 0, "spec_graph_residual", nullptr});
+      return;
+    }
+    const double f = double(std::max<int64_t>(0, total + residual_ns)) / double(total);
+    int64_t before = 0, placed = 0;
+    for (Item& it : items) {
+      before += it.compute_ns;
+      const int64_t upto = std::llround(double(before) * f);
+      it.compute_ns = upto - placed;
+      placed = upto;
+    }
   }
 
   // The gap before the first node after a collective: no overlap with it (at least the plain
@@ -845,6 +883,7 @@ class Engine {
         });
         if (draft_on_last && has_ids) is.items.push_back({0, 0, 0, "pp_ids", &is.ids});
       }
+      spread_residual(is.items, spec_residual_ns(*is.g, work));
       if (is.g->phase != Phase::kPrefill) r.sample.bytes_read += bytes;
       if (!eager) r.host_ns += hw_.graph_launch_ns;
       r.sample.host_launch_ns += r.host_ns - is.host_begin;
@@ -1113,7 +1152,10 @@ class Engine {
   // shard where there is one
   // (policies/calibration_model.h), else the model.
   std::string gap_model_, gap_draft_;
-  bool spec_residuals_;  // the profile has speculative graph residuals of this one-GPU run's model
+  // The label whose speculative graph residuals price this run's spec launches: the model on one
+  // GPU, its shard "<model>@tp<N>" for tensor parallelism alone (every rank the same shard);
+  // empty where the profile has none (spec_residual_model).
+  std::string spec_model_;
   std::vector<Rank> ranks_;
   std::vector<Issued> issued_;
   std::vector<int64_t> lengths_;  // pipeline_lengths of the rank being issued

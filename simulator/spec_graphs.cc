@@ -39,20 +39,20 @@ SpecGraph spec_graph_by_name(std::string_view name) {
 
 int64_t spec_graph_price_ns(const CostModel& cost, int64_t gap_ns, const ModelSpec& model,
                             const ModelSpec& draft, SpecGraph graph, int32_t requests,
-                            int32_t positions, int64_t ctx_sum) {
+                            int32_t positions, int64_t ctx_sum, int32_t tp) {
   StepKernels k;
   int64_t passes = 1;
   switch (graph) {
     case SpecGraph::kDraft:
     case SpecGraph::kDraftEarlyExit:
-      step_kernels(draft, decode_shape(requests, 1, ctx_sum), k);
+      shard_step_kernels(draft, tp, decode_shape(requests, 1, ctx_sum), k);
       passes = std::max(0, positions - 1);
       break;
     case SpecGraph::kVerify:
-      step_kernels(model, decode_shape(requests, positions, ctx_sum), k);
+      shard_step_kernels(model, tp, decode_shape(requests, positions, ctx_sum), k);
       break;
     case SpecGraph::kExtend:
-      step_kernels(draft, decode_shape(requests, positions, ctx_sum), k);
+      shard_step_kernels(draft, tp, decode_shape(requests, positions, ctx_sum), k);
       break;
     case SpecGraph::kCount:
       throw Error("spec_graph_price_ns: no such speculative graph");
@@ -110,6 +110,7 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
   struct Pricing {
     ModelSpec model;
     ModelSpec draft;
+    int32_t tp = 1;
     std::unique_ptr<CostModel> cost;
   };
   std::map<std::string, std::unique_ptr<Pricing>> pricing;
@@ -119,12 +120,11 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
     std::unique_ptr<Pricing> p;
     try {
       const CalibrationModel cm = parse_calibration_model(label);
-      if (cm.tp == 1) {
-        p = std::make_unique<Pricing>();
-        p->model = model_preset(cm.preset);
-        p->draft = nextn_draft(p->model);
-        p->cost = calibration_cost_model(hw, label);
-      }
+      p = std::make_unique<Pricing>();
+      p->model = model_preset(cm.preset);
+      p->draft = nextn_draft(p->model);
+      p->tp = cm.tp;
+      p->cost = calibration_cost_model(hw, label);
     } catch (const ConfigError&) {
       p.reset();  // not a preset: nothing to price it with
     }
@@ -146,7 +146,7 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
     pt.measured_ns = median(v);
     pt.priced_ns = double(spec_graph_price_ns(*p->cost, hw.graph_node_gap_ns, p->model, p->draft,
                                               spec_graph_by_name(graph), int32_t(batch),
-                                              int32_t(positions), ctx * batch));
+                                              int32_t(positions), ctx * batch, p->tp));
     out.push_back(std::move(pt));
   }
   return out;

@@ -33,9 +33,11 @@ SpecGraph spec_graph_by_name(std::string_view name);
 //     draft token comes from the previous round's extend (the runtime runs P forwards);
 //   verify: `model` over decode_shape(requests, positions, ctx_sum), positions = the width W;
 //   extend: `draft` over the same shape.
+// tp > 1: rank 0's shard of both, measured alone (shard_step_kernels: no collectives), as
+// calibrate --tp times it.
 int64_t spec_graph_price_ns(const CostModel& cost, int64_t gap_ns, const ModelSpec& model,
                             const ModelSpec& draft, SpecGraph graph, int32_t requests,
-                            int32_t positions, int64_t ctx_sum);
+                            int32_t positions, int64_t ctx_sum, int32_t tp = 1);
 
 // The residual of a `graph` launch of `model` (a calibration model label) in `mode` (graph |
 // pdl | eager) with `requests` requests: the entry of the smallest measured batch >= requests,
@@ -69,11 +71,11 @@ struct SpecGraphPoint {
   double measured_ns = 0;  // median
   double priced_ns = 0;    // spec_graph_price_ns with hw's fits and node gap
 };
-// The points of every spec_graph sample of a model label the simulator can price (a preset; a
-// TP shard's or an unknown label's samples are skipped) in mode graph (the only one priced with
-// graph_node_gap_ns; others skipped), priced with `hw` as a one-GPU run of the model
-// (CostModel(hw, kernel_fit_model(hw, model, 1))). Ordered by (model, graph, mode, batch,
-// positions, ctx).
+// The points of every spec_graph sample of a model label the simulator can price (a preset, or
+// a TP shard "<preset>@tp<N>"; an unknown label's samples are skipped) in mode graph (the only
+// one priced with graph_node_gap_ns; others skipped), priced with `hw` as the label's one-GPU run
+// (calibration_cost_model; a shard's kernels without collectives). Ordered by (model, graph,
+// mode, batch, positions, ctx).
 std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSample>& samples,
                                               const HardwareSpec& hw);
 

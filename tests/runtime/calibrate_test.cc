@@ -212,5 +212,30 @@ TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
   EXPECT_THROW(runtime::run_calibration(o), Error);
 }
 
+// --tp 2: rank 0's shard alone (no communicator), labelled "<model>@tp2", without the
+// early-exit draft (tensor parallelism runs drafts without early exit).
+TEST(Calibrate, SpecOnlyOfATensorParallelShard) {
+  std::string why;
+  if (!real_backend_available(&why)) GTEST_SKIP() << why;
+  runtime::CalibrateOptions o;
+  o.quick = true;
+  o.models = {"llama-3.2-3b"};
+  o.contexts = {128};
+  o.spec_only = true;
+  o.tp = 2;
+  const runtime::CalibrationRun run = runtime::run_calibration(o);
+  std::map<std::pair<std::string, int64_t>, int> count;
+  for (const CalibrationSample& s : run.samples) {
+    ASSERT_EQ(s.kind, "spec_graph");
+    EXPECT_EQ(s.model, "llama-3.2-3b@tp2");
+    EXPECT_NE(s.name, "draft_early_exit");
+    EXPECT_GT(s.value_ns, 0);
+    ++count[{s.name, s.nodes}];
+  }
+  for (const auto& [graph, positions] : std::vector<std::pair<std::string, int64_t>>{
+           {"draft", 5}, {"verify", 6}, {"verify", 16}, {"extend", 2}})
+    EXPECT_EQ((count[std::pair(graph, positions)]), 6) << graph << "(" << positions << ")";
+}
+
 }  // namespace
 }  // namespace twinstep

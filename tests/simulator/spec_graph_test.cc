@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "policies/calibration_model.h"
 #include "policies/calibration_profile.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
@@ -178,13 +180,38 @@ TEST(SpecGraphFit, ColumnsFollowWhatWasMeasured) {
   EXPECT_EQ(f[0].ns_per_position, 0);
   EXPECT_EQ(f[0].r2, 1.0);
   EXPECT_EQ(f[0].points, 1);
-  // Another mode, a TP shard or an unknown model is not priced, hence not fitted; an unknown
-  // graph name is an error.
-  s = {spec_sample("verify", 1, 6, 512, 1e6, "llama-3-8b@tp2"),
-       spec_sample("verify", 1, 6, 512, 1e6, "no-such-model")};
+  // Another mode or an unknown model is not priced, hence not fitted; an unknown graph name is
+  // an error.
+  s = {spec_sample("verify", 1, 6, 512, 1e6, "no-such-model")};
   s.push_back(spec_sample("verify", 1, 6, 512, 1e6));
   s.back().mode = "pdl";
   EXPECT_TRUE(fit_spec_graph_residuals(s, testing::ideal_machine()).empty());
+  // A TP shard (calibrate --tp 2) is priced as its rank-0 kernels without collectives.
+  const std::vector<CalibrationSample> tp = {
+      spec_sample("verify", 1, 6, 512, 1e6, "llama-3-8b@tp2")};
+  f = fit_spec_graph_residuals(tp, testing::ideal_machine());
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].model, "llama-3-8b@tp2");
+  const ModelSpec& llama = model_preset("llama-3-8b");
+  const auto shard_cost = calibration_cost_model(testing::ideal_machine(), "llama-3-8b@tp2");
+  const int64_t shard_price =
+      spec_graph_price_ns(*shard_cost, testing::ideal_machine().graph_node_gap_ns, llama,
+                          nextn_draft(llama), SpecGraph::kVerify, 1, 6, 512, 2);
+  EXPECT_NEAR(f[0].base_ns, 1e6 - double(shard_price), 1e-3);
+  // The shard's kernels carry no collective and read fewer bytes than the whole model's (the
+  // ideal machine prices nodes, not bytes, so the prices above cannot tell them apart).
+  StepKernels whole, half;
+  shard_step_kernels(llama, 1, decode_shape(1, 6, 512), whole);
+  shard_step_kernels(llama, 2, decode_shape(1, 6, 512), half);
+  auto bytes = [](const StepKernels& k) {
+    int64_t n = 0;
+    for (const LayerRun& run : k.runs)
+      for (int32_t i = run.first; i < run.first + run.count; ++i)
+        n += run.repeat * k.kernels[size_t(i)].bytes_read;
+    return n;
+  };
+  for (const KernelDesc& k : half.kernels) EXPECT_NE(k.cls, KernelClass::kCollective) << k.name;
+  EXPECT_LT(bytes(half), bytes(whole) * 6 / 10);  // layers halved; embedding and lm_head whole
   s.push_back(spec_sample("drafts", 1, 6, 512, 1e6));
   EXPECT_THROW(fit_spec_graph_residuals(s, testing::ideal_machine()), Error);
 }
@@ -397,7 +424,8 @@ TEST(SpecGraphProfile, BadEntriesSayWhereAndWhat) {
 // ---- the residual in a simulated round -------------------------------------------------------
 
 RunRecord simulate(const SpecSpec& spec, const HardwareSpec& hw,
-                   GraphMode mode = GraphMode::kCudaGraph, double accept_rate = 0.0) {
+                   GraphMode mode = GraphMode::kCudaGraph, double accept_rate = 0.0,
+                   int32_t tp = 1) {
   PolicySpec policy;
   policy.host_schedule = HostSchedule::kLockstep;
   policy.graph_mode = mode;
@@ -414,9 +442,19 @@ RunRecord simulate(const SpecSpec& spec, const HardwareSpec& hw,
   options.spec = spec;
   options.acceptance = {.accept_rate = accept_rate, .confidence_signal = 0.5};
   options.acceptance_seed = 7;
+  options.layout.tp = tp;
+  options.layout.vocab_parallel = false;
   SimBackend backend(model_preset("tiny-llama"), hw, host, reqs, options);
-  HostProgram* ranks[] = {&loop};
+  std::vector<RunRecord> shadow(static_cast<size_t>(tp));  // a host program per rank; 0 records
+  std::vector<std::unique_ptr<DecodeLoop>> loops;
+  std::vector<HostProgram*> ranks = {&loop};
+  for (int32_t i = 1; i < tp; ++i) {
+    loops.push_back(std::make_unique<DecodeLoop>(policy, w, reqs, &shadow[size_t(i)]));
+    ranks.push_back(loops.back().get());
+  }
   backend.run(ranks, r);
+  // Rank 0's samples only (a multi-rank record holds every rank's).
+  std::erase_if(r.steps, [](const StepSample& x) { return x.rank != 0; });
   return r;
 }
 
@@ -506,6 +544,36 @@ TEST(SpecGraphSim, WithoutAMatchingResidualNothingChanges) {
       EXPECT_EQ(y.steps[k].gpu_busy_ns, x.steps[k].gpu_busy_ns) << k;
     }
   }
+}
+
+// Tensor parallelism: a TP2 run's speculative launches take the residuals of the shard label
+// ("tiny-llama@tp2", what calibrate --tp 2 measures), spread over each rank's compute: every
+// round costs exactly their sum more (1000 + 2000 - 700 = 2300 ns, no context or position
+// terms), on both ranks alike; the one-GPU model's residuals do not apply to it, nor the shard's
+// to a one-GPU run.
+TEST(SpecGraphSim, TensorParallelRunsUseTheirShardsResidual) {
+  HardwareSpec shard = testing::ideal_machine();
+  shard.spec_graph_residuals = {residual("draft", 1000, 0, 0, "tiny-llama@tp2"),
+                                residual("verify", 2000, 0, 0, "tiny-llama@tp2"),
+                                residual("extend", -700, 0, 0, "tiny-llama@tp2")};
+  HardwareSpec one_gpu = testing::ideal_machine();
+  one_gpu.spec_graph_residuals = {residual("draft", 1e6, 0, 0), residual("verify", 1e6, 0, 0)};
+  const RunRecord base = simulate(chain5(), testing::ideal_machine(), GraphMode::kCudaGraph, 0, 2);
+  const RunRecord with = simulate(chain5(), shard, GraphMode::kCudaGraph, 0, 2);
+  const RunRecord other = simulate(chain5(), one_gpu, GraphMode::kCudaGraph, 0, 2);
+  ASSERT_EQ(with.steps.size(), base.steps.size());
+  ASSERT_GT(base.steps.size(), 10u);
+  EXPECT_EQ(with.steps[0].gpu_busy_ns, base.steps[0].gpu_busy_ns);  // prefill
+  for (size_t k = 1; k < base.steps.size(); ++k) {
+    EXPECT_EQ(with.steps[k].dur_ns - base.steps[k].dur_ns, 2300) << k;
+    EXPECT_EQ(with.steps[k].gpu_busy_ns - base.steps[k].gpu_busy_ns, 2300) << k;
+    EXPECT_EQ(other.steps[k].dur_ns, base.steps[k].dur_ns) << k;
+  }
+  const RunRecord single = simulate(chain5(), testing::ideal_machine());
+  const RunRecord single_shard = simulate(chain5(), shard);
+  ASSERT_EQ(single.steps.size(), single_shard.steps.size());
+  for (size_t k = 0; k < single.steps.size(); ++k)
+    EXPECT_EQ(single_shard.steps[k].dur_ns, single.steps[k].dur_ns) << k;
 }
 
 TEST(SpecGraphSim, DeviceDecidedDraftsWithEarlyExitUseTheirOwnResidual) {
