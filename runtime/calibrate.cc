@@ -792,12 +792,15 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
           sample_of("draft_early_exit", early_ns.back(), batch, std::llround(ctx_after_last),
                     width - 1);
         }
+        const std::string early_text =
+            early_exit ? ", with early exit " + std::to_string(median(early_ns) / 1e6) + " ms"
+                       : std::string();
         std::fprintf(o.log,
-                     "calibrate: %s batch %d ctx %lld W %d: draft(%d) %.3f ms, with early exit "
-                     "%.3f ms, verify %.3f ms, extend %.3f ms (medians)\n",
+                     "calibrate: %s batch %d ctx %lld W %d: draft(%d) %.3f ms%s, verify %.3f ms, "
+                     "extend %.3f ms (medians)\n",
                      label.c_str(), batch, static_cast<long long>(ctx_mid), width, width - 1,
-                     median(draft_ns) / 1e6, early_exit ? median(early_ns) / 1e6 : 0.0,
-                     median(verify_ns) / 1e6, median(extend_ns) / 1e6);
+                     median(draft_ns) / 1e6, early_text.c_str(), median(verify_ns) / 1e6,
+                     median(extend_ns) / 1e6);
       }
     }
   }
