@@ -16,9 +16,9 @@
 # OUT_DIR/tp2.collectives.txt (collective waits per rank, traced steps), OUT_DIR/tp2.metrics.csv;
 # with EP=1 the same ep2_run.log, ep2.db, ep2.ops.txt,
 # ep2.sim_vs_real.txt, ep2.routing.txt (the moe_* routing metrics, sim vs real), ep2.metrics.csv; with PP=1 pp2_run.log, pp2.db, pp2.ops.txt,
-# pp2.sim_vs_real.txt, pp2.metrics.csv; with SPEC=1 (and TP_SPEC_CAL_DB, the database of
-# h200_spec_calibration.yaml) experiments/validation/h200_tp2_spec.yaml into OUT/tp2spec.db,
-# tp2spec.sim_vs_real.txt, tp2spec.accept.txt.
+# pp2.sim_vs_real.txt, pp2.metrics.csv; with SPEC=1 experiments/validation/
+# h200_tp2_spec_calibration.yaml then h200_tp2_spec.yaml into OUT/tp2spec.db,
+# tp2spec_calibration.log, tp2spec.sim_vs_real.txt, tp2spec.accept.txt.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2);
 # EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2); PP (0: the
 # PipelineParallel tests filtered out; 1: also PP2); TP_TESTS (1; 0: the validation runs only,
@@ -71,8 +71,13 @@ validate() {
   db="$out/$tag.db"
   rm -f "$db"
   # The speculative run's simulated twin replays measured verify rounds (acceptance.calibrated):
-  # TP_SPEC_CAL_DB is the database h200_spec_calibration.yaml was run into.
-  if [ "$tag" = tp2spec ] && [ -n "${TP_SPEC_CAL_DB:-}" ]; then cp "$TP_SPEC_CAL_DB" "$db"; fi
+  # those of h200_tp2_spec_calibration.yaml (a chain of 15 at TP2, real only), run first.
+  if [ "$tag" = tp2spec ]; then
+    timeout 600 $mpi "$build/twinstep" --db "$db" run -q \
+      "$root/experiments/validation/h200_tp2_spec_calibration.yaml" >"$out/${tag}_calibration.log" 2>&1 ||
+      status=1
+    tail -4 "$out/${tag}_calibration.log"
+  fi
   xname=$(sed -n 's/^name: //p' "$exp")
   # TP_HARDWARE=NAME (with TP_PROFILES=DIR holding NAME.yaml): simulate with that profile instead.
   if [ -n "${TP_HARDWARE:-}" ]; then
