@@ -500,6 +500,33 @@ std::vector<int32_t> probe_prompt() {
   return prompt;
 }
 
+// What every engine-A probe starts from: the Llama-3-8B config, engine A (1 slot, its graph and
+// PDL graphs captured, warmed up: probe_engine), the prompt it re-prefills, the window events,
+// the record's rows and the clock its rows' seconds count from.
+struct ProbeBench {
+  LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
+  std::unique_ptr<Engine> a = probe_engine(config, 1);
+  std::vector<int32_t> prompt = probe_prompt();
+  WindowEvents ev;
+  Json json;
+  std::chrono::system_clock::time_point t_start = std::chrono::system_clock::now();
+};
+
+// The end of one phase of a creation probe (its action has run): the device synchronised, engine
+// A timed in `windows` windows (time_phase; rows keyed by `keys` and "phase"), and its means
+// printed as a table row: phase, graph, PDL, graph - PDL (us).
+void time_after_phase(ProbeBench& pb, int windows, int launches,
+                      std::vector<std::pair<std::string, std::string>> keys,
+                      const std::string& phase) {
+  TS_CUDA_CHECK(cudaDeviceSynchronize());
+  keys.push_back({"phase", q(phase)});
+  const GraphPdlWindow m =
+      time_phase(*pb.a, pb.prompt, windows, launches, pb.ev, pb.json, keys, pb.t_start);
+  std::printf("%-24s %10.1f %10.1f %10.1f\n", phase.c_str(), m.graph_us, m.pdl_us,
+              m.graph_us - m.pdl_us);
+  std::fflush(stdout);
+}
+
 // --probe-engines: is the plain-graph step's bimodality (4360-4370 vs 4458-4477 us at prompt 128
 // across engines of one process, decode_carveout_probe.json at 4f63cb0) a property of an engine
 // (its allocations) or of the moment (the GPU's state)? Three engines alive at once (runner
@@ -541,32 +568,27 @@ void probe_engines(const std::string& out_dir, const std::string& header) {
 // process or after the GPU idled (decode_engines_probe.json, decode_carveout_probe.json).
 // Writes OUT/decode_thermal_probe.json.
 void probe_thermal(const std::string& out_dir, const std::string& header) {
-  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
+  ProbeBench pb;
   constexpr int kWindows = 40, kLaunches = 16;
-  auto engine = probe_engine(config, 1);
-  const std::vector<int32_t> prompt = probe_prompt();
-  WindowEvents ev;
-  Json json;
-  const auto t_start = std::chrono::system_clock::now();
   std::printf(
       "\nthermal probe: per window %d plain-graph then %d PDL launches at context "
       "128..%d, us\n%6s %6s %8s %10s %10s %10s\n",
       kLaunches, kLaunches, 128 + 2 * kLaunches + 2, "idle_s", "window", "t_s", "graph", "pdl",
       "graph-pdl");
   for (const int idle_s : {20, 8, 3}) {
-    TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
+    TS_CUDA_CHECK(cudaStreamSynchronize(pb.a->compute_stream()));
     std::this_thread::sleep_for(std::chrono::seconds(idle_s));
     for (int i = 0; i < kWindows; ++i) {
-      const GraphPdlWindow w = time_graph_pdl_window(*engine, prompt, kLaunches, ev);
+      const GraphPdlWindow w = time_graph_pdl_window(*pb.a, pb.prompt, kLaunches, pb.ev);
       const double t_s = add_window_row(
-          json, {{"idle_s_before", std::to_string(idle_s)}, {"window", std::to_string(i)}}, t_start,
-          w);
+          pb.json, {{"idle_s_before", std::to_string(idle_s)}, {"window", std::to_string(i)}},
+          pb.t_start, w);
       std::printf("%6d %6d %8.2f %10.1f %10.1f %10.1f\n", idle_s, i, t_s, w.graph_us, w.pdl_us,
                   w.graph_us - w.pdl_us);
     }
   }
   std::fflush(stdout);
-  json.write(out_dir + "/decode_thermal_probe.json", header);
+  pb.json.write(out_dir + "/decode_thermal_probe.json", header);
 }
 
 // --probe-graphs: the plain-graph step of one engine (1 slot, its graph and PDL graphs of bucket
@@ -577,14 +599,9 @@ void probe_thermal(const std::string& out_dir, const std::string& header) {
 // us where several engines' graphs were alive (calibrate, decode_engines_probe.json). Writes
 // OUT/decode_graphs_probe.json.
 void probe_graphs(const std::string& out_dir, const std::string& header) {
-  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
+  ProbeBench pb;
   constexpr int kWindows = 10, kLaunches = 16;
-  auto a = probe_engine(config, 1);
   std::unique_ptr<Engine> other;
-  const std::vector<int32_t> prompt = probe_prompt();
-  WindowEvents ev;
-  Json json;
-  const auto t_start = std::chrono::system_clock::now();
   std::printf(
       "\ngraphs probe: engine A (1 slot) timed while other engines' graphs live, us\n"
       "%-28s %6s %10s %10s %10s\n",
@@ -594,18 +611,18 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
       {"C_1_slot_alive", 1}, {"C_destroyed", 0},       {"A_alone_end", 0}};
   for (const auto& [phase, slots] : phases) {
     if (slots > 0)
-      other = probe_engine(config, slots);
+      other = probe_engine(pb.config, slots);
     else
       other.reset();
     TS_CUDA_CHECK(cudaDeviceSynchronize());
-    const GraphPdlWindow m =
-        time_phase(*a, prompt, kWindows, kLaunches, ev, json,
-                   {{"phase", q(phase)}, {"other_engine_slots", std::to_string(slots)}}, t_start);
+    const GraphPdlWindow m = time_phase(
+        *pb.a, pb.prompt, kWindows, kLaunches, pb.ev, pb.json,
+        {{"phase", q(phase)}, {"other_engine_slots", std::to_string(slots)}}, pb.t_start);
     std::printf("%-28s %6s %10.1f %10.1f %10.1f\n", phase, "mean", m.graph_us, m.pdl_us,
                 m.graph_us - m.pdl_us);
   }
   std::fflush(stdout);
-  json.write(out_dir + "/decode_graphs_probe.json", header);
+  pb.json.write(out_dir + "/decode_graphs_probe.json", header);
 }
 
 // --probe-alloc: which part of an engine's creation switches the plain-graph step from ~370 to
@@ -617,14 +634,9 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
 // engine option since removed: the switch came at engine B's allocation all the same.)
 // Writes OUT/decode_alloc_probe.json.
 void probe_alloc(const std::string& out_dir, const std::string& header) {
-  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
+  ProbeBench pb;
   constexpr int kWindows = 10, kLaunches = 16;
   constexpr size_t kBytes = size_t{16} << 30;
-  auto a = probe_engine(config, 1);
-  const std::vector<int32_t> prompt = probe_prompt();
-  WindowEvents ev;
-  Json json;
-  const auto t_start = std::chrono::system_clock::now();
   std::printf(
       "\nalloc probe: engine A (1 slot) after each phase, mean of %d windows, us\n"
       "%-24s %10s %10s %10s\n",
@@ -685,32 +697,28 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
          EngineOptions eo;
          eo.max_slots = 1;
          eo.capacity_tokens = 384;
-         other = Engine::create_synthetic(config, 1, eo);
+         other = Engine::create_synthetic(pb.config, 1, eo);
        }},
       {"engine_B_graph_captured", [&] { other->prepare(GraphMode::kCudaGraph, 1); }},
       {"engine_B_pdl_captured", [&] { other->prepare(GraphMode::kCudaGraphPdl, 1); }},
       {"engine_B_warmed_up",
        [&] { other->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches); }},
       {"engine_B_destroyed", [&] { other.reset(); }},
-      {"engine_C_created", [&] { other = probe_engine(config, 1); }},
+      {"engine_C_created", [&] { other = probe_engine(pb.config, 1); }},
       {"engine_C_destroyed", [&] { other.reset(); }},
-      {"engine_D_created", [&] { other = probe_engine(config, 1); }},
+      {"engine_D_created", [&] { other = probe_engine(pb.config, 1); }},
       {"engine_D_destroyed", [&] { other.reset(); }},
   };
   for (const auto& [phase, action] : phases) {
     action();
-    TS_CUDA_CHECK(cudaDeviceSynchronize());
-    const GraphPdlWindow m =
-        time_phase(*a, prompt, kWindows, kLaunches, ev, json, {{"phase", q(phase)}}, t_start);
-    std::printf("%-24s %10.1f %10.1f %10.1f\n", phase, m.graph_us, m.pdl_us, m.graph_us - m.pdl_us);
-    std::fflush(stdout);
+    time_after_phase(pb, kWindows, kLaunches, {}, phase);
   }
   for (cudaEvent_t e : events) cudaEventDestroy(e);
   for (void* x : small) cudaFree(x);
   if (blas) cublasDestroy(blas);
   for (cudaStream_t x : streams) cudaStreamDestroy(x);
   if (pinned) cudaFreeHost(pinned);
-  json.write(out_dir + "/decode_alloc_probe.json", header);
+  pb.json.write(out_dir + "/decode_alloc_probe.json", header);
 }
 
 // --probe-streams: is the switch a count of created streams? Engine A (1 slot: its compute, copy
@@ -723,15 +731,10 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
 // variable unset, 32 and 1 (the record's "connections" field). Writes
 // OUT/decode_streams_probe.json.
 void probe_streams(const std::string& out_dir, const std::string& header) {
-  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
+  ProbeBench pb;
   constexpr int kWindows = 10, kLaunches = 16, kStreams = 12;
   const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const std::string connections = env != nullptr && *env != '\0' ? env : "unset";
-  auto a = probe_engine(config, 1);
-  const std::vector<int32_t> prompt = probe_prompt();
-  WindowEvents ev;
-  Json json;
-  const auto t_start = std::chrono::system_clock::now();
   std::printf(
       "\nstreams probe (CUDA_DEVICE_MAX_CONNECTIONS %s): engine A (1 slot, streams 1-3) after "
       "each stream created, mean of %d windows, us\n%-10s %10s %10s %10s\n",
@@ -744,13 +747,13 @@ void probe_streams(const std::string& out_dir, const std::string& header) {
     }
     TS_CUDA_CHECK(cudaDeviceSynchronize());
     const GraphPdlWindow m = time_phase(
-        *a, prompt, kWindows, kLaunches, ev, json,
-        {{"connections", q(connections)}, {"streams_created", std::to_string(n)}}, t_start);
+        *pb.a, pb.prompt, kWindows, kLaunches, pb.ev, pb.json,
+        {{"connections", q(connections)}, {"streams_created", std::to_string(n)}}, pb.t_start);
     std::printf("%-10d %10.1f %10.1f %10.1f\n", n, m.graph_us, m.pdl_us, m.graph_us - m.pdl_us);
     std::fflush(stdout);
   }
   for (cudaStream_t x : streams) cudaStreamDestroy(x);
-  json.write(out_dir + "/decode_streams_probe.json", header);
+  pb.json.write(out_dir + "/decode_streams_probe.json", header);
 }
 
 // --probe-create: which engines' creation switches engine A (decode_alloc_probe_00206c0.json: the
@@ -761,17 +764,12 @@ void probe_streams(const std::string& out_dir, const std::string& header) {
 // record's "module_loading" field): were it code loaded at an engine's creation, eager loading
 // would move it to the start. Writes OUT/decode_create_probe.json.
 void probe_create(const std::string& out_dir, const std::string& header) {
-  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
-  LlamaConfig tiny = config;
+  ProbeBench pb;
+  LlamaConfig tiny = pb.config;
   tiny.layers = 2;
   constexpr int kWindows = 10, kLaunches = 16;
   const char* env = std::getenv("CUDA_MODULE_LOADING");
   const std::string loading = env != nullptr && *env != '\0' ? env : "unset";
-  auto a = probe_engine(config, 1);
-  const std::vector<int32_t> prompt = probe_prompt();
-  WindowEvents ev;
-  Json json;
-  const auto t_start = std::chrono::system_clock::now();
   std::printf(
       "\ncreate probe (CUDA_MODULE_LOADING %s): engine A (1 slot) after each phase, mean of %d "
       "windows, us\n%-24s %10s %10s %10s\n",
@@ -786,21 +784,16 @@ void probe_create(const std::string& out_dir, const std::string& header) {
       {"tiny_B_destroyed", [&] { other.reset(); }},
       {"tiny_C_created", [&] { other = Engine::create_synthetic(tiny, 1, eo); }},
       {"tiny_C_destroyed", [&] { other.reset(); }},
-      {"full_D_created", [&] { other = Engine::create_synthetic(config, 1, eo); }},
+      {"full_D_created", [&] { other = Engine::create_synthetic(pb.config, 1, eo); }},
       {"full_D_destroyed", [&] { other.reset(); }},
-      {"full_E_created", [&] { other = Engine::create_synthetic(config, 1, eo); }},
+      {"full_E_created", [&] { other = Engine::create_synthetic(pb.config, 1, eo); }},
       {"full_E_destroyed", [&] { other.reset(); }},
   };
   for (const auto& [phase, action] : phases) {
     action();
-    TS_CUDA_CHECK(cudaDeviceSynchronize());
-    const GraphPdlWindow m =
-        time_phase(*a, prompt, kWindows, kLaunches, ev, json,
-                   {{"module_loading", q(loading)}, {"phase", q(phase)}}, t_start);
-    std::printf("%-24s %10.1f %10.1f %10.1f\n", phase, m.graph_us, m.pdl_us, m.graph_us - m.pdl_us);
-    std::fflush(stdout);
+    time_after_phase(pb, kWindows, kLaunches, {{"module_loading", q(loading)}}, phase);
   }
-  json.write(out_dir + "/decode_create_probe.json", header);
+  pb.json.write(out_dir + "/decode_create_probe.json", header);
 }
 
 // --probe-cycle: which creation after which release switches engine A? (decode_create_probe: a
@@ -812,15 +805,11 @@ void probe_create(const std::string& out_dir, const std::string& header) {
 // phase keeps what it creates to the end. Writes OUT/decode_cycle_probe.json (rows name the
 // order).
 void probe_cycle(const std::string& out_dir, const std::string& header) {
-  const LlamaConfig config = llama_config_from_spec(model_preset("llama-3-8b"));
-  LlamaConfig tiny = config;
+  ProbeBench pb;
+  LlamaConfig tiny = pb.config;
   tiny.layers = 2;
   constexpr int kWindows = 10, kLaunches = 16;
   constexpr size_t kGiB = size_t{1} << 30;
-  auto a = probe_engine(config, 1);
-  const std::vector<int32_t> prompt = probe_prompt();
-  WindowEvents ev;
-  Json json;
   std::vector<void*> device, host;
   std::vector<cudaStream_t> streams;
   std::vector<cudaEvent_t> events;
@@ -843,7 +832,7 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
     for (int i = 0; i < 64; ++i) {
       events.emplace_back();
       TS_CUDA_CHECK(cudaEventCreateWithFlags(&events.back(), cudaEventDisableTiming));
-      TS_CUDA_CHECK(cudaEventRecord(events.back(), a->compute_stream()));
+      TS_CUDA_CHECK(cudaEventRecord(events.back(), pb.a->compute_stream()));
     }
   };
   auto make_pinned = [&] {
@@ -853,7 +842,7 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
   auto make_cublas = [&] {  // as an engine sets its handle up
     handles.emplace_back();
     TS_CUBLAS_CHECK(cublasCreate(&handles.back()));
-    TS_CUBLAS_CHECK(cublasSetStream(handles.back(), a->compute_stream()));
+    TS_CUBLAS_CHECK(cublasSetStream(handles.back(), pb.a->compute_stream()));
     malloc_kept(size_t{32} << 20);
     TS_CUBLAS_CHECK(cublasSetWorkspace(handles.back(), device.back(), size_t{32} << 20));
   };
@@ -959,7 +948,7 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
          TS_CUDA_CHECK(cudaDeviceSynchronize());
        }},
       {"tiny_engine", [&] { engines.push_back(Engine::create_synthetic(tiny, 1, eo)); }},
-      {"engine", [&] { engines.push_back(Engine::create_synthetic(config, 1, eo)); }},
+      {"engine", [&] { engines.push_back(Engine::create_synthetic(pb.config, 1, eo)); }},
       {"destroy_engine", [&] { engines.pop_back(); }},
   };
   std::string order =
@@ -974,19 +963,13 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
     if (!actions.count(phases.back())) throw Error("--probe-cycle: unknown phase " + phases.back());
     at = comma + 1;
   }
-  const auto t_start = std::chrono::system_clock::now();
   std::printf(
       "\ncycle probe (%s): engine A (1 slot) after each phase, mean of %d windows, us\n"
       "%-20s %10s %10s %10s\n",
       order.c_str(), kWindows, "phase", "graph", "pdl", "graph-pdl");
   for (const std::string& phase : phases) {
     if (phase != "A_alone") actions.at(phase)();
-    TS_CUDA_CHECK(cudaDeviceSynchronize());
-    const GraphPdlWindow m = time_phase(*a, prompt, kWindows, kLaunches, ev, json,
-                                        {{"order", q(order)}, {"phase", q(phase)}}, t_start);
-    std::printf("%-20s %10.1f %10.1f %10.1f\n", phase.c_str(), m.graph_us, m.pdl_us,
-                m.graph_us - m.pdl_us);
-    std::fflush(stdout);
+    time_after_phase(pb, kWindows, kLaunches, {{"order", q(order)}}, phase);
   }
   engines.clear();
   for (cublasHandle_t h : handles) cublasDestroy(h);
@@ -994,7 +977,7 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
   for (void* p : host) cudaFreeHost(p);
   for (cudaEvent_t e : events) cudaEventDestroy(e);
   for (cudaStream_t x : streams) cudaStreamDestroy(x);
-  json.write(out_dir + "/decode_cycle_probe.json", header);
+  pb.json.write(out_dir + "/decode_cycle_probe.json", header);
 }
 
 // The CUDA variables a probe is run under, "NAME=VALUE " each where set (a probe record's command).

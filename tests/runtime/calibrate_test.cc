@@ -175,14 +175,21 @@ TEST(Calibrate, PrefillOnlyTimesOnePromptPerLength) {
   EXPECT_THROW(runtime::run_calibration(o), Error);
 }
 
-TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
-  std::string why;
-  if (!real_backend_available(&why)) GTEST_SKIP() << why;
+// --spec-only on the quick grid of llama-3.2-3b at context 128 (tp: its shard's).
+runtime::CalibrateOptions spec_only_options(int tp) {
   runtime::CalibrateOptions o;
   o.quick = true;
   o.models = {"llama-3.2-3b"};
   o.contexts = {128};
   o.spec_only = true;
+  o.tp = tp;
+  return o;
+}
+
+TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
+  std::string why;
+  if (!real_backend_available(&why)) GTEST_SKIP() << why;
+  runtime::CalibrateOptions o = spec_only_options(1);
   const runtime::CalibrationRun run = runtime::run_calibration(o);
   std::map<std::pair<std::string, int64_t>, std::vector<double>> by_graph;  // (graph, positions)
   for (const CalibrationSample& s : run.samples) {
@@ -217,13 +224,7 @@ TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
 TEST(Calibrate, SpecOnlyOfATensorParallelShard) {
   std::string why;
   if (!real_backend_available(&why)) GTEST_SKIP() << why;
-  runtime::CalibrateOptions o;
-  o.quick = true;
-  o.models = {"llama-3.2-3b"};
-  o.contexts = {128};
-  o.spec_only = true;
-  o.tp = 2;
-  const runtime::CalibrationRun run = runtime::run_calibration(o);
+  const runtime::CalibrationRun run = runtime::run_calibration(spec_only_options(2));
   std::map<std::pair<std::string, int64_t>, int> count;
   for (const CalibrationSample& s : run.samples) {
     ASSERT_EQ(s.kind, "spec_graph");

@@ -72,14 +72,17 @@ bool g_world_ready = false;
                    << "-np " << (n) << " runtime_tp_gpu_test";                                 \
   } while (0)
 
-// Greedy tokens of request 0..n-1 for workload w (prompt seed 1) on `engine`.
+// Greedy tokens of request 0..n-1 for workload w (prompt seed 1) on `engine`, under speculative
+// policy `spec` (none by default); accept_len: tokens committed per verified request-step.
 std::vector<std::vector<int32_t>> greedy(Engine& engine, const ModelSpec& model,
                                          const WorkloadSpec& w, HostSchedule schedule,
-                                         GraphMode mode) {
+                                         GraphMode mode, const SpecSpec& spec = {},
+                                         double* accept_len = nullptr) {
   const std::vector<RequestSpec> requests = generate_requests(w);
   PolicySpec p;
   p.host_schedule = schedule;
   p.graph_mode = mode;
+  p.spec = spec;
   RunRecord record;
   DecodeLoop loop(p, w, requests, &record);
   const HostCostModel host(HostCostSpec{}, 1);
@@ -87,9 +90,19 @@ std::vector<std::vector<int32_t>> greedy(Engine& engine, const ModelSpec& model,
   ro.prompt_seed = 1;
   ro.prepare_mode = mode;
   ro.prepare_max_batch = w.max_concurrency;
+  ro.spec = spec;
   RealBackend backend(engine, model, host, requests, ro);
   HostProgram* ranks[] = {&loop};
   backend.run(ranks, record);
+  if (accept_len != nullptr) {
+    int64_t committed = 0, verified = 0;
+    for (const StepSample& s : record.steps) {
+      if (s.draft_len == 0) continue;
+      committed += s.tokens;
+      verified += s.batch;
+    }
+    *accept_len = verified ? double(committed) / double(verified) : 0;
+  }
   std::vector<std::vector<int32_t>> out;
   for (const RequestSpec& q : requests) out.push_back(backend.output_tokens(q.id));
   return out;
@@ -514,38 +527,6 @@ TEST(TensorParallel, OneRankPathEqualsPlainEngine) {
   }
 }
 
-// Greedy tokens of request 0..n-1 under speculative policy `spec` (runahead, graphs with PDL).
-std::vector<std::vector<int32_t>> greedy_spec(Engine& engine, const ModelSpec& model,
-                                              const WorkloadSpec& w, const SpecSpec& spec,
-                                              double* accept_len = nullptr) {
-  const std::vector<RequestSpec> requests = generate_requests(w);
-  PolicySpec p;
-  p.host_schedule = HostSchedule::kRunahead;
-  p.graph_mode = GraphMode::kCudaGraphPdl;
-  p.spec = spec;
-  RunRecord record;
-  DecodeLoop loop(p, w, requests, &record);
-  const HostCostModel host(HostCostSpec{}, 1);
-  RealOptions ro;
-  ro.prompt_seed = 1;
-  ro.prepare_mode = p.graph_mode;
-  ro.prepare_max_batch = w.max_concurrency;
-  ro.spec = spec;
-  RealBackend backend(engine, model, host, requests, ro);
-  HostProgram* ranks[] = {&loop};
-  backend.run(ranks, record);
-  int64_t committed = 0, verified = 0;
-  for (const StepSample& s : record.steps) {
-    if (s.draft_len == 0) continue;
-    committed += s.tokens;
-    verified += s.batch;
-  }
-  if (accept_len != nullptr) *accept_len = verified ? double(committed) / double(verified) : 0;
-  std::vector<std::vector<int32_t>> out;
-  for (const RequestSpec& q : requests) out.push_back(backend.output_tokens(q.id));
-  return out;
-}
-
 // The speculative policies a TP engine runs: chain(5), and confidence-scheduled drafts decided on
 // the device (without early exit) and late on the host.
 std::vector<std::pair<const char*, SpecSpec>> tp_spec_policies() {
@@ -587,7 +568,10 @@ TEST(TensorParallel, OneRankSpeculativeEqualsPlainGreedy) {
   const auto ref = greedy(*plain, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
   for (const auto& [label, policy] : tp_spec_policies()) {
     double accept = 0;
-    EXPECT_EQ(greedy_spec(*tp1, spec, w, policy, &accept), ref) << label;
+    EXPECT_EQ(
+        greedy(*tp1, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl, policy, &accept),
+        ref)
+        << label;
     EXPECT_GT(accept, 1.0) << label;
     std::printf("tiny TP1-with-communicator %-22s accept length %.3f\n", label, accept);
   }
@@ -617,7 +601,8 @@ TEST(TensorParallel, TinyTwoRanksSpeculativeEqualsPlainGreedy) {
   const auto ref = greedy(*engine, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
   for (const auto& [label, policy] : tp_spec_policies()) {
     double accept = 0;
-    const auto tokens = greedy_spec(*engine, spec, w, policy, &accept);
+    const auto tokens = greedy(*engine, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl,
+                               policy, &accept);
     EXPECT_EQ(tokens, ref) << label;
     const auto ranks = gather_tokens(comm, flat(tokens));
     EXPECT_EQ(ranks[0], ranks[1]) << label << ": the ranks committed different tokens";
