@@ -514,6 +514,16 @@ int64_t StepKernels::node_count() const {
   return n;
 }
 
+int64_t StepKernels::bytes_read() const {
+  int64_t n = 0;
+  for (const LayerRun& r : runs)
+    for (int32_t i = r.first; i < r.first + r.count; ++i) {
+      const KernelDesc& k = kernels[static_cast<size_t>(i)];
+      if (k.cls != KernelClass::kCollective) n += int64_t{r.repeat} * k.bytes_read;
+    }
+  return n;
+}
+
 StepShape dp_rank_shape(const StepShape& shape, int32_t width, int32_t index) {
   const int64_t r = shape.requests;
   // Requests index, index + width, ...: c(i) of them go to indices below i.

@@ -127,6 +127,8 @@ struct StepKernels {
   std::vector<KernelDesc> kernels;
   std::vector<LayerRun> runs;  // runs[0] is the prologue, runs.back() the epilogue (repeat 1)
   int64_t node_count() const;
+  // Bytes the compute kernels read (runs repeated; collectives left out): a step's bytes_read.
+  int64_t bytes_read() const;
 };
 
 // Fills `out` (cleared first). Expected distinct MoE experts for T tokens assume uniform

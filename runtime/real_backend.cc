@@ -10,7 +10,10 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 
+#include "policies/calibration_model.h"
 #include "policies/error.h"
 #include "policies/moe_routing.h"
 #include "policies/rng.h"
@@ -93,14 +96,37 @@ struct StepOutputsPlan {
 
 }  // namespace
 
+namespace {
+
+// The layout and rank whose kernels `o`'s engine runs: a tensor-parallel rank's shard (MoE:
+// expert parallel, ep = tp; the whole vocabulary on every rank), a pipeline stage, or the whole
+// model on one GPU.
+std::pair<LayoutSpec, int32_t> engine_shard(const runtime::EngineOptions& o, const ModelSpec& m) {
+  if (o.tp.size > 1) return {calibration_layout(m, o.tp.size), o.tp.rank};
+  LayoutSpec l;
+  if (o.pp.stages > 1) {
+    l.pp = o.pp.stages;
+    l.microbatches = 1;
+    l.vocab_parallel = false;
+    return {l, o.pp.stage};
+  }
+  return {l, 0};
+}
+
+}  // namespace
+
 struct RealBackend::State {
   State(RealBackend& owner, HostProgram* program, RunRecord& record)
-      : b(owner), engine(owner.engine_), program(program), record(record) {}
+      : b(owner), engine(owner.engine_), program(program), record(record) {
+    std::tie(shard_layout, shard_rank) = engine_shard(engine.options(), b.model_);
+  }
 
   RealBackend& b;
   runtime::Engine& engine;
   HostProgram* program;
   RunRecord& record;
+  LayoutSpec shard_layout;  // this engine's kernels (a step's bytes_read): engine_shard
+  int32_t shard_rank = 0;
   int64_t t0 = 0;
   std::array<cudaEvent_t, kPlanEvents> plan_events{};
   std::array<EventId, kPlanEvents> plan_event_ids{};
@@ -599,12 +625,12 @@ struct RealBackend::State {
         const int64_t start = gpu_ns(c.start_ev);
         span(Lane::kCopy, "d2h_outputs", s.step, start, gpu_ns(c.end_ev) - start, c.flow);
       }
-      for (const auto& [n, ctx_sum] : p.decode_shapes) {  // verify: counted as one decode step
+      // The kernels of this rank's shard (as the simulator counts a rank's bytes); a verify is
+      // counted as one decode step.
+      for (const auto& [n, ctx_sum] : p.decode_shapes) {
         StepKernels k;
-        step_kernels(b.model_, decode_shape(n, 1, ctx_sum), k);
-        for (const LayerRun& run : k.runs)
-          for (int32_t i = run.first; i < run.first + run.count; ++i)
-            s.bytes_read += run.repeat * k.kernels[size_t(i)].bytes_read;
+        step_kernels(b.model_, decode_shape(n, 1, ctx_sum), shard_layout, shard_rank, k);
+        s.bytes_read += k.bytes_read();
       }
       s.end_ns = prev;
       s.dur_ns = prev - prev_step_end_ns;

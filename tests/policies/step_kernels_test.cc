@@ -39,6 +39,32 @@ TEST(StepKernels, Llama8bDecodeReadsEveryWeightOnce) {
   EXPECT_EQ(s.node_count(), 1 + 32 * 10 + 2);
 }
 
+// bytes_read(): what a step's sample counts on both backends (the real backend from its engine's
+// shard). One GPU: every kernel (no collectives). Rank 0 of TP2 (the runtime's layout:
+// calibration_layout): the layers' projections halved, their two norms, the embedding row and the
+// LM head whole, by hand (Llama-3-8B: per layer 218,112,000 parameters of which 8192 in norms,
+// LM head 525,336,576, final norm 4096, one embedding row 4096, all 2 B); its all-reduces'
+// bytes are not counted.
+TEST(StepKernels, BytesReadIsTheRanksComputeKernels) {
+  const ModelSpec& m = model_preset("llama-3-8b");
+  StepKernels one, tp2;
+  step_kernels(m, decode_shape(1, 1, 0), one);
+  EXPECT_EQ(one.bytes_read(), total_read(one));
+  step_kernels(m, decode_shape(1, 1, 0), calibration_layout(m, 2), 0, tp2);
+  int64_t compute = 0, collectives = 0;
+  for (const LayerRun& r : tp2.runs)
+    for (int32_t i = r.first; i < r.first + r.count; ++i) {
+      const KernelDesc& k = tp2.kernels[size_t(i)];
+      (k.cls == KernelClass::kCollective ? collectives : compute) += r.repeat * k.bytes_read;
+    }
+  EXPECT_EQ(tp2.bytes_read(), compute);
+  EXPECT_EQ(collectives, total_read(tp2) - compute);
+  const int64_t weights =
+      (int64_t{32} * ((218'112'000 - 8192) / 2 + 8192) + 525'336'576 + 4096 + 4096) * 2;
+  EXPECT_GE(tp2.bytes_read(), weights);
+  EXPECT_LT(tp2.bytes_read(), weights + 8'000'000);  // activations, as above
+}
+
 TEST(StepKernels, AttentionBytesGrowByKvPerToken) {
   const ModelSpec& m = model_preset("llama-3-8b");
   StepKernels a, b;
