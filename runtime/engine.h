@@ -30,11 +30,14 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/common.h"
 #include "kernels/moe.h"
 #include "kernels/rope.h"
+#include "policies/layout.h"
+#include "policies/model_spec.h"
 #include "policies/policy_spec.h"
 #include "runtime/checkpoint.h"
 #include "runtime/device_ops.h"
@@ -96,6 +99,12 @@ struct EngineOptions {
   // inside the decode graphs). Plain decode only (no draft, no tp), synthetic weights only.
   PipelineParallel pp;
 };
+
+// The layout and rank whose kernels an engine built with `options` runs, as the simulator lays a
+// rank out (what a step's bytes_read counts): a tensor-parallel rank's shard (calibration_layout:
+// MoE expert parallel with ep = tp, the whole vocabulary on every rank), a pipeline stage (one
+// microbatch), else the whole model on one GPU (LayoutSpec{}, rank 0).
+std::pair<LayoutSpec, int32_t> engine_shard(const EngineOptions& options, const ModelSpec& model);
 
 // One draft launch: `steps` autoregressive draft forwards (1..kMaxDraftTokens). device_stop: a
 // request stops drafting once it drafted min_steps tokens and a token's top-1 probability fell

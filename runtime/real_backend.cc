@@ -13,7 +13,6 @@
 #include <tuple>
 #include <utility>
 
-#include "policies/calibration_model.h"
 #include "policies/error.h"
 #include "policies/moe_routing.h"
 #include "policies/rng.h"
@@ -96,29 +95,10 @@ struct StepOutputsPlan {
 
 }  // namespace
 
-namespace {
-
-// The layout and rank whose kernels `o`'s engine runs: a tensor-parallel rank's shard (MoE:
-// expert parallel, ep = tp; the whole vocabulary on every rank), a pipeline stage, or the whole
-// model on one GPU.
-std::pair<LayoutSpec, int32_t> engine_shard(const runtime::EngineOptions& o, const ModelSpec& m) {
-  if (o.tp.size > 1) return {calibration_layout(m, o.tp.size), o.tp.rank};
-  LayoutSpec l;
-  if (o.pp.stages > 1) {
-    l.pp = o.pp.stages;
-    l.microbatches = 1;
-    l.vocab_parallel = false;
-    return {l, o.pp.stage};
-  }
-  return {l, 0};
-}
-
-}  // namespace
-
 struct RealBackend::State {
   State(RealBackend& owner, HostProgram* program, RunRecord& record)
       : b(owner), engine(owner.engine_), program(program), record(record) {
-    std::tie(shard_layout, shard_rank) = engine_shard(engine.options(), b.model_);
+    std::tie(shard_layout, shard_rank) = runtime::engine_shard(engine.options(), b.model_);
   }
 
   RealBackend& b;

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "policies/calibration_model.h"
 #include "policies/error.h"
 #include "runtime/comm.h"
 #include "runtime/engine.h"
@@ -137,6 +138,18 @@ std::vector<uint16_t> tp_shard_bits(const LlamaConfig& full, const WeightDesc& w
     synthetic_tensor_bits(w, seed, uint64_t((s.row0 + r) * s.full_cols + s.col0), uint64_t(s.cols),
                           out.data() + r * s.cols);
   return out;
+}
+
+std::pair<LayoutSpec, int32_t> engine_shard(const EngineOptions& o, const ModelSpec& m) {
+  if (o.tp.size > 1) return {calibration_layout(m, o.tp.size), o.tp.rank};
+  LayoutSpec l;
+  if (o.pp.stages > 1) {
+    l.pp = o.pp.stages;
+    l.microbatches = 1;
+    l.vocab_parallel = false;
+    return {l, o.pp.stage};
+  }
+  return {l, 0};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -373,6 +373,43 @@ TEST(ExpertParallel, ConfigErrors) {
             std::string::npos);
 }
 
+// CPU: the layout and rank a real engine's step bytes are counted over (engine_shard) are those
+// the simulator gives the same rank of the variant's layout: one GPU, a TP2 rank of a dense model
+// (ep 1) and of an MoE model (ep 2), both with the whole vocabulary per rank, and a PP2 stage; so
+// TP2 rank 1 of Llama-3-8B counts its layers' projections halved (step_kernels' own test) and the
+// same bytes as the simulated rank 1.
+TEST(TensorParallel, EngineShardIsTheSimulatorsRank) {
+  const ModelSpec& llama = model_preset("llama-3-8b");
+  EngineOptions o;
+  auto [one, r0] = runtime::engine_shard(o, llama);
+  EXPECT_EQ(one.world(), 1);
+  EXPECT_EQ(r0, 0);
+  o.tp = TensorParallel{1, 2, nullptr};  // rank 1 of 2 (a shard measured alone: no communicator)
+  auto [tp, r1] = runtime::engine_shard(o, llama);
+  EXPECT_EQ(tp.tp, 2);
+  EXPECT_EQ(tp.ep, 1);
+  EXPECT_FALSE(tp.vocab_parallel);
+  EXPECT_EQ(r1, 1);
+  const auto [moe, rm] = runtime::engine_shard(o, model_preset("qwen3-30b-a3b"));
+  EXPECT_EQ(moe.tp, 2);
+  EXPECT_EQ(moe.ep, 2);
+  EXPECT_EQ(rm, 1);
+  LayoutSpec variant;  // what h200_tp2.yaml gives the simulator
+  variant.tp = 2;
+  variant.vocab_parallel = false;
+  StepKernels real, sim;
+  step_kernels(llama, decode_shape(1, 1, 1024), tp, r1, real);
+  step_kernels(llama, decode_shape(1, 1, 1024), variant, 1, sim);
+  EXPECT_EQ(real.bytes_read(), sim.bytes_read());
+  o.tp = TensorParallel{};
+  o.pp.stages = 2;
+  o.pp.stage = 1;
+  auto [pp, rp] = runtime::engine_shard(o, llama);
+  EXPECT_EQ(pp.pp, 2);
+  EXPECT_EQ(pp.microbatches, 1);
+  EXPECT_EQ(rp, 1);
+}
+
 // CPU: which real multi-GPU variants the runner refuses, and the error says why.
 TEST(TensorParallel, RealLayoutChecks) {
   Variant v;
