@@ -166,13 +166,9 @@ void Engine::draft_step(int B, int j, const DraftControl& ctl, cudaStream_t s) {
   const kernels::KvCache dcache{sp.base_b, c.layers + 1, c.kv_heads, options_.capacity_tokens};
   const kernels::AttentionShape shape{B, 1, c.q_heads, kSoftmaxScale};
   const int* step_ctx = sp.step_ctx + size_t(j) * B;
-  // Tensor parallelism: the layer's row-parallel outputs summed over the ranks, on the compute
-  // stream (no early exit under TP, so the draft runs there: create_synthetic_tp).
-  auto draft_all_reduce = [&](bf16* x, int rows, cudaStream_t st) {
-    assert(!options_.tp.active() || st == compute_);
-    (void)st;
-    tp_all_reduce(x, rows, nullptr);
-  };
+  // Tensor parallelism sums the layer's row-parallel outputs over the ranks on the compute stream
+  // (tp_all_reduce); drafts run there under TP (no early exit: create_synthetic_tp).
+  assert(!options_.tp.active() || s == compute_);
   kernels::embedding_gather(b.embed, sp.in_tok, b.o, B, V, H, s);
   // Step 0 reads the target's hidden state of the slot; later steps the draft's own output g.
   launch_concat_norm(b.o, j == 0 ? sp.hid : b.residual, j == 0 ? sp.h_index : nullptr, dw.enorm,
@@ -183,13 +179,13 @@ void Engine::draft_step(int B, int j, const DraftControl& ctl, cudaStream_t s) {
   kernels::rope_kv_append(b.qkv, step_ctx, dcache, c.layers, b.q, B, 1, c.q_heads, rope_, s);
   kernels::decode_attention(b.q, dcache, c.layers, step_ctx, b.attn, shape, sp.attn_ws, s);
   proj_rows(dw.w_o, b.attn, b.o, B, H, int(c.q_dim()), s);
-  draft_all_reduce(b.o, B, s);
+  tp_all_reduce(b.o, B, nullptr);
   kernels::rmsnorm_residual(b.o, b.residual, dw.post_norm, b.xn, B, H, eps, s);
   for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
     kernels::gemv_swiglu(dw.w_gu, b.xn + size_t(r0) * H, b.act + size_t(r0) * I,
                          std::min(kernels::kGemvMaxRows, B - r0), I, H, s);
   proj_rows(dw.w_down, b.act, b.mlp, B, H, I, s);
-  draft_all_reduce(b.mlp, B, s);
+  tp_all_reduce(b.mlp, B, nullptr);
   // g_j = residual + mlp (kept in residual for the next step), normed by the target's norm.
   kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s);
   spec_lm_head(b.lm_head, b.xn, B, V, H, sp.lm_ws, sp.lm_ws_chunk, sp.argmax, sp.top1, sp.sampled,

@@ -484,11 +484,22 @@ GraphPdlWindow time_phase(Engine& engine, const std::vector<int32_t>& prompt, in
 }
 
 // A probe engine as the runner's: one slot, its graph and PDL graphs captured, warmed up.
-std::unique_ptr<Engine> probe_engine(const LlamaConfig& config, int slots) {
+// A probe engine's options: `slots` slots of 384 tokens (prompt 128 and the probe's launches).
+EngineOptions probe_options(int slots) {
   EngineOptions eo;
   eo.max_slots = slots;
   eo.capacity_tokens = 384;
-  auto e = Engine::create_synthetic(config, 1, eo);
+  return eo;
+}
+
+// The value of environment variable `name`, "unset" where it is unset or empty.
+std::string env_or_unset(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : "unset";
+}
+
+std::unique_ptr<Engine> probe_engine(const LlamaConfig& config, int slots) {
+  auto e = Engine::create_synthetic(config, 1, probe_options(slots));
   for (const GraphMode m : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) e->prepare(m, slots);
   e->warm_up(GraphMode::kCudaGraph, runtime::kDecodeWarmupLaunches);
   return e;
@@ -603,9 +614,9 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
   constexpr int kWindows = 10, kLaunches = 16;
   std::unique_ptr<Engine> other;
   std::printf(
-      "\ngraphs probe: engine A (1 slot) timed while other engines' graphs live, us\n"
-      "%-28s %6s %10s %10s %10s\n",
-      "phase", "window", "graph", "pdl", "graph-pdl");
+      "\ngraphs probe: engine A (1 slot) timed while other engines' graphs live, mean of %d "
+      "windows, us\n%-24s %10s %10s %10s\n",
+      kWindows, "phase", "graph", "pdl", "graph-pdl");
   const std::vector<std::pair<const char*, int>> phases = {
       {"A_alone", 0},        {"B_64_slots_alive", 64}, {"B_destroyed", 0},
       {"C_1_slot_alive", 1}, {"C_destroyed", 0},       {"A_alone_end", 0}};
@@ -614,14 +625,9 @@ void probe_graphs(const std::string& out_dir, const std::string& header) {
       other = probe_engine(pb.config, slots);
     else
       other.reset();
-    TS_CUDA_CHECK(cudaDeviceSynchronize());
-    const GraphPdlWindow m = time_phase(
-        *pb.a, pb.prompt, kWindows, kLaunches, pb.ev, pb.json,
-        {{"phase", q(phase)}, {"other_engine_slots", std::to_string(slots)}}, pb.t_start);
-    std::printf("%-28s %6s %10.1f %10.1f %10.1f\n", phase, "mean", m.graph_us, m.pdl_us,
-                m.graph_us - m.pdl_us);
+    time_after_phase(pb, kWindows, kLaunches, {{"other_engine_slots", std::to_string(slots)}},
+                     phase);
   }
-  std::fflush(stdout);
   pb.json.write(out_dir + "/decode_graphs_probe.json", header);
 }
 
@@ -693,12 +699,7 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
          for (void*& x : small) TS_CUDA_CHECK(cudaMalloc(&x, size_t{256} << 10));
        }},
       {"engine_B_allocated",  // Engine::create_synthetic: allocations, synthetic weights
-       [&] {
-         EngineOptions eo;
-         eo.max_slots = 1;
-         eo.capacity_tokens = 384;
-         other = Engine::create_synthetic(pb.config, 1, eo);
-       }},
+       [&] { other = Engine::create_synthetic(pb.config, 1, probe_options(1)); }},
       {"engine_B_graph_captured", [&] { other->prepare(GraphMode::kCudaGraph, 1); }},
       {"engine_B_pdl_captured", [&] { other->prepare(GraphMode::kCudaGraphPdl, 1); }},
       {"engine_B_warmed_up",
@@ -733,8 +734,7 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
 void probe_streams(const std::string& out_dir, const std::string& header) {
   ProbeBench pb;
   constexpr int kWindows = 10, kLaunches = 16, kStreams = 12;
-  const char* env = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  const std::string connections = env != nullptr && *env != '\0' ? env : "unset";
+  const std::string connections = env_or_unset("CUDA_DEVICE_MAX_CONNECTIONS");
   std::printf(
       "\nstreams probe (CUDA_DEVICE_MAX_CONNECTIONS %s): engine A (1 slot, streams 1-3) after "
       "each stream created, mean of %d windows, us\n%-10s %10s %10s %10s\n",
@@ -768,16 +768,13 @@ void probe_create(const std::string& out_dir, const std::string& header) {
   LlamaConfig tiny = pb.config;
   tiny.layers = 2;
   constexpr int kWindows = 10, kLaunches = 16;
-  const char* env = std::getenv("CUDA_MODULE_LOADING");
-  const std::string loading = env != nullptr && *env != '\0' ? env : "unset";
+  const std::string loading = env_or_unset("CUDA_MODULE_LOADING");
   std::printf(
       "\ncreate probe (CUDA_MODULE_LOADING %s): engine A (1 slot) after each phase, mean of %d "
       "windows, us\n%-24s %10s %10s %10s\n",
       loading.c_str(), kWindows, "phase", "graph", "pdl", "graph-pdl");
   std::unique_ptr<Engine> other;
-  EngineOptions eo;
-  eo.max_slots = 1;
-  eo.capacity_tokens = 384;
+  const EngineOptions eo = probe_options(1);
   const std::vector<std::pair<const char*, std::function<void()>>> phases = {
       {"A_alone", [] {}},
       {"tiny_B_created", [&] { other = Engine::create_synthetic(tiny, 1, eo); }},
@@ -815,9 +812,7 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
   std::vector<cudaEvent_t> events;
   std::vector<cublasHandle_t> handles;
   std::vector<std::unique_ptr<Engine>> engines;
-  EngineOptions eo;
-  eo.max_slots = 1;
-  eo.capacity_tokens = 384;
+  const EngineOptions eo = probe_options(1);
   auto malloc_kept = [&](size_t bytes) {
     device.emplace_back();
     TS_CUDA_CHECK(cudaMalloc(&device.back(), bytes));
