@@ -104,10 +104,6 @@ std::string real_layout_problem(const Variant& v, const RealLayoutEnv& env) {
   if (v.policy.spec.method != SpecMethod::kNone) {
     if (l.pp > 1)
       return name + ": speculative decoding with pipeline parallelism is not implemented";
-    if (moe)
-      return name +
-             ": speculative decoding of an MoE model (its draft module) is not implemented "
-             "in the runtime";
     if (v.policy.spec.early_exit && v.policy.spec.method == SpecMethod::kConfidence &&
         (v.policy.spec.mode == DraftMode::kDevice ||
          v.policy.spec.mode == DraftMode::kHostBlocking))

@@ -632,12 +632,6 @@ class InSitu {
 
 // ---- speculative graphs in situ ----------------------------------------------------------------
 
-// The engine runs speculative decoding for dense models whose FFN is at least as wide as the
-// hidden state (engine_spec.cc), on one GPU.
-// Whether the runtime runs speculative decoding of `c` (a rank's shard under tp > 1): dense, its
-// intermediate (the shard's) >= hidden (Engine::allocate_spec).
-bool drafts(const LlamaConfig& c) { return !c.moe() && c.intermediate >= c.hidden; }
-
 // The speculative graphs of `name` (docs/calibration.md "Speculative graphs"): at the smallest
 // and largest context of the decode grid, per batch and verify width W, rounds of draft(W − 1),
 // verify(W), extend(W) as a policy launches them, each graph bracketed by its own event pair;
@@ -651,13 +645,6 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
   // tp > 1: rank 0's shard alone, as the decode grid measures it (no collectives), without the
   // early-exit draft (tensor parallelism runs drafts without early exit: create_synthetic_tp).
   const LlamaConfig config = o.tp > 1 ? tp_shard_config(full, 0, o.tp) : full;
-  if (!drafts(config)) {
-    std::fprintf(o.log,
-                 "calibrate: %s: no speculative graphs (no draft module: MoE, or the %s "
-                 "intermediate < hidden)\n",
-                 name.c_str(), o.tp > 1 ? "shard's" : "model's");
-    return;
-  }
   const std::string label = calibration_model_label(name, o.tp);
   const bool early_exit = o.tp == 1;
   std::vector<int> contexts = o.quick ? std::vector<int>{128, 2048} : std::vector<int>{128, 8192};

@@ -395,10 +395,6 @@ std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c) {
 }
 
 std::vector<WeightDesc> draft_weight_list(const LlamaConfig& c) {
-  if (c.moe())
-    throw ConfigError("", "speculative decoding: the draft module of a mixture-of-experts model (" +
-                              std::to_string(c.num_experts) +
-                              " experts) is not implemented; run it without speculation");
   std::vector<WeightDesc> w;
   w.push_back({"mtp.enorm.weight", {c.hidden}, 0});
   w.push_back({"mtp.hnorm.weight", {c.hidden}, 0});
@@ -580,8 +576,7 @@ std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {
       throw CheckpointError(dir + ": tensor " + name + " means " + what +
                             ", which the runtime does not implement");
   // The draft module is optional: present when its projection is, then checked like the rest.
-  // An MoE target cannot use one (draft_weight_list): its tensors are left unread.
-  const bool draft = !ck->config_.moe() && present("mtp.eh_proj.weight");
+  const bool draft = present("mtp.eh_proj.weight");
   ck->has_draft_ = draft;
   std::vector<WeightDesc> wanted = llama_weight_list(ck->config_);
   if (draft) {

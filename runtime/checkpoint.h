@@ -108,8 +108,9 @@ std::vector<WeightDesc> llama_weight_list(const LlamaConfig& c);
 //   mtp.layer.<suffix>                                one decoder layer, the suffixes of
 //                                                     model.layers.N (input_layernorm, self_attn.*,
 //                                                     post_attention_layernorm, mlp.*)
-// The draft shares the target's embedding, final norm (model.norm) and LM head. Dense targets
-// only: throws ConfigError for an MoE config (the draft of an MoE target is not implemented).
+// The draft shares the target's embedding, final norm (model.norm) and LM head. Its layer is the
+// target's kind: an MoE target's draft layer has a router, the config's block of experts
+// (expert_begin ..) and the shared expert, like the simulator's nextn draft.
 std::vector<WeightDesc> draft_weight_list(const LlamaConfig& c);
 
 // Synthetic weights of a target (and draft, when with_draft). draft_fidelity < 0: the plain

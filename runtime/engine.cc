@@ -92,8 +92,6 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
          "expert and shared-expert intermediate sizes must be multiples of 64, got " +
              std::to_string(c.expert_intermediate) + " and " +
              std::to_string(c.shared_intermediate));
-    need(!options.draft,
-         "speculative decoding (the draft module) of an MoE model is not implemented");
     // Tensor parallelism of MoE layers: expert parallelism with ep = tp only, the rank's config
     // holding its block of experts (tp_shard_config); a block without its group computes a
     // partial FFN that nothing sums.
@@ -194,139 +192,121 @@ void Engine::allocate() {
   // Expert parallelism: only the rank's experts (E_local), the router over all E.
   const int64_t E = c.num_experts, E_local = c.local_experts(), EI = c.expert_intermediate,
                 SI = c.shared_intermediate;
-  std::vector<int64_t> at_in, at_qkv, at_o, at_post, at_gu, at_down, at_router, at_sgu, at_sdown;
+  // A layer's tensors as offsets into the allocation (-1: absent), memory_plan.cc's order.
+  struct LayerAt {
+    int64_t in = -1, qkv = -1, o = -1, post = -1, gu = -1, down = -1, router = -1, sgu = -1,
+            sdown = -1;
+  };
+  auto reserve_layer = [&] {
+    LayerAt at;
+    at.in = reserve(H);
+    at.qkv = reserve(c.qkv_dim() * H);
+    at.o = reserve(H * c.q_dim());
+    at.post = reserve(H);
+    if (c.moe()) {
+      at.router = reserve(E * H);
+      at.gu = reserve(E_local * 2 * EI * H);
+      at.down = reserve(E_local * H * EI);
+      if (SI > 0) {
+        at.sgu = reserve(2 * SI * H);
+        at.sdown = reserve(H * SI);
+      }
+    } else {
+      at.gu = reserve(2 * I * H);
+      at.down = reserve(H * I);
+    }
+    return at;
+  };
   // A pipeline stage (pipeline_parallel.h) holds the embedding on the first stage, the final norm
   // and lm_head on the last (a tied lm_head is the embedding matrix); -1: not held.
   const bool embed_held = c.holds_embedding || (c.holds_head && c.tie_embeddings);
   const int64_t at_embed = embed_held ? reserve(V * H) : -1;
-  for (int l = 0; l < c.layers; ++l) {
-    at_in.push_back(reserve(H));
-    at_qkv.push_back(reserve(c.qkv_dim() * H));
-    at_o.push_back(reserve(H * c.q_dim()));
-    at_post.push_back(reserve(H));
-    if (c.moe()) {
-      at_router.push_back(reserve(E * H));
-      at_gu.push_back(reserve(E_local * 2 * EI * H));
-      at_down.push_back(reserve(E_local * H * EI));
-      if (SI > 0) {
-        at_sgu.push_back(reserve(2 * SI * H));
-        at_sdown.push_back(reserve(H * SI));
-      }
-    } else {
-      at_gu.push_back(reserve(2 * I * H));
-      at_down.push_back(reserve(H * I));
-    }
-  }
+  std::vector<LayerAt> at_layer;
+  for (int l = 0; l < c.layers; ++l) at_layer.push_back(reserve_layer());
   const int64_t at_norm = c.holds_head ? reserve(H) : -1;
   const int64_t at_lm = !c.holds_head ? -1 : c.tie_embeddings ? at_embed : reserve(V * H);
-  std::vector<std::pair<std::string, int64_t>> at_draft;  // draft tensors, draft_weight_list order
+  // The draft module: its input tensors, then one layer laid out as a model layer.
+  int64_t at_enorm = -1, at_hnorm = -1, at_eh = -1;
+  LayerAt at_draft;
   if (options_.draft) {
-    for (const WeightDesc& d : draft_weight_list(c)) {
-      int64_t n = 1;
-      for (int64_t x : d.shape) n *= x;
-      at_draft.emplace_back(d.name, reserve(n));
-    }
+    at_enorm = reserve(H);
+    at_hnorm = reserve(H);
+    at_eh = reserve(H * 2 * H);
+    at_draft = reserve_layer();
   }
   bf16* w = b.dev<bf16>(size_t(elems), "weights");
   weight_bytes_ = elems * 2;
-  b.embed = at_embed < 0 ? nullptr : w + at_embed;
-  b.final_norm = at_norm < 0 ? nullptr : w + at_norm;
-  b.lm_head = at_lm < 0 ? nullptr : w + at_lm;
-  for (int l = 0; l < c.layers; ++l) {
-    b.in_norm.push_back(w + at_in[l]);
-    b.w_qkv.push_back(w + at_qkv[l]);
-    b.w_o.push_back(w + at_o[l]);
-    b.post_norm.push_back(w + at_post[l]);
-    b.w_gu.push_back(w + at_gu[l]);
-    b.w_down.push_back(w + at_down[l]);
-    if (c.moe()) b.router.push_back(w + at_router[l]);
-    if (SI > 0) {
-      b.shared_gu.push_back(w + at_sgu[l]);
-      b.shared_down.push_back(w + at_sdown[l]);
+  auto ptr = [&](int64_t at) { return at < 0 ? nullptr : w + at; };
+  auto layer_ptrs = [&](const LayerAt& at) {
+    return LayerWeights{ptr(at.in),   ptr(at.qkv),    ptr(at.o),   ptr(at.post), ptr(at.gu),
+                        ptr(at.down), ptr(at.router), ptr(at.sgu), ptr(at.sdown)};
+  };
+  b.embed = ptr(at_embed);
+  b.final_norm = ptr(at_norm);
+  b.lm_head = ptr(at_lm);
+  for (const LayerAt& at : at_layer) b.layer.push_back(layer_ptrs(at));
+  if (options_.draft) b.draft = {ptr(at_enorm), ptr(at_hnorm), ptr(at_eh), layer_ptrs(at_draft)};
+
+  // Every checkpoint tensor's place: `rest` is the name after the layer prefix.
+  auto in_layer = [&](const LayerWeights& L, const std::string& rest) -> bf16* {
+    if (rest == "input_layernorm.weight") return L.in_norm;
+    if (rest == "post_attention_layernorm.weight") return L.post_norm;
+    if (rest == "self_attn.q_proj.weight") return L.w_qkv;
+    if (rest == "self_attn.k_proj.weight") return L.w_qkv + c.q_dim() * H;
+    if (rest == "self_attn.v_proj.weight") return L.w_qkv + (c.q_dim() + c.kv_dim()) * H;
+    if (rest == "self_attn.o_proj.weight") return L.w_o;
+    if (rest == "mlp.gate_proj.weight") return L.w_gu;
+    if (rest == "mlp.up_proj.weight") return L.w_gu + I * H;
+    if (rest == "mlp.down_proj.weight") return L.w_down;
+    if (rest == "mlp.gate.weight") return L.router;
+    if (rest.rfind("mlp.experts.", 0) == 0) {  // mlp.experts.J.<proj>.weight
+      const size_t at = std::strlen("mlp.experts."), end = rest.find('.', at);
+      const int64_t j = std::stoll(rest.substr(at, end - at)) - c.expert_begin;  // local
+      assert(j >= 0 && j < E_local);
+      const std::string proj = rest.substr(end + 1);
+      if (proj == "gate_proj.weight") return L.w_gu + j * 2 * EI * H;
+      if (proj == "up_proj.weight") return L.w_gu + (j * 2 + 1) * EI * H;
+      if (proj == "down_proj.weight") return L.w_down + j * H * EI;
+      return nullptr;
     }
-  }
-  for (const auto& [name, at] : at_draft) {
-    bf16* p = w + at;
-    DraftWeights& dw = b.draft;
-    if (name == "mtp.enorm.weight") dw.enorm = p;
-    if (name == "mtp.hnorm.weight") dw.hnorm = p;
-    if (name == "mtp.eh_proj.weight") dw.eh_proj = p;
-    if (name == "mtp.layer.input_layernorm.weight") dw.in_norm = p;
-    if (name == "mtp.layer.self_attn.q_proj.weight") dw.w_qkv = p;
-    if (name == "mtp.layer.self_attn.o_proj.weight") dw.w_o = p;
-    if (name == "mtp.layer.post_attention_layernorm.weight") dw.post_norm = p;
-    if (name == "mtp.layer.mlp.gate_proj.weight") dw.w_gu = p;
-    if (name == "mtp.layer.mlp.down_proj.weight") dw.w_down = p;
-  }
+    if (rest == "mlp.shared_expert.gate_proj.weight") return L.shared_gu;
+    if (rest == "mlp.shared_expert.up_proj.weight") return L.shared_gu + SI * H;
+    if (rest == "mlp.shared_expert.down_proj.weight") return L.shared_down;
+    return nullptr;
+  };
+  std::vector<WeightDesc> names = llama_weight_list(c);
   if (options_.draft) {
-    // The draft's fused qkv and gate_up: k/v and up follow q and gate (contiguous reservations).
-    for (const WeightDesc& d : draft_weight_list(c)) {
-      int64_t n = 1;
-      for (int64_t x : d.shape) n *= x;
-      bf16* p = nullptr;
-      for (const auto& [name, at] : at_draft)
-        if (name == d.name) p = w + at;
-      b.by_name[d.name] = {p, n};
-    }
-    assert(b.by_name.at("mtp.layer.self_attn.k_proj.weight").first ==
-           b.draft.w_qkv + c.q_dim() * H);
-    assert(b.by_name.at("mtp.layer.mlp.up_proj.weight").first == b.draft.w_gu + I * H);
+    const std::vector<WeightDesc> d = draft_weight_list(c);
+    names.insert(names.end(), d.begin(), d.end());
   }
-  for (const WeightDesc& d : llama_weight_list(c)) {
+  const std::string model_prefix = "model.layers.", draft_prefix = "mtp.layer.";
+  for (const WeightDesc& d : names) {
     int64_t n = 1;
     for (int64_t s : d.shape) n *= s;
-    bf16* p = nullptr;
     const std::string& nm = d.name;
+    bf16* p = nullptr;
     if (nm == "model.embed_tokens.weight")
       p = b.embed;
     else if (nm == "model.norm.weight")
       p = b.final_norm;
     else if (nm == "lm_head.weight")
       p = b.lm_head;
-    else {
-      const size_t dot = nm.find('.', 13);
-      const int l = std::stoi(nm.substr(13, dot - 13)) - c.first_layer;  // the stage's index
+    else if (nm == "mtp.enorm.weight")
+      p = b.draft.enorm;
+    else if (nm == "mtp.hnorm.weight")
+      p = b.draft.hnorm;
+    else if (nm == "mtp.eh_proj.weight")
+      p = b.draft.eh_proj;
+    else if (nm.rfind(draft_prefix, 0) == 0)
+      p = in_layer(b.draft.layer, nm.substr(draft_prefix.size()));
+    else if (nm.rfind(model_prefix, 0) == 0) {
+      const size_t dot = nm.find('.', model_prefix.size());
+      const int l = std::stoi(nm.substr(model_prefix.size(), dot - model_prefix.size())) -
+                    c.first_layer;  // the stage's index
       assert(l >= 0 && l < c.layers);
-      const std::string rest = nm.substr(dot + 1);
-      if (rest == "input_layernorm.weight")
-        p = b.in_norm[l];
-      else if (rest == "post_attention_layernorm.weight")
-        p = b.post_norm[l];
-      else if (rest == "self_attn.q_proj.weight")
-        p = b.w_qkv[l];
-      else if (rest == "self_attn.k_proj.weight")
-        p = b.w_qkv[l] + c.q_dim() * H;
-      else if (rest == "self_attn.v_proj.weight")
-        p = b.w_qkv[l] + (c.q_dim() + c.kv_dim()) * H;
-      else if (rest == "self_attn.o_proj.weight")
-        p = b.w_o[l];
-      else if (rest == "mlp.gate_proj.weight")
-        p = b.w_gu[l];
-      else if (rest == "mlp.up_proj.weight")
-        p = b.w_gu[l] + I * H;
-      else if (rest == "mlp.down_proj.weight")
-        p = b.w_down[l];
-      else if (rest == "mlp.gate.weight")
-        p = b.router[l];
-      else if (rest.rfind("mlp.experts.", 0) == 0) {  // mlp.experts.J.<proj>.weight
-        const size_t at = std::strlen("mlp.experts."), end = rest.find('.', at);
-        const int64_t j = std::stoll(rest.substr(at, end - at)) - c.expert_begin;  // local
-        assert(j >= 0 && j < E_local);
-        const std::string proj = rest.substr(end + 1);
-        if (proj == "gate_proj.weight")
-          p = b.w_gu[l] + j * 2 * EI * H;
-        else if (proj == "up_proj.weight")
-          p = b.w_gu[l] + (j * 2 + 1) * EI * H;
-        else if (proj == "down_proj.weight")
-          p = b.w_down[l] + j * H * EI;
-      } else if (rest == "mlp.shared_expert.gate_proj.weight")
-        p = b.shared_gu[l];
-      else if (rest == "mlp.shared_expert.up_proj.weight")
-        p = b.shared_gu[l] + SI * H;
-      else if (rest == "mlp.shared_expert.down_proj.weight")
-        p = b.shared_down[l];
+      p = in_layer(b.layer[size_t(l)], nm.substr(dot + 1));
     }
-    assert(p != nullptr);
+    if (p == nullptr) throw Error("engine: no place for checkpoint tensor " + nm);
     b.by_name[nm] = {p, n};
   }
 
@@ -365,7 +345,8 @@ void Engine::allocate() {
   b.q = b.dev<bf16>(R * c.q_dim());
   b.attn = b.dev<bf16>(R * c.q_dim());
   b.o = b.dev<bf16>(R * H);
-  b.gu = b.dev<bf16>(R * 2 * I);
+  // With a draft, gu also holds the draft's input concatenation [embedding; hidden] (2 H a row).
+  b.gu = b.dev<bf16>(R * 2 * std::max(I, options_.draft ? H : 0));
   b.act = b.dev<bf16>(R * I);
   b.mlp = b.dev<bf16>(R * H);
   const int out_rows = std::max(max_bucket_, options_.max_slots);
@@ -567,52 +548,52 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
   // A later pipeline stage's first layer adds the previous stage's last MLP output (received).
   const bool model_first = options_.pp.first();
   for (int l = 0; l < c.layers; ++l) {
+    const LayerWeights& L = b.layer[size_t(l)];
     node("attn_norm");
-    kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual, b.in_norm[l],
-                              b.xn, B, H, eps, s, pdl);
+    kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual, L.in_norm, b.xn,
+                              B, H, eps, s, pdl);
     node("qkv_proj");
-    project(b.w_qkv[l], b.xn, b.qkv, B, int(c.qkv_dim()), H);
+    project(L.w_qkv, b.xn, b.qkv, B, int(c.qkv_dim()), H);
     node("rope_kv_append");
     kernels::rope_kv_append(b.qkv, ctx_lens, cache, l, b.q, requests, q_len, c.q_heads, rope_, s,
                             pdl);
     node("attention");
     kernels::decode_attention(b.q, cache, l, ctx_lens, b.attn, shape, attn_ws, s, pdl);
     node("o_proj");
-    project(b.w_o[l], b.attn, b.o, B, H, int(c.q_dim()));
+    project(L.w_o, b.attn, b.o, B, H, int(c.q_dim()));
     tp_all_reduce(b.o, B, "attn_all_reduce");
     node("mlp_norm");
-    kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, B, H, eps, s, pdl);
+    kernels::rmsnorm_residual(b.o, b.residual, L.post_norm, b.xn, B, H, eps, s, pdl);
     if (c.moe()) {
       node("moe");
-      moe_ffn(l, B, pdl);
+      moe_ffn(l, B, pdl, s);
       tp_all_reduce(b.mlp, B, "moe_all_reduce");  // expert parallelism: routed + shared partials
       continue;
     }
     if (B <= kernels::kGemvMaxRows || row_exact) {
       node("gate_up_swiglu");
       for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
-        kernels::gemv_swiglu(b.w_gu[l], b.xn + size_t(r0) * H, b.act + size_t(r0) * I,
+        kernels::gemv_swiglu(L.w_gu, b.xn + size_t(r0) * H, b.act + size_t(r0) * I,
                              std::min(kernels::kGemvMaxRows, B - r0), I, H, s, pdl);
     } else {
       node("gate_up_proj");
-      proj(b.w_gu[l], b.xn, b.gu, B, 2 * I, H, pdl);
+      proj(L.w_gu, b.xn, b.gu, B, 2 * I, H, pdl);
       node("swiglu");
       kernels::swiglu(b.gu, b.act, B, I, s, pdl);
     }
     node("down_proj");
-    project(b.w_down[l], b.act, b.mlp, B, H, I);
+    project(L.w_down, b.act, b.mlp, B, H, I);
     tp_all_reduce(b.mlp, B, "mlp_all_reduce");
   }
 }
 
 kernels::MoeWeights Engine::moe_weights(int l) const {
   const Buffers& b = *b_;
-  const bool shared = config_.shared_intermediate > 0;
-  return {b.router[size_t(l)], b.w_gu[size_t(l)], b.w_down[size_t(l)],
-          shared ? b.shared_gu[size_t(l)] : nullptr, shared ? b.shared_down[size_t(l)] : nullptr};
+  const LayerWeights& L = l == config_.layers ? b.draft.layer : b.layer[size_t(l)];
+  return {L.router, L.w_gu, L.w_down, L.shared_gu, L.shared_down};
 }
 
-void Engine::moe_ffn(int l, int rows, bool pdl) {
+void Engine::moe_ffn(int l, int rows, bool pdl, cudaStream_t s) {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
   const kernels::MoeWeights w = moe_weights(l);
@@ -622,7 +603,7 @@ void Engine::moe_ffn(int l, int rows, bool pdl) {
   // predecessor before touching memory) keeps a chunk from overwriting one still being read.
   for (int r0 = 0; r0 < rows; r0 += kernels::kGemvMaxRows) {
     kernels::MoeRouting routing;
-    if (routing_) {  // decode: this launch's ring entry, layer l, rows from r0
+    if (routing_ && l < c.layers) {  // decode: this launch's ring entry, layer l, rows from r0
       assert(rows <= b.routing_rows);
       routing.topk_ids = b.routing + (size_t(l) * size_t(b.routing_rows) + size_t(r0)) * c.top_k;
       routing.entry = b.seq;
@@ -630,7 +611,7 @@ void Engine::moe_ffn(int l, int rows, bool pdl) {
       routing.entry_stride = b.routing_entry;
     }
     kernels::moe_forward(b.xn + size_t(r0) * H, w, std::min(kernels::kGemvMaxRows, rows - r0),
-                         shape, b.moe_ws, b.mlp + size_t(r0) * H, compute_, pdl, routing);
+                         shape, b.moe_ws, b.mlp + size_t(r0) * H, s, pdl, routing);
   }
 }
 
@@ -732,14 +713,15 @@ void Engine::warm_prefill_gemms() {
   Buffers& b = *b_;
   const int H = int(c.hidden), I = int(c.intermediate);
   // Zeroed inputs (the products are thrown away; nothing reads unwritten memory).
+  const LayerWeights& L0 = b.layer[0];
   TS_CUDA_CHECK(cudaMemsetAsync(b.xn, 0, size_t(m) * H * sizeof(bf16), compute_));
   TS_CUDA_CHECK(cudaMemsetAsync(b.attn, 0, size_t(m) * c.q_dim() * sizeof(bf16), compute_));
-  proj(b.w_qkv[0], b.xn, b.qkv, m, int(c.qkv_dim()), H, false);
-  proj(b.w_o[0], b.attn, b.o, m, H, int(c.q_dim()), false);
+  proj(L0.w_qkv, b.xn, b.qkv, m, int(c.qkv_dim()), H, false);
+  proj(L0.w_o, b.attn, b.o, m, H, int(c.q_dim()), false);
   if (!c.moe()) {  // the dense MLP; a MoE model's experts run its own prefill kernel
     TS_CUDA_CHECK(cudaMemsetAsync(b.act, 0, size_t(m) * I * sizeof(bf16), compute_));
-    proj(b.w_gu[0], b.xn, b.gu, m, 2 * I, H, false);
-    proj(b.w_down[0], b.act, b.mlp, m, H, I, false);
+    proj(L0.w_gu, b.xn, b.gu, m, 2 * I, H, false);
+    proj(L0.w_down, b.act, b.mlp, m, H, I, false);
   }
   TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
@@ -820,6 +802,7 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
   const int H = int(c.hidden), I = int(c.intermediate), V = int(c.vocab);
   const float eps = float(c.rms_eps);
   cudaStream_t s = compute_;
+  routing_ = false;  // record_routing covers plain decode launches only
   const int n = int(slots.size());
   const int e = int(b.staging_next % kStagingRing);
   char* host = static_cast<char*>(staging(0));
@@ -867,25 +850,26 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
   else
     pp_recv_hidden(T);
   for (int l = 0; l < c.layers; ++l) {
-    kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual, b.in_norm[l],
-                              b.xn, T, H, eps, s);
-    proj(b.w_qkv[l], b.xn, b.qkv, T, int(c.qkv_dim()), H, false);
+    const LayerWeights& L = b.layer[size_t(l)];
+    kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual, L.in_norm, b.xn,
+                              T, H, eps, s);
+    proj(L.w_qkv, b.xn, b.qkv, T, int(c.qkv_dim()), H, false);
     kernels::rope_kv_append(b.qkv, d_chunk_ctx, cache, l, b.q, C, b.chunk, c.q_heads, rope_, s);
     kernels::decode_attention(b.q, cache, l, d_chunk_ctx, b.attn, shape, b.attn_ws, s);
-    proj(b.w_o[l], b.attn, b.o, T, H, int(c.q_dim()), false);
+    proj(L.w_o, b.attn, b.o, T, H, int(c.q_dim()), false);
     tp_all_reduce(b.o, T, "attn_all_reduce");
-    kernels::rmsnorm_residual(b.o, b.residual, b.post_norm[l], b.xn, T, H, eps, s);
+    kernels::rmsnorm_residual(b.o, b.residual, L.post_norm, b.xn, T, H, eps, s);
     if (c.moe()) {
       if (T > kernels::kGemvMaxRows)
         moe_ffn_prefill(l, T);
       else
-        moe_ffn(l, T, /*pdl=*/false);
+        moe_ffn(l, T, /*pdl=*/false, s);
       tp_all_reduce(b.mlp, T, "moe_all_reduce");
       continue;
     }
-    proj(b.w_gu[l], b.xn, b.gu, T, 2 * I, H, false);
+    proj(L.w_gu, b.xn, b.gu, T, 2 * I, H, false);
     kernels::swiglu(b.gu, b.act, T, I, s);
-    proj(b.w_down[l], b.act, b.mlp, T, H, I, false);
+    proj(L.w_down, b.act, b.mlp, T, H, I, false);
     tp_all_reduce(b.mlp, T, "mlp_all_reduce");
   }
   if (!options_.pp.last()) {

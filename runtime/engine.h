@@ -260,15 +260,17 @@ class Engine {
   // q_len 1; verify: the draft width). Leaves the last layer's MLP output in mlp (not yet added).
   void target_layers(int requests, int q_len, const int* ctx_lens, kernels::bf16* const* bases,
                      void* attn_ws, bool row_exact, bool pdl);
-  // The FFN of MoE layer `layer`: moe_forward over `rows` rows of xn into mlp, in calls of at
-  // most kGemvMaxRows rows (the kernels' limit; each row is routed on its own, so the chunking
-  // changes no result). Under expert parallelism, this rank's experts and shared-expert slice
-  // only: a partial sum the caller all-reduces.
-  void moe_ffn(int layer, int rows, bool pdl);
+  // The FFN of MoE layer `layer` (config.layers: the draft's layer): moe_forward over `rows` rows
+  // of xn into mlp on stream s, in calls of at most kGemvMaxRows rows (the kernels' limit; each
+  // row is routed on its own, so the chunking changes no result). Under expert parallelism, this
+  // rank's experts and shared-expert slice only: a partial sum the caller all-reduces. Records
+  // routing (EngineOptions::record_routing) for the target's layers in a decode launch only.
+  void moe_ffn(int layer, int rows, bool pdl, cudaStream_t s);
   // The same FFN for a prefill pass of rows > kGemvMaxRows: moe_prefill in calls of at most
   // Buffers::moe_prefill_rows rows (kMoePrefillRowsPerCall, memory_plan.h), no PDL.
   void moe_ffn_prefill(int layer, int rows);
-  kernels::MoeWeights moe_weights(int layer) const;  // layer `layer`'s router and experts
+  // Layer `layer`'s router and experts (config.layers: the draft's layer).
+  kernels::MoeWeights moe_weights(int layer) const;
   void prefill_pass(std::span<const int32_t> slots, std::span<const std::vector<int32_t>> prompts,
                     int row_offset, bool last_pass);
   void proj(const kernels::bf16* w, const kernels::bf16* x, kernels::bf16* out, int m, int n, int k,

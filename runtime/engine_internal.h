@@ -19,25 +19,32 @@ namespace twinstep::runtime {
 
 using kernels::bf16;
 
-// The draft module's weights (checkpoint.h draft_weight_list), in the same weight allocation.
-struct DraftWeights {
-  bf16 *enorm = nullptr, *hnorm = nullptr, *eh_proj = nullptr;
+// One decoder layer's weights. Fused: qkv rows [q; k; v], gate_up rows [gate; up]. An MoE layer
+// (kernels/moe.h layouts): w_gu holds every held expert's gate_up [E][2 EI][H] (expert J's gate
+// rows, then its up rows), w_down every held expert's down [E][H][EI]; router [E][H]; shared_gu
+// [2 S][H] and shared_down [H][S] with a shared expert (else null). Dense: router and shared null.
+struct LayerWeights {
   bf16 *in_norm = nullptr, *w_qkv = nullptr, *w_o = nullptr, *post_norm = nullptr, *w_gu = nullptr,
        *w_down = nullptr;
+  bf16 *router = nullptr, *shared_gu = nullptr, *shared_down = nullptr;
+};
+
+// The draft module's weights (checkpoint.h draft_weight_list), in the same weight allocation: its
+// input (enorm, hnorm, eh_proj) and one layer laid out as a model layer (an MoE layer for an MoE
+// model, the simulator's nextn draft).
+struct DraftWeights {
+  bf16 *enorm = nullptr, *hnorm = nullptr, *eh_proj = nullptr;
+  LayerWeights layer;
 };
 
 struct Engine::Buffers {
   std::vector<void*> device_allocs;
   std::vector<void*> host_allocs;
-  // Weights (one allocation). Fused per layer: qkv rows [q; k; v], gate_up rows [gate; up].
-  // MoE layers (kernels/moe.h layouts): w_gu holds every expert's gate_up [E][2 EI][H] (expert
-  // J's gate rows, then its up rows), w_down every expert's down [E][H][EI]; router [E][H];
-  // shared_gu [2 S][H] and shared_down [H][S] with a shared expert (else empty).
+  // Weights (one allocation, 256-byte aligned tensors).
   bf16* embed = nullptr;
   bf16* final_norm = nullptr;
   bf16* lm_head = nullptr;
-  std::vector<bf16*> in_norm, w_qkv, w_o, post_norm, w_gu, w_down;
-  std::vector<bf16*> router, shared_gu, shared_down;
+  std::vector<LayerWeights> layer;  // the config's layers (a pipeline stage's: its own)
   std::map<std::string, std::pair<bf16*, int64_t>> by_name;
   DraftWeights draft;  // options.draft only
   // Relay and KV cache (slot max_slots is the padding slot).
@@ -50,7 +57,8 @@ struct Engine::Buffers {
   int* tok_in = nullptr;
   int* ctx_b = nullptr;
   bf16** base_b = nullptr;
-  // Activations, rows_max rows.
+  // Activations, rows_max rows. gu is 2 * max(intermediate, hidden) wide with a draft (its input
+  // concatenation [embedding; hidden] goes there), 2 * intermediate without.
   bf16 *residual = nullptr, *xn = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr,
        *o = nullptr, *gu = nullptr, *act = nullptr, *mlp = nullptr;
   bf16 *last_res = nullptr, *last_mlp = nullptr;

@@ -51,11 +51,6 @@ DraftControl draft_control(const SpecSpec& spec, int32_t steps) {
 void Engine::allocate_spec() {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
-  if (c.intermediate < c.hidden)
-    throw ConfigError("", "real runtime: speculative decoding needs intermediate >= hidden, got " +
-                              std::to_string(c.intermediate) + " < " + std::to_string(c.hidden) +
-                              " (under tensor parallelism the rank's intermediate; the draft's "
-                              "input concatenation reuses the gate/up buffer)");
   spec_ = std::make_unique<Spec>();
   Spec& sp = *spec_;
   const int H = int(c.hidden), V = int(c.vocab);
@@ -139,8 +134,8 @@ void Engine::draft_kv(const int* tok, const bf16* h, int rows, const int* ctx_le
   kernels::embedding_gather(b.embed, tok, b.o, rows, V, H, s);
   launch_concat_norm(b.o, h, nullptr, dw.enorm, dw.hnorm, b.gu, rows, H, eps, s);
   project(dw.eh_proj, b.gu, b.mlp, rows, H, 2 * H);
-  kernels::rmsnorm_residual(nullptr, b.mlp, dw.in_norm, b.xn, rows, H, eps, s);
-  project(dw.w_qkv, b.xn, b.qkv, rows, int(c.qkv_dim()), H);
+  kernels::rmsnorm_residual(nullptr, b.mlp, dw.layer.in_norm, b.xn, rows, H, eps, s);
+  project(dw.layer.w_qkv, b.xn, b.qkv, rows, int(c.qkv_dim()), H);
   const kernels::KvCache dcache{bases, c.layers + 1, c.kv_heads, options_.capacity_tokens};
   kernels::rope_kv_append(b.qkv, ctx_lens, dcache, c.layers, b.q, requests, q_len, c.q_heads, rope_,
                           s);
@@ -174,17 +169,21 @@ void Engine::draft_step(int B, int j, const DraftControl& ctl, cudaStream_t s) {
   launch_concat_norm(b.o, j == 0 ? sp.hid : b.residual, j == 0 ? sp.h_index : nullptr, dw.enorm,
                      dw.hnorm, b.gu, B, H, eps, s);
   proj_rows(dw.eh_proj, b.gu, b.residual, B, H, 2 * H, s);
-  kernels::rmsnorm_residual(nullptr, b.residual, dw.in_norm, b.xn, B, H, eps, s);
-  proj_rows(dw.w_qkv, b.xn, b.qkv, B, int(c.qkv_dim()), H, s);
+  kernels::rmsnorm_residual(nullptr, b.residual, dw.layer.in_norm, b.xn, B, H, eps, s);
+  proj_rows(dw.layer.w_qkv, b.xn, b.qkv, B, int(c.qkv_dim()), H, s);
   kernels::rope_kv_append(b.qkv, step_ctx, dcache, c.layers, b.q, B, 1, c.q_heads, rope_, s);
   kernels::decode_attention(b.q, dcache, c.layers, step_ctx, b.attn, shape, sp.attn_ws, s);
-  proj_rows(dw.w_o, b.attn, b.o, B, H, int(c.q_dim()), s);
+  proj_rows(dw.layer.w_o, b.attn, b.o, B, H, int(c.q_dim()), s);
   tp_all_reduce(b.o, B, nullptr);
-  kernels::rmsnorm_residual(b.o, b.residual, dw.post_norm, b.xn, B, H, eps, s);
-  for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
-    kernels::gemv_swiglu(dw.w_gu, b.xn + size_t(r0) * H, b.act + size_t(r0) * I,
-                         std::min(kernels::kGemvMaxRows, B - r0), I, H, s);
-  proj_rows(dw.w_down, b.act, b.mlp, B, H, I, s);
+  kernels::rmsnorm_residual(b.o, b.residual, dw.layer.post_norm, b.xn, B, H, eps, s);
+  if (c.moe()) {  // the nextn draft of an MoE model: an MoE layer (its experts, under EP a block)
+    moe_ffn(c.layers, B, /*pdl=*/false, s);
+  } else {
+    for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
+      kernels::gemv_swiglu(dw.layer.w_gu, b.xn + size_t(r0) * H, b.act + size_t(r0) * I,
+                           std::min(kernels::kGemvMaxRows, B - r0), I, H, s);
+    proj_rows(dw.layer.w_down, b.act, b.mlp, B, H, I, s);
+  }
   tp_all_reduce(b.mlp, B, nullptr);
   // g_j = residual + mlp (kept in residual for the next step), normed by the target's norm.
   kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s);
@@ -268,6 +267,7 @@ void Engine::extend_forward(int B, int W) {
 
 void Engine::run_spec_forward(SpecPhase phase, int bucket, int n, const DraftControl& ctl,
                               bool commit) {
+  routing_ = false;  // record_routing covers plain decode launches only
   switch (phase) {
     case SpecPhase::kDraft:
       draft_forward(bucket, ctl, commit);

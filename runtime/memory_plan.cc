@@ -37,16 +37,12 @@ EngineMemoryPlan plan_engine_memory(const LlamaConfig& c, int32_t max_slots,
   // stage and the final norm and lm_head on the last (a tied lm_head: the embedding matrix).
   const bool embedding = c.holds_embedding || (c.holds_head && c.tie_embeddings);
   int64_t elements = embedding ? pad128(V * H) : 0;
-  elements += int64_t{c.layers} *
-              (pad128(H) + pad128(c.qkv_dim() * H) + pad128(H * c.q_dim()) + pad128(H) + ffn);
+  const int64_t layer =
+      pad128(H) + pad128(c.qkv_dim() * H) + pad128(H * c.q_dim()) + pad128(H) + ffn;
+  elements += int64_t{c.layers} * layer;
   if (c.holds_head) elements += pad128(H) + (c.tie_embeddings ? 0 : pad128(V * H));
-  if (draft) {
-    for (const WeightDesc& d : draft_weight_list(c)) {
-      int64_t n = 1;
-      for (const int64_t dim : d.shape) n *= dim;
-      elements += pad128(n);
-    }
-  }
+  // The draft module: enorm, hnorm, eh_proj [H][2 H], then one layer laid out as a model layer.
+  if (draft) elements += 2 * pad128(H) + pad128(2 * H * H) + layer;
   p.weight_bytes = 2 * elements;
 
   // KV cache (kernels/kv_cache.h): [layer][K, V][kv_head][token][head_dim] bf16 per slot.
@@ -65,7 +61,9 @@ EngineMemoryPlan plan_engine_memory(const LlamaConfig& c, int32_t max_slots,
   const int64_t prefill_rows = align_up(std::max(max_prefill_tokens, capacity_tokens), chunk);
   // A verify pass of a bucket takes kMaxDraftTokens + 1 = 16 rows per request (device_ops.h).
   const int64_t rows = std::max<int64_t>(prefill_rows, int64_t{bucket} * (draft ? 16 : 1));
-  const int64_t row_elements = 4 * H + c.qkv_dim() + 2 * c.q_dim() + 3 * I;
+  // gate_up (2 I; with a draft at least 2 H, its input concatenation) and the SwiGLU output (I).
+  const int64_t row_elements =
+      4 * H + c.qkv_dim() + 2 * c.q_dim() + 2 * std::max(I, draft ? H : 0) + I;
   int64_t buffers = 2 * rows * row_elements;
   // Last-row residual and MLP outputs and the output ring of every slot.
   const int64_t out_rows = std::max<int64_t>(bucket, max_slots);

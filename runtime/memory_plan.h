@@ -34,8 +34,9 @@ struct EngineMemoryPlan {
 
 // The plan of an Engine with these options (engine.h: EngineOptions; the same arithmetic as
 // Engine::allocate). `draft`: the speculative draft module (draft_weight_list's tensors in the
-// weight allocation, one more KV layer per slot, verify rows of every bucket; its small
-// per-row state is within the allowance). MoE configs: every held expert's weights (router,
+// weight allocation, its layer laid out as a model layer, dense or MoE; one more KV layer per slot;
+// verify rows of every bucket; its input concatenation of 2 hidden a row; its small per-row state
+// is within the allowance). MoE configs: every held expert's weights (router,
 // packed gate_up and down, shared expert; an expert-parallel shard config holds its block of
 // local_experts() and its shared slice) and one MoE workspace: the larger of moe_forward's for its
 // widest call (16 rows) and moe_prefill's for min(kMoePrefillRowsPerCall, prefill rows) rows.

@@ -18,7 +18,9 @@
 # ep2.sim_vs_real.txt, ep2.routing.txt (the moe_* routing metrics, sim vs real), ep2.metrics.csv; with PP=1 pp2_run.log, pp2.db, pp2.ops.txt,
 # pp2.sim_vs_real.txt, pp2.metrics.csv; with SPEC=1 experiments/validation/
 # h200_tp2_spec_calibration.yaml then h200_tp2_spec.yaml into OUT/tp2spec.db,
-# tp2spec_calibration.log, tp2spec.sim_vs_real.txt, tp2spec.accept.txt.
+# tp2spec_calibration.log, tp2spec.sim_vs_real.txt, tp2spec.accept.txt; with MOE_SPEC=1 the same
+# of h200_ep2_spec_calibration.yaml and h200_ep2_spec.yaml (the MoE model's draft at TP2-EP2) as
+# ep2spec.*.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2);
 # EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2); PP (0: the
 # PipelineParallel tests filtered out; 1: also PP2); TP_TESTS (1; 0: the validation runs only,
@@ -70,12 +72,13 @@ validate() {
   step "validation $(basename "$exp" .yaml) ($np ranks)"
   db="$out/$tag.db"
   rm -f "$db"
-  # The speculative run's simulated twin replays measured verify rounds (acceptance.calibrated):
-  # those of h200_tp2_spec_calibration.yaml (a chain of 15 at TP2, real only), run first.
-  if [ "$tag" = tp2spec ]; then
-    timeout 600 $mpi "$build/twinstep" --db "$db" run -q \
-      "$root/experiments/validation/h200_tp2_spec_calibration.yaml" >"$out/${tag}_calibration.log" 2>&1 ||
-      status=1
+  # The speculative runs' simulated twins replay measured verify rounds (acceptance.calibrated):
+  # those of <exp>_calibration.yaml (a chain at the same layout, real only), run first.
+  local spec=0
+  [[ $tag == *spec ]] && spec=1
+  if [ $spec = 1 ]; then
+    timeout 600 $mpi "$build/twinstep" --db "$db" run -q "${exp%.yaml}_calibration.yaml" \
+      >"$out/${tag}_calibration.log" 2>&1 || status=1
     tail -4 "$out/${tag}_calibration.log"
   fi
   xname=$(sed -n 's/^name: //p' "$exp")
@@ -96,7 +99,7 @@ validate() {
   # MoE routing of the traced steps, simulated draws against the real router (issue #11; rows
   # only where both backends recorded it: EP with sampled routing in the simulator; a dense
   # model has none).
-  if [ "$tag" = tp2spec ]; then
+  if [ $spec = 1 ]; then
     "$build/twinstep" --db "$db" compare --experiment "$xname" --accept |
       tee "$out/$tag.accept.txt" || status=1
   elif [ "$tag" != tp2 ]; then
@@ -106,12 +109,12 @@ validate() {
   fi
   # The traced steps (the YAML's trace), operation by operation: measured against simulated.
   "$build/twinstep" --db "$db" compare --experiment "$xname" --ops >"$out/$tag.ops.txt" 2>&1 ||
-    [ "$tag" = tp2spec ] || status=1  # (no traced steps in the speculative experiment)
+    [ $spec = 1 ] || status=1  # (no traced steps in the speculative experiments)
   head -40 "$out/$tag.ops.txt"
   # Collective waits per rank over the traced steps, measured against simulated (one estimate
   # on both sides: a span less the group's shortest span of the instance).
   "$build/twinstep" --db "$db" compare --experiment "$xname" --collectives \
-    >"$out/$tag.collectives.txt" 2>&1 || [ "$tag" = pp2 ] || [ "$tag" = tp2spec ] || status=1
+    >"$out/$tag.collectives.txt" 2>&1 || [ "$tag" = pp2 ] || [ $spec = 1 ] || status=1
   cat "$out/$tag.collectives.txt"
   "$build/twinstep" --db "$db" query --csv "SELECT r.id, r.variant_label, r.backend, r.status,
     m.key, m.value, m.unit FROM run r JOIN metric m ON m.run_id = r.id
@@ -122,4 +125,5 @@ validate() {
 [ "$ep" = 1 ] && validate ep2 "$root/experiments/validation/h200_ep2.yaml"
 [ "$pp" = 1 ] && validate pp2 "$root/experiments/validation/h200_pp2.yaml"
 [ "${SPEC:-0}" = 1 ] && validate tp2spec "$root/experiments/validation/h200_tp2_spec.yaml"
+[ "${MOE_SPEC:-0}" = 1 ] && validate ep2spec "$root/experiments/validation/h200_ep2_spec.yaml"
 exit $status

@@ -657,21 +657,6 @@ TEST(RealRuntime, MoeCheckpointMatchesInMemorySynthetic) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(RealRuntime, MoeRefusesSpeculation) {
-  SKIP_WITHOUT_GPU();
-  EngineOptions eo;
-  eo.capacity_tokens = 128;
-  eo.draft = true;
-  const LlamaConfig c = llama_config_from_spec(tiny_moe_runtime_spec(false));
-  try {
-    Engine::create_synthetic(c, 1, eo);
-    ADD_FAILURE() << "no error";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("of an MoE model is not implemented"), std::string::npos)
-        << e.what();
-  }
-}
-
 TEST(RealRuntime, Qwen3MoeGraphModesByteIdentical) {
   SKIP_WITHOUT_GPU();
   size_t free_bytes = 0, total = 0;

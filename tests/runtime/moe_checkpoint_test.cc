@@ -239,22 +239,83 @@ TEST(MoeWeights, HuggingFaceNamesAndShapes) {
             3u + 2 * (2 + 4 + 1 + 16 * 3));
 }
 
-TEST(MoeWeights, FidelityScalesEveryDownProjectionAndDraftIsRefused) {
+TEST(MoeWeights, FidelityScalesEveryDownProjection) {
   const LlamaConfig c = llama_config_from_spec(tiny_moe_runtime_spec(true));
   const double scale = draft_layer_scale(0.5, c.layers);
+  int seen = 0;
   for (const WeightDesc& w : synthetic_weight_list(c, false, 0.5)) {
-    if (w.name == "model.layers.0.mlp.experts.3.down_proj.weight")
-      EXPECT_DOUBLE_EQ(w.init_std, scale / std::sqrt(128.0));
+    double want = -1;
+    if (w.name == "model.layers.0.mlp.experts.3.down_proj.weight") want = scale / std::sqrt(128.0);
     if (w.name == "model.layers.1.mlp.shared_expert.down_proj.weight")
-      EXPECT_DOUBLE_EQ(w.init_std, scale / std::sqrt(256.0));
-    if (w.name == "model.layers.1.mlp.gate.weight") EXPECT_DOUBLE_EQ(w.init_std, 1 / 16.0);
+      want = scale / std::sqrt(256.0);
+    if (w.name == "model.layers.1.mlp.gate.weight") want = 1 / 16.0;
+    if (want < 0) continue;
+    ++seen;
+    EXPECT_DOUBLE_EQ(w.init_std, want) << w.name;
   }
-  EXPECT_THROW(draft_weight_list(c), ConfigError);
-  EXPECT_THROW(synthetic_weight_list(c, true, 0.5), ConfigError);
+  EXPECT_EQ(seen, 3);
+}
+
+// The draft module of an MoE target: its input tensors, then one MoE layer (router over every
+// expert, the config's block of experts, the shared expert), as the simulator's nextn draft.
+TEST(MoeWeights, DraftModuleIsAnMoeLayer) {
+  const LlamaConfig c = llama_config_from_spec(tiny_moe_runtime_spec(true));
+  using S = std::vector<int64_t>;
+  std::map<std::string, S> shape;
+  int64_t elements = 0;
+  for (const WeightDesc& w : draft_weight_list(c)) {
+    shape[w.name] = w.shape;
+    int64_t n = 1;
+    for (int64_t d : w.shape) n *= d;
+    elements += n;
+  }
+  // enorm, hnorm, eh_proj; 2 norms, q, k, v, o; router; 16 experts x 3; shared x 3.
+  EXPECT_EQ(shape.size(), 3u + 6 + 1 + 48 + 3);
+  EXPECT_EQ(shape.at("mtp.eh_proj.weight"), (S{256, 512}));
+  EXPECT_EQ(shape.at("mtp.layer.mlp.gate.weight"), (S{16, 256}));
+  EXPECT_EQ(shape.at("mtp.layer.mlp.experts.15.gate_proj.weight"), (S{128, 256}));
+  EXPECT_EQ(shape.at("mtp.layer.mlp.experts.0.down_proj.weight"), (S{256, 128}));
+  EXPECT_EQ(shape.at("mtp.layer.mlp.shared_expert.down_proj.weight"), (S{256, 256}));
+  // By hand: input 256 + 256 + 256 x 512; layer norms 2 x 256, qkv 1024 x 256, o 256 x 512,
+  // router 16 x 256, experts 16 x (2 x 128 x 256 + 256 x 128), shared 2 x 256 x 256 + 256 x 256.
+  EXPECT_EQ(elements, 131584 + 512 + 262144 + 131072 + 4096 + 1572864 + 196608);
+  // Every tensor here is a multiple of 128 elements: the plan adds exactly their bytes.
+  EXPECT_EQ(plan_engine_memory(c, 2, 64, 16, true).weight_bytes -
+                plan_engine_memory(c, 2, 64, 16, false).weight_bytes,
+            2 * elements);
+  // An expert-parallel rank's draft holds its block of experts, like its model layers.
+  LlamaConfig rank1 = c;
+  rank1.expert_begin = 8;
+  rank1.num_local_experts = 8;
+  int experts = 0;
+  for (const WeightDesc& w : draft_weight_list(rank1)) {
+    if (w.name.find(".experts.") == std::string::npos) continue;
+    ++experts;
+    const int j = std::stoi(w.name.substr(w.name.find(".experts.") + 9));
+    EXPECT_TRUE(j >= 8 && j < 16) << w.name;
+  }
+  EXPECT_EQ(experts, 8 * 3);
+  // Fidelity: the draft's own residual outputs (every expert's down, the shared expert's, o) at
+  // 1e-3 of their init, eh_proj the identity on the embedding half.
+  int checked = 0;
+  for (const WeightDesc& w : synthetic_weight_list(c, true, 0.5)) {
+    if (w.name == "mtp.layer.mlp.experts.7.down_proj.weight") {
+      EXPECT_DOUBLE_EQ(w.init_std, 1e-3 / std::sqrt(128.0));
+      ++checked;
+    } else if (w.name == "mtp.layer.mlp.shared_expert.down_proj.weight") {
+      EXPECT_DOUBLE_EQ(w.init_std, 1e-3 / std::sqrt(256.0));
+      ++checked;
+    } else if (w.name == "mtp.eh_proj.weight") {
+      EXPECT_TRUE(w.eye);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3);
+  // A synthetic checkpoint with the draft opens with it, every tensor checked.
   const fs::path dir = fs::temp_directory_path() / "twinstep_moe_ck_draft";
-  EXPECT_THROW(write_synthetic_checkpoint(tiny_moe_runtime_spec(false), dir.string(), 1,
-                                          uint64_t{1} << 30, 0.5),
-               ConfigError);
+  fs::remove_all(dir);
+  write_synthetic_checkpoint(tiny_moe_runtime_spec(true), dir.string(), 1, uint64_t{1} << 30, 0.5);
+  EXPECT_TRUE(Checkpoint::open(dir.string())->has_draft());
   fs::remove_all(dir);
 }
 

@@ -180,14 +180,16 @@ std::vector<uint16_t> full_bits(const WeightDesc& w, uint64_t seed) {
 
 // What init_synthetic_tp relies on: rank r's non-empty slices of the full model's tensors are
 // exactly the tensors of its shard config's weight list (the engine's allocation), element
-// counts equal.
-void expect_slices_match_shard_lists(const LlamaConfig& full, int size) {
+// counts equal. `list`: llama_weight_list (the model) or draft_weight_list (the draft module).
+void expect_slices_match_shard_lists(
+    const LlamaConfig& full, int size,
+    std::vector<WeightDesc> (*list)(const LlamaConfig&) = llama_weight_list) {
   for (int r = 0; r < size; ++r) {
     std::map<std::string, int64_t> sliced, listed;
-    for (const WeightDesc& w : llama_weight_list(full))
+    for (const WeightDesc& w : list(full))
       if (const runtime::TensorSlice s = runtime::tp_slice(full, w, r, size); !s.empty())
         sliced[w.name] = s.rows * s.cols;
-    for (const WeightDesc& w : llama_weight_list(runtime::tp_shard_config(full, r, size))) {
+    for (const WeightDesc& w : list(runtime::tp_shard_config(full, r, size))) {
       int64_t n = 1;
       for (int64_t d : w.shape) n *= d;
       listed[w.name] = n;
@@ -219,18 +221,7 @@ TEST(TensorParallel, ShardsTileTheFullTensors) {
     EXPECT_EQ(t.whole, sharded ? 0 : 2) << w.name;
     EXPECT_EQ(t.part, sharded ? 2 : 0) << w.name;
   }
-  for (int r = 0; r < 2; ++r) {
-    std::map<std::string, int64_t> sliced, listed;
-    for (const WeightDesc& w : draft_weight_list(full))
-      if (const runtime::TensorSlice s = runtime::tp_slice(full, w, r, 2); !s.empty())
-        sliced[w.name] = s.rows * s.cols;
-    for (const WeightDesc& w : draft_weight_list(runtime::tp_shard_config(full, r, 2))) {
-      int64_t n = 1;
-      for (int64_t d : w.shape) n *= d;
-      listed[w.name] = n;
-    }
-    EXPECT_EQ(sliced, listed) << "draft, rank " << r;
-  }
+  expect_slices_match_shard_lists(full, 2, draft_weight_list);
   const LlamaConfig shard = runtime::tp_shard_config(full, 1, 2);
   EXPECT_EQ(shard.q_heads, 2);
   EXPECT_EQ(shard.kv_heads, 1);
@@ -307,6 +298,20 @@ TEST(ExpertParallel, ShardsTileTheFullMoeModel) {
   EXPECT_EQ(d1.rows, full.hidden);
   expect_slices_match_shard_lists(full, 2);
   expect_slices_match_shard_lists(llama_config_from_spec(tiny_moe_runtime_spec(false)), 2);
+  // The draft module's MoE layer (fidelity 0.5) is sharded as a model layer: each routed expert
+  // whole on its owner, the shared expert and attention split, the rest (input, norms, router)
+  // whole on both; the union is the full module and each rank's slices are its shard's list.
+  for (const WeightDesc& w : synthetic_weight_list(full, true, 0.5)) {
+    if (w.name.rfind("mtp.", 0) != 0) continue;
+    const Tiling t = tile_over_ranks(full, w, 5, 2);
+    EXPECT_EQ(t.bits, full_bits(w, 5)) << w.name;
+    const bool expert = w.name.find(".mlp.experts.") != std::string::npos;
+    const bool split =
+        !expert && w.name.find("proj") != std::string::npos && w.name != "mtp.eh_proj.weight";
+    EXPECT_EQ(t.whole, expert ? 1 : split ? 0 : 2) << w.name;
+    EXPECT_EQ(t.part, split ? 2 : 0) << w.name;
+  }
+  expect_slices_match_shard_lists(full, 2, draft_weight_list);
   // tp = 1: the whole model on the one rank.
   const LlamaConfig one = runtime::tp_shard_config(full, 0, 1);
   EXPECT_EQ(one.expert_begin, 0);
@@ -534,10 +539,10 @@ TEST(TensorParallel, RealLayoutChecks) {
   odd.layout.tp = odd.layout.ep = 4;
   EXPECT_NE(problem(odd, ok).find("130 routed experts do not divide into 4"), std::string::npos)
       << problem(odd, ok);
+  // Speculative decoding of an MoE model under EP2 (its draft layer an MoE layer) runs.
   Variant moe_spec = moe;
   moe_spec.policy.spec.method = SpecMethod::kChain;
-  EXPECT_NE(problem(moe_spec, ok).find("speculative decoding of an MoE model"), std::string::npos)
-      << problem(moe_spec, ok);
+  EXPECT_EQ(problem(moe_spec, ok), "");
 }
 
 // One GPU: tp = 1 through the tensor-parallel path (sliced init, an NCCL all-reduce of one rank
@@ -590,34 +595,38 @@ TEST(TensorParallel, OneRankSpeculativeEqualsPlainGreedy) {
   SKIP_WITHOUT_GPU();
   const std::unique_ptr<Communicator> comm =
       Communicator::create(Communicator::new_unique_id(), 0, 1);
-  const ModelSpec spec = tiny_runtime_spec();
-  const LlamaConfig config = llama_config_from_spec(spec);
-  EngineOptions eo;
-  eo.max_slots = 2;
-  eo.capacity_tokens = 512;
-  eo.draft = true;
-  auto plain = Engine::create_synthetic(config, 5, eo, 0.85);
-  eo.tp = TensorParallel{0, 1, comm.get()};
-  auto tp1 = Engine::create_synthetic(config, 5, eo, 0.85);
-  for (const WeightDesc& w : synthetic_weight_list(config, true, 0.85))
-    EXPECT_EQ(plain->download_weight(w.name), tp1->download_weight(w.name)) << w.name;
-  const WorkloadSpec w = workload(37, 200, 2);
-  const auto ref = greedy(*plain, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
-  for (const auto& [label, policy] : tp_spec_policies()) {
-    double accept = 0;
-    EXPECT_EQ(
-        greedy(*tp1, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl, policy, &accept),
-        ref)
-        << label;
-    EXPECT_GT(accept, 1.0) << label;
-    std::printf("tiny TP1-with-communicator %-22s accept length %.3f\n", label, accept);
-  }
-  eo.draft_early_exit = true;
-  try {
-    Engine::create_synthetic(config, 5, eo, 0.85);
-    ADD_FAILURE() << "early exit under tensor parallelism was accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("set early_exit: false"), std::string::npos) << e.what();
+  // Dense, and MoE with a shared expert (the draft layer an MoE layer, EP1).
+  for (const ModelSpec& spec : {tiny_runtime_spec(), tiny_moe_runtime_spec(true)}) {
+    const LlamaConfig config = llama_config_from_spec(spec);
+    EngineOptions eo;
+    eo.max_slots = 2;
+    eo.capacity_tokens = 512;
+    eo.draft = true;
+    auto plain = Engine::create_synthetic(config, 5, eo, 0.85);
+    eo.tp = TensorParallel{0, 1, comm.get()};
+    auto tp1 = Engine::create_synthetic(config, 5, eo, 0.85);
+    for (const WeightDesc& w : synthetic_weight_list(config, true, 0.85))
+      EXPECT_EQ(plain->download_weight(w.name), tp1->download_weight(w.name))
+          << spec.name << " " << w.name;
+    const WorkloadSpec w = workload(37, 200, 2);
+    const auto ref = greedy(*plain, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+    for (const auto& [label, policy] : tp_spec_policies()) {
+      double accept = 0;
+      EXPECT_EQ(
+          greedy(*tp1, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl, policy, &accept),
+          ref)
+          << spec.name << " " << label;
+      EXPECT_GT(accept, 1.0) << spec.name << " " << label;
+      std::printf("%s TP1-with-communicator %-22s accept length %.3f\n", spec.name.c_str(), label,
+                  accept);
+    }
+    eo.draft_early_exit = true;
+    try {
+      Engine::create_synthetic(config, 5, eo, 0.85);
+      ADD_FAILURE() << spec.name << ": early exit under tensor parallelism was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("set early_exit: false"), std::string::npos) << e.what();
+    }
   }
 }
 
@@ -626,25 +635,30 @@ TEST(TensorParallel, OneRankSpeculativeEqualsPlainGreedy) {
 TEST(TensorParallel, TinyTwoRanksSpeculativeEqualsPlainGreedy) {
   SKIP_WITHOUT_RANKS(2);
   Communicator& comm = runtime::tp_world_communicator();
-  const ModelSpec spec = tiny_runtime_spec();
-  const LlamaConfig config = llama_config_from_spec(spec);
-  EngineOptions eo;
-  eo.max_slots = 2;
-  eo.capacity_tokens = 512;
-  eo.draft = true;
-  eo.tp = runtime::tp_world(2);
-  auto engine = Engine::create_synthetic(config, 5, eo, 0.85);
-  const WorkloadSpec w = workload(37, 200, 2);
-  const auto ref = greedy(*engine, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
-  for (const auto& [label, policy] : tp_spec_policies()) {
-    double accept = 0;
-    const auto tokens = greedy(*engine, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl,
-                               policy, &accept);
-    EXPECT_EQ(tokens, ref) << label;
-    const auto ranks = gather_tokens(comm, flat(tokens));
-    EXPECT_EQ(ranks[0], ranks[1]) << label << ": the ranks committed different tokens";
-    EXPECT_GT(accept, 1.0) << label;
-    std::printf("tiny TP2 rank %d %-22s accept length %.3f\n", comm.rank(), label, accept);
+  // Dense TP2, and TP2-EP2 of the MoE model with a shared expert (each rank's draft layer holds
+  // its 8 experts and half the shared expert, summed by the draft step's second all-reduce).
+  for (const ModelSpec& spec : {tiny_runtime_spec(), tiny_moe_runtime_spec(true)}) {
+    const LlamaConfig config = llama_config_from_spec(spec);
+    EngineOptions eo;
+    eo.max_slots = 2;
+    eo.capacity_tokens = 512;
+    eo.draft = true;
+    eo.tp = runtime::tp_world(2);
+    auto engine = Engine::create_synthetic(config, 5, eo, 0.85);
+    const WorkloadSpec w = workload(37, 200, 2);
+    const auto ref = greedy(*engine, spec, w, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+    for (const auto& [label, policy] : tp_spec_policies()) {
+      double accept = 0;
+      const auto tokens = greedy(*engine, spec, w, HostSchedule::kRunahead,
+                                 GraphMode::kCudaGraphPdl, policy, &accept);
+      EXPECT_EQ(tokens, ref) << spec.name << " " << label;
+      const auto ranks = gather_tokens(comm, flat(tokens));
+      EXPECT_EQ(ranks[0], ranks[1])
+          << spec.name << " " << label << ": the ranks committed different tokens";
+      EXPECT_GT(accept, 1.0) << spec.name << " " << label;
+      std::printf("%s TP2 rank %d %-22s accept length %.3f\n", spec.name.c_str(), comm.rank(),
+                  label, accept);
+    }
   }
 }
 
