@@ -153,6 +153,24 @@ RealLayoutEnv real_layout_env() {
   return env;
 }
 
+void check_real_spec_width(const Variant& v) {
+#ifdef TWINSTEP_HAVE_RUNTIME
+  if (v.policy.spec.method == SpecMethod::kNone) return;
+  const LlamaConfig c = llama_config_from_spec(v.model);
+  const int32_t width = v.policy.spec.max_draft() + 1, max = runtime::max_verify_width(c);
+  if (width > max)
+    throw Error("variant " + std::to_string(v.index) + " '" + v.label +
+                "': speculative decoding of up to " + std::to_string(width - 1) +
+                " draft tokens verifies " + std::to_string(width) +
+                " positions per request, more than the runtime's " + std::to_string(max) +
+                " for model " + v.model.name + " (" + std::to_string(c.q_heads / c.kv_heads) +
+                " query heads per KV head: decode_attention's 64 query rows); draft at most " +
+                std::to_string(max - 1));
+#else
+  (void)v;
+#endif
+}
+
 void check_real_tensor_parallel(const Variant& v) {
   if (v.layout.world() == 1) return;
   if (const std::string why = real_layout_problem(v, real_layout_env()); !why.empty())
@@ -165,6 +183,7 @@ void check_real_layouts(const Experiment& e) {
   if (!real_backend_available(&why)) return;  // the real backend is skipped with a warning
   bool any_tp = false;
   for (const Variant& v : e.variants) {
+    check_real_spec_width(v);
     check_real_tensor_parallel(v);
     any_tp = any_tp || v.layout.world() > 1;
   }

@@ -40,6 +40,9 @@ bool needs_tensor_parallel(const Experiment& e);
 void check_real_layouts(const Experiment& e);
 // The same checks for one variant (measure_variant's guard).
 void check_real_tensor_parallel(const Variant& v);
+// Throws Error when v's speculative policy drafts more tokens than the runtime verifies for its
+// model (runtime::max_verify_width; checked by check_real_layouts for every real variant).
+void check_real_spec_width(const Variant& v);
 
 // What those checks read from the process: launcher ranks, ranks on this node, visible GPUs,
 // MPI and NCCL in the build.

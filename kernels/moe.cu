@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(512)
     moe_route_kernel(const float* logits, int m, int num_experts, int top_k, bool renormalize,
                      int range_begin, int range, int* ids, float* weights, int* list, int* count,
                      int8_t* slot_of, int* ids_out, float* weights_out, const uint64_t* out_entry,
-                     int out_entries, size_t out_stride) {
+                     int out_entries, size_t out_stride, const int* active) {
   __shared__ int selected[kMoeMaxExperts];
   detail::pdl_wait_and_trigger();
   if (out_entry != nullptr) {  // MoeRouting's ring: this launch's entry
@@ -74,7 +74,15 @@ __global__ void __launch_bounds__(512)
   for (int e = threadIdx.x; e < range; e += blockDim.x) selected[e] = 0;
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp < m) {
+  if (warp < m && active != nullptr && active[warp] == 0) {
+    // An inactive row selects nothing: id -1 (outside every range), weight 0.
+    for (int j = lane; j < top_k; j += 32) {
+      ids[warp * top_k + j] = -1;
+      weights[warp * top_k + j] = 0.0f;
+      if (ids_out != nullptr) ids_out[warp * top_k + j] = -1;
+      if (weights_out != nullptr) weights_out[warp * top_k + j] = 0.0f;
+    }
+  } else if (warp < m) {
     int top_id[kMoeMaxTopK];
     float top_w[kMoeMaxTopK];
     detail::moe_route_token(logits + warp * num_experts, num_experts, top_k, renormalize, lane,
@@ -124,7 +132,7 @@ size_t moe_workspace_bytes(int m, const MoeShape& shape) { return carve(nullptr,
 
 void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape& shape,
                  void* workspace, bf16* out, cudaStream_t stream, bool pdl,
-                 const MoeRouting& routing) {
+                 const MoeRouting& routing, const int* active_rows) {
   TS_REQUIRE(x != nullptr && workspace != nullptr && out != nullptr, "null x, workspace or out");
   check_shape(m, shape, weights);
   TS_REQUIRE(routing.entry == nullptr || routing.entries >= 1,
@@ -147,7 +155,7 @@ void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape
                  static_cast<const float*>(ws.logits), m, shape.num_experts, shape.top_k,
                  shape.renormalize, range_begin, range, ws.ids, ws.weights, ws.list, ws.count,
                  ws.slot_of, routing.topk_ids, routing.topk_weights, routing.entry, routing.entries,
-                 routing.entry_stride);
+                 routing.entry_stride, active_rows);
 
   detail::GemvParams g = {};
   g.group.expert_list = ws.list;

@@ -74,9 +74,13 @@ struct MoeRouting {
 // Device scratch the caller owns (router logits, routing tables, expert activations, partial sums).
 size_t moe_workspace_bytes(int m, const MoeShape& shape);
 
+// active_rows (optional, device, m ints): a row whose entry is 0 selects no expert (routing ids
+// -1, weights 0), so no expert's weights are read for it and its output is the shared expert's
+// part alone (0 without one); every other row's output is unchanged, bit for bit (rows are
+// independent). The runtime's speculative verify passes its padded positions as inactive.
 void moe_forward(const bf16* x, const MoeWeights& weights, int m, const MoeShape& shape,
                  void* workspace, bf16* out, cudaStream_t stream, bool pdl = false,
-                 const MoeRouting& routing = {});
+                 const MoeRouting& routing = {}, const int* active_rows = nullptr);
 
 // Device scratch of moe_prefill for m rows: ~ m * (4 * (top_k + 1) * hidden + 2 * top_k *
 // expert_inter) bytes (fp32 partial sums and expert activations); callers bound m by chunking.

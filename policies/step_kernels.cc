@@ -280,7 +280,10 @@ void emit_mlp_body(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
   // or its own under replicated experts (DP without EP).
   const bool ep = e.moe == MoeSharding::kEp;
   const bool a2a = ep && e.attn == AttnSharding::kDp;  // tokens live on one rank: all-to-all
-  const int64_t route_tokens = e.moe == MoeSharding::kReplicated ? s.tokens : e.stage.tokens;
+  int64_t route_tokens = e.moe == MoeSharding::kReplicated ? s.tokens : e.stage.tokens;
+  // Padded positions route nowhere (StepShape::moe_tokens), in the same proportion on every rank.
+  if (e.stage.moe_tokens >= 0 && e.stage.tokens > 0)
+    route_tokens = (route_tokens * e.stage.moe_tokens + e.stage.tokens - 1) / e.stage.tokens;
   const int32_t ep_width = ep ? l.ep : 1, ep_index = ep ? e.index : 0;
   const ExpertShare es =
       e.routing != nullptr    ? *e.routing

@@ -96,6 +96,10 @@ struct StepShape {
   // Prefill: requests whose prompt ends in this step, one logits row each (a chunk that stops
   // mid-prompt computes none for that request); -1: every request.
   int32_t finishing_requests = -1;
+  // Tokens the MoE layers route through their experts; -1: every token. A speculative verify
+  // pads each request to the launch's width, and the runtime routes only the request's draft
+  // positions and its committed token (kernels/moe.h active_rows): Σ (draft length + 1).
+  int64_t moe_tokens = -1;
 };
 
 StepShape decode_shape(int32_t requests, int32_t q_tokens_each, int64_t ctx_tokens_sum);

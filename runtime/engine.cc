@@ -533,7 +533,7 @@ void Engine::node(const char* name) {
 }
 
 void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* const* bases,
-                           void* attn_ws, bool row_exact, bool pdl) {
+                           void* attn_ws, bool row_exact, bool pdl, const int* moe_routed) {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
   const int H = int(c.hidden), I = int(c.intermediate);
@@ -566,7 +566,7 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     kernels::rmsnorm_residual(b.o, b.residual, L.post_norm, b.xn, B, H, eps, s, pdl);
     if (c.moe()) {
       node("moe");
-      moe_ffn(l, B, pdl, s);
+      moe_ffn(l, B, pdl, s, moe_routed);
       tp_all_reduce(b.mlp, B, "moe_all_reduce");  // expert parallelism: routed + shared partials
       continue;
     }
@@ -593,7 +593,7 @@ kernels::MoeWeights Engine::moe_weights(int l) const {
   return {L.router, L.w_gu, L.w_down, L.shared_gu, L.shared_down};
 }
 
-void Engine::moe_ffn(int l, int rows, bool pdl, cudaStream_t s) {
+void Engine::moe_ffn(int l, int rows, bool pdl, cudaStream_t s, const int* routed) {
   const LlamaConfig& c = config_;
   Buffers& b = *b_;
   const kernels::MoeWeights w = moe_weights(l);
@@ -611,7 +611,8 @@ void Engine::moe_ffn(int l, int rows, bool pdl, cudaStream_t s) {
       routing.entry_stride = b.routing_entry;
     }
     kernels::moe_forward(b.xn + size_t(r0) * H, w, std::min(kernels::kGemvMaxRows, rows - r0),
-                         shape, b.moe_ws, b.mlp + size_t(r0) * H, s, pdl, routing);
+                         shape, b.moe_ws, b.mlp + size_t(r0) * H, s, pdl, routing,
+                         routed != nullptr ? routed + r0 : nullptr);
   }
 }
 

@@ -119,6 +119,10 @@ struct DraftControl {
 // The control of a draft of `steps` tokens under `spec` (device_stop for confidence device and
 // host_blocking, whose draft lengths the device decides).
 DraftControl draft_control(const SpecSpec& spec, int32_t steps);
+// The widest verify (and extend) launch the engine runs for `config`: draft tokens + 1 <=
+// kMaxDraftTokens + 1 (16 rows of gemv) and q_heads / kv_heads * width <= 64 (decode_attention's
+// query rows per KV head): 16 for Llama-3 (group 4), 8 for Qwen3-30B-A3B (group 8).
+int max_verify_width(const LlamaConfig& config);
 
 class Engine {
  public:
@@ -258,14 +262,18 @@ class Engine {
   void decode_forward(int bucket, bool pdl, bool commit, bool profiled);
   // The target's layers over requests * q_len embedded rows of the residual stream (decode:
   // q_len 1; verify: the draft width). Leaves the last layer's MLP output in mlp (not yet added).
+  // moe_routed (device, one int per row, optional): MoE layers route only rows with a nonzero
+  // entry (moe_ffn).
   void target_layers(int requests, int q_len, const int* ctx_lens, kernels::bf16* const* bases,
-                     void* attn_ws, bool row_exact, bool pdl);
+                     void* attn_ws, bool row_exact, bool pdl, const int* moe_routed = nullptr);
   // The FFN of MoE layer `layer` (config.layers: the draft's layer): moe_forward over `rows` rows
   // of xn into mlp on stream s, in calls of at most kGemvMaxRows rows (the kernels' limit; each
   // row is routed on its own, so the chunking changes no result). Under expert parallelism, this
   // rank's experts and shared-expert slice only: a partial sum the caller all-reduces. Records
   // routing (EngineOptions::record_routing) for the target's layers in a decode launch only.
-  void moe_ffn(int layer, int rows, bool pdl, cudaStream_t s);
+  // routed (device, `rows` ints, optional): a row with 0 selects no expert (kernels/moe.h
+  // active_rows: a verify's padded positions).
+  void moe_ffn(int layer, int rows, bool pdl, cudaStream_t s, const int* routed = nullptr);
   // The same FFN for a prefill pass of rows > kGemvMaxRows: moe_prefill in calls of at most
   // Buffers::moe_prefill_rows rows (kMoePrefillRowsPerCall, memory_plan.h), no PDL.
   void moe_ffn_prefill(int layer, int rows);
@@ -295,6 +303,9 @@ class Engine {
   int64_t spec_launch(SpecPhase phase, std::span<const int32_t> slots, int n,
                       const DraftControl& ctl, GraphMode mode);
   void run_spec_forward(SpecPhase phase, int bucket, int n, const DraftControl& ctl, bool commit);
+  // Throws Error for a draft of n steps outside [1, kMaxDraftTokens] or a verify / extend width
+  // outside [2, max_verify_width].
+  void check_spec_shape(SpecPhase phase, int n) const;
   cudaGraphExec_t spec_graph(SpecPhase phase, int bucket, int n, const DraftControl& ctl);
   void* staging(int64_t seq);
 

@@ -141,6 +141,7 @@ struct Engine::Spec {
   int* step_ctx = nullptr;  // [kMaxDraftTokens][rows]
   // Verify rows (bucket * width).
   int *tok_v = nullptr, *ext_tok = nullptr, *argmax = nullptr, *sampled = nullptr;
+  int* routed = nullptr;  // verify rows that are drafts (or the committed token), not padding
   float* top1 = nullptr;
   char* lm_ws = nullptr;
   size_t lm_ws_chunk = 0;

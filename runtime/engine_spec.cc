@@ -69,13 +69,14 @@ void Engine::allocate_spec() {
   sp.dconf = b.dev<float>(VR);
   sp.step_ctx = b.dev<int>(size_t(kMaxDraftTokens) * R);
   sp.tok_v = b.dev<int>(VR);
+  sp.routed = b.dev<int>(VR);
   sp.ext_tok = b.dev<int>(VR);
   sp.argmax = b.dev<int>(VR);
   sp.sampled = b.dev<int>(VR);
   sp.top1 = b.dev<float>(VR);
   for (int* p : {sp.ctx_b, sp.h_index, sp.in_tok, sp.dlen, sp.active})
     TS_CUDA_CHECK(cudaMemset(p, 0, R * sizeof(int)));
-  for (int* p : {sp.dtok, sp.tok_v, sp.ext_tok, sp.argmax, sp.sampled})
+  for (int* p : {sp.dtok, sp.tok_v, sp.routed, sp.ext_tok, sp.argmax, sp.sampled})
     TS_CUDA_CHECK(cudaMemset(p, 0, VR * sizeof(int)));
   TS_CUDA_CHECK(cudaMemset(sp.dconf, 0, VR * sizeof(float)));
   TS_CUDA_CHECK(cudaMemset(sp.step_ctx, 0, size_t(kMaxDraftTokens) * R * sizeof(int)));
@@ -245,9 +246,11 @@ void Engine::verify_forward(int B, int W, float threshold, bool commit) {
   const int rows = B * W;
   cudaStream_t s = compute_;
   launch_verify_prepare(B, W, b.batch_slots, b.ctx, b.slot_base, sp.ctx_b, sp.base_b, sp.dtok,
-                        sp.dlen, sp.tok_v, s);
+                        sp.dlen, sp.tok_v, sp.routed, s);
   kernels::embedding_gather(b.embed, sp.tok_v, b.residual, rows, V, H, s);
-  target_layers(B, W, sp.ctx_b, sp.base_b, sp.attn_ws, /*row_exact=*/true, /*pdl=*/false);
+  // Padded positions (past a request's draft) route through no expert (kernels/moe.h).
+  target_layers(B, W, sp.ctx_b, sp.base_b, sp.attn_ws, /*row_exact=*/true, /*pdl=*/false,
+                sp.routed);
   kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, rows, H, float(c.rms_eps), s);
   spec_lm_head(b.lm_head, b.xn, rows, V, H, sp.lm_ws, sp.lm_ws_chunk, sp.argmax, sp.top1,
                sp.sampled, s);
@@ -296,15 +299,7 @@ int64_t Engine::spec_launch(SpecPhase phase, std::span<const int32_t> slots, int
   if (count < 1 || count > options_.max_slots)
     throw Error(std::string("engine: ") + what + " batch of " + std::to_string(count) +
                 " outside [1, " + std::to_string(options_.max_slots) + "]");
-  if (phase == SpecPhase::kDraft && (n < 1 || n > kMaxDraftTokens))
-    throw Error("engine: draft of " + std::to_string(n) + " steps outside [1, " +
-                std::to_string(kMaxDraftTokens) + "]");
-  const int group = config_.q_heads / config_.kv_heads;
-  if (phase != SpecPhase::kDraft && (n < 2 || n > kDraftStride || group * n > 64))
-    throw Error(std::string("engine: ") + what + " width " + std::to_string(n) + " outside [2, " +
-                std::to_string(std::min(kDraftStride, 64 / group)) +
-                "] (16 rows of gemv; 64 query rows of decode_attention at GQA group " +
-                std::to_string(group) + ")");
+  check_spec_shape(phase, n);
   const int B = bucket_for(count);
   if (mode == GraphMode::kEager) {
     upload_batch(slots, B);
@@ -317,7 +312,27 @@ int64_t Engine::spec_launch(SpecPhase phase, std::span<const int32_t> slots, int
   return phase == SpecPhase::kExtend ? -1 : next_seq_++;
 }
 
+void Engine::check_spec_shape(SpecPhase phase, int n) const {
+  if (phase == SpecPhase::kDraft) {
+    if (n < 1 || n > kMaxDraftTokens)
+      throw Error("engine: draft of " + std::to_string(n) + " steps outside [1, " +
+                  std::to_string(kMaxDraftTokens) + "]");
+    return;
+  }
+  const int max = max_verify_width(config_);
+  if (n < 2 || n > max)
+    throw Error(std::string("engine: ") + (phase == SpecPhase::kVerify ? "verify" : "extend") +
+                " width " + std::to_string(n) + " outside [2, " + std::to_string(max) +
+                "] (16 rows of gemv; 64 query rows of decode_attention at GQA group " +
+                std::to_string(config_.q_heads / config_.kv_heads) + ")");
+}
+
+int max_verify_width(const LlamaConfig& c) {
+  return std::min(kDraftStride, 64 / std::max<int32_t>(1, c.q_heads / std::max(c.kv_heads, 1)));
+}
+
 cudaGraphExec_t Engine::spec_graph(SpecPhase phase, int B, int n, const DraftControl& ctl) {
+  check_spec_shape(phase, n);
   const Spec::Key key{int(phase),
                       B,
                       n,

@@ -114,14 +114,17 @@ __global__ void draft_finish_kernel(int rows, const int* batch_slots, int pad_sl
 
 __global__ void verify_prepare_kernel(int rows, int width, const int* batch_slots, const int* ctx,
                                       bf16* const* slot_base, int* ctx_b, bf16** base_b,
-                                      const int* dtok, const int* dlen, int* tok_v) {
+                                      const int* dtok, const int* dlen, int* tok_v, int* active) {
   const int r = threadIdx.x;
   if (r >= rows) return;
   const int s = batch_slots[r];
   ctx_b[r] = ctx[s];
   base_b[r] = slot_base[s];
   const int* d = dtok + r * kDraftStride;
-  for (int j = 0; j < width; ++j) tok_v[r * width + j] = j <= dlen[r] ? d[j] : d[0];
+  for (int j = 0; j < width; ++j) {
+    tok_v[r * width + j] = j <= dlen[r] ? d[j] : d[0];
+    active[r * width + j] = j <= dlen[r];
+  }
 }
 
 __global__ void verify_commit_kernel(int width, int hidden, const int* batch_slots, int pad_slot,
@@ -227,11 +230,11 @@ void launch_draft_finish(int rows, const int* batch_slots, int pad_slot, const i
 
 void launch_verify_prepare(int rows, int width, const int* batch_slots, const int* ctx,
                            bf16* const* slot_base, int* ctx_b, bf16** base_b, const int* dtok,
-                           const int* dlen, int* tok_v, cudaStream_t stream) {
+                           const int* dlen, int* tok_v, int* active, cudaStream_t stream) {
   TS_REQUIRE(rows >= 1 && rows <= 1024, "rows outside [1, 1024]");
   TS_REQUIRE(width >= 1 && width <= kDraftStride, "verify width outside [1, 16]");
-  verify_prepare_kernel<<<1, block_for(rows), 0, stream>>>(rows, width, batch_slots, ctx, slot_base,
-                                                           ctx_b, base_b, dtok, dlen, tok_v);
+  verify_prepare_kernel<<<1, block_for(rows), 0, stream>>>(
+      rows, width, batch_slots, ctx, slot_base, ctx_b, base_b, dtok, dlen, tok_v, active);
   TS_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -46,10 +46,12 @@ void launch_draft_finish(int rows, const int* batch_slots, int pad_slot, const i
                          OutputRow* ring, int ring_rows, uint64_t* seq, cudaStream_t stream);
 
 // Start of verify (width W): ctx_b/base_b as draft_begin; tok_v[r * W + j] = dtok[r][j] for
-// j <= dlen[r], else dtok[r][0] (padding, never accepted).
+// j <= dlen[r], else dtok[r][0] (padding, never accepted); active[r * W + j] = j <= dlen[r] (the
+// MoE layers route only active positions: kernels/moe.h active_rows).
 void launch_verify_prepare(int rows, int width, const int* batch_slots, const int* ctx,
                            __nv_bfloat16* const* slot_base, int* ctx_b, __nv_bfloat16** base_b,
-                           const int* dtok, const int* dlen, int* tok_v, cudaStream_t stream);
+                           const int* dtok, const int* dlen, int* tok_v, int* active,
+                           cudaStream_t stream);
 
 // Greedy acceptance, request r (one block each): accepted = the longest prefix j < dlen[r] with
 // dtok[r][j + 1] == argmax[r * W + j]; bonus = argmax[r * W + accepted]. Real rows commit:

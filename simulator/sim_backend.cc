@@ -108,6 +108,11 @@ struct DecodeCost {
   std::vector<Varying> varying;
 };
 
+bool has_moe_layer(const ModelSpec& m) {
+  return std::any_of(m.layers.begin(), m.layers.end(),
+                     [](const LayerSpec& l) { return l.mlp.kind == MlpKind::kMoe; });
+}
+
 class Engine {
  public:
   Engine(const ModelSpec& model, const ModelSpec& draft, const HardwareSpec& hw,
@@ -125,7 +130,8 @@ class Engine {
         width_(options.layout.width()),
         gap_model_(pdl_gap_model(hw, model.name, options.layout.width())),
         gap_draft_(pdl_gap_model(hw, draft.name, options.layout.width())),
-        spec_model_(spec_residual_model(hw, model.name, options.layout)) {}
+        spec_model_(spec_residual_model(hw, model.name, options.layout)),
+        model_moe_(has_moe_layer(model)) {}
 
   void run(std::span<HostProgram* const> programs) {
     const int32_t world = options_.layout.world();
@@ -356,15 +362,22 @@ class Engine {
     return e.t_ns;
   }
 
-  const DecodeCost& decode_cost(const ModelSpec& m, int32_t requests, int32_t q_tokens) {
-    const uint64_t key =
-        (uint64_t(&m == &draft_) << 63) | (uint64_t(uint32_t(requests)) << 32) | uint32_t(q_tokens);
+  // moe_tokens: StepShape::moe_tokens (-1: every token routed).
+  const DecodeCost& decode_cost(const ModelSpec& m, int32_t requests, int32_t q_tokens,
+                                int64_t moe_tokens) {
+    // One 64-bit key: draft (1 bit), requests (23), q_tokens (8), moe_tokens + 1 (32).
+    assert(requests >= 0 && requests < (1 << 23) && q_tokens >= 0 && q_tokens < 256 &&
+           moe_tokens >= -1 && moe_tokens < (int64_t{1} << 32) - 1);
+    const uint64_t key = (uint64_t(&m == &draft_) << 63) | (uint64_t(requests) << 40) |
+                         (uint64_t(q_tokens) << 32) | uint64_t(moe_tokens + 1);
     auto it = decode_costs_.find(key);
     if (it != decode_costs_.end()) return it->second;
     DecodeCost c;
     StepKernels base, one;
-    step_kernels(m, decode_shape(requests, q_tokens, 0), base);
-    step_kernels(m, decode_shape(requests, q_tokens, 1), one);
+    StepShape at0 = decode_shape(requests, q_tokens, 0), at1 = decode_shape(requests, q_tokens, 1);
+    at0.moe_tokens = at1.moe_tokens = moe_tokens;
+    step_kernels(m, at0, base);
+    step_kernels(m, at1, one);
     for (const LayerRun& run : base.runs) {
       for (int32_t i = run.first; i < run.first + run.count; ++i) {
         const KernelDesc& k0 = base.kernels[size_t(i)];
@@ -385,7 +398,7 @@ class Engine {
   }
 
   GraphCost priced_decode(const ModelSpec& m, const StepShape& shape, int32_t q_tokens) {
-    const DecodeCost& c = decode_cost(m, shape.requests, q_tokens);
+    const DecodeCost& c = decode_cost(m, shape.requests, q_tokens, shape.moe_tokens);
     GraphCost g{c.fixed_busy_ns, c.nodes, c.fixed_bytes_read};
     for (const DecodeCost::Varying& v : c.varying) {
       KernelDesc k = v.at_zero;  // name, class and requests
@@ -458,6 +471,7 @@ class Engine {
       }
       case Phase::kVerify: {
         int32_t widest = 0;
+        int64_t routed = 0;  // positions routed through MoE experts
         for (int32_t i = 0; i < n; ++i) {
           const auto id = static_cast<size_t>(ids[i]);
           const int32_t d = std::min(r.draft_len[id], g.q_tokens - 1);
@@ -479,10 +493,15 @@ class Engine {
           out.outputs.push_back({ids[i], committed, d, r.conf_len[id]});
           sample.tokens += committed;
           widest = std::max(widest, d);
+          routed += d + 1;
         }
         sample.batch += n;
         sample.draft_len = std::max(sample.draft_len, widest);
-        return {&model_, decode_shape(n, g.q_tokens, ctx), g.q_tokens, 1};
+        // The runtime routes a request's draft positions and committed token through the MoE
+        // experts, not the padding up to the launch's width (kernels/moe.h active_rows).
+        StepShape shape = decode_shape(n, g.q_tokens, ctx);
+        if (model_moe_) shape.moe_tokens = routed;  // (a dense price would not change)
+        return {&model_, shape, g.q_tokens, 1};
       }
       case Phase::kExtend:
         return {&draft_, decode_shape(n, g.q_tokens, ctx), g.q_tokens, 1};
@@ -1156,6 +1175,7 @@ class Engine {
   // GPU, its shard "<model>@tp<N>" for tensor parallelism alone (every rank the same shard);
   // empty where the profile has none (spec_residual_model).
   std::string spec_model_;
+  bool model_moe_;  // the target has MoE layers (a verify's routed positions change its price)
   std::vector<Rank> ranks_;
   std::vector<Issued> issued_;
   std::vector<int64_t> lengths_;  // pipeline_lengths of the rank being issued

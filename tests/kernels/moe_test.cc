@@ -131,7 +131,8 @@ Bf16Host expert_block(const Bf16Host& all, size_t per, int begin, int end) {
 // expert; workspace and outputs poisoned first (an unwritten element stays NaN). Returns out as
 // floats; ids / w receive the routing.
 std::vector<float> run_moe(const MoeCase& c, const MoeHost& h, int begin, int end, bool shared,
-                           std::vector<int>* ids = nullptr, std::vector<float>* w = nullptr) {
+                           std::vector<int>* ids = nullptr, std::vector<float>* w = nullptr,
+                           const std::vector<int>* active = nullptr) {
   MoeShape shape = shape_of(c);
   shape.expert_begin = begin;
   shape.expert_end = end;
@@ -156,12 +157,14 @@ std::vector<float> run_moe(const MoeCase& c, const MoeHost& h, int begin, int en
   out.poison();
   did.poison();
   dw.poison();
+  DeviceBuffer<int> dactive(active != nullptr ? active->size() : 0);
+  if (active != nullptr) dactive.upload(*active);
   if (c.prefill)
     moe_prefill(dx.get(), weights, c.m, shape, workspace.get(), out.get(), nullptr,
                 MoeRouting{did.get(), dw.get()});
   else
     moe_forward(dx.get(), weights, c.m, shape, workspace.get(), out.get(), nullptr, false,
-                MoeRouting{did.get(), dw.get()});
+                MoeRouting{did.get(), dw.get()}, active != nullptr ? dactive.get() : nullptr);
   if (ids != nullptr) *ids = did.download();
   if (w != nullptr) *w = dw.download();
   return test::bf16_to_float(out.download<uint16_t>());
@@ -427,6 +430,52 @@ TEST(Moe, RowsIndependentOfTheirBatch) {
     for (size_t i = 0; i < part.size(); ++i)
       ASSERT_EQ(test::to_bf16_bits(part[i]), test::to_bf16_bits(full[at + i]))
           << "rows [" << first << ", " << first + m << "), element " << i;
+  }
+}
+
+// Inactive rows (the runtime's padded verify positions) select no expert: routing ids -1 and
+// weights 0, output exactly +0 without a shared expert and the shared expert's part alone with
+// one (a call over no expert's range: the full call's rows with every routed slot outside it);
+// every active row equals the unmasked call's bit for bit.
+TEST(Moe, InactiveRowsSelectNoExpert) {
+  TS_SKIP_WITHOUT_GPU();
+  for (const int shared_inter : {0, 256}) {
+    const MoeCase c{16, 128, 8, 512, 128, shared_inter, true};
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", shared " + std::to_string(shared_inter));
+    std::mt19937_64 rng(seed);
+    const MoeHost h = random_moe(c, rng);
+    std::vector<int> active(16, 1);
+    for (const int t : {2, 5, 11, 15}) active[size_t(t)] = 0;
+    std::vector<int> ids;
+    std::vector<float> w;
+    const auto full = run_moe(c, h, 0, c.num_experts, true);
+    const auto masked = run_moe(c, h, 0, c.num_experts, true, &ids, &w, &active);
+    // Experts [0, 1) alone with the shared expert: a row that did not pick expert 0 gets the
+    // shared part only, the value an inactive row must have.
+    std::vector<int> ids0;
+    const auto shared_only = run_moe(c, h, 0, 1, true, &ids0);
+    for (int t = 0; t < c.m; ++t) {
+      bool picked0 = false;
+      for (int j = 0; j < c.top_k; ++j) picked0 = picked0 || ids0[size_t(t * c.top_k + j)] == 0;
+      for (int j = 0; j < c.top_k; ++j) {
+        if (active[size_t(t)] != 0) continue;
+        EXPECT_EQ(ids[size_t(t * c.top_k + j)], -1) << "row " << t;
+        EXPECT_EQ(w[size_t(t * c.top_k + j)], 0.0f) << "row " << t;
+      }
+      for (int k = 0; k < c.hidden; ++k) {
+        const size_t i = size_t(t) * c.hidden + k;
+        const uint32_t got = test::to_bf16_bits(masked[i]);
+        if (active[size_t(t)] != 0) {
+          ASSERT_EQ(got, test::to_bf16_bits(full[i])) << "active row " << t << ", element " << k;
+        } else if (shared_inter == 0) {
+          ASSERT_EQ(got, 0u) << "inactive row " << t << ", element " << k;
+        } else if (!picked0) {
+          ASSERT_EQ(got, test::to_bf16_bits(shared_only[i]))
+              << "inactive row " << t << ", element " << k;
+        }
+      }
+    }
   }
 }
 

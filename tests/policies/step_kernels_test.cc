@@ -99,6 +99,42 @@ TEST(StepKernels, MoeReadsOnlySelectedExperts) {
   EXPECT_EQ(find(many, "moe_down")->bytes_read, 128LL * 768 * 2048 * 2 + 1024LL * 8 * 768 * 2);
 }
 
+// A verify of width 8 whose request drafted 2 tokens: the runtime routes 3 positions through the
+// experts (kernels/moe.h active_rows), so the experts cost what 3 tokens' do and the combine reads
+// 3 tokens' routed copies; the router and the attention still see all 8 rows. A dense model's
+// price does not change.
+TEST(StepKernels, VerifyPaddingRoutesThroughNoExpert) {
+  const ModelSpec& m = model_preset("qwen3-30b-a3b");
+  StepKernels padded, three, full;
+  StepShape shape = decode_shape(1, 8, 1000);
+  step_kernels(m, shape, full);
+  shape.moe_tokens = 3;
+  step_kernels(m, shape, padded);
+  step_kernels(m, decode_shape(1, 3, 1000), three);
+  for (const char* name : {"moe_gate_up", "moe_down"}) {
+    EXPECT_EQ(find(padded, name)->bytes_read, find(three, name)->bytes_read) << name;
+    EXPECT_EQ(find(padded, name)->flops, find(three, name)->flops) << name;
+    EXPECT_LT(find(padded, name)->bytes_read, find(full, name)->bytes_read) << name;
+  }
+  // One token: its 8 experts' gate+up weights and its 8 routed activation copies, as above.
+  shape.moe_tokens = 1;
+  StepKernels one;
+  step_kernels(m, shape, one);
+  EXPECT_EQ(find(one, "moe_gate_up")->bytes_read, 8LL * 2048 * 2 * 768 * 2 + 8LL * 2048 * 2);
+  EXPECT_LT(find(padded, "moe_combine")->bytes_read, find(full, "moe_combine")->bytes_read);
+  for (const char* name : {"moe_router", "attention"}) {
+    EXPECT_EQ(find(padded, name)->bytes_read, find(full, name)->bytes_read) << name;
+    EXPECT_EQ(find(padded, name)->flops, find(full, name)->flops) << name;
+  }
+  const ModelSpec& dense = model_preset("llama-3-8b");
+  StepKernels a, b;
+  StepShape d = decode_shape(1, 8, 1000);
+  step_kernels(dense, d, a);
+  d.moe_tokens = 3;
+  step_kernels(dense, d, b);
+  EXPECT_EQ(total_read(a), total_read(b));
+}
+
 TEST(StepKernels, PrefillLogitsOnlyForLastToken) {
   const ModelSpec& m = model_preset("llama-3-8b");
   StepKernels s;

@@ -543,6 +543,30 @@ TEST(TensorParallel, RealLayoutChecks) {
   Variant moe_spec = moe;
   moe_spec.policy.spec.method = SpecMethod::kChain;
   EXPECT_EQ(problem(moe_spec, ok), "");
+  // Verify widths: Qwen3-30B-A3B (8 query heads per KV head) verifies at most 8 positions, so 7
+  // drafts run and 8 are refused up front, saying what to write; Llama-3-8B (group 4) takes 15.
+  SpecSpec device_spec;
+  device_spec.method = SpecMethod::kConfidence;
+  device_spec.mode = DraftMode::kDevice;
+  device_spec.max_steps = 7;
+  moe_spec.policy.spec = device_spec;
+  EXPECT_NO_THROW(check_real_spec_width(moe_spec));
+  moe_spec.policy.spec.max_steps = 8;
+  try {
+    check_real_spec_width(moe_spec);
+    ADD_FAILURE() << "8 drafts of Qwen3-30B-A3B accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("verifies 9 positions per request, more than the "
+                                         "runtime's 8 for model qwen3-30b-a3b"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("draft at most 7"), std::string::npos) << e.what();
+  }
+  Variant dense_spec = v;
+  dense_spec.model = model_preset("llama-3-8b");
+  dense_spec.policy.spec = device_spec;
+  dense_spec.policy.spec.max_steps = 15;
+  EXPECT_NO_THROW(check_real_spec_width(dense_spec));
 }
 
 // One GPU: tp = 1 through the tensor-parallel path (sliced init, an NCCL all-reduce of one rank
