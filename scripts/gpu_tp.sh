@@ -20,7 +20,8 @@
 # h200_tp2_spec_calibration.yaml then h200_tp2_spec.yaml into OUT/tp2spec.db,
 # tp2spec_calibration.log, tp2spec.sim_vs_real.txt, tp2spec.accept.txt; with MOE_SPEC=1 the same
 # of h200_ep2_spec_calibration.yaml and h200_ep2_spec.yaml (the MoE model's draft at TP2-EP2) as
-# ep2spec.*.
+# ep2spec.*; with EP_GRAPHS=1 h200_ep2_graphs.yaml (TP2-EP2 batch 1, PDL against plain graphs)
+# as ep2graphs.*.
 # Env: TWINSTEP_CMAKE_ARGS extra configure flags; TWINSTEP_BUILD_DIR (default build); NP (2);
 # EP (0: TP2 only, the ExpertParallel tests filtered out; 1: also TP2-EP2); PP (0: the
 # PipelineParallel tests filtered out; 1: also PP2); TP_TESTS (1; 0: the validation runs only,
@@ -126,4 +127,5 @@ validate() {
 [ "$pp" = 1 ] && validate pp2 "$root/experiments/validation/h200_pp2.yaml"
 [ "${SPEC:-0}" = 1 ] && validate tp2spec "$root/experiments/validation/h200_tp2_spec.yaml"
 [ "${MOE_SPEC:-0}" = 1 ] && validate ep2spec "$root/experiments/validation/h200_ep2_spec.yaml"
+[ "${EP_GRAPHS:-0}" = 1 ] && validate ep2graphs "$root/experiments/validation/h200_ep2_graphs.yaml"
 exit $status
