@@ -128,4 +128,12 @@ validate() {
 [ "${SPEC:-0}" = 1 ] && validate tp2spec "$root/experiments/validation/h200_tp2_spec.yaml"
 [ "${MOE_SPEC:-0}" = 1 ] && validate ep2spec "$root/experiments/validation/h200_ep2_spec.yaml"
 [ "${EP_GRAPHS:-0}" = 1 ] && validate ep2graphs "$root/experiments/validation/h200_ep2_graphs.yaml"
+if [ "${TP4_SPEC:-0}" = 1 ]; then  # issue 8: needs NP=4 and four GPUs
+  validate tp4spec "$root/experiments/validation/h200_tp4_spec.yaml"
+  # One traced step of each case on every rank, measured and simulated, as trace JSON.
+  for id in $("$build/twinstep" --db "$out/tp4spec.db" query --csv "SELECT r.id FROM run r JOIN
+      experiment e ON e.id = r.experiment_id WHERE e.name LIKE 'validation-h200-tp4-spec%'" | tail -n +2); do
+    "$build/twinstep" --db "$out/tp4spec.db" trace "$id" -o "$out/tp4spec_run$id.trace.json" || status=1
+  done
+fi
 exit $status
