@@ -203,11 +203,12 @@ check "fit-only of session 5 writes a profile" grep -q '^name: "s1"' "$work/s1.y
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
 check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
 # The committed profile: sessions 1-5 above, 6 of 08b4588 (the TP2 shard's speculative graphs)
-# 7 of 8a11021 (Qwen3-30B-A3B's speculative graphs, its draft an MoE layer) and 8 of d53f1d7
-# (those of its TP2-EP2 shard).
+# 7 of 8a11021 (Qwen3-30B-A3B's speculative graphs, its draft an MoE layer), 8 of d53f1d7 (those
+# of its TP2-EP2 shard) and 10 of 969770c (those of its TP4-EP4 shard; session 9, that shard's
+# decode grid, is stored but not fitted: it moves the pooled fits the never-fitted 3B is priced by).
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_d53f1d7.db.xz" >"$cdb6"
-"$bin" --db "$cdb6" calibrate --fit-only --sessions 1,2,3,4,5,6,7,8 \
+xz -dc "$src/results/h200/calibration_969770c.db.xz" >"$cdb6"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 1,2,3,4,5,6,7,8,10 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
 check "the committed profile is the refit of the committed sessions" test "$(grep -v 'command:' "$work/h200-calibrated.yaml")" = "$(grep -v 'command:' "$src/results/profiles/h200-calibrated.yaml")"
 check "session 5's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
