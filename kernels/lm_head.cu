@@ -12,6 +12,10 @@ namespace {
 constexpr int kFinalizeThreads = 256;
 constexpr int kTopkThreads = 1024;
 constexpr int kMaxTopk = 16;
+// Top-k pass 1: tokens per block (a row's vocabulary spread over vocab / kTopkChunk blocks, so a
+// decode row's 128256 logits are scanned by 63 SMs, not one) and its threads.
+constexpr int kTopkChunk = 2048;
+constexpr int kTopkChunkThreads = 256;
 
 size_t partials_bytes(int m, int vocab) {
   return (static_cast<size_t>(m) * (vocab / detail::kGemvRowsPerBlock) *
@@ -80,113 +84,137 @@ __device__ __forceinline__ bool better(float a, int ai, float b, int bi) {
   return a > b || (a == b && ai < bi);
 }
 
-// Block = one row: each thread keeps a sorted top-16 of its strided logits in registers (its
-// tokens ascend, so ties keep the lower id), then topk rounds of a block argmax over the list
-// heads pop the winners in order. Probabilities use the row's (max, sum of exp) from finalize.
-__global__ void __launch_bounds__(kTopkThreads)
-    lm_head_topk_kernel(const float* logits, int vocab, int topk, const float2* row_stats,
-                        int* topk_tokens, float* topk_probs) {
-  __shared__ float warp_val[kTopkThreads / 32];
-  __shared__ int warp_idx[kTopkThreads / 32];
-  __shared__ int winner;
-  detail::pdl_wait_and_trigger();
-  const int m = blockIdx.x;
-  const float* row = logits + static_cast<size_t>(m) * vocab;
-  float val[kMaxTopk];
-  int idx[kMaxTopk];
-#pragma unroll
-  for (int j = 0; j < kMaxTopk; ++j) {
-    val[j] = -INFINITY;
-    idx[j] = 0x7fffffff;
-  }
-  // Loads in batches of 8 independent reads (one L2 round trip per batch, not per logit: the
-  // unbatched loop measured 138 us for 128256 logits on one block).
-  constexpr int kBatch = 8;
-  for (int v0 = threadIdx.x; v0 < vocab; v0 += kBatch * kTopkThreads) {
-    float xs[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int v = v0 + b * kTopkThreads;
-      xs[b] = v < vocab ? row[v] : -INFINITY;
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int v = v0 + b * kTopkThreads;
-      const float x = xs[b];
-      if (v < vocab && better(x, v, val[kMaxTopk - 1], idx[kMaxTopk - 1])) {
-        val[kMaxTopk - 1] = x;
-        idx[kMaxTopk - 1] = v;
-#pragma unroll
-        for (int j = kMaxTopk - 1; j > 0; --j)
-          if (better(val[j], idx[j], val[j - 1], idx[j - 1])) {
-            const float tv = val[j];
-            val[j] = val[j - 1];
-            val[j - 1] = tv;
-            const int ti = idx[j];
-            idx[j] = idx[j - 1];
-            idx[j - 1] = ti;
-          }
-      }
-    }
-  }
-  const float2 stats = row_stats[m];
+// Block-wide best (value, token) of each thread's candidate (better(): larger value, then lower
+// token); every thread gets the winner. `warp_val` / `warp_idx` hold one entry per warp.
+template <int kThreads>
+__device__ __forceinline__ void block_best(float& bv, int& bi, float* warp_val, int* warp_idx) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
+    if (better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  if (lane == 0) {
+    warp_val[warp] = bv;
+    warp_idx[warp] = bi;
+  }
+  __syncthreads();
+  bv = lane < kThreads / 32 ? warp_val[lane] : -INFINITY;
+  bi = lane < kThreads / 32 ? warp_idx[lane] : 0x7fffffff;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
+    if (better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  __syncthreads();  // warp_val / warp_idx free for the next call
+}
+
+// Pass 1, block (chunk, row): the topk best logits of tokens [chunk * kTopkChunk, + kTopkChunk)
+// in order, by topk rounds of a block argmax over the chunk held in shared memory (each round's
+// winner struck out); written to cand[row][chunk][0 .. topk), padded with (-inf, INT_MAX).
+__global__ void __launch_bounds__(kTopkChunkThreads)
+    lm_head_topk_chunk_kernel(const float* logits, int vocab, int topk, int chunks, float* cand_val,
+                              int* cand_idx) {
+  __shared__ float chunk_val[kTopkChunk];
+  __shared__ float warp_val[kTopkChunkThreads / 32];
+  __shared__ int warp_idx[kTopkChunkThreads / 32];
+  detail::pdl_wait_and_trigger();
+  const int m = blockIdx.y, first = blockIdx.x * kTopkChunk;
+  const float* row = logits + static_cast<size_t>(m) * vocab;
+  for (int i = threadIdx.x; i < kTopkChunk; i += kTopkChunkThreads)
+    chunk_val[i] = first + i < vocab ? row[first + i] : -INFINITY;
+  __syncthreads();
+  float* out_val = cand_val + (static_cast<size_t>(m) * chunks + blockIdx.x) * kMaxTopk;
+  int* out_idx = cand_idx + (static_cast<size_t>(m) * chunks + blockIdx.x) * kMaxTopk;
   for (int round = 0; round < topk; ++round) {
-    float bv = val[0];
-    int bi = idx[0];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
-      if (better(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < kTopkChunk; i += kTopkChunkThreads) {
+      const float v = chunk_val[i];
+      if (first + i < vocab && better(v, first + i, bv, bi)) {
+        bv = v;
+        bi = first + i;
       }
     }
-    if (lane == 0) {
-      warp_val[warp] = bv;
-      warp_idx[warp] = bi;
+    block_best<kTopkChunkThreads>(bv, bi, warp_val, warp_idx);
+    if (threadIdx.x == 0) {
+      out_val[round] = bv;
+      out_idx[round] = bi;
     }
+    // Strike the winner out: its owner alone writes, read only after the next round's barrier.
+    if (bi >= first && bi < first + kTopkChunk && (bi - first) % kTopkChunkThreads == threadIdx.x)
+      chunk_val[bi - first] = -INFINITY;
     __syncthreads();
-    if (warp == 0) {
-      bv = warp_val[lane];
-      bi = warp_idx[lane];
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
-        if (better(ov, oi, bv, bi)) {
-          bv = ov;
-          bi = oi;
-        }
-      }
-      if (lane == 0) {
-        winner = bi;
-        topk_tokens[m * topk + round] = bi;
-        topk_probs[m * topk + round] = __expf(bv - stats.x) / stats.y;
-      }
-    }
-    __syncthreads();
-    if (idx[0] == winner) {  // token ids are unique: exactly one thread pops its head
-#pragma unroll
-      for (int j = 0; j < kMaxTopk - 1; ++j) {
-        val[j] = val[j + 1];
-        idx[j] = idx[j + 1];
-      }
-      val[kMaxTopk - 1] = -INFINITY;
-      idx[kMaxTopk - 1] = 0x7fffffff;
-    }
   }
 }
+
+// Pass 2, one block per row: the topk best of the row's chunks * topk candidates (every chunk's
+// best topk contains the row's best among its tokens), the same rounds over shared memory; a
+// candidate is struck out by its position. Probabilities use the row's (max, sum of exp) from
+// finalize. Deterministic: each round's winner is unique (tokens are), whatever the order.
+__global__ void __launch_bounds__(kTopkThreads)
+    lm_head_topk_merge_kernel(const float* cand_val, const int* cand_idx, int chunks, int topk,
+                              const float2* row_stats, int* topk_tokens, float* topk_probs) {
+  extern __shared__ unsigned char merge_smem[];
+  float* val = reinterpret_cast<float*>(merge_smem);
+  int* idx = reinterpret_cast<int*>(val + chunks * topk);
+  __shared__ float warp_val[kTopkThreads / 32];
+  __shared__ int warp_idx[kTopkThreads / 32];
+  detail::pdl_wait_and_trigger();
+  const int m = blockIdx.x, n = chunks * topk;
+  for (int i = threadIdx.x; i < n; i += kTopkThreads) {
+    const size_t at = (static_cast<size_t>(m) * chunks + i / topk) * kMaxTopk + i % topk;
+    val[i] = cand_val[at];
+    idx[i] = cand_idx[at];
+  }
+  __syncthreads();
+  const float2 stats = row_stats[m];
+  for (int round = 0; round < topk; ++round) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff, bpos = -1;
+    for (int i = threadIdx.x; i < n; i += kTopkThreads) {
+      if (better(val[i], idx[i], bv, bi)) {
+        bv = val[i];
+        bi = idx[i];
+        bpos = i;
+      }
+    }
+    const int mine = bi;
+    block_best<kTopkThreads>(bv, bi, warp_val, warp_idx);
+    if (threadIdx.x == 0) {
+      topk_tokens[m * topk + round] = bi;
+      topk_probs[m * topk + round] = __expf(bv - stats.x) / stats.y;
+    }
+    if (bpos >= 0 && mine == bi) {
+      val[bpos] = -INFINITY;
+      idx[bpos] = 0x7fffffff;
+    }
+    __syncthreads();
+  }
+}
+
+int topk_chunks(int vocab) { return (vocab + kTopkChunk - 1) / kTopkChunk; }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // launchers
 
+// Workspace, in order: the GEMV's partials; with topk > 0 the row stats (256 B), the fp32 logits,
+// and pass 1's candidates ([m][chunks][kMaxTopk] values, then as many tokens).
 size_t lm_head_workspace_bytes(int m, int vocab, int topk) {
   size_t bytes = partials_bytes(m, vocab);
-  if (topk > 0) bytes += 256 + static_cast<size_t>(m) * vocab * sizeof(float);  // stats, logits
+  if (topk > 0)
+    bytes += 256 + static_cast<size_t>(m) * vocab * sizeof(float) +
+             2 * static_cast<size_t>(m) * topk_chunks(vocab) * kMaxTopk * sizeof(float);
   return bytes;
 }
 
@@ -230,10 +258,24 @@ void lm_head(const bf16* w, const bf16* x, int m, int vocab, int k, const Sampli
                  static_cast<const detail::LogitPartial*>(p.partials),
                  vocab / detail::kGemvRowsPerBlock, sampling.temperature > 0.0f, out.argmax_token,
                  out.top1_prob, out.sampled_token, row_stats);
-  if (out.topk > 0)
-    detail::launch(lm_head_topk_kernel, dim3(m), dim3(kTopkThreads), 0, stream, pdl,
-                   static_cast<const float*>(logits), vocab, out.topk,
-                   static_cast<const float2*>(row_stats), out.topk_tokens, out.topk_probs);
+  if (out.topk > 0) {
+    const int chunks = topk_chunks(vocab);
+    float* cand_val = reinterpret_cast<float*>(reinterpret_cast<char*>(row_stats) + 256 +
+                                               static_cast<size_t>(m) * vocab * sizeof(float));
+    int* cand_idx = reinterpret_cast<int*>(cand_val + static_cast<size_t>(m) * chunks * kMaxTopk);
+    detail::launch(lm_head_topk_chunk_kernel, dim3(chunks, m), dim3(kTopkChunkThreads), 0, stream,
+                   pdl, static_cast<const float*>(logits), vocab, out.topk, chunks, cand_val,
+                   cand_idx);
+    const size_t merge_smem =
+        static_cast<size_t>(chunks) * out.topk * (sizeof(float) + sizeof(int));
+    TS_REQUIRE(merge_smem <= 48 * 1024, "vocab = " + std::to_string(vocab) +
+                                            " with topk = " + std::to_string(out.topk) +
+                                            ": top-k candidates exceed 48 KB of shared memory");
+    detail::launch(lm_head_topk_merge_kernel, dim3(m), dim3(kTopkThreads), merge_smem, stream, pdl,
+                   static_cast<const float*>(cand_val), static_cast<const int*>(cand_idx), chunks,
+                   out.topk, static_cast<const float2*>(row_stats), out.topk_tokens,
+                   out.topk_probs);
+  }
 }
 
 }  // namespace twinstep::kernels

@@ -35,7 +35,8 @@ struct LmHeadOutputs {
 };
 
 // Device scratch the caller owns, reused across calls on one stream. With topk > 0 it includes
-// room for the fp32 logits (used when LmHeadOutputs::logits is null).
+// room for the fp32 logits (used when LmHeadOutputs::logits is null) and the top-k's first-pass
+// candidates (topk best of each 2048-token chunk of a row; a second pass merges them).
 size_t lm_head_workspace_bytes(int m, int vocab, int topk = 0);
 
 void lm_head(const bf16* w, const bf16* x, int m, int vocab, int k, const SamplingParams& sampling,

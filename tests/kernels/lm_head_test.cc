@@ -107,15 +107,17 @@ TEST(LmHead, GreedyWhenTemperatureZero) {
   EXPECT_EQ(sampled.download(), argmax.download());
 }
 
-// Top-k tokens and probabilities against a CPU reference computed from the GPU's own fp32 logits
-// (the ranking of near-ties is then exact); the logits themselves are checked above.
-TEST(LmHead, TopkTokensAndProbabilities) {
-  TS_SKIP_WITHOUT_GPU();
-  const int m = 6, vocab = 128 * 64, k = 256;
+void expect_topk_matches_reference(int vocab, bool tied_pairs) {
+  const int m = 6, k = 256;
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const Bf16Host w = test::random_bf16(static_cast<size_t>(vocab) * k, rng);
+  Bf16Host w = test::random_bf16(static_cast<size_t>(vocab) * k, rng);
+  if (tied_pairs) {
+    for (size_t v = 0; v + 1 < static_cast<size_t>(vocab); v += 2)
+      for (size_t c = 0; c < static_cast<size_t>(k); ++c)
+        w.set((v + 1) * k + c, w.values[v * k + c]);
+  }
   const Bf16Host x = test::random_bf16(static_cast<size_t>(m) * k, rng);
   auto dw = test::to_device(w);
   auto dx = test::to_device(x);
@@ -135,6 +137,11 @@ TEST(LmHead, TopkTokensAndProbabilities) {
     const auto got_tokens = tokens.download();
     const auto got_probs = probs.download();
     const auto got_argmax = argmax.download();
+    if (tied_pairs) {  // identical weight rows give identical logits: the ties are real
+      int tied = 0;
+      for (int v = 0; v + 1 < vocab; v += 2) tied += l[size_t(v)] == l[size_t(v) + 1];
+      ASSERT_EQ(tied, vocab / 2);
+    }
     for (int r = 0; r < m; ++r) {
       std::vector<int> order(vocab);
       for (int v = 0; v < vocab; ++v) order[v] = v;
@@ -151,6 +158,20 @@ TEST(LmHead, TopkTokensAndProbabilities) {
             << "row " << r << " rank " << j;
       }
     }
+  }
+}
+
+// Top-k tokens and probabilities against a CPU reference computed from the GPU's own fp32 logits
+// (the ranking of near-ties is then exact); the logits themselves are checked above. Vocabularies:
+// 8192 (4 chunks of the first pass), Llama-3's 128256 (63 chunks, the last one partial) with every
+// weight row duplicated in pairs (tokens 2i and 2i + 1 tie exactly: lower id first), and 4160 (a
+// last chunk of 64 tokens).
+TEST(LmHead, TopkTokensAndProbabilities) {
+  TS_SKIP_WITHOUT_GPU();
+  for (const auto& [vocab, pairs] :
+       {std::pair{128 * 64, false}, std::pair{128256, true}, std::pair{4160, false}}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab) + (pairs ? ", tied pairs" : ""));
+    expect_topk_matches_reference(vocab, pairs);
   }
 }
 
