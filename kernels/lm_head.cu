@@ -16,6 +16,9 @@ constexpr int kMaxTopk = 16;
 // decode row's 128256 logits are scanned by 63 SMs, not one) and its threads.
 constexpr int kTopkChunk = 2048;
 constexpr int kTopkChunkThreads = 256;
+// Top-k pass 2: candidates per thread of its one block per row, so at most kTopkThreads * 4
+// (vocabularies up to 4096 / 16 chunks of 2048 tokens: 524288 at topk 16).
+constexpr int kTopkMergePerThread = 4;
 
 size_t partials_bytes(int m, int vocab) {
   return (static_cast<size_t>(m) * (vocab / detail::kGemvRowsPerBlock) *
@@ -84,120 +87,143 @@ __device__ __forceinline__ bool better(float a, int ai, float b, int bi) {
   return a > b || (a == b && ai < bi);
 }
 
-// Block-wide best (value, token) of each thread's candidate (better(): larger value, then lower
-// token); every thread gets the winner. `warp_val` / `warp_idx` hold one entry per warp.
-template <int kThreads>
-__device__ __forceinline__ void block_best(float& bv, int& bi, float* warp_val, int* warp_idx) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// Sorts a thread's P candidates best first (better(): larger value, then lower token).
+template <int P>
+__device__ __forceinline__ void sort_desc(float (&v)[P], int (&ix)[P]) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
-    if (better(ov, oi, bv, bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
-  if (lane == 0) {
-    warp_val[warp] = bv;
-    warp_idx[warp] = bi;
-  }
-  __syncthreads();
-  bv = lane < kThreads / 32 ? warp_val[lane] : -INFINITY;
-  bi = lane < kThreads / 32 ? warp_idx[lane] : 0x7fffffff;
+  for (int i = 1; i < P; ++i)
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
-    if (better(ov, oi, bv, bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
-  __syncthreads();  // warp_val / warp_idx free for the next call
+    for (int j = i; j > 0; --j)
+      if (better(v[j], ix[j], v[j - 1], ix[j - 1])) {
+        const float tv = v[j];
+        v[j] = v[j - 1];
+        v[j - 1] = tv;
+        const int ti = ix[j];
+        ix[j] = ix[j - 1];
+        ix[j - 1] = ti;
+      }
 }
 
-// Pass 1, block (chunk, row): the topk best logits of tokens [chunk * kTopkChunk, + kTopkChunk)
-// in order, by topk rounds of a block argmax over the chunk held in shared memory (each round's
-// winner struck out); written to cand[row][chunk][0 .. topk), padded with (-inf, INT_MAX).
-__global__ void __launch_bounds__(kTopkChunkThreads)
-    lm_head_topk_chunk_kernel(const float* logits, int vocab, int topk, int chunks, float* cand_val,
-                              int* cand_idx) {
-  __shared__ float chunk_val[kTopkChunk];
-  __shared__ float warp_val[kTopkChunkThreads / 32];
-  __shared__ int warp_idx[kTopkChunkThreads / 32];
-  detail::pdl_wait_and_trigger();
-  const int m = blockIdx.y, first = blockIdx.x * kTopkChunk;
-  const float* row = logits + static_cast<size_t>(m) * vocab;
-  for (int i = threadIdx.x; i < kTopkChunk; i += kTopkChunkThreads)
-    chunk_val[i] = first + i < vocab ? row[first + i] : -INFINITY;
-  __syncthreads();
-  float* out_val = cand_val + (static_cast<size_t>(m) * chunks + blockIdx.x) * kMaxTopk;
-  int* out_idx = cand_idx + (static_cast<size_t>(m) * chunks + blockIdx.x) * kMaxTopk;
+// The warp's topk best of its lanes' sorted lists, in order, into out_val / out_idx (lane 0
+// writes; (-inf, INT_MAX) past the candidates): topk rounds of a warp argmax over the list heads,
+// the winning lane popping its head. Shuffles only: no block barrier per round.
+template <int P>
+__device__ __forceinline__ void warp_topk(float (&v)[P], int (&ix)[P], int topk, float* out_val,
+                                          int* out_idx) {
+  const int lane = threadIdx.x % 32;
   for (int round = 0; round < topk; ++round) {
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < kTopkChunk; i += kTopkChunkThreads) {
-      const float v = chunk_val[i];
-      if (first + i < vocab && better(v, first + i, bv, bi)) {
-        bv = v;
-        bi = first + i;
+    float bv = v[0];
+    int bi = ix[0];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, offset);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, offset);
+      if (better(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
       }
     }
-    block_best<kTopkChunkThreads>(bv, bi, warp_val, warp_idx);
-    if (threadIdx.x == 0) {
+    if (lane == 0) {
       out_val[round] = bv;
       out_idx[round] = bi;
     }
-    // Strike the winner out: its owner alone writes, read only after the next round's barrier.
-    if (bi >= first && bi < first + kTopkChunk && (bi - first) % kTopkChunkThreads == threadIdx.x)
-      chunk_val[bi - first] = -INFINITY;
-    __syncthreads();
+    // The owner of the winner pops it (real tokens are unique; a padding winner, (-inf,
+    // INT_MAX), may be popped by several lanes, which changes nothing after it).
+    if (ix[0] == bi && v[0] == bv) {
+#pragma unroll
+      for (int j = 0; j < P - 1; ++j) {
+        v[j] = v[j + 1];
+        ix[j] = ix[j + 1];
+      }
+      v[P - 1] = -INFINITY;
+      ix[P - 1] = 0x7fffffff;
+    }
   }
 }
 
-// Pass 2, one block per row: the topk best of the row's chunks * topk candidates (every chunk's
-// best topk contains the row's best among its tokens), the same rounds over shared memory; a
-// candidate is struck out by its position. Probabilities use the row's (max, sum of exp) from
-// finalize. Deterministic: each round's winner is unique (tokens are), whatever the order.
+// The topk best of `count` candidates (load(i, value, token) for i < count) by a block of
+// kThreads: each thread sorts the P candidates it strides over, each warp writes its topk best to
+// `stage` (kMaxTopk entries per warp, shared), then warp 0 takes the block's best from those (Q
+// per lane) to out_val / out_idx. count <= kThreads * P.
+template <int kThreads, int P, int Q, typename Load>
+__device__ __forceinline__ void block_topk(int count, int topk, Load load, float* stage_val,
+                                           int* stage_idx, float* out_val, int* out_idx) {
+  constexpr int kWarps = kThreads / 32;
+  static_assert(kWarps * kMaxTopk <= 32 * Q, "Q too small for the warps' candidates");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float v[P];
+  int ix[P];
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    v[j] = -INFINITY;
+    ix[j] = 0x7fffffff;
+    if (i < count) load(i, v[j], ix[j]);
+  }
+  sort_desc(v, ix);
+  warp_topk(v, ix, topk, stage_val + warp * kMaxTopk, stage_idx + warp * kMaxTopk);
+  __syncthreads();
+  if (warp == 0) {
+    float w[Q];
+    int wi[Q];
+#pragma unroll
+    for (int j = 0; j < Q; ++j) {
+      const int e = lane + 32 * j;  // entry e: warp e / kMaxTopk, rank e % kMaxTopk
+      const bool on = e < kWarps * kMaxTopk && e % kMaxTopk < topk;
+      w[j] = on ? stage_val[e] : -INFINITY;
+      wi[j] = on ? stage_idx[e] : 0x7fffffff;
+    }
+    sort_desc(w, wi);
+    warp_topk(w, wi, topk, out_val, out_idx);
+  }
+}
+
+// Pass 1, block (chunk, row): the topk best logits of tokens [chunk * kTopkChunk, + kTopkChunk),
+// in order, to cand[row][chunk][0 .. topk) (padded with (-inf, INT_MAX) past the vocabulary).
+__global__ void __launch_bounds__(kTopkChunkThreads)
+    lm_head_topk_chunk_kernel(const float* logits, int vocab, int topk, int chunks, float* cand_val,
+                              int* cand_idx) {
+  __shared__ float stage_val[kTopkChunkThreads / 32 * kMaxTopk];
+  __shared__ int stage_idx[kTopkChunkThreads / 32 * kMaxTopk];
+  detail::pdl_wait_and_trigger();
+  const int m = blockIdx.y, first = blockIdx.x * kTopkChunk;
+  const float* row = logits + static_cast<size_t>(m) * vocab;
+  const size_t at = (static_cast<size_t>(m) * chunks + blockIdx.x) * kMaxTopk;
+  block_topk<kTopkChunkThreads, kTopkChunk / kTopkChunkThreads, 4>(
+      min(kTopkChunk, vocab - first), topk,
+      [&](int i, float& v, int& ix) {
+        v = row[first + i];
+        ix = first + i;
+      },
+      stage_val, stage_idx, cand_val + at, cand_idx + at);
+}
+
+// Pass 2, one block per row: the topk best of the row's chunks x topk candidates (each chunk's
+// best topk holds every one of the row's best among its tokens), with their probabilities from
+// the row's (max, sum of exp) of finalize. Deterministic: every pick is the unique best left.
 __global__ void __launch_bounds__(kTopkThreads)
     lm_head_topk_merge_kernel(const float* cand_val, const int* cand_idx, int chunks, int topk,
                               const float2* row_stats, int* topk_tokens, float* topk_probs) {
-  extern __shared__ unsigned char merge_smem[];
-  float* val = reinterpret_cast<float*>(merge_smem);
-  int* idx = reinterpret_cast<int*>(val + chunks * topk);
-  __shared__ float warp_val[kTopkThreads / 32];
-  __shared__ int warp_idx[kTopkThreads / 32];
+  __shared__ float stage_val[kTopkThreads / 32 * kMaxTopk];
+  __shared__ int stage_idx[kTopkThreads / 32 * kMaxTopk];
+  __shared__ float best_val[kMaxTopk];
+  __shared__ int best_idx[kMaxTopk];
   detail::pdl_wait_and_trigger();
-  const int m = blockIdx.x, n = chunks * topk;
-  for (int i = threadIdx.x; i < n; i += kTopkThreads) {
-    const size_t at = (static_cast<size_t>(m) * chunks + i / topk) * kMaxTopk + i % topk;
-    val[i] = cand_val[at];
-    idx[i] = cand_idx[at];
-  }
+  const int m = blockIdx.x;
+  const size_t row = static_cast<size_t>(m) * chunks * kMaxTopk;
+  block_topk<kTopkThreads, kTopkMergePerThread, kMaxTopk>(
+      chunks * topk, topk,
+      [&](int i, float& v, int& ix) {
+        const size_t at = row + static_cast<size_t>(i / topk) * kMaxTopk + i % topk;
+        v = cand_val[at];
+        ix = cand_idx[at];
+      },
+      stage_val, stage_idx, best_val, best_idx);
   __syncthreads();
-  const float2 stats = row_stats[m];
-  for (int round = 0; round < topk; ++round) {
-    float bv = -INFINITY;
-    int bi = 0x7fffffff, bpos = -1;
-    for (int i = threadIdx.x; i < n; i += kTopkThreads) {
-      if (better(val[i], idx[i], bv, bi)) {
-        bv = val[i];
-        bi = idx[i];
-        bpos = i;
-      }
-    }
-    const int mine = bi;
-    block_best<kTopkThreads>(bv, bi, warp_val, warp_idx);
-    if (threadIdx.x == 0) {
-      topk_tokens[m * topk + round] = bi;
-      topk_probs[m * topk + round] = __expf(bv - stats.x) / stats.y;
-    }
-    if (bpos >= 0 && mine == bi) {
-      val[bpos] = -INFINITY;
-      idx[bpos] = 0x7fffffff;
-    }
-    __syncthreads();
+  if (threadIdx.x < topk) {
+    const float2 stats = row_stats[m];
+    topk_tokens[m * topk + threadIdx.x] = best_idx[threadIdx.x];
+    topk_probs[m * topk + threadIdx.x] = __expf(best_val[threadIdx.x] - stats.x) / stats.y;
   }
 }
 
@@ -266,12 +292,11 @@ void lm_head(const bf16* w, const bf16* x, int m, int vocab, int k, const Sampli
     detail::launch(lm_head_topk_chunk_kernel, dim3(chunks, m), dim3(kTopkChunkThreads), 0, stream,
                    pdl, static_cast<const float*>(logits), vocab, out.topk, chunks, cand_val,
                    cand_idx);
-    const size_t merge_smem =
-        static_cast<size_t>(chunks) * out.topk * (sizeof(float) + sizeof(int));
-    TS_REQUIRE(merge_smem <= 48 * 1024, "vocab = " + std::to_string(vocab) +
-                                            " with topk = " + std::to_string(out.topk) +
-                                            ": top-k candidates exceed 48 KB of shared memory");
-    detail::launch(lm_head_topk_merge_kernel, dim3(m), dim3(kTopkThreads), merge_smem, stream, pdl,
+    TS_REQUIRE(chunks * out.topk <= kTopkThreads * kTopkMergePerThread,
+               "vocab = " + std::to_string(vocab) + " with topk = " + std::to_string(out.topk) +
+                   ": more top-k candidates than the merge holds (" +
+                   std::to_string(kTopkThreads * kTopkMergePerThread) + ")");
+    detail::launch(lm_head_topk_merge_kernel, dim3(m), dim3(kTopkThreads), 0, stream, pdl,
                    static_cast<const float*>(cand_val), static_cast<const int*>(cand_idx), chunks,
                    out.topk, static_cast<const float2*>(row_stats), out.topk_tokens,
                    out.topk_probs);
