@@ -64,12 +64,12 @@ int launched_ranks() {
 // Set by main once this rank joined the world communicator (a GPU per rank).
 bool g_world_ready = false;
 
-#define SKIP_WITHOUT_RANKS(n)                                                                  \
-  do {                                                                                         \
-    SKIP_WITHOUT_GPU();                                                                        \
-    if (world_size() < (n) || !g_world_ready)                                                  \
-      GTEST_SKIP() << "needs " << (n) << " ranks with a GPU each: mpirun --allow-run-as-root " \
-                   << "-np " << (n) << " runtime_tp_gpu_test";                                 \
+#define SKIP_WITHOUT_RANKS(n)                                                                      \
+  do {                                                                                             \
+    SKIP_WITHOUT_GPU();                                                                            \
+    if (world_size() != (n) || !g_world_ready)                                                     \
+      GTEST_SKIP() << "needs exactly " << (n) << " ranks, a GPU each: mpirun --allow-run-as-root " \
+                   << "-np " << (n) << " runtime_tp_gpu_test";                                     \
   } while (0)
 
 // Greedy tokens of request 0..n-1 for workload w (prompt seed 1) on `engine`, under speculative
