@@ -31,7 +31,7 @@ struct CalibrateOptions {
   // (policies/calibration_model.h).
   int tp = 1;
   // Speculative graphs (docs/calibration.md "Speculative graphs"): every model the runtime runs
-  // speculative decoding for (dense) gets its draft(L), draft(L) with early exit (tp 1 only: TP
+  // speculative decoding for (dense or MoE) gets its draft(L), draft(L) with early exit (tp 1: TP
   // runs drafts without it), verify(W) and extend(W) graphs timed in situ (spec_graph samples;
   // tp > 1: rank 0's shard alone, labelled "<model>@tp<N>") at the smallest and largest
   // context of the grid, batches 1 and 4 (quick: 1; with `batches`, those <= 4, else the

@@ -89,9 +89,10 @@ struct EngineOptions {
   bool draft_early_exit = false;
   // Tensor parallelism (runtime/tensor_parallel.h): with a communicator, create_synthetic builds
   // this rank's shard of the model it is given and the forwards all-reduce after o_proj and
-  // down_proj (MoE: expert parallelism, one all-reduce after the MoE FFN). With a draft (dense
-  // models): its input projection replicated, its layer sharded like a model layer with the same
-  // two all-reduces; no early exit (draft_early_exit refused). Checkpoints are not sharded yet.
+  // down_proj (MoE: expert parallelism, one all-reduce after the MoE FFN). With a draft: its
+  // input projection replicated, its layer (dense or MoE) sharded like a model layer with the
+  // same two all-reduces; no early exit (draft_early_exit refused). Checkpoints are not sharded
+  // yet.
   TensorParallel tp;
   // Pipeline parallelism (runtime/pipeline_parallel.h): with a communicator, create_synthetic
   // builds this stage of the model it is given (pp_stage_config) and the forwards hand the hidden

@@ -19,7 +19,7 @@ namespace twinstep {
 // draft module built at fidelity v.acceptance.draft_fidelity (checkpoint.h
 // synthetic_weight_list; the target's weights then follow that construction too). `requests`
 // must outlive the backend. Throws ConfigError when the model is outside the runtime's scope
-// (dense GQA, head_dim 128) and Error when it does not fit the GPU's memory.
+// (GQA, head_dim 128; dense or Qwen3-MoE-like) and Error when it does not fit the GPU's memory.
 
 std::unique_ptr<Backend> make_real_backend(const Variant& v,
                                            const std::vector<RequestSpec>& requests);
