@@ -30,6 +30,19 @@ AcceptanceModel::AcceptanceModel(const AcceptanceSpec& spec, uint64_t seed)
       by_request_[t.request[row]].emplace_back(t.start[row], row);
     for (auto& [request, rows] : by_request_) std::sort(rows.begin(), rows.end());
   }
+  if (spec_.calibrated) {
+    // h[q] = P(accepted >= q | accepted >= q - 1) over the table's rounds.
+    const AcceptanceTable& t = *spec_.calibrated;
+    agree_at_depth_.assign(size_t(t.draft_len) + 1, 0.0);
+    for (int32_t q = 1; q <= t.draft_len; ++q) {
+      int64_t reached = 0, agreed = 0;
+      for (const int32_t a : t.accepted) {
+        reached += a >= q - 1;
+        agreed += a >= q;
+      }
+      agree_at_depth_[size_t(q)] = reached > 0 ? double(agreed) / double(reached) : 0.0;
+    }
+  }
 }
 
 int64_t AcceptanceModel::aligned_row(int32_t request, int32_t text_offset) const {
@@ -69,14 +82,22 @@ AcceptanceModel::Draw AcceptanceModel::draw(int32_t request, int64_t round, int3
     // Aligned: draft position p predicts output token x = offset + p - 1. The source round
     // covering x (start s, accepted a) drafted it as its position q = x - s + 1: agreed when
     // q <= a; q = a + 1 is where it disagreed (a below its draft length) or its bonus token (a
-    // equal to it: never drafted there; taken as agreeing, with its last confidence). Past the
-    // source's text: no agreement.
+    // equal to it). A bonus token was never drafted: whether a draft agrees there is unknown, so
+    // it agrees with the table's rate at this round's own depth p (agree_at_depth_, a seeded
+    // draw keyed on request, round and position), with the source round's last confidence.
+    // Past the source's text: no agreement.
     const int64_t row = aligned_row(request, r.offset + position - 1);
     if (row < 0) return {0.0f, false};
     const int32_t q = r.offset + position - t->start[size_t(row)];
     const int32_t a = t->accepted[size_t(row)];
     const size_t base = size_t(row) * size_t(t->draft_len);
-    if (q > t->draft_len) return {t->confidence[base + size_t(t->draft_len - 1)], true};
+    if (q > t->draft_len) {
+      const uint64_t stream =
+          (uint64_t{0xb0} << 56) | (uint64_t(uint32_t(request)) << 8) | uint64_t(position & 0xff);
+      const bool agrees = rng_uniform(seed_, stream, uint64_t(round)) <
+                          agree_at_depth_[size_t(std::min(position, t->draft_len))];
+      return {t->confidence[base + size_t(t->draft_len - 1)], agrees};
+    }
     return {t->confidence[base + size_t(q - 1)], q <= a};
   }
   const uint64_t stream = (uint64_t(uint32_t(request)) << 8) | uint64_t(position & 0xff);

@@ -50,6 +50,9 @@ class AcceptanceModel {
   std::unordered_map<int32_t, std::vector<std::pair<int32_t, uint64_t>>> by_request_;
   // The row covering `text_offset` of `request`, or -1 (no such request, or past its text).
   int64_t aligned_row(int32_t request, int32_t text_offset) const;
+  // Calibrated: [q] = the table's P(accepted >= q | accepted >= q - 1), q = 1 .. draft_len: how
+  // an aligned round decides a token no source round drafted (a fully accepted round's bonus).
+  std::vector<double> agree_at_depth_;
 };
 
 }  // namespace twinstep

@@ -202,8 +202,13 @@ TEST(SpecSim, AlignedReplayFollowsTheMeasuredText) {
   EXPECT_EQ(agrees(0, 0, 0, 3), (std::vector<int>{1, 1, 0}));
   // Starting at token 1 (inside round 0): token 1 agrees, token 2 is the miss.
   EXPECT_EQ(agrees(0, 1, 1, 2), (std::vector<int>{1, 0}));
-  // Starting at token 5: tokens 5, 6 agree, 7 is round 1's bonus (agrees), 8 is round 2's miss.
-  EXPECT_EQ(agrees(0, 2, 5, 4), (std::vector<int>{1, 1, 1, 0}));
+  // Starting at token 5: tokens 5, 6 agree; 7 is round 1's bonus (never drafted: see below);
+  // when it agrees, 8 is round 2's miss.
+  const std::vector<int> at5 = agrees(0, 2, 5, 4);
+  EXPECT_EQ(std::vector<int>(at5.begin(), at5.begin() + 2), (std::vector<int>{1, 1}));
+  if (at5[2] == 1) {
+    EXPECT_EQ(at5[3], 0);
+  }
   // Confidence is the measured one at the same token: token 5 is round 1's position 3.
   EXPECT_FLOAT_EQ(m.draw(0, 3, 1, 5).confidence, 0.13f);
   // Token 7 (round 1's bonus, never drafted): its last measured confidence.
@@ -217,6 +222,28 @@ TEST(SpecSim, AlignedReplayFollowsTheMeasuredText) {
               fallback == (std::vector<int>{0, 0, 0}));
   // The same (request, round) keeps its alignment whatever offset later draws pass.
   EXPECT_EQ(agrees(0, 1, 99, 2), (std::vector<int>{1, 0}));
+}
+
+// A token no measured round drafted (token 7, round 1's bonus) agrees at the table's rate for the
+// simulated round's own depth: accepted {2, 4, 0} give P(a >= q | a >= q - 1) = 2/3, 1, 1/2, 1
+// for q = 1 .. 4. Reached at position 2 (a round from token 6) it always agrees, at position 1
+// (from token 7) in 2/3 of the rounds, at position 3 (from token 5) in half; a seeded draw per
+// (request, round, position), so reruns repeat it.
+TEST(SpecSim, AlignedReplayDrawsTheBonusTokenAtTheTablesRate) {
+  AcceptanceModel m(one_text_table(), 1);
+  int from6 = 0, from7 = 0, from5 = 0;
+  constexpr int kRounds = 4000;
+  for (int64_t k = 0; k < kRounds; ++k) {
+    from6 += m.draw(0, 3 * k, 2, 6).agrees;
+    from7 += m.draw(0, 3 * k + 1, 1, 7).agrees;
+    from5 += m.draw(0, 3 * k + 2, 3, 5).agrees;
+  }
+  EXPECT_EQ(from6, kRounds);
+  EXPECT_NEAR(double(from7) / kRounds, 2.0 / 3.0, 0.03);
+  EXPECT_NEAR(double(from5) / kRounds, 0.5, 0.03);
+  AcceptanceModel again(one_text_table(), 1);
+  for (int64_t k = 0; k < 50; ++k)
+    EXPECT_EQ(again.draw(0, 3 * k + 1, 1, 7).agrees, m.draw(0, 3 * k + 1, 1, 7).agrees);
 }
 
 // Without align the same table replays its rows in order, ignoring the offset.
