@@ -63,26 +63,6 @@ void shard_step_kernels(const ModelSpec& model, int32_t tp, const StepShape& sha
   }
 }
 
-int64_t calibration_nodes_after_collectives(const std::string& label, const StepShape& shape) {
-  const CalibrationModel cm = parse_calibration_model(label);
-  if (cm.tp == 1) return 0;
-  const ModelSpec& model = model_preset(cm.preset);
-  StepKernels full;
-  step_kernels(model, shape, calibration_layout(model, cm.tp), 0, full);
-  int64_t count = 0;
-  bool after = false;
-  for (const LayerRun& run : full.runs) {
-    for (int32_t rep = 0; rep < run.repeat; ++rep) {
-      for (int32_t i = run.first; i < run.first + run.count; ++i) {
-        const bool coll = full.kernels[size_t(i)].cls == KernelClass::kCollective;
-        if (!coll && after) ++count;
-        after = coll;
-      }
-    }
-  }
-  return count;
-}
-
 ExpertShare calibration_expert_share(const std::string& label, int32_t layer,
                                      std::span<const int32_t> ids) {
   const CalibrationModel cm = parse_calibration_model(label);

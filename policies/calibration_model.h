@@ -41,12 +41,6 @@ void calibration_step_kernels(const std::string& label, const StepShape& shape, 
 void shard_step_kernels(const ModelSpec& model, int32_t tp, const StepShape& shape,
                         StepKernels& out);
 
-// How many of calibration_step_kernels(label, shape)'s nodes follow one of rank 0's collectives
-// in the rank's own step (the first node after an all-reduce): the runtime launches those
-// without PDL, alone as between the ranks (Engine::target_layers), and the simulator gives them
-// the plain gap (resume_gap_ns). 0 at tp 1.
-int64_t calibration_nodes_after_collectives(const std::string& label, const StepShape& shape);
-
 // One launch's routing of MoE layer `layer` on the rank `label` measured: the routed work of
 // rank 0 of its calibration layout (the whole layer at tp 1; under ep = N the block [0, E/N),
 // which tp_shard_config gives rank 0) from `ids`, the layer's rows' top_k expert ids over all

@@ -547,15 +547,11 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
   const kernels::AttentionShape shape{requests, q_len, c.q_heads, 0.08838834764831845f};
   // A later pipeline stage's first layer adds the previous stage's last MLP output (received).
   const bool model_first = options_.pp.first();
-  // The node after an all-reduce's place runs without PDL under tensor parallelism: between the
-  // ranks it waits for the NCCL kernel whole anyway, and a shard measured alone (no
-  // communicator: calibrate --tp) then runs the rank's own chain, overlapped where the rank's is.
-  const bool pdl_after_reduce = pdl && options_.tp.size == 1;
   for (int l = 0; l < c.layers; ++l) {
     const LayerWeights& L = b.layer[size_t(l)];
     node("attn_norm");
     kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual, L.in_norm, b.xn,
-                              B, H, eps, s, l == 0 ? pdl : pdl_after_reduce);
+                              B, H, eps, s, pdl);
     node("qkv_proj");
     project(L.w_qkv, b.xn, b.qkv, B, int(c.qkv_dim()), H);
     node("rope_kv_append");
@@ -567,7 +563,7 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     project(L.w_o, b.attn, b.o, B, H, int(c.q_dim()));
     tp_all_reduce(b.o, B, "attn_all_reduce");
     node("mlp_norm");
-    kernels::rmsnorm_residual(b.o, b.residual, L.post_norm, b.xn, B, H, eps, s, pdl_after_reduce);
+    kernels::rmsnorm_residual(b.o, b.residual, L.post_norm, b.xn, B, H, eps, s, pdl);
     if (c.moe()) {
       node("moe");
       moe_ffn(l, B, pdl, s, moe_routed);
@@ -661,9 +657,7 @@ void Engine::decode_forward(int B, bool pdl, bool commit, bool profiled) {
     pp_send_hidden(B);
   } else {
     node("final_norm");
-    // After the last layer's all-reduce under TP: no PDL (target_layers).
-    kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s,
-                              pdl && options_.tp.size == 1);
+    kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s, pdl);
     for (int r0 = 0, chunk = 0; r0 < B; r0 += kernels::kGemvMaxRows, ++chunk) {
       const int m = std::min(kernels::kGemvMaxRows, B - r0);
       node("lm_head");

@@ -368,16 +368,9 @@ std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<Calibratio
     auto it = cost.find(label);
     if (it == cost.end()) it = cost.emplace(label, calibration_cost_model(hw, label)).first;
     for (const auto& [ctx, v] : by_ctx) {
-      const StepShape shape = decode_shape(int32_t(batch), 1, ctx * batch);
-      calibration_step_kernels(label, shape, sk);
+      calibration_step_kernels(label, decode_shape(int32_t(batch), 1, ctx * batch), sk);
       const GraphCost c = it->second->graph_cost(sk);
-      // A TP shard's PDL step: the nodes after the collectives' places run without PDL (the
-      // runtime launches them so alone as between the ranks) and the simulator gives them the
-      // plain gap, so the PDL gap is that of the other nodes.
-      const int64_t plain =
-          mode == "pdl" ? calibration_nodes_after_collectives(label, shape) : int64_t{0};
-      gaps[key].push_back((median(v) - double(c.busy_ns) - double(plain * hw.graph_node_gap_ns)) /
-                          double(std::max<int64_t>(c.nodes - plain, 1)));
+      gaps[key].push_back((median(v) - double(c.busy_ns)) / double(c.nodes));
     }
   }
   std::vector<HardwareSpec::NodeGap> out;

@@ -92,10 +92,8 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
 // signed: per grid point's unprofiled step median T of that mode, (T − busy) / nodes, where busy
 // and nodes are `hw`'s price of the point's step kernels (CostModel::graph_cost, as a simulated
 // one-rank run of the label prices them), the median over the contexts of a batch: the gap with
-// which the simulator reproduces the measured steps. A TP shard's PDL gap leaves out the nodes
-// that follow a collective's place (calibration_nodes_after_collectives, P of them): they run
-// without PDL and are priced at hw's graph_node_gap_ns, so (T − busy − P · graph gap) / (nodes −
-// P). By model, rows ascending (HardwareSpec::pdl_node_gap_by_rows, graph_node_gap_by_rows).
+// which the simulator reproduces the measured steps. By model, rows ascending
+// (HardwareSpec::pdl_node_gap_by_rows, graph_node_gap_by_rows).
 std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<CalibrationSample>& samples,
                                                     const HardwareSpec& hw, std::string_view mode);
 

@@ -1027,39 +1027,6 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 1), 50);   // a model never measured
 }
 
-// A TP shard measured alone (no collectives): the nodes after an all-reduce's place run without
-// PDL, as between the ranks, at the plain graph gap the simulator gives them (resume_gap_ns), so
-// the PDL gap is solved over the other nodes. Llama-3-8B TP2: 2 all-reduces per layer, after them
-// the MLP norm and the next layer's attention norm (the last layer's: the final norm): 64 of the
-// step's nodes; Qwen3-30B-A3B TP2-EP2: 96; one GPU: none.
-TEST(Calibration, TpShardPdlGapLeavesOutTheNodesAfterCollectives) {
-  const StepShape shape = decode_shape(1, 1, 1000);
-  EXPECT_EQ(calibration_nodes_after_collectives("llama-3-8b@tp2", shape), 64);
-  EXPECT_EQ(calibration_nodes_after_collectives("qwen3-30b-a3b@tp2", shape), 96);
-  EXPECT_EQ(calibration_nodes_after_collectives("llama-3-8b", shape), 0);
-  const HardwareSpec preset = hardware_preset("h200");
-  const CostModel cost(preset);
-  StepKernels sk;
-  calibration_step_kernels("llama-3-8b@tp2", decode_shape(1, 1, 1000), sk);
-  const GraphCost c = cost.graph_cost(sk);
-  // 64 nodes at the plain gap, the rest overlapped by 700 ns.
-  CalibrationSample x;
-  x.kind = "step";
-  x.model = "llama-3-8b@tp2";
-  x.mode = "pdl";
-  x.batch = 1;
-  x.ctx_tokens = 1000;
-  x.value_ns = double(c.busy_ns) + 64.0 * double(preset.graph_node_gap_ns) - 700.0 * (c.nodes - 64);
-  const std::vector<HardwareSpec::NodeGap> g = node_gap_by_rows({x}, preset, "pdl");
-  ASSERT_EQ(g.size(), 1u);
-  EXPECT_EQ(g[0].model, "llama-3-8b@tp2");
-  EXPECT_EQ(g[0].gap_ns, -700);
-  // Its plain-graph step is solved over every node, as before.
-  x.mode = "graph";
-  x.value_ns = double(c.busy_ns) + 600.0 * double(c.nodes);
-  EXPECT_EQ(node_gap_by_rows({x}, preset, "graph")[0].gap_ns, 600);
-}
-
 TEST(CalibrationProfile, NameFitsAndNodeGapsRoundTrip) {
   CalibrationProfile p = fit_calibration(synthetic_session(), "h200-test", "h200", kHeader);
   KernelFit f;
