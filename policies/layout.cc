@@ -24,12 +24,6 @@ std::string to_upper(std::string s) {
   return s;
 }
 
-bool has_moe(const ModelSpec& m) {
-  for (const LayerSpec& l : m.layers)
-    if (l.mlp.kind == MlpKind::kMoe) return true;
-  return false;
-}
-
 std::string weights_label(const ModelSpec& m, const LayoutSpec& l) {
   const std::string base =
       l.weight_dtype ? dtype_name(*l.weight_dtype)
@@ -174,7 +168,7 @@ void validate_layout(const ModelSpec& m, const LayoutSpec& l) {
     fail("DP attention with TP MLP/MoE (token gather/scatter) is not modelled; use DPn-EPn");
   if (l.pp > static_cast<int32_t>(m.layers.size()))
     fail("more pipeline stages than layers (" + std::to_string(m.layers.size()) + ")");
-  if (l.ep > 1 && !has_moe(m)) fail("EP needs MoE layers");
+  if (l.ep > 1 && !m.has_moe()) fail("EP needs MoE layers");
   if (!(l.kv_compression > 0)) fail("kv_compression must be > 0");
   if (!(l.hbm_usable_fraction > 0 && l.hbm_usable_fraction <= 1))
     fail("hbm_usable_fraction must be in (0, 1]");

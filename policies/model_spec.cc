@@ -86,6 +86,12 @@ int64_t ModelSpec::param_count() const {
   return n;
 }
 
+bool ModelSpec::has_moe() const {
+  for (const LayerSpec& l : layers)
+    if (l.mlp.kind == MlpKind::kMoe) return true;
+  return false;
+}
+
 int64_t ModelSpec::active_param_count() const {
   int64_t n = hidden /*one embedding row*/ + vocab * hidden /*lm_head*/ + hidden;
   for (const LayerSpec& l : layers) {

@@ -58,6 +58,7 @@ struct ModelSpec {
 
   int64_t param_count() const;
   int64_t weight_bytes_total() const { return param_count() * weight_bytes; }
+  bool has_moe() const;  // any layer's MLP is a mixture of experts
   // Parameters read for one token: dense weights, top_k routed + shared experts, one embedding
   // row (lm_head counted whole).
   int64_t active_param_count() const;

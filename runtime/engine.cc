@@ -603,8 +603,8 @@ void Engine::moe_ffn(int l, int rows, bool pdl, cudaStream_t s, const int* route
   // predecessor before touching memory) keeps a chunk from overwriting one still being read.
   for (int r0 = 0; r0 < rows; r0 += kernels::kGemvMaxRows) {
     kernels::MoeRouting routing;
-    if (routing_ && l < c.layers) {  // decode: this launch's ring entry, layer l, rows from r0
-      assert(rows <= b.routing_rows);
+    if (routing_) {  // decode: this launch's ring entry, layer l, rows from r0
+      assert(rows <= b.routing_rows && l < c.layers);
       routing.topk_ids = b.routing + (size_t(l) * size_t(b.routing_rows) + size_t(r0)) * c.top_k;
       routing.entry = b.seq;
       routing.entries = kTsRing;
@@ -803,7 +803,6 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
   const int H = int(c.hidden), I = int(c.intermediate), V = int(c.vocab);
   const float eps = float(c.rms_eps);
   cudaStream_t s = compute_;
-  routing_ = false;  // record_routing covers plain decode launches only
   const int n = int(slots.size());
   const int e = int(b.staging_next % kStagingRing);
   char* host = static_cast<char*>(staging(0));

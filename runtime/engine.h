@@ -271,7 +271,7 @@ class Engine {
   // of xn into mlp on stream s, in calls of at most kGemvMaxRows rows (the kernels' limit; each
   // row is routed on its own, so the chunking changes no result). Under expert parallelism, this
   // rank's experts and shared-expert slice only: a partial sum the caller all-reduces. Records
-  // routing (EngineOptions::record_routing) for the target's layers in a decode launch only.
+  // routing (EngineOptions::record_routing) in a decode launch only (routing_).
   // routed (device, `rows` ints, optional): a row with 0 selects no expert (kernels/moe.h
   // active_rows: a verify's padded positions).
   void moe_ffn(int layer, int rows, bool pdl, cudaStream_t s, const int* routed = nullptr);

@@ -270,7 +270,6 @@ void Engine::extend_forward(int B, int W) {
 
 void Engine::run_spec_forward(SpecPhase phase, int bucket, int n, const DraftControl& ctl,
                               bool commit) {
-  routing_ = false;  // record_routing covers plain decode launches only
   switch (phase) {
     case SpecPhase::kDraft:
       draft_forward(bucket, ctl, commit);

@@ -108,11 +108,6 @@ struct DecodeCost {
   std::vector<Varying> varying;
 };
 
-bool has_moe_layer(const ModelSpec& m) {
-  return std::any_of(m.layers.begin(), m.layers.end(),
-                     [](const LayerSpec& l) { return l.mlp.kind == MlpKind::kMoe; });
-}
-
 class Engine {
  public:
   Engine(const ModelSpec& model, const ModelSpec& draft, const HardwareSpec& hw,
@@ -131,7 +126,7 @@ class Engine {
         gap_model_(pdl_gap_model(hw, model.name, options.layout.width())),
         gap_draft_(pdl_gap_model(hw, draft.name, options.layout.width())),
         spec_model_(spec_residual_model(hw, model.name, options.layout)),
-        model_moe_(has_moe_layer(model)) {}
+        model_moe_(model.has_moe()) {}
 
   void run(std::span<HostProgram* const> programs) {
     const int32_t world = options_.layout.world();
