@@ -9,7 +9,7 @@
 # Stages (each is scripts/gpu_<stage>.sh OUT/<stage>, except `tests`):
 #   tests        every ctest suite labelled gpu (they skip where a GPU is missing)
 #   spec calibrate nccl tp attention kernels reliability runtime sanitize synccheck_bisect
-#   spec_validation moe_spec all
+#   spec_validation moe_spec ncu all
 # Env: TWINSTEP_SMI_MS=N samples the SM and memory clocks, power, temperatures and clock-event
 # reasons with nvidia-smi every N ms into OUT/smi.csv for the whole session (packed with the logs).
 # TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS; an unpacked libsqlite3-dev in

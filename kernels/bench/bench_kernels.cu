@@ -4,7 +4,7 @@
 //   twinstep_kernels_bench --out results.json [--commit SHA] [--only SECTION ...]
 //
 // SECTION: gemv, access, attention, layer_chain, moe, lm_head (default: all; the floor always
-// runs).
+// runs); ncu (by name only: one untimed launch per kernel for Nsight Compute, scripts/gpu_ncu.sh).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -105,6 +105,31 @@ __global__ void stream_read_kernel(const uint4* p, size_t n, unsigned* sink) {
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9E3779B9u) sink[0] = acc;  // keeps the loads alive
+}
+
+// The floor kernel as the first kernel of a PDL pair would run it: it lets its dependent launch
+// at once and reads everything before its dependency wait (nothing it reads is written by the
+// kernel before it), so consecutive launches overlap as far as the SMs' resources allow. The
+// ceiling of what cross-launch overlap gives a streaming kernel of one layer's size.
+template <int kUnroll>
+__global__ void stream_read_pdl_kernel(const uint4* p, size_t n, unsigned* sink) {
+  cudaTriggerProgrammaticLaunchCompletion();
+  uint32_t acc = 0;
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = ld_weight_16<true>(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = ld_weight_16<true>(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  cudaGridDependencySynchronize();
+  if (acc == 0x9E3779B9u) sink[0] = acc;
 }
 
 // Weight access patterns (section "access"): a matrix of 8 KB rows (k = 4096) read in 16-row
@@ -681,7 +706,6 @@ void bench_attention() {
             }
           }) /
           layers;
-      TS_CUDA_CHECK(cudaFree(sink));
       std::printf(
           "attention reference: stream_read of one layer's K/V (%.1f MB) per launch: %7.2f us "
           "(%5.1f%% of floor)\n",
@@ -695,6 +719,33 @@ void bench_attention() {
           .b("pdl", false)
           .s("timing", "captured graph, 32 launches of the floor kernel, one layer's K/V each");
       add_row(ref, static_cast<double>(layer_bytes), stream_us);
+      // The same bytes read by stream_read_pdl_kernel under PDL (everything before the wait), at
+      // 1, 2 and 4 blocks of 512 threads per SM: with fewer than 4 the next launch's blocks fit
+      // beside the running ones, so its reads can start before this launch drains.
+      for (const int blocks_per_sm : {1, 2, 4}) {
+        const double pdl_us =
+            time_graph_us([&](cudaStream_t s) {
+              for (int l = 0; l < layers; ++l)
+                detail::launch(
+                    stream_read_pdl_kernel<8>, dim3(sms * blocks_per_sm), dim3(512), 0, s, true,
+                    reinterpret_cast<const uint4*>(kv.buffer + kv_offset(kv.cache, l, 0, 0)),
+                    layer_bytes / 16, sink);
+            }) /
+            layers;
+        std::printf(
+            "attention reference: stream_read_pdl of one layer's K/V per launch, %d x 512 threads "
+            "per SM: %7.2f us (%5.1f%% of floor)\n",
+            blocks_per_sm, pdl_us, 100.0 * layer_bytes / (pdl_us * 1e-6) / 1e12 / g_floor_tbps);
+        Row r;
+        r.s("section", "attention_variant")
+            .s("variant", "stream_read_pdl_per_layer_bps" + std::to_string(blocks_per_sm))
+            .n("ctx_tokens", ctx)
+            .b("cold", true)
+            .b("pdl", true)
+            .s("timing", "captured graph, 32 PDL launches reading before their dependency wait");
+        add_row(r, static_cast<double>(layer_bytes), pdl_us);
+      }
+      TS_CUDA_CHECK(cudaFree(sink));
 
       // The pair: each split option alone, and stream-only (math skipped) without and with both.
       std::vector<detail::AttentionTuning> sweep;
@@ -751,6 +802,48 @@ void bench_attention() {
   }
   TS_CUDA_CHECK(cudaFree(q));
   TS_CUDA_CHECK(cudaFree(out));
+}
+
+// Section `ncu` (asked for by name only): one eager launch of each kernel to profile with Nsight
+// Compute (scripts/gpu_ncu.sh), nothing timed: the GEMV on the Llama-3-8B shapes at m = 1, 6 and
+// 16 (lm_head as a plain GEMV of its shape), then the attention pair at ctx 8192, q_len 1 and 6.
+void launch_ncu_targets(const std::vector<Shape>& shapes) {
+  for (const Shape& shape : shapes) {
+    bf16* w = alloc_bf16(static_cast<size_t>(shape.n) * shape.k, 100, 0.02f);
+    bf16* x = alloc_bf16(static_cast<size_t>(16) * shape.k, 3, 1.0f);
+    bf16* out = nullptr;
+    TS_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(16) * shape.n * sizeof(bf16)));
+    for (const int m : {1, 6, 16}) {
+      if (shape.swiglu)
+        gemv_swiglu(w, x, out, m, shape.n / 2, shape.k, g_stream, false);
+      else
+        gemv(w, x, out, m, shape.n, shape.k, g_stream, false);
+      TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+      std::printf("ncu target: gemv %s m=%d\n", shape.name, m);
+    }
+    TS_CUDA_CHECK(cudaFree(w));
+    TS_CUDA_CHECK(cudaFree(x));
+    TS_CUDA_CHECK(cudaFree(out));
+  }
+  const int ctx = 8192, num_q_heads = 32;
+  KvSetup kv = make_kv(1, ctx, ctx + 16);
+  bf16* q = alloc_bf16(16 * num_q_heads * kHeadDim, 9, 1.0f);
+  bf16* out = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&out, 16 * num_q_heads * kHeadDim * sizeof(bf16)));
+  for (const int q_len : {1, 6}) {
+    AttentionShape shape;
+    shape.q_len = q_len;
+    shape.num_q_heads = num_q_heads;
+    void* ws = nullptr;
+    TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
+    decode_attention(q, kv.cache, 0, kv.ctx, out, shape, ws, g_stream, false);
+    TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    TS_CUDA_CHECK(cudaFree(ws));
+    std::printf("ncu target: attention ctx=%d q_len=%d\n", ctx, q_len);
+  }
+  TS_CUDA_CHECK(cudaFree(q));
+  TS_CUDA_CHECK(cudaFree(out));
+  free_kv(kv);
 }
 
 // One Llama-3-8B decode layer, 32 layers of distinct weights in one graph (cold, like a forward).
@@ -1151,6 +1244,7 @@ int main(int argc, char** argv) {
     }
   }
   tuning = best;
+  if (std::find(only.begin(), only.end(), "ncu") != only.end()) launch_ncu_targets(shapes);
   if (want("gemv")) {
     std::printf("gemv variant used below: %s\n", gemv_variant().c_str());
     for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16}, true);
