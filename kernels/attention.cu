@@ -32,8 +32,9 @@ struct SplitParams {
   // part_ml [request][head][split][row] = (max in log2 units, sum of exp2).
   float* part_o;
   float2* part_ml;
-  bool skip_math;  // benchmark diagnostic: stream K/V, skip the tile math
-  bool full_ring;  // all 3 stages in the prologue (AttentionTuning::split_full_ring)
+  bool skip_math;      // benchmark diagnostic: stream K/V, skip the tile math
+  bool full_ring;      // all 3 stages in the prologue (AttentionTuning::split_full_ring)
+  bool early_trigger;  // trigger the dependent launch before the wait (split_early_trigger)
 };
 
 // Q row `row` (= j * group + g) of kv head `head`.
@@ -102,6 +103,10 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
   const SplitView view(p, split, head, request);
+  // Early trigger: the combine (and, through its own early trigger, the next split) may launch
+  // now; their prologues read only data no kernel of the step writes (device.cuh), and their
+  // dependency waits still wait for this grid.
+  if (p.early_trigger) cudaTriggerProgrammaticLaunchCompletion();
   if (view.num_tiles == 0) {  // nothing to attend in this split; the combine skips it
     detail::pdl_wait_and_trigger();
     return;
@@ -392,6 +397,7 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   p.scale_log2 = shape.softmax_scale * kLog2e;
   p.skip_math = tuning.skip_math;
   p.full_ring = tuning.split_full_ring;
+  p.early_trigger = tuning.split_early_trigger;
   const int row_tiles = (p.rows + 15) / 16;
   unsigned char* partials = static_cast<unsigned char*>(workspace);
   p.part_o = reinterpret_cast<float*>(partials);

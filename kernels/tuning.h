@@ -41,6 +41,12 @@ struct GemvTuning {
   // an H200, 583eee2, results/h200/pdl_rows.txt; the ring path for m > 8 gave 6.0 ms). 16: PDL
   // at every row count.
   int pdl_max_rows = 8;
+  // Shared-memory carveout (percent of the maximum) asked by the m > 8 register path, which keeps
+  // only its 16 KB of partial sums in shared memory and re-reads the 16 activation rows from L1
+  // (128 KB at k = 4096): -1 = KernelTuning::carveout_percent's rule. Nsight Compute (8289c5b)
+  // saw the driver give these launches a 102 KB carveout and an L1 hit rate of ~44 % on the
+  // activation loads, with long-scoreboard stalls 3-4x those of m <= 8.
+  int large_m_carveout_percent = -1;
 };
 GemvTuning& gemv_tuning();
 
@@ -57,6 +63,14 @@ struct AttentionTuning {
   // 25.47, both 15.68 / 23.38: q_smem alone is the default.
   bool split_full_ring = false;
   bool split_q_smem = true;
+  // split_early_trigger: the split kernel lets its dependent (the combine) launch before its own
+  // dependency wait, so under PDL the combine and, through the combine's early trigger, the next
+  // split can become resident (and issue the next layer's older K/V tiles) while this split
+  // streams; with ctas_per_sm = 1 a next split's block fits beside a running one (~100 KB each).
+  // Same bits either way. A reference kernel reading before its wait, one 512-thread block per
+  // SM, streamed a layer's 33.6 MB at 98.5 % of the floor under PDL (69.4 % without;
+  // results/h200/attention_pdl_reference_8289c5b.txt).
+  bool split_early_trigger = false;
   // Every attention launch asks for the largest shared-memory carveout (the split kernel's
   // configuration), so the small combine can be resident beside the split kernel under PDL.
   // Measured (1550db9): 14.98 us at q_len 1 vs 16.10 us with the driver's choice.

@@ -495,6 +495,37 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
           .b("faster_than_cublas", t[1][1] < t_cublas);
     add_row(row, bytes, t[1][1]);
     total_us += t[1][1];
+    if (full && m > 8) {
+      // The m > 8 path side by side: launched with PDL (GemvTuning::pdl_max_rows = 16, as m <= 8
+      // always is), with a small shared-memory carveout (large_m_carveout_percent = 15: the
+      // 64 KB configuration, ~190 KB of L1 for the activation rows), and both.
+      auto& tuning = detail::gemv_tuning();
+      const detail::GemvTuning saved = tuning;
+      for (const auto [pdl_rows, carveout] :
+           {std::pair{16, -1}, std::pair{8, 15}, std::pair{16, 15}}) {
+        tuning.pdl_max_rows = pdl_rows;
+        tuning.large_m_carveout_percent = carveout;
+        const double us = time_graph_us([&](cudaStream_t s) {
+                            for (int i = 0; i < launches; ++i) ours(s, w[i % copies], true);
+                          }) /
+                          launches;
+        const std::string label = std::string("pdl_rows") + std::to_string(pdl_rows) + "_carveout" +
+                                  std::to_string(carveout);
+        std::printf("gemv m>8 %-14s m=%2d %-24s graph+pdl %7.2f us (%5.1f%%)\n", shape.name, m,
+                    label.c_str(), us, 100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
+        Row r;
+        r.s("section", "gemv_large_m")
+            .s("variant", gemv_variant() + "_" + label)
+            .s("shape", shape.name)
+            .n("m", m)
+            .n("n", shape.n)
+            .n("k", shape.k)
+            .b("cold", true)
+            .b("pdl", true);
+        add_row(r, bytes, us);
+      }
+      tuning = saved;
+    }
     std::printf(
         "gemv %-14s %-15s m=%2d  graph+pdl %7.2f us (%5.1f%%)  graph %7.2f us (%5.1f%%)  single "
         "%7.2f us  warm %7.2f  cuBLAS %7.2f us (%5.1f%%)\n",
@@ -612,8 +643,8 @@ void free_kv(KvSetup& kv) {
 // alone, and the floor kernel over one layer's K/V per launch.
 std::string attention_label(const detail::AttentionTuning& t) {
   return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
-         (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
-         (t.skip_math ? "_nomath" : "");
+         (t.split_q_smem ? "_qsmem" : "") + (t.split_early_trigger ? "_early" : "") +
+         (t.carveout_max_shared ? "" : "_carvedrv") + (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -623,8 +654,15 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   pair_opt.split_full_ring = pair_opt.split_q_smem = true;
   detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
   pair_drv.carveout_max_shared = false;
+  // Cross-launch overlap: one block per SM (a next split's block fits beside it), the split's
+  // early trigger, and both.
+  detail::AttentionTuning one = defaults, one_early = defaults, two_early = defaults,
+                          one_full_early = defaults;
+  one.ctas_per_sm = one_early.ctas_per_sm = one_full_early.ctas_per_sm = 1;
+  one_early.split_early_trigger = two_early.split_early_trigger = true;
+  one_full_early.split_early_trigger = one_full_early.split_full_ring = true;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {pair, pair_drv, pair_opt})
+  for (const auto& t : {pair, pair_drv, pair_opt, one, one_early, two_early, one_full_early})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
