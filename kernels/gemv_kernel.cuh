@@ -593,6 +593,9 @@ __global__ void __launch_bounds__(kRegThreads, 2) gemv_regpipe_kernel(const Gemv
 //  - kStages = 0: weights through registers (two batches, as fill 2); kStages > 0: each thread
 //    streams its own 16-byte pieces into a private shared-memory ring with cp.async
 //    (kStages - 1 batches in flight, no register cost), waits with cp.async.wait_group.
+//    kStages = 2 refills a slot right after its batch is consumed (read into registers and used
+//    by the mma), not one step later: 2 batches in flight at each wait from 64 KB per block, as
+//    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8.
 // With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
 template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
@@ -673,8 +676,9 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   if constexpr (kStages == 0) {
     if (step.count > 0) load_regs(cur, step);  // weights never depend on the previous kernel
   } else {
+    constexpr int kPrologue = kStages == 2 ? 2 : kStages - 1;
 #pragma unroll
-    for (int j = 0; j < kStages - 1; ++j) {
+    for (int j = 0; j < kPrologue; ++j) {
       issue_async(ahead, j);
       ahead = next_step(ahead);
     }
@@ -697,6 +701,14 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     const Step following = next_step(step);
     if constexpr (kStages == 0) {
       if (following.count > 0) load_regs(nxt, following);
+    } else if constexpr (kStages == 2) {
+      cp_async_wait<1>();  // this step's group has landed; the next one may be in flight
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (u < step.count) {
+          cur[u][0] = *ring_at(slot, u, 0);
+          cur[u][1] = *ring_at(slot, u, 1);
+        }
     } else {
       cp_async_wait<kStages - 2>();  // this step's group has landed (own copies only)
       issue_async(ahead, slot == 0 ? kStages - 1 : slot - 1);
@@ -723,6 +735,11 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
         cur[u][0] = nxt[u][0];
         cur[u][1] = nxt[u][1];
       }
+    } else if constexpr (kStages == 2) {
+      // The slot's batch is in registers and consumed by the mma above: refill it now.
+      issue_async(ahead, slot);
+      ahead = next_step(ahead);
+      slot ^= 1;
     } else {
       slot = slot + 1 == kStages ? 0 : slot + 1;
     }
@@ -922,11 +939,13 @@ void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t st
   }
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
   const int split = choose_split(tiles, p.k, stages, t.split);  // never depends on m
-  if (p.m > 8 && t.large_m_registers) stages = 0;
+  if (p.m > 8 && t.large_m_registers) stages = t.large_m_stages;
   if (stages >= 6)
     launch_gemv_split_s<kEpilogue, 6>(p, split, stream, pdl);
   else if (stages >= 3)
     launch_gemv_split_s<kEpilogue, 3>(p, split, stream, pdl);
+  else if (stages == 2)
+    launch_gemv_split_s<kEpilogue, 2>(p, split, stream, pdl);
   else
     launch_gemv_split_s<kEpilogue, 0>(p, split, stream, pdl);
 }

@@ -29,7 +29,7 @@ struct GemvTuning {
   // ring of `stages` batches (0 = registers, 3 = 96 KB/block, 6 = 192 KB/block).
   // stages -1 = chosen per shape (see launch_gemv_split); large_m_registers: m > 8 takes the
   // register path with the same split (bit-identical rows). Default: measured best, see
-  // docs/kernels.md.
+  // docs/kernels.md. stages 2: the 2-slot ring refilled right after each batch is consumed.
   int fill = 3;
   int split = 0;
   int stages = -1;
@@ -47,6 +47,10 @@ struct GemvTuning {
   // saw the driver give these launches a 102 KB carveout and an L1 hit rate of ~44 % on the
   // activation loads, with long-scoreboard stalls 3-4x those of m <= 8.
   int large_m_carveout_percent = -1;
+  // Weight path of m > 8 when large_m_registers: 0 = registers (one batch in flight per warp),
+  // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
+  // of shared memory per block). Same bits either way (the split is chosen before).
+  int large_m_stages = 0;
 };
 GemvTuning& gemv_tuning();
 

@@ -415,7 +415,8 @@ std::string gemv_variant() {
                        : t.stages < 0 ? "splitasyncauto"
                                       : "splitasync" + std::to_string(t.stages)) +
            (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split)) +
-           (t.large_m_registers ? "" : "_ringm16");
+           (t.large_m_registers ? "" : "_ringm16") +
+           (t.large_m_stages == 0 ? "" : "_lms" + std::to_string(t.large_m_stages));
   return std::string(t.fill == 0 ? "bulk" : "cpasync") + "_kc" + std::to_string(t.kc) + "_smem" +
          std::to_string(t.smem_budget_bytes / 1024) + "k";
 }
@@ -498,20 +499,24 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
     if (full && m > 8) {
       // The m > 8 path side by side: launched with PDL (GemvTuning::pdl_max_rows = 16, as m <= 8
       // always is), with a small shared-memory carveout (large_m_carveout_percent = 15: the
-      // 64 KB configuration, ~190 KB of L1 for the activation rows), and both.
+      // 64 KB configuration, ~190 KB of L1 for the activation rows), both, and the weights
+      // through the 2-slot refilled ring (large_m_stages = 2) without and with PDL.
       auto& tuning = detail::gemv_tuning();
       const detail::GemvTuning saved = tuning;
-      for (const auto [pdl_rows, carveout] :
-           {std::pair{16, -1}, std::pair{8, 15}, std::pair{16, 15}}) {
+      for (const auto [pdl_rows, carveout, large_m_stages] :
+           {std::tuple{16, -1, 0}, std::tuple{8, 15, 0}, std::tuple{16, 15, 0},
+            std::tuple{8, -1, 2}, std::tuple{16, -1, 2}}) {
         tuning.pdl_max_rows = pdl_rows;
         tuning.large_m_carveout_percent = carveout;
+        tuning.large_m_stages = large_m_stages;
         const double us = time_graph_us([&](cudaStream_t s) {
                             for (int i = 0; i < launches; ++i) ours(s, w[i % copies], true);
                           }) /
                           launches;
         const std::string label = std::string("pdl_rows") + std::to_string(pdl_rows) + "_carveout" +
-                                  std::to_string(carveout);
-        std::printf("gemv m>8 %-14s m=%2d %-24s graph+pdl %7.2f us (%5.1f%%)\n", shape.name, m,
+                                  std::to_string(carveout) + "_lms" +
+                                  std::to_string(large_m_stages);
+        std::printf("gemv m>8 %-14s m=%2d %-30s graph+pdl %7.2f us (%5.1f%%)\n", shape.name, m,
                     label.c_str(), us, 100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
         Row r;
         r.s("section", "gemv_large_m")
@@ -1266,9 +1271,9 @@ int main(int argc, char** argv) {
   detail::GemvTuning best = tuning;
   double best_us = 1e30;
   std::vector<detail::GemvTuning> gemv_sweep = {
-      detail::GemvTuning{256, 100 * 1024, 2}, detail::GemvTuning{256, 100 * 1024, 3, 0, 0},
-      detail::GemvTuning{256, 100 * 1024, 3, 0, 3}, detail::GemvTuning{256, 100 * 1024, 3, 1, 6},
-      detail::GemvTuning{256, 100 * 1024, 3, 0, -1}};
+      detail::GemvTuning{256, 100 * 1024, 2},        detail::GemvTuning{256, 100 * 1024, 3, 0, 0},
+      detail::GemvTuning{256, 100 * 1024, 3, 0, 3},  detail::GemvTuning{256, 100 * 1024, 3, 1, 6},
+      detail::GemvTuning{256, 100 * 1024, 3, 0, -1}, detail::GemvTuning{256, 100 * 1024, 3, 0, 2}};
   if (!want("gemv")) gemv_sweep.clear();
   for (const detail::GemvTuning v : gemv_sweep) {
     tuning = v;

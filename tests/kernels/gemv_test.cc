@@ -46,20 +46,23 @@ TEST_P(GemvShapes, MatchesCpuReference) {
   const auto ref = reference_gemv(w, x, m, n, k);
   // Every stage-fill mode of the kernel (bulk copies, cp.async, the register-pipelined baseline).
   const detail::GemvTuning saved = detail::gemv_tuning();
-  // fill 3: split-K clusters (split 1, 2, 4) x weights in registers / cp.async rings (3, 6).
-  const std::vector<std::array<int, 3>> variants = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {3, 1, 0},
-                                                    {3, 2, 0}, {3, 4, 0}, {3, 1, 3}, {3, 2, 3},
-                                                    {3, 4, 6}, {3, 0, 6}, {3, 0, 0}};
-  for (const auto& [fill, split, stages] : variants) {
+  // fill 3: split-K clusters (split 1, 2, 4) x weights in registers / cp.async rings (2, 3, 6);
+  // the last value is the m > 8 path's (large_m_stages: registers or the 2-slot ring).
+  const std::vector<std::array<int, 4>> variants = {
+      {0, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {3, 1, 0, 0}, {3, 2, 0, 0},
+      {3, 4, 0, 0}, {3, 1, 3, 0}, {3, 2, 3, 0}, {3, 4, 6, 0}, {3, 0, 6, 0},
+      {3, 0, 0, 0}, {3, 1, 2, 2}, {3, 2, 2, 2}, {3, 4, 3, 2}, {3, 0, -1, 2}};
+  for (const auto& [fill, split, stages, large_m_stages] : variants) {
     detail::gemv_tuning().fill = fill;
     detail::gemv_tuning().split = split;
     detail::gemv_tuning().stages = stages;
+    detail::gemv_tuning().large_m_stages = large_m_stages;
     out.poison();
     gemv(dw.get(), dx.get(), out.get(), m, n, k, nullptr);
     const auto got = test::bf16_to_float(out.download<uint16_t>());
     EXPECT_LT(test::rel_error(got, ref), test::kBf16RelTol)
-        << "fill=" << fill << " split=" << split << " stages=" << stages << " m=" << m << " n=" << n
-        << " k=" << k;
+        << "fill=" << fill << " split=" << split << " stages=" << stages
+        << " large_m_stages=" << large_m_stages << " m=" << m << " n=" << n << " k=" << k;
   }
   detail::gemv_tuning() = saved;
 }
@@ -109,16 +112,24 @@ TEST(Gemv, RowResultsDoNotDependOnM) {
   auto dw = test::to_device(w);
   auto dx = test::to_device(x);
   const detail::GemvTuning saved = detail::gemv_tuning();
-  // The default, then fill 3 (split-K clusters, register or cp.async rings) forced.
-  const std::vector<std::array<int, 3>> variants = {
-      {saved.fill, saved.split, saved.stages}, {3, 2, 0}, {3, 4, 3}, {3, 2, 6}};
-  for (const auto& [fill, split, stages] : variants)
+  // The default, then fill 3 (split-K clusters, register or cp.async rings) forced; the last
+  // value is the m > 8 path's large_m_stages (registers or the 2-slot ring).
+  const std::vector<std::array<int, 4>> variants = {
+      {saved.fill, saved.split, saved.stages, saved.large_m_stages},
+      {3, 2, 0, 0},
+      {3, 4, 3, 0},
+      {3, 2, 6, 0},
+      {3, 0, -1, 2},
+      {3, 2, 2, 2},
+      {3, 1, 6, 2}};
+  for (const auto& [fill, split, stages, large_m_stages] : variants)
     for (const bool fused : {false, true}) {
       detail::gemv_tuning().fill = fill;
       detail::gemv_tuning().split = split;
       detail::gemv_tuning().stages = stages;
+      detail::gemv_tuning().large_m_stages = large_m_stages;
       SCOPED_TRACE("fill " + std::to_string(fill) + " split " + std::to_string(split) + " stages " +
-                   std::to_string(stages));
+                   std::to_string(stages) + " large_m_stages " + std::to_string(large_m_stages));
       DeviceBuffer<bf16> all(static_cast<size_t>(16) * n), six(static_cast<size_t>(6) * n), one(n);
       auto run = [&](const bf16* xin, bf16* out, int m) {
         if (fused)
