@@ -48,8 +48,9 @@ struct GemvTuning {
   // activation loads, with long-scoreboard stalls 3-4x those of m <= 8.
   int large_m_carveout_percent = -1;
   // Weight path of m > 8 when large_m_registers: 0 = registers (one batch in flight per warp),
-  // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
-  // of shared memory per block). Same bits either way (the split is chosen before).
+  // 2 = the refilled cp.async ring (64 KB of slots per block, all in flight at each wait; 2-chunk
+  // batches with the activation fragments loaded a step ahead). Same bits either way (the split
+  // is chosen before).
   int large_m_stages = 0;
 };
 GemvTuning& gemv_tuning();

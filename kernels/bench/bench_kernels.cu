@@ -1041,6 +1041,8 @@ void bench_layer_chain(int m, bool diagnose) {
     row.s("section", "layer_chain")
         .s("model", "llama3-8b")
         .s("attention_variant", attention_label(attn_defaults))
+        .s("gemv_variant",
+           gemv_variant() + "_pdlrows" + std::to_string(detail::gemv_tuning().pdl_max_rows))
         .n("m", m)
         .n("ctx_tokens", ctx)
         .n("layers_in_graph", layers)
@@ -1298,6 +1300,14 @@ int main(int argc, char** argv) {
     bench_layer_chain(1, false);
     bench_layer_chain(6, true);
     bench_layer_chain(16, true);  // the 16-row slowdown under PDL (docs/calibration.md)
+    // The 16-row chain again with the m > 8 GEMVs on the refilled ring and PDL-launched.
+    auto& gt = detail::gemv_tuning();
+    const detail::GemvTuning saved = gt;
+    gt.large_m_stages = 2;
+    gt.pdl_max_rows = 16;
+    std::printf("layer chain m=16 with GemvTuning large_m_stages 2, pdl_max_rows 16:\n");
+    bench_layer_chain(16, false);
+    gt = saved;
   }
   if (want("moe")) bench_moe();
   if (want("lm_head")) bench_lm_head();
