@@ -594,22 +594,17 @@ __global__ void __launch_bounds__(kRegThreads, 2) gemv_regpipe_kernel(const Gemv
 //    streams its own 16-byte pieces into a private shared-memory ring with cp.async
 //    (kStages - 1 batches in flight, no register cost), waits with cp.async.wait_group.
 //    kStages = 2 refills a slot right after its batch is consumed (read into registers and used
-//    by the mma), not one step later: 64 KB of slots per block all in flight at each wait (the
-//    ring of 3 has 64 of its 96 KB), leaving L1 for the activation rows of m > 8. With 16 rows
-//    (kNTiles = 2) the batches are 2 chunks (4 slots) and each step's activation fragments are
-//    loaded one step ahead, so their L1/L2 latency overlaps the step before.
+//    by the mma), not one step later: 2 batches in flight at each wait from 64 KB per block, as
+//    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8.
 // With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
 template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
-  constexpr bool kRefill = kStages == 2;
-  constexpr bool kXAhead = kRefill && kNTiles == 2;
-  constexpr int kBatch = kXAhead ? 2 : 4;                 // chunks per step
-  constexpr int kSlots = kRefill ? 8 / kBatch : kStages;  // refill: 64 KB of slots per block
+  constexpr int kBatch = 4;
   constexpr bool kSwiglu = kEpilogue == GemvEpilogue::kSwiglu;
   constexpr int kOutCols = kSwiglu ? 8 : 16;
   __shared__ float partial[2][kRegWarps][kNTiles][4][32];
-  extern __shared__ __align__(16) uint4 gemv_ring[];  // [kSlots][kBatch][2][kRegThreads]
+  extern __shared__ __align__(16) uint4 gemv_ring[];  // [kStages][kBatch][2][kRegThreads]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
@@ -681,7 +676,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   if constexpr (kStages == 0) {
     if (step.count > 0) load_regs(cur, step);  // weights never depend on the previous kernel
   } else {
-    constexpr int kPrologue = kRefill ? kSlots : kStages - 1;
+    constexpr int kPrologue = kStages == 2 ? 2 : kStages - 1;
 #pragma unroll
     for (int j = 0; j < kPrologue; ++j) {
       issue_async(ahead, j);
@@ -693,30 +688,21 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   float acc[kNTiles][4];
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  // Activation fragments of step s (rows written by the previous kernel: after the wait).
-  auto load_x = [&](uint4(&buf)[kBatch][kNTiles], const Step& s) {
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (u < s.count)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-          buf[u][nt] =
-              x_valid[nt] ? load_16(x_row[nt] + (s.chunk + u) * 32) : make_uint4(0, 0, 0, 0);
-  };
-  uint4 xv[kBatch][kNTiles];
-  if constexpr (kXAhead) load_x(xv, step);
   int slot = 0, tile_iter = 0;
   while (step.tile < tiles) {
+    uint4 xv[kBatch][kNTiles];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (u < step.count)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          xv[u][nt] =
+              x_valid[nt] ? load_16(x_row[nt] + (step.chunk + u) * 32) : make_uint4(0, 0, 0, 0);
     const Step following = next_step(step);
-    [[maybe_unused]] uint4 xn[kBatch][kNTiles];
-    if constexpr (kXAhead)
-      load_x(xn, following);  // count 0 past the last tile: nothing loaded
-    else
-      load_x(xv, step);
     if constexpr (kStages == 0) {
       if (following.count > 0) load_regs(nxt, following);
-    } else if constexpr (kRefill) {
-      cp_async_wait<kSlots - 1>();  // this step's group has landed; the younger ones may not
+    } else if constexpr (kStages == 2) {
+      cp_async_wait<1>();  // this step's group has landed; the next one may be in flight
 #pragma unroll
       for (int u = 0; u < kBatch; ++u)
         if (u < step.count) {
@@ -749,19 +735,13 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
         cur[u][0] = nxt[u][0];
         cur[u][1] = nxt[u][1];
       }
-    } else if constexpr (kRefill) {
+    } else if constexpr (kStages == 2) {
       // The slot's batch is in registers and consumed by the mma above: refill it now.
       issue_async(ahead, slot);
       ahead = next_step(ahead);
-      slot = slot + 1 == kSlots ? 0 : slot + 1;
+      slot ^= 1;
     } else {
       slot = slot + 1 == kStages ? 0 : slot + 1;
-    }
-    if constexpr (kXAhead) {
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) xv[u][nt] = xn[u][nt];
     }
     const bool tile_done = following.tile != step.tile;
     const int tile = step.tile;

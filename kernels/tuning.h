@@ -48,9 +48,8 @@ struct GemvTuning {
   // activation loads, with long-scoreboard stalls 3-4x those of m <= 8.
   int large_m_carveout_percent = -1;
   // Weight path of m > 8 when large_m_registers: 0 = registers (one batch in flight per warp),
-  // 2 = the refilled cp.async ring (64 KB of slots per block, all in flight at each wait; 2-chunk
-  // batches with the activation fragments loaded a step ahead). Same bits either way (the split
-  // is chosen before).
+  // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
+  // of shared memory per block). Same bits either way (the split is chosen before).
   int large_m_stages = 0;
 };
 GemvTuning& gemv_tuning();
@@ -74,7 +73,7 @@ struct AttentionTuning {
   // streams; with ctas_per_sm = 1 a next split's block fits beside a running one (~100 KB each).
   // Same bits either way. A reference kernel reading before its wait, one 512-thread block per
   // SM, streamed a layer's 33.6 MB at 98.5 % of the floor under PDL (69.4 % without;
-  // results/h200/attention_pdl_reference_8289c5b.txt).
+  // results/h200/attention_8289c5b.json).
   bool split_early_trigger = false;
   // Every attention launch asks for the largest shared-memory carveout (the split kernel's
   // configuration), so the small combine can be resident beside the split kernel under PDL.
