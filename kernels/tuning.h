@@ -75,6 +75,10 @@ struct AttentionTuning {
   // SM, streamed a layer's 33.6 MB at 98.5 % of the floor under PDL (69.4 % without;
   // results/h200/attention_8289c5b.json).
   bool split_early_trigger = false;
+  // split_l2_prefetch: before its dependency wait the split kernel asks the rest of its older
+  // K/V (past the ring's prologue tiles) into L2 with two bulk prefetches, so the 60 MB L2 holds
+  // the layer's 33.6 MB (ctx 8192) by the time the ring reads it. Same bits.
+  bool split_l2_prefetch = false;
   // Every attention launch asks for the largest shared-memory carveout (the split kernel's
   // configuration), so the small combine can be resident beside the split kernel under PDL.
   // Measured (1550db9): 14.98 us at q_len 1 vs 16.10 us with the driver's choice.

@@ -649,7 +649,8 @@ void free_kv(KvSetup& kv) {
 std::string attention_label(const detail::AttentionTuning& t) {
   return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
          (t.split_q_smem ? "_qsmem" : "") + (t.split_early_trigger ? "_early" : "") +
-         (t.carveout_max_shared ? "" : "_carvedrv") + (t.skip_math ? "_nomath" : "");
+         (t.split_l2_prefetch ? "_l2pf" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
+         (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -666,8 +667,13 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   one.ctas_per_sm = one_early.ctas_per_sm = one_full_early.ctas_per_sm = 1;
   one_early.split_early_trigger = two_early.split_early_trigger = true;
   one_full_early.split_early_trigger = one_full_early.split_full_ring = true;
+  // The split's older K/V asked into L2 before its wait: alone, with the early trigger, and with
+  // one block per SM and the early trigger.
+  detail::AttentionTuning two_pf = defaults, two_early_pf = two_early, one_early_pf = one_early;
+  two_pf.split_l2_prefetch = two_early_pf.split_l2_prefetch = one_early_pf.split_l2_prefetch = true;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {pair, pair_drv, pair_opt, one, one_early, two_early, one_full_early})
+  for (const auto& t : {pair, pair_drv, pair_opt, one, one_early, two_early, one_full_early, two_pf,
+                        two_early_pf, one_early_pf})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
