@@ -32,10 +32,8 @@ struct SplitParams {
   // part_ml [request][head][split][row] = (max in log2 units, sum of exp2).
   float* part_o;
   float2* part_ml;
-  bool skip_math;      // benchmark diagnostic: stream K/V, skip the tile math
-  bool full_ring;      // all 3 stages in the prologue (AttentionTuning::split_full_ring)
-  bool early_trigger;  // trigger the dependent launch before the wait (split_early_trigger)
-  bool l2_prefetch;  // bulk L2 prefetch of the split's older K/V past the ring (split_l2_prefetch)
+  bool skip_math;  // benchmark diagnostic: stream K/V, skip the tile math
+  bool full_ring;  // all 3 stages in the prologue (AttentionTuning::split_full_ring)
 };
 
 // Q row `row` (= j * group + g) of kv head `head`.
@@ -104,10 +102,6 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
   const SplitView view(p, split, head, request);
-  // Early trigger: the combine (and, through its own early trigger, the next split) may launch
-  // now; their prologues read only data no kernel of the step writes (device.cuh), and their
-  // dependency waits still wait for this grid.
-  if (p.early_trigger) cudaTriggerProgrammaticLaunchCompletion();
   if (view.num_tiles == 0) {  // nothing to attend in this split; the combine skips it
     detail::pdl_wait_and_trigger();
     return;
@@ -127,16 +121,6 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   while (issued < min(num_tiles, prologue) && t_begin + (issued + 1) * kTileTokens <= ctx) {
     issue_tile(issued++);
     detail::cp_async_commit();
-  }
-  // The rest of the split's older tokens, K and V, asked into L2 by one thread (two bulk
-  // prefetches): the ring then refills from L2. Only tokens < ctx (never written in the step).
-  if (p.l2_prefetch && threadIdx.x == 0) {
-    const int first = t_begin + prologue * kTileTokens, last = min(ctx, view.t_end);
-    if (first < last) {
-      const uint32_t bytes = static_cast<uint32_t>(last - first) * kHeadDim * sizeof(bf16);
-      detail::bulk_prefetch_l2(view.k_base + static_cast<size_t>(first) * kHeadDim, bytes);
-      detail::bulk_prefetch_l2(view.v_base + static_cast<size_t>(first) * kHeadDim, bytes);
-    }
   }
   detail::pdl_wait_and_trigger();
   for (; issued < prologue; ++issued) {
@@ -408,8 +392,6 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   p.scale_log2 = shape.softmax_scale * kLog2e;
   p.skip_math = tuning.skip_math;
   p.full_ring = tuning.split_full_ring;
-  p.early_trigger = tuning.split_early_trigger;
-  p.l2_prefetch = tuning.split_l2_prefetch;
   const int row_tiles = (p.rows + 15) / 16;
   unsigned char* partials = static_cast<unsigned char*>(workspace);
   p.part_o = reinterpret_cast<float*>(partials);

@@ -67,12 +67,6 @@ __device__ __forceinline__ void pdl_trigger_then_wait() {
 
 // --- mbarrier and bulk-copy (TMA, plain sm_90) primitives -------------------------------------
 
-// Asks `bytes` (a multiple of 16; `ptr` 16-byte aligned) of global memory into L2 (TMA unit;
-// no completion to wait for, nothing returned to the SM).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* ptr, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
-}
-
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -67,18 +67,9 @@ struct AttentionTuning {
   // 25.47, both 15.68 / 23.38: q_smem alone is the default.
   bool split_full_ring = false;
   bool split_q_smem = true;
-  // split_early_trigger: the split kernel lets its dependent (the combine) launch before its own
-  // dependency wait, so under PDL the combine and, through the combine's early trigger, the next
-  // split can become resident (and issue the next layer's older K/V tiles) while this split
-  // streams; with ctas_per_sm = 1 a next split's block fits beside a running one (~100 KB each).
-  // Same bits either way. A reference kernel reading before its wait, one 512-thread block per
-  // SM, streamed a layer's 33.6 MB at 98.5 % of the floor under PDL (69.4 % without;
-  // results/h200/attention_8289c5b.json).
-  bool split_early_trigger = false;
-  // split_l2_prefetch: before its dependency wait the split kernel asks the rest of its older
-  // K/V (past the ring's prologue tiles) into L2 with two bulk prefetches, so the 60 MB L2 holds
-  // the layer's 33.6 MB (ctx 8192) by the time the ring reads it. Same bits.
-  bool split_l2_prefetch = false;
+  // Measured and not kept (session 15, docs/kernels.md round 8): the split triggering its
+  // dependent before its wait, one block per SM, and a bulk L2 prefetch of the split's older K/V
+  // before the wait (14.70 / 15.83 / 16.04 us at q_len 1 against 14.67).
   // Every attention launch asks for the largest shared-memory carveout (the split kernel's
   // configuration), so the small combine can be resident beside the split kernel under PDL.
   // Measured (1550db9): 14.98 us at q_len 1 vs 16.10 us with the driver's choice.

@@ -648,8 +648,7 @@ void free_kv(KvSetup& kv) {
 // alone, and the floor kernel over one layer's K/V per launch.
 std::string attention_label(const detail::AttentionTuning& t) {
   return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
-         (t.split_q_smem ? "_qsmem" : "") + (t.split_early_trigger ? "_early" : "") +
-         (t.split_l2_prefetch ? "_l2pf" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
+         (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
          (t.skip_math ? "_nomath" : "");
 }
 
@@ -660,20 +659,8 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   pair_opt.split_full_ring = pair_opt.split_q_smem = true;
   detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
   pair_drv.carveout_max_shared = false;
-  // Cross-launch overlap: one block per SM (a next split's block fits beside it), the split's
-  // early trigger, and both.
-  detail::AttentionTuning one = defaults, one_early = defaults, two_early = defaults,
-                          one_full_early = defaults;
-  one.ctas_per_sm = one_early.ctas_per_sm = one_full_early.ctas_per_sm = 1;
-  one_early.split_early_trigger = two_early.split_early_trigger = true;
-  one_full_early.split_early_trigger = one_full_early.split_full_ring = true;
-  // The split's older K/V asked into L2 before its wait: alone, with the early trigger, and with
-  // one block per SM and the early trigger.
-  detail::AttentionTuning two_pf = defaults, two_early_pf = two_early, one_early_pf = one_early;
-  two_pf.split_l2_prefetch = two_early_pf.split_l2_prefetch = one_early_pf.split_l2_prefetch = true;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {pair, pair_drv, pair_opt, one, one_early, two_early, one_full_early, two_pf,
-                        two_early_pf, one_early_pf})
+  for (const auto& t : {pair, pair_drv, pair_opt})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }

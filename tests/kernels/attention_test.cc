@@ -23,17 +23,12 @@ using test::DeviceBuffer;
 struct Variant {
   const char* name;
   int ctas_per_sm;
-  bool split_full_ring = false, split_q_smem = false, split_early_trigger = false;
-  bool split_l2_prefetch = false;
+  bool split_full_ring = false, split_q_smem = false;
 };
 const Variant kVariants[] = {
     {"two_launch", 2},  // the 179ce97 pair: Q in registers, 2-tile prologue
     {"two_launch_full_ring_q_smem", 2, true, true},
     {"two_launch_q_smem", 2, false, true},  // the shipped default
-    // Cross-launch overlap: one block per SM, the split's early trigger.
-    {"two_launch_q_smem_cps1_early", 1, false, true, true},
-    {"two_launch_full_ring_q_smem_early", 2, true, true, true},
-    {"two_launch_q_smem_cps1_early_l2_prefetch", 1, false, true, true, true},
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -44,8 +39,6 @@ class TuningScope {
     t.ctas_per_sm = v.ctas_per_sm;
     t.split_full_ring = v.split_full_ring;
     t.split_q_smem = v.split_q_smem;
-    t.split_early_trigger = v.split_early_trigger;
-    t.split_l2_prefetch = v.split_l2_prefetch;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
