@@ -87,9 +87,14 @@ __device__ __forceinline__ void cp_weight_16(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 
-// Streaming read: each thread keeps kUnroll independent 16-byte loads in flight.
-template <int kUnroll, bool kL2Line>
+// Streaming read: each thread keeps kUnroll independent 16-byte loads in flight. kPdl: the
+// kernel as the first of a PDL pair would run it: it lets its dependent launch at once and reads
+// everything before its dependency wait (nothing it reads is written by the kernel before it),
+// so consecutive launches overlap as far as the SMs' resources allow (the attention section's
+// ceiling for a streaming kernel of one layer's size).
+template <int kUnroll, bool kL2Line, bool kPdl = false>
 __global__ void stream_read_kernel(const uint4* p, size_t n, unsigned* sink) {
+  if constexpr (kPdl) cudaTriggerProgrammaticLaunchCompletion();
   uint32_t acc = 0;
   const size_t stride = size_t{gridDim.x} * blockDim.x;
   size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
@@ -104,32 +109,8 @@ __global__ void stream_read_kernel(const uint4* p, size_t n, unsigned* sink) {
     const uint4 v = ld_weight_16<kL2Line>(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
+  if constexpr (kPdl) cudaGridDependencySynchronize();
   if (acc == 0x9E3779B9u) sink[0] = acc;  // keeps the loads alive
-}
-
-// The floor kernel as the first kernel of a PDL pair would run it: it lets its dependent launch
-// at once and reads everything before its dependency wait (nothing it reads is written by the
-// kernel before it), so consecutive launches overlap as far as the SMs' resources allow. The
-// ceiling of what cross-launch overlap gives a streaming kernel of one layer's size.
-template <int kUnroll>
-__global__ void stream_read_pdl_kernel(const uint4* p, size_t n, unsigned* sink) {
-  cudaTriggerProgrammaticLaunchCompletion();
-  uint32_t acc = 0;
-  const size_t stride = size_t{gridDim.x} * blockDim.x;
-  size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = ld_weight_16<true>(p + i + u * stride);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  for (; i < n; i += stride) {
-    const uint4 v = ld_weight_16<true>(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  cudaGridDependencySynchronize();
-  if (acc == 0x9E3779B9u) sink[0] = acc;
 }
 
 // Weight access patterns (section "access"): a matrix of 8 KB rows (k = 4096) read in 16-row
@@ -755,16 +736,16 @@ void bench_attention() {
           .b("pdl", false)
           .s("timing", "captured graph, 32 launches of the floor kernel, one layer's K/V each");
       add_row(ref, static_cast<double>(layer_bytes), stream_us);
-      // The same bytes read by stream_read_pdl_kernel under PDL (everything before the wait), at
-      // 1, 2 and 4 blocks of 512 threads per SM: with fewer than 4 the next launch's blocks fit
-      // beside the running ones, so its reads can start before this launch drains.
+      // The same bytes read by stream_read_kernel<..., kPdl> under PDL (everything before the
+      // wait), at 1, 2 and 4 blocks of 512 threads per SM: with fewer than 4 the next launch's
+      // blocks fit beside the running ones, so its reads can start before this launch drains.
       for (const int blocks_per_sm : {1, 2, 4}) {
         const double pdl_us =
             time_graph_us([&](cudaStream_t s) {
               for (int l = 0; l < layers; ++l)
                 detail::launch(
-                    stream_read_pdl_kernel<8>, dim3(sms * blocks_per_sm), dim3(512), 0, s, true,
-                    reinterpret_cast<const uint4*>(kv.buffer + kv_offset(kv.cache, l, 0, 0)),
+                    stream_read_kernel<8, true, true>, dim3(sms * blocks_per_sm), dim3(512), 0, s,
+                    true, reinterpret_cast<const uint4*>(kv.buffer + kv_offset(kv.cache, l, 0, 0)),
                     layer_bytes / 16, sink);
             }) /
             layers;
