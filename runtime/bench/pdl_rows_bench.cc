@@ -81,6 +81,18 @@ int main(int argc, char** argv) {
         {"gemv ring path for m > 8", [] { kd::gemv_tuning().large_m_registers = false; }},
         {"gemv split 1 (no clusters)", [] { kd::gemv_tuning().split = 1; }},
         {"gemv register pipeline (fill 2)", [] { kd::gemv_tuning().fill = 2; }},
+        {"gemv refilled ring for m > 8", [] { kd::gemv_tuning().large_m_stages = 2; }},
+        {"gemv refilled ring m > 8, pdl any rows",
+         [] {
+           kd::gemv_tuning().large_m_stages = 2;
+           kd::gemv_tuning().pdl_max_rows = 16;
+         }},
+        {"refilled ring, pdl + attn carveout any rows",
+         [] {
+           kd::gemv_tuning().large_m_stages = 2;
+           kd::gemv_tuning().pdl_max_rows = 16;
+           kd::attention_tuning().carveout_max_shared_rows = 1 << 30;
+         }},
     };
     const int ctx = 192, slots = 16;
     std::printf("Llama-3-8B synthetic, ctx %d, median of %d replays per point (ms per step)\n", ctx,
@@ -106,7 +118,7 @@ int main(int argc, char** argv) {
       for (const int batch : {8, 12, 16}) {
         const double graph_ms = time_decode_ms(*engine, batch, GraphMode::kCudaGraph, reps);
         const double pdl_ms = time_decode_ms(*engine, batch, GraphMode::kCudaGraphPdl, reps);
-        std::printf("%-32s batch %2d: graph %6.3f ms, graph+pdl %6.3f ms (pdl/graph %.3f)\n",
+        std::printf("%-44s batch %2d: graph %6.3f ms, graph+pdl %6.3f ms (pdl/graph %.3f)\n",
                     t.label, batch, graph_ms, pdl_ms, pdl_ms / graph_ms);
       }
     }
