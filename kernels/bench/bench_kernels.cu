@@ -599,17 +599,22 @@ struct KvSetup {
   int* ctx = nullptr;
 };
 
-KvSetup make_kv(int num_layers, int ctx_tokens, int capacity) {
+// `requests` caches of the same length, one buffer.
+KvSetup make_kv(int num_layers, int ctx_tokens, int capacity, int requests = 1) {
   KvSetup kv;
   kv.cache.num_layers = num_layers;
   kv.cache.num_kv_heads = 8;
   kv.cache.capacity_tokens = capacity;
   const size_t elems = kv_cache_bytes_per_request(kv.cache) / sizeof(bf16);
-  kv.buffer = alloc_bf16(elems, 300, 1.0f);
-  TS_CUDA_CHECK(cudaMalloc(&kv.bases, sizeof(bf16*)));
-  TS_CUDA_CHECK(cudaMemcpy(kv.bases, &kv.buffer, sizeof(bf16*), cudaMemcpyHostToDevice));
-  TS_CUDA_CHECK(cudaMalloc(&kv.ctx, sizeof(int)));
-  TS_CUDA_CHECK(cudaMemcpy(kv.ctx, &ctx_tokens, sizeof(int), cudaMemcpyHostToDevice));
+  kv.buffer = alloc_bf16(elems * requests, 300, 1.0f);
+  std::vector<bf16*> bases(static_cast<size_t>(requests));
+  for (int r = 0; r < requests; ++r) bases[static_cast<size_t>(r)] = kv.buffer + elems * r;
+  const std::vector<int> ctx(static_cast<size_t>(requests), ctx_tokens);
+  TS_CUDA_CHECK(cudaMalloc(&kv.bases, sizeof(bf16*) * requests));
+  TS_CUDA_CHECK(
+      cudaMemcpy(kv.bases, bases.data(), sizeof(bf16*) * requests, cudaMemcpyHostToDevice));
+  TS_CUDA_CHECK(cudaMalloc(&kv.ctx, sizeof(int) * requests));
+  TS_CUDA_CHECK(cudaMemcpy(kv.ctx, ctx.data(), sizeof(int) * requests, cudaMemcpyHostToDevice));
   kv.cache.request_base = kv.bases;
   return kv;
 }
@@ -864,8 +869,15 @@ void launch_ncu_targets(const std::vector<Shape>& shapes) {
 }
 
 // One Llama-3-8B decode layer, 32 layers of distinct weights in one graph (cold, like a forward).
-void bench_layer_chain(int m, bool diagnose) {
-  const int layers = 32, hidden = 4096, inter = 14336, ctx = 8192, capacity = ctx + 16;
+// m token rows: one request of m query positions at ctx 8192 (a verify pass), or with `requests`
+// > 1 that many requests of m / requests positions at `ctx` (the engine's batched decode).
+void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
+  const int layers = 32, hidden = 4096, inter = 14336, capacity = ctx + 16;
+  const int q_len = m / requests;
+  char tag_buf[64];
+  std::snprintf(tag_buf, sizeof(tag_buf), requests > 1 ? "m=%d (%d requests, ctx %d)" : "m=%d", m,
+                requests, ctx);
+  const std::string tag = tag_buf;
   const int qkv_n = (32 + 2 * 8) * kHeadDim;  // 6144
   struct Layer {
     bf16 *norm1, *qkv, *o, *norm2, *gate_up, *down;
@@ -879,7 +891,7 @@ void bench_layer_chain(int m, bool diagnose) {
     w[l].gate_up = alloc_bf16(static_cast<size_t>(2 * inter) * hidden, 800 + l, 0.02f);
     w[l].down = alloc_bf16(static_cast<size_t>(hidden) * inter, 900 + l, 0.02f);
   }
-  KvSetup kv = make_kv(layers, ctx, capacity);
+  KvSetup kv = make_kv(layers, ctx, capacity, requests);
   bf16* residual = alloc_bf16(static_cast<size_t>(m) * hidden, 11, 1.0f);
   bf16* delta = alloc_bf16(static_cast<size_t>(m) * hidden, 12, 1.0f);
   bf16 *normed, *qkv, *q, *attn, *act;
@@ -889,7 +901,8 @@ void bench_layer_chain(int m, bool diagnose) {
   TS_CUDA_CHECK(cudaMalloc(&attn, static_cast<size_t>(m) * 32 * kHeadDim * 2));
   TS_CUDA_CHECK(cudaMalloc(&act, static_cast<size_t>(m) * inter * 2));
   AttentionShape shape;
-  shape.q_len = m;
+  shape.num_requests = requests;
+  shape.q_len = q_len;
   void* ws = nullptr;
   size_t ws_bytes = 0;  // enough for every attention contender timed below
   {
@@ -909,7 +922,7 @@ void bench_layer_chain(int m, bool diagnose) {
     for (int l = 0; l < layers; ++l) {
       rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
       gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
-      rope_kv_append(qkv, kv.ctx, kv.cache, l, q, 1, m, 32, rope, s, on(2));
+      rope_kv_append(qkv, kv.ctx, kv.cache, l, q, requests, q_len, 32, rope, s, on(2));
       decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, on(3));
       gemv(w[l].o, attn, delta, m, hidden, hidden, s, on(4));
       rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, on(5));
@@ -920,7 +933,7 @@ void bench_layer_chain(int m, bool diagnose) {
   const double weight_bytes = 2.0 * (2.0 * hidden + static_cast<double>(qkv_n) * hidden +
                                      static_cast<double>(hidden) * hidden + 2.0 * inter * hidden +
                                      static_cast<double>(hidden) * inter);
-  const double kv_bytes = 2.0 * (ctx + m) * 8 * kHeadDim * 2;
+  const double kv_bytes = 2.0 * requests * (ctx + q_len) * 8 * kHeadDim * 2;
   const double bytes = weight_bytes + kv_bytes;
   const double floor_us = bytes / (g_floor_tbps * 1e12) * 1e6;
   // Each attention contender (attention_contenders: the default first), PDL off and on; the
@@ -945,15 +958,16 @@ void bench_layer_chain(int m, bool diagnose) {
       best = v;
     }
     std::printf(
-        "  layer chain m=%d attention %-32s: pdl off %7.2f us, pdl on %7.2f us (%.3fx / %.3fx of "
+        "  layer chain %s attention %-32s: pdl off %7.2f us, pdl on %7.2f us (%.3fx / %.3fx of "
         "floor)%s\n",
-        m, attention_label(contenders[v]).c_str(), tv[0], tv[1], tv[0] / floor_us, tv[1] / floor_us,
-        v == 0 ? "  [default]" : "");
+        tag.c_str(), attention_label(contenders[v]).c_str(), tv[0], tv[1], tv[0] / floor_us,
+        tv[1] / floor_us, v == 0 ? "  [default]" : "");
     for (int pdl = 0; pdl < 2; ++pdl) {
       Row row;
       row.s("section", v == 0 ? "layer_chain_attention_default" : "layer_chain_attention_variant")
           .s("attention_variant", attention_label(contenders[v]))
           .n("m", m)
+          .n("requests", requests)
           .n("ctx_tokens", ctx)
           .b("cold", true)
           .b("pdl", pdl == 1)
@@ -964,19 +978,22 @@ void bench_layer_chain(int m, bool diagnose) {
 
   const detail::AttentionTuning& b = contenders[best];
   std::printf(
-      "  layer chain m=%d fastest attention with PDL on: %s (%.2f us; kernels/tuning.h "
+      "  layer chain %s fastest attention with PDL on: %s (%.2f us; kernels/tuning.h "
       "AttentionTuning: split_full_ring %d, split_q_smem %d, carveout_max_shared %d)\n",
-      m, attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0, b.split_q_smem ? 1 : 0,
-      b.carveout_max_shared ? 1 : 0);
+      tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
+      b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
 
   if (diagnose) {  // PDL off for one launcher at a time, and early triggers off
     const char* names[8] = {"norm1", "qkv", "rope", "attention", "o", "norm2", "gate_up", "down"};
     for (int i = 0; i < 8; ++i) {
       const double us =
           time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu & ~(1u << i)); }, 5) / layers;
-      std::printf("  layer chain m=%d pdl on except %-9s: %7.2f us\n", m, names[i], us);
+      std::printf("  layer chain %s pdl on except %-9s: %7.2f us\n", tag.c_str(), names[i], us);
       Row row;
-      row.s("section", "layer_chain_pdl_diagnostic").n("m", m).s("pdl_off_for", names[i]);
+      row.s("section", "layer_chain_pdl_diagnostic")
+          .n("m", m)
+          .n("requests", requests)
+          .s("pdl_off_for", names[i]);
       add_row(row, bytes, us);
     }
     // Whole-chain tunings, PDL on and off: early triggers off; for m > 8 the GEMV ring path
@@ -987,12 +1004,13 @@ void bench_layer_chain(int m, bool diagnose) {
       for (int pdl = 0; pdl < 2; ++pdl)
         us[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u); }, 5) / layers;
       reset();
-      std::printf("  layer chain m=%d %-28s: pdl off %7.2f us, pdl on %7.2f us\n", m, label, us[0],
-                  us[1]);
+      std::printf("  layer chain %s %-28s: pdl off %7.2f us, pdl on %7.2f us\n", tag.c_str(), label,
+                  us[0], us[1]);
       for (int pdl = 0; pdl < 2; ++pdl) {
         Row row;
         row.s("section", "layer_chain_pdl_diagnostic")
             .n("m", m)
+            .n("requests", requests)
             .s("pdl_off_for", pdl ? "none" : "all")
             .s("tuning", label);
         add_row(row, bytes, us[pdl]);
@@ -1018,6 +1036,7 @@ void bench_layer_chain(int m, bool diagnose) {
         .s("gemv_variant",
            gemv_variant() + "_pdlrows" + std::to_string(detail::gemv_tuning().pdl_max_rows))
         .n("m", m)
+        .n("requests", requests)
         .n("ctx_tokens", ctx)
         .n("layers_in_graph", layers)
         .b("cold", true)
@@ -1027,9 +1046,9 @@ void bench_layer_chain(int m, bool diagnose) {
     add_row(row, bytes, t[pdl]);
   }
   std::printf(
-      "layer chain m=%d (9 kernels, graph of %d layers): pdl off %7.2f us, pdl on %7.2f us, floor "
+      "layer chain %s (9 kernels, graph of %d layers): pdl off %7.2f us, pdl on %7.2f us, floor "
       "%7.2f us -> %.3fx / %.3fx of floor\n",
-      m, layers, t[0], t[1], bytes / (g_floor_tbps * 1e12) * 1e6,
+      tag.c_str(), layers, t[0], t[1], bytes / (g_floor_tbps * 1e12) * 1e6,
       t[0] / (bytes / (g_floor_tbps * 1e12) * 1e6), t[1] / (bytes / (g_floor_tbps * 1e12) * 1e6));
   for (auto& l : w)
     for (bf16* p : {l.norm1, l.qkv, l.o, l.norm2, l.gate_up, l.down}) TS_CUDA_CHECK(cudaFree(p));
@@ -1281,6 +1300,19 @@ int main(int argc, char** argv) {
     gt.pdl_max_rows = 16;
     std::printf("layer chain m=16 with GemvTuning large_m_stages 2, pdl_max_rows 16:\n");
     bench_layer_chain(16, false);
+    // The engine's batched decode (16 requests of one token at ctx 192, the shape of
+    // twinstep_pdl_rows_bench, where PDL-launched GEMVs of more than 8 rows slow the step): the
+    // default tuning, then PDL at every row count (register path, refilled ring), with the
+    // per-launcher diagnostics; 8 requests for reference.
+    gt = saved;
+    bench_layer_chain(8, false, 8, 192);
+    bench_layer_chain(16, true, 16, 192);
+    gt.pdl_max_rows = 16;
+    std::printf("layer chain 16 requests with GemvTuning pdl_max_rows 16:\n");
+    bench_layer_chain(16, true, 16, 192);
+    gt.large_m_stages = 2;
+    std::printf("layer chain 16 requests with GemvTuning large_m_stages 2, pdl_max_rows 16:\n");
+    bench_layer_chain(16, true, 16, 192);
     gt = saved;
   }
   if (want("moe")) bench_moe();
