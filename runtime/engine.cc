@@ -560,7 +560,8 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     node("attention");
     kernels::decode_attention(b.q, cache, l, ctx_lens, b.attn, shape, attn_ws, s, pdl);
     node("o_proj");
-    project(L.w_o, b.attn, b.o, B, H, int(c.q_dim()));
+    project_rows(L.w_o, b.attn, b.o, B, H, int(c.q_dim()), row_exact,
+                 pdl && !(options_.pdl_drain_after_attention && B > 8));
     tp_all_reduce(b.o, B, "attn_all_reduce");
     node("mlp_norm");
     kernels::rmsnorm_residual(b.o, b.residual, L.post_norm, b.xn, B, H, eps, s, pdl);

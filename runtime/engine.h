@@ -87,6 +87,12 @@ struct EngineOptions {
   // Confidence/device drafts in graphs: each step past min_steps behind a conditional IF node
   // (skipped once every request stopped drafting). Off: every step runs, stopped rows padded.
   bool draft_early_exit = false;
+  // Decode graphs under PDL: the o projection of more than 8 rows launches without PDL, so the
+  // SMs drain out of the attention's shared-memory configuration before the GEMVs that re-read
+  // their activation rows from L1 (docs/kernels.md, round 8). A measured option for batches of
+  // 9-16 rows together with kernels' GemvTuning::pdl_max_rows = 16 (the other GEMVs keep PDL);
+  // off: the kernels' rule alone (GEMVs of more than 8 rows without PDL).
+  bool pdl_drain_after_attention = false;
   // Tensor parallelism (runtime/tensor_parallel.h): with a communicator, create_synthetic builds
   // this rank's shard of the model it is given and the forwards all-reduce after o_proj and
   // down_proj (MoE: expert parallelism, one all-reduce after the MoE FFN). With a draft: its

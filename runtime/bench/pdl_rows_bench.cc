@@ -28,7 +28,8 @@ namespace {
 
 struct Tuning {
   const char* label;
-  std::function<void()> apply;  // on top of the defaults
+  std::function<void()> apply;         // on top of the defaults
+  bool drain_after_attention = false;  // EngineOptions::pdl_drain_after_attention
 };
 
 // Median step time (ms) of `reps` decode replays of `batch` slots in `mode`.
@@ -93,6 +94,13 @@ int main(int argc, char** argv) {
            kd::gemv_tuning().pdl_max_rows = 16;
            kd::attention_tuning().carveout_max_shared_rows = 1 << 30;
          }},
+        {"pdl any rows, o_proj drains", [] { kd::gemv_tuning().pdl_max_rows = 16; }, true},
+        {"refilled ring, pdl any rows, o_proj drains",
+         [] {
+           kd::gemv_tuning().large_m_stages = 2;
+           kd::gemv_tuning().pdl_max_rows = 16;
+         },
+         true},
     };
     const int ctx = 192, slots = 16;
     std::printf("Llama-3-8B synthetic, ctx %d, median of %d replays per point (ms per step)\n", ctx,
@@ -105,6 +113,7 @@ int main(int argc, char** argv) {
       EngineOptions eo;
       eo.max_slots = slots;
       eo.capacity_tokens = 512;
+      eo.pdl_drain_after_attention = t.drain_after_attention;
       auto engine = Engine::create_synthetic(config, 1, eo);
       std::vector<int32_t> ids(slots);
       std::vector<std::vector<int32_t>> prompts(slots, std::vector<int32_t>(size_t(ctx)));
