@@ -17,6 +17,7 @@
 #include <string>
 
 #include "kernels/moe.h"
+#include "kernels/tuning.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
 #include "runtime/checkpoint.h"
@@ -298,6 +299,43 @@ TEST_F(TinyEngine, WarmUpChangesNothingButTime) {
   for (const RequestSpec& q : generate_requests(w))
     expect_matches_cpu(cpu, prompt_of(4, q.id, q.input_len, config_.vocab), b.tokens[size_t(q.id)],
                        "warm request " + std::to_string(q.id));
+}
+
+// EngineOptions::pdl_drain_after_attention with the kernels' measured options for 9-16 rows (PDL
+// at every row count, the refilled ring; docs/kernels.md round 8): decode batches of 12 rows give
+// the default engine's tokens in every graph mode and host schedule.
+TEST(RealRuntime, DrainAfterAttentionChangesNothingButTime) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpec spec = tiny_runtime_spec();
+  const LlamaConfig config = llama_config_from_spec(spec);
+  WorkloadSpec w;
+  w.input_len = {20, 40};
+  w.output_len = {24, 24};
+  w.num_requests = 12;
+  w.max_concurrency = 12;
+  w.seed = 3;
+  RealOptions ro;
+  ro.prompt_seed = 9;
+  EngineOptions eo;
+  eo.max_slots = 12;
+  eo.capacity_tokens = 128;
+  std::vector<std::vector<int32_t>> want;
+  {
+    auto engine = Engine::create_synthetic(config, 7, eo);
+    want =
+        run_policy(*engine, spec, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraphPdl), ro)
+            .tokens;
+  }
+  const kernels::detail::GemvTuning saved = kernels::detail::gemv_tuning();
+  kernels::detail::gemv_tuning().pdl_max_rows = 16;
+  kernels::detail::gemv_tuning().large_m_stages = 2;
+  eo.pdl_drain_after_attention = true;
+  auto engine = Engine::create_synthetic(config, 7, eo);
+  for (HostSchedule s : {HostSchedule::kLockstep, HostSchedule::kRunahead})
+    for (GraphMode m : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
+      EXPECT_EQ(run_policy(*engine, spec, w, policy(s, m), ro).tokens, want)
+          << host_schedule_name(s) << " " << graph_mode_name(m);
+  kernels::detail::gemv_tuning() = saved;
 }
 
 TEST_F(TinyEngine, StepSamplesAddUpAndTimelineIsFilled) {
