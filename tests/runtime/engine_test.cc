@@ -326,6 +326,8 @@ TEST(RealRuntime, DrainAfterAttentionChangesNothingButTime) {
         run_policy(*engine, spec, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraphPdl), ro)
             .tokens;
   }
+  ASSERT_EQ(want.size(), size_t(12));
+  for (const std::vector<int32_t>& t : want) ASSERT_EQ(t.size(), size_t(24));
   const kernels::detail::GemvTuning saved = kernels::detail::gemv_tuning();
   kernels::detail::gemv_tuning().pdl_max_rows = 16;
   kernels::detail::gemv_tuning().large_m_stages = 2;
