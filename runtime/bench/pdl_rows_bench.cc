@@ -5,7 +5,7 @@
 // kernel tuning; for each, the decode graph of batches 8, 12 and 16 (16 shares the bucket of
 // 12), graph and graph+PDL, timed with events around back-to-back replays at a short context
 // (about 200 tokens).
-//   twinstep_pdl_rows_bench [--reps N]
+//   twinstep_pdl_rows_bench [--reps N] [--ctx TOKENS] [--only LABEL_PART ...]
 // Prints one line per tuning, batch and mode; the kernel tunings are kernels/tuning.h's.
 #include <cuda_runtime.h>
 
@@ -59,9 +59,14 @@ double time_decode_ms(Engine& engine, int batch, GraphMode mode, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 20;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--reps") reps = std::max(3, std::atoi(argv[i + 1]));
+  int reps = 20, ctx = 192;
+  std::vector<std::string> only;  // tunings whose label contains one of these (default: all)
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps") reps = std::max(3, std::atoi(argv[i + 1]));
+    if (a == "--ctx") ctx = std::max(1, std::atoi(argv[i + 1]));
+    if (a == "--only") only.push_back(argv[i + 1]);
+  }
   std::string why;
   if (!real_backend_available(&why)) {
     std::fprintf(stderr, "twinstep_pdl_rows_bench: %s\n", why.c_str());
@@ -102,17 +107,22 @@ int main(int argc, char** argv) {
          },
          true},
     };
-    const int ctx = 192, slots = 16;
+    const int slots = 16;
     std::printf("Llama-3-8B synthetic, ctx %d, median of %d replays per point (ms per step)\n", ctx,
                 reps);
     for (const Tuning& t : tunings) {
+      const std::string label = t.label;
+      if (!only.empty() && std::none_of(only.begin(), only.end(), [&](const std::string& o) {
+            return label.find(o) != std::string::npos;
+          }))
+        continue;
       kd::kernel_tuning() = kernel_defaults;
       kd::gemv_tuning() = gemv_defaults;
       kd::attention_tuning() = attention_defaults;
       t.apply();  // read by the launchers while the graphs are captured
       EngineOptions eo;
       eo.max_slots = slots;
-      eo.capacity_tokens = 512;
+      eo.capacity_tokens = ctx + 320;
       eo.pdl_drain_after_attention = t.drain_after_attention;
       auto engine = Engine::create_synthetic(config, 1, eo);
       std::vector<int32_t> ids(slots);
