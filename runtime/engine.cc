@@ -35,6 +35,9 @@ namespace {
 
 constexpr int kStagingRing = 64;  // pinned host staging entries for host-to-device inputs
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+// EngineOptions::pdl_drain_after_attention applies above this many rows: the batches whose
+// GEMVs keep their activation rows in L1 (the 16-row register path and ring; docs/kernels.md).
+constexpr int kDrainAfterAttentionRows = 8;
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -561,7 +564,7 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
     kernels::decode_attention(b.q, cache, l, ctx_lens, b.attn, shape, attn_ws, s, pdl);
     node("o_proj");
     project_rows(L.w_o, b.attn, b.o, B, H, int(c.q_dim()), row_exact,
-                 pdl && !(options_.pdl_drain_after_attention && B > 8));
+                 pdl && !(options_.pdl_drain_after_attention && B > kDrainAfterAttentionRows));
     tp_all_reduce(b.o, B, "attn_all_reduce");
     node("mlp_norm");
     kernels::rmsnorm_residual(b.o, b.residual, L.post_norm, b.xn, B, H, eps, s, pdl);
