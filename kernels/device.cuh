@@ -13,10 +13,10 @@
 
 namespace twinstep::kernels::detail {
 
-// Appends the carveout request of KernelTuning::carveout_percent (if any) at attrs[n]; returns
-// the new count.
-inline unsigned add_carveout(cudaLaunchAttribute* attrs, unsigned n) {
-  const int percent = kernel_tuning().carveout_percent;
+// Appends the carveout request of `percent` (default KernelTuning::carveout_percent; < 0: none)
+// at attrs[n]; returns the new count.
+inline unsigned add_carveout(cudaLaunchAttribute* attrs, unsigned n,
+                             int percent = kernel_tuning().carveout_percent) {
   if (percent < 0) return n;
   attrs[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
   attrs[n].val.sharedMemCarveout = static_cast<unsigned>(percent);

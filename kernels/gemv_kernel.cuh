@@ -880,14 +880,10 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute[3];
-  int n_attr = 0;
-  if (kStages == 0 && kNTiles == 2 && gemv_tuning().large_m_carveout_percent >= 0) {
-    attribute[n_attr].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-    attribute[n_attr++].val.sharedMemCarveout =
-        static_cast<unsigned>(gemv_tuning().large_m_carveout_percent);
-  } else {
-    n_attr = int(add_carveout(attribute, 0));
-  }
+  const int large_m_percent = gemv_tuning().large_m_carveout_percent;
+  int n_attr = int(kStages == 0 && kNTiles == 2 && large_m_percent >= 0
+                       ? add_carveout(attribute, 0, large_m_percent)
+                       : add_carveout(attribute, 0));
   if (p.split > 1) {
     attribute[n_attr].id = cudaLaunchAttributeClusterDimension;
     attribute[n_attr].val.clusterDim.x = p.split;

@@ -67,9 +67,10 @@ struct AttentionTuning {
   // 25.47, both 15.68 / 23.38: q_smem alone is the default.
   bool split_full_ring = false;
   bool split_q_smem = true;
-  // Measured and not kept (session 15, docs/kernels.md round 8): the split triggering its
-  // dependent before its wait, one block per SM, and a bulk L2 prefetch of the split's older K/V
-  // before the wait (14.70 / 15.83 / 16.04 us at q_len 1 against 14.67).
+  // Measured and not kept (session 15, docs/kernels.md round 8; ctx 8192, q_len 1, against
+  // 14.67 us): the split triggering its dependent before its wait (14.70 us), one block per SM
+  // (17.14 us; 15.83 with the early trigger), a bulk L2 prefetch of the split's older K/V before
+  // the wait (16.11 us; results/h200/kernels_round8_6f25d1f.json).
   // Every attention launch asks for the largest shared-memory carveout (the split kernel's
   // configuration), so the small combine can be resident beside the split kernel under PDL.
   // Measured (1550db9): 14.98 us at q_len 1 vs 16.10 us with the driver's choice.

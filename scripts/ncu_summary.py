@@ -17,8 +17,8 @@ def main() -> int:
     if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    with open(sys.argv[1], newline="") as f:
-        rows = list(csv.reader(f))
+    with open(sys.argv[1], newline="") as f:  # '#' lines: a record's header (results/h200)
+        rows = list(csv.reader(line for line in f if not line.startswith("#")))
     if len(rows) < 3:
         print(f"{sys.argv[1]}: no profiled launches", file=sys.stderr)
         return 1
