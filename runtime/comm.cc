@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -41,6 +42,11 @@ ncclDataType_t nccl_type(CommType t) {
 
 size_t type_bytes(CommType t) { return t == CommType::kBF16 ? 2 : 4; }
 
+// NVLink multicast (NVLS) stays off unless the caller's environment asks for it: on shared
+// multi-GPU hosts a program using it can put the host's GPUs out of service. NCCL reads the
+// variable when it initialises, so every entry point sets it first.
+void keep_nvls_off_by_default() { setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0); }
+
 // ncclCommFinalize, then polls until the communicator settles: true when it finalized cleanly
 // within timeout_s. A blocking communicator settles inside the call (no deadline applies there).
 bool finalize_within(ncclComm_t comm, double timeout_s) {
@@ -59,6 +65,7 @@ bool finalize_within(ncclComm_t comm, double timeout_s) {
 }  // namespace
 
 std::string Communicator::new_unique_id() {
+  keep_nvls_off_by_default();
   ncclUniqueId id;
   const ncclResult_t r = ncclGetUniqueId(&id);
   if (r != ncclSuccess) throw CommError(std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
@@ -81,6 +88,7 @@ std::unique_ptr<Communicator> Communicator::create(const std::string& unique_id,
   if (size < 1 || rank < 0 || rank >= size) throw CommError("NCCL init: invalid " + who);
   if (!(options.join_timeout_s > 0) || !(options.op_timeout_s > 0))
     throw CommError("NCCL init: timeouts must be > 0 s");
+  keep_nvls_off_by_default();
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof id);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

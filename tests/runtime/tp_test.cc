@@ -922,6 +922,63 @@ TEST(ExpertParallel, Qwen3TwoRanksAgainstOneGpu) {
   compare_with_one_gpu(config, spec, eo, one, ep_one[0], 128, 72, "qwen3-30b-a3b TP2-EP2");
 }
 
+// Four ranks (issue 8's layout), Qwen3-30B-A3B at TP4-EP4 (8 q heads, 1 KV head and 32 experts
+// per rank) with its MoE draft layer: 128 greedy tokens at batch 1, the ranks agree, eager
+// lockstep equals graphs with PDL run-ahead, and chain(5) and confidence-on-the-device
+// speculation commit the plain greedy tokens (lossless); against the one-GPU engine (rank 0)
+// the agreement is printed and the prefill's token asserted, as at two ranks.
+TEST(ExpertParallel, Qwen3FourRanksSpeculativeAndAgainstOneGpu) {
+  SKIP_WITHOUT_RANKS(4);
+  Communicator& comm = runtime::tp_world_communicator();
+  const ModelSpec& spec = model_preset("qwen3-30b-a3b");
+  const LlamaConfig config = llama_config_from_spec(spec);
+  EngineOptions eo;
+  eo.max_slots = 1;
+  eo.capacity_tokens = 512;
+  const WorkloadSpec one = workload(128, 128, 1);
+  SpecSpec chain5;
+  chain5.method = SpecMethod::kChain;
+  chain5.steps = 5;
+  chain5.draft_tokens = 6;
+  SpecSpec device;  // at most 7 drafts: Qwen3's verify width (GQA group 8 x 8 positions)
+  device.method = SpecMethod::kConfidence;
+  device.mode = DraftMode::kDevice;
+  device.threshold = 0.2;
+  device.max_steps = 7;
+  device.early_exit = false;
+  std::vector<std::vector<int32_t>> plain;
+  {
+    EngineOptions o = eo;
+    o.tp = runtime::tp_world(4);
+    o.draft = true;
+    auto engine = Engine::create_synthetic(config, 1, o, 0.55);
+    EXPECT_EQ(engine->config().expert_begin, 32 * comm.rank());
+    EXPECT_EQ(engine->config().kv_heads, 1);
+    plain = greedy(*engine, spec, one, HostSchedule::kRunahead, GraphMode::kCudaGraphPdl);
+    const auto lock = greedy(*engine, spec, one, HostSchedule::kLockstep, GraphMode::kEager);
+    EXPECT_EQ(lock, plain) << "TP4-EP4 eager lockstep vs graphs with PDL run-ahead";
+    for (const auto& [label, policy] :
+         {std::pair<const char*, SpecSpec>{"chain(5)", chain5}, {"confidence/device", device}}) {
+      double accept = 0;
+      const auto tokens = greedy(*engine, spec, one, HostSchedule::kRunahead,
+                                 GraphMode::kCudaGraphPdl, policy, &accept);
+      EXPECT_EQ(tokens, plain) << label << ": speculation changed the greedy tokens";
+      const auto ranks = gather_tokens(comm, flat(tokens));
+      for (int r = 1; r < comm.size(); ++r)
+        EXPECT_EQ(ranks[0], ranks[size_t(r)]) << label << ": rank " << r << " differs";
+      EXPECT_GT(accept, 1.0) << label;
+      std::printf("qwen3-30b-a3b TP4-EP4 rank %d %-18s accept length %.3f\n", comm.rank(), label,
+                  accept);
+    }
+  }
+  ASSERT_EQ(plain[0].size(), 128u);
+  const auto ranks = gather_tokens(comm, flat(plain));
+  for (int r = 1; r < comm.size(); ++r)
+    EXPECT_EQ(ranks[0], ranks[size_t(r)]) << "rank " << r << " sampled different tokens";
+  if (comm.rank() != 0) return;
+  compare_with_one_gpu(config, spec, eo, one, plain[0], 128, 72, "qwen3-30b-a3b TP4-EP4");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pipeline parallelism (runtime/pipeline_parallel.h): no sum is split across ranks, so a pipeline
 // must give one GPU's tokens exactly.
