@@ -85,6 +85,11 @@ struct AttentionTuning {
   // validation runs (measured at 583eee2 with it) are redone without it. At 1 and 6 rows:
   // 137.3 vs 139.6 us, 143.2 vs 145.1 us.
   int carveout_max_shared_rows = 8;
+  // The combine kernel merges splits beyond its first 48 in batches whose loads are issued
+  // together (same bits). Off: one dependent L2 load per split, the earlier form, which cost a
+  // shard with one KV head (Qwen3-30B-A3B at TP4: 145 splits at ctx 8192) ~27 us per attention;
+  // measured side by side in the bench's attention_kv_heads section.
+  bool combine_batched_tail = true;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };

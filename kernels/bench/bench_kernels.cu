@@ -3,8 +3,9 @@
 //
 //   twinstep_kernels_bench --out results.json [--commit SHA] [--only SECTION ...]
 //
-// SECTION: gemv, access, attention, layer_chain, moe, lm_head (default: all; the floor always
-// runs); ncu (by name only: one untimed launch per kernel for Nsight Compute, scripts/gpu_ncu.sh).
+// SECTION: gemv, access, attention, attention_kv_heads, layer_chain, moe, lm_head (default: all;
+// the floor always runs); ncu (by name only: one untimed launch per kernel for Nsight Compute,
+// scripts/gpu_ncu.sh).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -600,10 +601,10 @@ struct KvSetup {
 };
 
 // `requests` caches of the same length, one buffer.
-KvSetup make_kv(int num_layers, int ctx_tokens, int capacity, int requests = 1) {
+KvSetup make_kv(int num_layers, int ctx_tokens, int capacity, int requests = 1, int kv_heads = 8) {
   KvSetup kv;
   kv.cache.num_layers = num_layers;
-  kv.cache.num_kv_heads = 8;
+  kv.cache.num_kv_heads = kv_heads;
   kv.cache.capacity_tokens = capacity;
   const size_t elems = kv_cache_bytes_per_request(kv.cache) / sizeof(bf16);
   kv.buffer = alloc_bf16(elems * requests, 300, 1.0f);
@@ -824,6 +825,80 @@ void bench_attention() {
   }
   TS_CUDA_CHECK(cudaFree(q));
   TS_CUDA_CHECK(cudaFree(out));
+}
+
+// Section `attention_kv_heads`: the attention of Qwen3-30B-A3B's tensor-parallel shards (group 8:
+// 8 q heads per KV head; 4 KV heads on one GPU, 2 at TP2, 1 at TP4), one request, over 48 layers
+// of KV back to back in a captured graph with PDL (cold), ctx 1024 and 8192, q_len 1 and 8 (a
+// verify of 7 drafts): the default (the combine's tail batched) against the combine merging one
+// split per load (AttentionTuning::combine_batched_tail off), side by side; at ctx 8192 also the
+// split and combine kernels alone (no PDL). Bytes = the K and V rows read.
+void bench_attention_kv_heads() {
+  const int layers = 48;
+  auto& tuning = detail::attention_tuning();
+  const detail::AttentionTuning defaults = tuning;
+  for (const int kv_heads : {4, 2, 1}) {
+    const int num_q_heads = 8 * kv_heads;
+    bf16* q = alloc_bf16(8 * num_q_heads * kHeadDim, 9, 1.0f);
+    bf16* out = nullptr;
+    TS_CUDA_CHECK(cudaMalloc(&out, 8 * num_q_heads * kHeadDim * sizeof(bf16)));
+    for (const int ctx : {1024, 8192}) {
+      KvSetup kv = make_kv(layers, ctx, ctx + 64, 1, kv_heads);
+      for (const int q_len : {1, 8}) {
+        AttentionShape shape;
+        shape.q_len = q_len;
+        shape.num_q_heads = num_q_heads;
+        const size_t ws_bytes = attention_workspace_bytes(shape, kv.cache);
+        void* ws = nullptr;
+        TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
+        TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));
+        const double bytes = 2.0 * (ctx + q_len) * kv_heads * kHeadDim * 2;
+        struct Form {
+          const char* name;
+          bool batched, split, combine, pdl;
+        };
+        std::vector<Form> forms = {{"batched_tail", true, true, true, true},
+                                   {"serial_tail", false, true, true, true}};
+        if (ctx == 8192)
+          for (const Form f : {Form{"split_only", true, true, false, false},
+                               Form{"combine_batched_only", true, false, true, false},
+                               Form{"combine_serial_only", false, false, true, false}})
+            forms.push_back(f);
+        std::printf("attention_kv_heads kv=%d q=%2d ctx=%5d q_len=%d:", kv_heads, num_q_heads, ctx,
+                    q_len);
+        for (const Form& f : forms) {
+          tuning = defaults;
+          tuning.combine_batched_tail = f.batched;
+          tuning.launch_split = f.split;
+          tuning.launch_combine = f.combine;
+          const double us = time_graph_us([&](cudaStream_t s) {
+                              for (int l = 0; l < layers; ++l)
+                                decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, f.pdl);
+                            }) /
+                            layers;
+          std::printf("  %s %6.2f us", f.name, us);
+          Row row;
+          row.s("section", "attention_kv_heads")
+              .s("variant", f.name)
+              .n("q_len", q_len)
+              .n("ctx_tokens", ctx)
+              .n("num_q_heads", num_q_heads)
+              .n("num_kv_heads", kv_heads)
+              .n("head_dim", kHeadDim)
+              .b("cold", layers * bytes > 2 * 60e6)  // the 48 layers' KV at least twice the L2
+              .b("pdl", f.pdl)
+              .s("timing", "captured graph, 48 layers of KV back to back");
+          add_row(row, bytes, us);
+        }
+        std::printf("  (floor %.2f us)\n", bytes / (g_floor_tbps * 1e12) * 1e6);
+        tuning = defaults;
+        TS_CUDA_CHECK(cudaFree(ws));
+      }
+      free_kv(kv);
+    }
+    TS_CUDA_CHECK(cudaFree(q));
+    TS_CUDA_CHECK(cudaFree(out));
+  }
 }
 
 // Section `ncu` (asked for by name only): one eager launch of each kernel to profile with Nsight
@@ -1289,6 +1364,7 @@ int main(int argc, char** argv) {
   }
   if (want("access")) bench_access();
   if (want("attention")) bench_attention();
+  if (want("attention_kv_heads")) bench_attention_kv_heads();
   if (want("layer_chain")) {
     bench_layer_chain(1, false);
     bench_layer_chain(6, true);

@@ -202,7 +202,11 @@ INSTANTIATE_TEST_SUITE_P(
                           Case{32, 8, 2, {1200}},           //
                           Case{4, 4, 16, {129}},            // group 1
                           Case{8, 2, 12, {70, 1500, 333}},  // 48 rows: 3 row tiles (384 threads)
-                          Case{16, 2, 5, {2100}}),          // group 8: 40 rows
+                          Case{16, 2, 5, {2100}},           // group 8: 40 rows
+                          // One KV head (Qwen3-30B-A3B at TP4): 129 splits of 64 tokens, the
+                          // combine's batched tail (splits beyond 48) in use.
+                          Case{8, 1, 1, {8192}},        //
+                          Case{8, 1, 8, {6000, 100}}),  // 95 splits, 64 rows, a short request
         ::testing::ValuesIn(kVariants)),
     [](const auto& info) {
       const Case& c = std::get<0>(info.param);
@@ -324,6 +328,56 @@ TEST_P(AttentionVariants, GraphReplaysAreBitIdentical) {
   TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TS_CUDA_CHECK(cudaGraphDestroy(graph));
   TS_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// The combine kernel's two forms of merging splits beyond its first 48 (batched loads, the
+// default, and one load per split) give the same bits: one KV head at ctx 8192 (129 splits) and
+// 3000 (47, no tail), q_len 1 and 8, over a cache with a shorter second request.
+TEST_P(AttentionVariants, CombineTailFormsAreBitIdentical) {
+  TS_SKIP_WITHOUT_GPU();
+  TuningScope tuning(GetParam());
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", variant " + GetParam().name);
+  std::mt19937_64 rng(seed);
+  for (const int ctx : {8192, 3000}) {
+    KvCache cache;
+    cache.num_layers = 1;
+    cache.num_kv_heads = 1;
+    cache.capacity_tokens = ctx + 16;
+    const std::vector<int> ctx_lens = {ctx, ctx / 3};
+    std::vector<RequestKv> kvs;
+    std::vector<bf16*> bases;
+    for (const int c : ctx_lens) {
+      kvs.push_back(make_request_kv(cache, 0, c + 8, rng));
+      bases.push_back(kvs.back().device->get());
+    }
+    DeviceBuffer<bf16*> dbases(2);
+    dbases.upload(bases);
+    cache.request_base = dbases.get();
+    DeviceBuffer<int> dctx(2);
+    dctx.upload(ctx_lens);
+    for (const int q_len : {1, 8}) {
+      AttentionShape shape;
+      shape.num_requests = 2;
+      shape.q_len = q_len;
+      shape.num_q_heads = 8;
+      const size_t elems = size_t{2} * q_len * 8 * kHeadDim;
+      auto dq = test::to_device(test::random_bf16(elems, rng));
+      auto ws = make_workspace({shape}, cache);
+      std::vector<std::vector<uint16_t>> bits;
+      for (const bool batched : {true, false}) {
+        detail::attention_tuning().combine_batched_tail = batched;
+        DeviceBuffer<bf16> out(elems);
+        out.poison();
+        decode_attention(dq.get(), cache, 0, dctx.get(), out.get(), shape, ws.get(), nullptr);
+        bits.push_back(out.download<uint16_t>());
+      }
+      EXPECT_EQ(mismatches(bits[0], bits[1]), 0u)
+          << "ctx " << ctx << " q_len " << q_len << ": " << describe_mismatches(bits[0], bits[1]);
+      EXPECT_EQ(std::count(bits[0].begin(), bits[0].end(), uint16_t{0xFFFF}), 0)
+          << "unwritten outputs";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, AttentionVariants, ::testing::ValuesIn(kVariants),
