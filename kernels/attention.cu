@@ -199,15 +199,11 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
 
 // Block = (row, kv head, request), thread = dimension: merges the splits in split order. All
 // loads (split maxima/sums and the first kCombineBatch partial outputs) are issued before any is
-// used, so the kernel costs about one L2 round trip. Splits beyond those are merged in batches
-// of kCombineTailBatch whose loads are likewise all issued first (kBatchedTail; without it, one
-// dependent load per split, the earlier form: with 145 splits (1 KV head, ctx 8192) it cost ~18 us
-// more, see AttentionTuning::combine_batched_tail). The accumulation order is split order either
-// way, so both forms give the same bits. Splits with no visible key are skipped, so trailing
-// empty splits (other rows' causal tails) leave the result bit-identical.
+// used; splits beyond those cost one dependent load each. Splits with no visible key are skipped,
+// so trailing empty splits (other rows' causal tails) leave the result bit-identical. The form
+// for launches of fewer than AttentionTuning::combine_parts_min_splits splits (and all of them with
+// combine_parts off).
 constexpr int kCombineBatch = 48;
-constexpr int kCombineTailBatch = 32;
-template <bool kBatchedTail>
 __global__ void __launch_bounds__(kHeadDim)
     attention_combine_kernel(const SplitParams p, bf16* out, bool early_trigger) {
   __shared__ float2 ml[kMaxSplits];
@@ -220,11 +216,10 @@ __global__ void __launch_bounds__(kHeadDim)
   const int splits = min(p.num_splits, (total + p.split_tokens - 1) / p.split_tokens);
   const size_t slot0 =
       ((static_cast<size_t>(request) * gridDim.y + head) * p.num_splits) * p.rows + row;
-  const float* part_o = p.part_o + slot0 * kHeadDim + d;  // split s at part_o[s * stride]
-  const size_t stride = static_cast<size_t>(p.rows) * kHeadDim;
   float ov[kCombineBatch];
 #pragma unroll
-  for (int s = 0; s < kCombineBatch; ++s) ov[s] = s < splits ? part_o[s * stride] : 0.0f;
+  for (int s = 0; s < kCombineBatch; ++s)
+    ov[s] = s < splits ? p.part_o[(slot0 + static_cast<size_t>(s) * p.rows) * kHeadDim + d] : 0.0f;
   for (int s = d; s < splits; s += kHeadDim)
     ml[s] = p.part_ml[slot0 + static_cast<size_t>(s) * p.rows];
   __syncthreads();
@@ -239,34 +234,115 @@ __global__ void __launch_bounds__(kHeadDim)
       o_sum += ov[s] * scale;
     }
   }
-  if constexpr (kBatchedTail) {
-    for (int s0 = kCombineBatch; s0 < splits; s0 += kCombineTailBatch) {
-      float tv[kCombineTailBatch];
-#pragma unroll
-      for (int i = 0; i < kCombineTailBatch; ++i)
-        tv[i] = s0 + i < splits ? part_o[(s0 + i) * stride] : 0.0f;
-#pragma unroll
-      for (int i = 0; i < kCombineTailBatch; ++i) {
-        const int s = s0 + i;
-        if (s < splits && ml[s].x != -INFINITY) {
-          const float scale = exp2f(ml[s].x - m_max);
-          l_sum += ml[s].y * scale;
-          o_sum += tv[i] * scale;
-        }
-      }
-    }
-  } else {
-    for (int s = kCombineBatch; s < splits; ++s) {
-      if (ml[s].x == -INFINITY) continue;
-      const float scale = exp2f(ml[s].x - m_max);
-      l_sum += ml[s].y * scale;
-      o_sum += part_o[s * stride] * scale;
-    }
+  for (int s = kCombineBatch; s < splits; ++s) {
+    if (ml[s].x == -INFINITY) continue;
+    const float scale = exp2f(ml[s].x - m_max);
+    l_sum += ml[s].y * scale;
+    o_sum += p.part_o[(slot0 + static_cast<size_t>(s) * p.rows) * kHeadDim + d] * scale;
   }
   const int j = row / p.group, g = row % p.group;
   out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
           kHeadDim +
       d] = __float2bfloat16(o_sum / l_sum);
+}
+
+// The combine of launches of many splits (AttentionTuning::combine_parts). Block = (row, kv head,
+// request) of kCombineParts x 128 threads: thread (part, d) merges dimension d of the splits s =
+// part, part + kCombineParts, ... (in that order, kCombineUnroll loads in flight), and the parts
+// are added in part order. Each split's weight exp2(m_s - m_max) and its share of the softmax sum
+// are computed once, by thread s % blockDim (m_max a block-wide max; the sum a per-thread sum in
+// split order, then a fixed tree over the threads). So the per-split serial work is 1 /
+// kCombineParts of the form above and no loop waits on shared memory per split. The order depends
+// only on the split index, never on how many splits a row has: skipped splits (no visible key)
+// contribute nothing, so trailing empty splits (other rows' causal tails) leave the result
+// bit-identical, as above.
+constexpr int kCombineParts = 4;
+constexpr int kCombineThreads = kCombineParts * kHeadDim;
+constexpr int kCombineUnroll = 8;
+__global__ void __launch_bounds__(kCombineThreads)
+    attention_combine_parts_kernel(const SplitParams p, bf16* out, bool early_trigger) {
+  __shared__ float weight[kMaxSplits];  // exp2(m_s - m_max); -1: split skipped
+  __shared__ float reduce[kCombineThreads / 32];
+  __shared__ float part_o[kCombineParts - 1][kHeadDim];
+  if (early_trigger)
+    detail::pdl_trigger_then_wait();
+  else
+    detail::pdl_wait_and_trigger();
+  const int row = blockIdx.x, head = blockIdx.y, request = blockIdx.z, t = threadIdx.x;
+  const int lane = t % 32, warp = t / 32;
+  const int total = p.ctx_lens[request] + p.q_len;
+  const int splits = min(p.num_splits, (total + p.split_tokens - 1) / p.split_tokens);
+  const size_t slot0 =
+      ((static_cast<size_t>(request) * gridDim.y + head) * p.num_splits) * p.rows + row;
+  constexpr int kPerThread = kMaxSplits / kCombineThreads;
+  float2 ml[kPerThread];
+  float m_max = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int s = t + i * kCombineThreads;
+    ml[i] = s < splits ? p.part_ml[slot0 + static_cast<size_t>(s) * p.rows]
+                       : make_float2(-INFINITY, 0.0f);
+    m_max = fmaxf(m_max, ml[i].x);
+  }
+  // Partial outputs of this thread's first splits, loaded while the maximum is reduced.
+  const int part = t / kHeadDim, d = t % kHeadDim;
+  const float* o_col = p.part_o + slot0 * kHeadDim + d;
+  const size_t o_stride = static_cast<size_t>(p.rows) * kHeadDim;  // between splits
+  float ov[kCombineUnroll];
+#pragma unroll
+  for (int i = 0; i < kCombineUnroll; ++i) {
+    const int s = part + i * kCombineParts;
+    ov[i] = s < splits ? o_col[s * o_stride] : 0.0f;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m_max = fmaxf(m_max, __shfl_xor_sync(~0u, m_max, off));
+  if (lane == 0) reduce[warp] = m_max;
+  __syncthreads();
+  m_max = reduce[0];
+#pragma unroll
+  for (int w = 1; w < kCombineThreads / 32; ++w) m_max = fmaxf(m_max, reduce[w]);
+  float l_part = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int s = t + i * kCombineThreads;
+    if (s >= splits) continue;
+    const bool skip = ml[i].x == -INFINITY;
+    const float w = skip ? -1.0f : exp2f(ml[i].x - m_max);
+    weight[s] = w;
+    if (!skip) l_part += ml[i].y * w;
+  }
+  // The sum over threads: a fixed shuffle tree per warp, then the warps in order.
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) l_part += __shfl_xor_sync(~0u, l_part, off);
+  __syncthreads();  // every thread has read reduce[] (the maximum) and written weight[]
+  if (lane == 0) reduce[warp] = l_part;
+  float o = 0.0f;
+  for (int base = 0; base < splits; base += kCombineUnroll * kCombineParts) {
+    float next[kCombineUnroll];
+#pragma unroll
+    for (int i = 0; i < kCombineUnroll; ++i) {
+      const int s = base + kCombineUnroll * kCombineParts + part + i * kCombineParts;
+      next[i] = s < splits ? o_col[s * o_stride] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kCombineUnroll; ++i) {
+      const int s = base + part + i * kCombineParts;
+      if (s < splits && weight[s] >= 0.0f) o += ov[i] * weight[s];
+      ov[i] = next[i];
+    }
+  }
+  if (part > 0) part_o[part - 1][d] = o;
+  __syncthreads();
+  if (part != 0) return;
+  float l_sum = reduce[0];
+#pragma unroll
+  for (int w = 1; w < kCombineThreads / 32; ++w) l_sum += reduce[w];
+#pragma unroll
+  for (int q = 0; q < kCombineParts - 1; ++q) o += part_o[q][d];
+  const int j = row / p.group, g = row % p.group;
+  out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
+          kHeadDim +
+      d] = __float2bfloat16(o / l_sum);
 }
 
 int num_sms() {
@@ -368,12 +444,13 @@ void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, bf16* out, c
     else
       run_split<false>(p, row_tiles, grid, stream, pdl);
   }
-  if (tuning.launch_combine)
-    launch_attention(tuning.combine_batched_tail ? attention_combine_kernel<true>
-                                                 : attention_combine_kernel<false>,
-                     dim3(p.rows, grid.y, grid.z), dim3(kHeadDim), 0, stream, pdl,
-                     static_cast<int>(grid.z) * p.q_len, p, out,
+  if (tuning.launch_combine) {
+    const bool parts = tuning.combine_parts && p.num_splits >= tuning.combine_parts_min_splits;
+    launch_attention(parts ? attention_combine_parts_kernel : attention_combine_kernel,
+                     dim3(p.rows, grid.y, grid.z), dim3(parts ? kCombineThreads : kHeadDim), 0,
+                     stream, pdl, static_cast<int>(grid.z) * p.q_len, p, out,
                      detail::kernel_tuning().early_trigger);
+  }
 }
 
 }  // namespace

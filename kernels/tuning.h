@@ -85,11 +85,17 @@ struct AttentionTuning {
   // validation runs (measured at 583eee2 with it) are redone without it. At 1 and 6 rows:
   // 137.3 vs 139.6 us, 143.2 vs 145.1 us.
   int carveout_max_shared_rows = 8;
-  // The combine kernel merges splits beyond its first 48 in batches whose loads are issued
-  // together (same bits). Off: one dependent L2 load per split, the earlier form, which cost a
-  // shard with one KV head (Qwen3-30B-A3B at TP4: 145 splits at ctx 8192) ~27 us per attention;
-  // measured side by side in the bench's attention_kv_heads section.
-  bool combine_batched_tail = true;
+  // The combine kernel: 4 x 128 threads per (row, head, request), each part merging every 4th
+  // split (attention_combine_parts_kernel), for launches of at least combine_parts_min_splits
+  // splits; below, and with combine_parts off, the earlier 128-thread form merging every split in
+  // one thread per dimension, whose serial work per split cost a shard with few KV heads
+  // (Qwen3-30B-A3B at TP4 and TP2: 129 splits at ctx 8192) ~10 us per combine. The threshold keeps
+  // the launches of 65 splits or fewer (every shape with 4 or more KV heads per GPU at 8K) on the
+  // form the calibration profile and the validation runs measured. The choice depends on the
+  // launch's split count (capacity, KV heads, requests), so verify and plain decode rows still
+  // match bit for bit. Measured side by side in the bench's attention_kv_heads section.
+  bool combine_parts = true;
+  int combine_parts_min_splits = 97;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };

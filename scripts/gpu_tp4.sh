@@ -3,7 +3,8 @@
 #   1. build; the attention kernel tests and the bench section attention_kv_heads (the attention
 #      of Qwen3-30B-A3B's shards: 4, 2 and 1 KV heads) on GPU 0;
 #   2. the speculative graphs of the Qwen3-30B-A3B TP2 and TP4 shards (calibrate --spec-only
-#      --tp N, one GPU each) into a copy of the calibration database CAL_DB, sessions appended;
+#      --tp N, one GPU each), then their plain decode grid at ctx 8192, into a copy of the
+#      calibration database CAL_DB, sessions appended;
 #   3. the four-rank tests (ExpertParallel.Qwen3FourRanks*: TP4-EP4 speculation lossless, ranks
 #      agree, tokens equal one GPU's) and experiments/validation/h200_tp4_spec{,_calibration}.yaml
 #      under mpirun -np 4 (scripts/gpu_tp.sh NP=4 TP4_SPEC=1);
@@ -11,7 +12,8 @@
 # The validations run with hardware h200-calibrated (TP_HARDWARE) so that their measured runs can
 # be re-simulated offline with a refitted profile (scripts/sim_vs_real_offline.sh).
 #   scripts/gpu_tp4.sh OUT_DIR
-# Writes OUT_DIR/{kernels_test,bench,calibrate_tp2,calibrate_tp4}.log, bench.json, cal.db and
+# Writes OUT_DIR/{kernels_test,bench,calibrate_tp2,calibrate_tp4,calibrate_grid8k_tp*}.log,
+# bench.json, cal.db and
 # OUT_DIR/tp4/, OUT_DIR/ep2/ (gpu_tp.sh's files). Env: CAL_DB (default
 # results/h200/calibration_969770c.db.xz); STEPS (default "kernels calibrate tp4 ep2").
 set -uo pipefail
@@ -57,6 +59,15 @@ if has calibrate; then
       --out "$out/tp${tp}spec.yaml" --spec-only --tp $tp --models qwen3-30b-a3b \
       >"$out/calibrate_tp$tp.log" 2>&1 || status=1
     grep -E "W [0-9]+:" "$out/calibrate_tp$tp.log" | head -20
+  done
+  # The shards' plain decode grid at ctx 8192 (their stored grids stop at 1024), for a fit of the
+  # shard's own kernels at the validation's context.
+  for tp in 2 4; do
+    step "calibrate --tp $tp --contexts 8192 decode grid (GPU 0)"
+    CUDA_VISIBLE_DEVICES=0 timeout 300 "$build/twinstep" --db "$out/cal.db" calibrate \
+      --out "$out/tp${tp}grid8k.yaml" --tp $tp --models qwen3-30b-a3b --contexts 8192 \
+      --batches 1,2,4,8,16 --no-spec --no-prefill >"$out/calibrate_grid8k_tp$tp.log" 2>&1 || status=1
+    tail -3 "$out/calibrate_grid8k_tp$tp.log"
   done
 fi
 

@@ -830,9 +830,11 @@ void bench_attention() {
 // Section `attention_kv_heads`: the attention of Qwen3-30B-A3B's tensor-parallel shards (group 8:
 // 8 q heads per KV head; 4 KV heads on one GPU, 2 at TP2, 1 at TP4), one request, over 48 layers
 // of KV back to back in a captured graph with PDL (cold), ctx 1024 and 8192, q_len 1 and 8 (a
-// verify of 7 drafts): the default (the combine's tail batched) against the combine merging one
-// split per load (AttentionTuning::combine_batched_tail off), side by side; at ctx 8192 also the
-// split and combine kernels alone (no PDL). Bytes = the K and V rows read.
+// verify of 7 drafts): the combine of 4 parts of 128 threads (AttentionTuning::combine_parts,
+// forced at every split count here) against the earlier one (one thread per dimension over every
+// split), side by side; at ctx 8192 also the split and each combine kernel alone (no PDL). The
+// default uses the first from 97 splits up: 129 splits at 1 and 2 KV heads, 65 at 4. Bytes = the K
+// and V rows read.
 void bench_attention_kv_heads() {
   const int layers = 48;
   auto& tuning = detail::attention_tuning();
@@ -855,20 +857,21 @@ void bench_attention_kv_heads() {
         const double bytes = 2.0 * (ctx + q_len) * kv_heads * kHeadDim * 2;
         struct Form {
           const char* name;
-          bool batched, split, combine, pdl;
+          bool parts, split, combine, pdl;
         };
-        std::vector<Form> forms = {{"batched_tail", true, true, true, true},
-                                   {"serial_tail", false, true, true, true}};
+        std::vector<Form> forms = {{"combine_parts", true, true, true, true},
+                                   {"combine_serial", false, true, true, true}};
         if (ctx == 8192)
           for (const Form f : {Form{"split_only", true, true, false, false},
-                               Form{"combine_batched_only", true, false, true, false},
+                               Form{"combine_parts_only", true, false, true, false},
                                Form{"combine_serial_only", false, false, true, false}})
             forms.push_back(f);
         std::printf("attention_kv_heads kv=%d q=%2d ctx=%5d q_len=%d:", kv_heads, num_q_heads, ctx,
                     q_len);
         for (const Form& f : forms) {
           tuning = defaults;
-          tuning.combine_batched_tail = f.batched;
+          tuning.combine_parts = f.parts;
+          tuning.combine_parts_min_splits = 0;
           tuning.launch_split = f.split;
           tuning.launch_combine = f.combine;
           const double us = time_graph_us([&](cudaStream_t s) {
