@@ -524,7 +524,6 @@ HardwareSpec parse_hardware(const Context& ctx, const Node& node) {
   // link asks for another link, so its alpha-beta model applies.
   if (m.has("interconnect_gbps")) {
     hw.collective_tables.clear();
-    hw.collective_table_ranks = 0;
   }
   if (from_preset && !overridden.empty() && !m.has("source")) {
     hw.source += "; overridden by the experiment: " + yaml::join_list(overridden);

@@ -482,7 +482,9 @@ struct CalibrateGrid {
   bool no_prefill = false;
   bool prefill_only = false;
   std::vector<int> prefill_tokens;
-  std::string collectives_from;  // a profile whose collective calibration (calibrate-nccl) is kept
+  // Profiles whose collective calibration (calibrate-nccl) is kept: the first as a whole, the
+  // others' tables (merge_collectives).
+  std::vector<std::string> collectives_from;
   // Held-out evaluation of the fitted profile (calibrate-eval): sessions of this database.
   std::string evaluate_db;
   std::vector<int64_t> evaluate_sessions;  // empty: the latest
@@ -623,29 +625,14 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   }
   CalibrationProfile profile = fit_calibration(samples, name, base, header);
   if (!grid.collectives_from.empty()) {
-    // Refitting the kernels keeps the collectives calibrate-nccl measured into another profile:
-    // its figures and its nccl.* measurements (the tables the simulator prices collectives by).
-    const CalibrationProfile c = load_calibration_profile(grid.collectives_from);
-    profile.hw.interconnect_gbps = c.hw.interconnect_gbps;
-    profile.hw.allreduce_alpha_ns = c.hw.allreduce_alpha_ns;
-    profile.hw.alltoall_alpha_ns = c.hw.alltoall_alpha_ns;
-    profile.hw.p2p_alpha_ns = c.hw.p2p_alpha_ns;
-    profile.hw.collective_tables = c.hw.collective_tables;
-    // And its arrival-skew curves (a section of their own; absent in older profiles).
-    profile.hw.collective_skew_ranks = c.hw.collective_skew_ranks;
-    profile.hw.collective_skew = c.hw.collective_skew;
-    size_t kept = 0;
-    for (const auto& [key, value] : c.measurements) {
-      if (key.rfind("nccl.", 0) != 0) continue;
-      profile.measurements.emplace_back(key, value);
-      ++kept;
+    // Refitting the kernels keeps the collectives calibrate-nccl measured into other profiles:
+    // the first's figures, skew curves and nccl.* measurements, each further one's tables as
+    // nccl.r<N>.* (the tables the simulator prices collectives by, one per group size).
+    std::vector<CalibrationProfile> from;
+    for (const std::string& path : grid.collectives_from) {
+      from.push_back(load_calibration_profile(path));
     }
-    if (kept == 0) {
-      throw ConfigError("", "--collectives-from " + grid.collectives_from +
-                                ": the profile holds no nccl.* measurements (run calibrate-nccl)");
-    }
-    profile.header.command +=
-        "; collectives from " + grid.collectives_from + " (" + c.header.command + ")";
+    merge_collectives(profile, from, grid.collectives_from);
   }
   std::ofstream out(out_path);
   out << write_calibration_profile(profile);
@@ -860,7 +847,8 @@ int main(int argc, char** argv) {
                    "prompt lengths of the prefill passes (default 1024,2048,4096,8192)")
       ->delimiter(',');
   calibrate->add_option("--collectives-from", cal_grid.collectives_from,
-                        "keep the collective calibration (calibrate-nccl) of this profile file");
+                        "keep the collective calibration (calibrate-nccl) of this profile file; "
+                        "repeated: each further file adds its tables for its group size");
   calibrate
       ->add_option("--sessions", cal_grid.sessions,
                    "with --fit-only: stored sessions fitted together (default: the latest)")

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cassert>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -289,19 +290,57 @@ int64_t size_bytes(const std::string& text) {
   return v << shift;
 }
 
+// The group size N of a measurement key's "r<N>" component: a whole number in [2, 2^20] without
+// leading zeros; 0 when the text is none.
+int32_t group_ranks(const std::string& text) {
+  if (text.size() < 2 || text[0] != 'r' || text[1] == '0') return 0;
+  int32_t n = 0;
+  const auto res = std::from_chars(text.data() + 1, text.data() + text.size(), n);
+  if (res.ec != std::errc() || res.ptr != text.data() + text.size() || n < 2 || n > (1 << 20)) {
+    return 0;
+  }
+  return n;
+}
+
+// N of a measurement key nccl.r<N>.*; 0 for any other key.
+int32_t key_group(const std::string& key) {
+  if (!key.starts_with("nccl.r")) return 0;
+  const size_t dot = key.find('.', 5);
+  return dot == std::string::npos ? 0 : group_ranks(key.substr(5, dot - 5));
+}
+
 // HardwareSpec::collective_tables from the measurements: every key
-// nccl.<collective>.<mode>.<size>.median_ns is a point, nccl.ranks the GPUs it was measured on.
-// Other keys, other nccl.* ones included, are reported only.
+// nccl.<collective>.<mode>.<size>.median_ns is a point of a table measured on nccl.ranks GPUs,
+// every key nccl.r<N>.<collective>.<mode>.<size>.median_ns one of a table measured on N GPUs
+// (N != nccl.ranks). Other keys, other nccl.* ones included, are reported only.
 void read_collective_tables(Reader& r,
                             const std::vector<std::pair<std::string, YAML::Node>>& measurements,
                             HardwareSpec& hw) {
   static const std::vector<std::string> kCollectives = {"all_reduce", "all_gather", "all_to_all",
                                                         "send_recv"};
-  const std::pair<std::string, YAML::Node>* ranks = nullptr;
-  const std::pair<std::string, YAML::Node>* first = nullptr;
-  for (const auto& kv : measurements) {
-    const auto& [key, v] = kv;
-    if (key == "nccl.ranks") ranks = &kv;
+  const YAML::Node* ranks_node = nullptr;
+  for (const auto& [key, v] : measurements) {
+    if (key == "nccl.ranks") ranks_node = &v;
+  }
+  // nccl.ranks, read where a table needs it: the primary group's size, or the size an r<N>
+  // group must differ from. 0: not read yet.
+  int32_t primary = 0;
+  auto primary_ranks = [&](const std::string& what, const YAML::Node& at) {
+    if (primary > 0) return primary;
+    if (ranks_node == nullptr) {
+      r.fail(at.Mark(), what +
+                            " needs measurements.nccl.ranks (the number of GPUs the collectives "
+                            "were measured on)");
+    }
+    const double g = r.number(*ranks_node, "measurements.nccl.ranks", 1, false, 1 << 20);
+    if (g != std::floor(g)) {
+      r.fail(ranks_node->Mark(), "measurements.nccl.ranks = " + ranks_node->Scalar() +
+                                     " must be a whole number of GPUs");
+    }
+    primary = int32_t(g);
+    return primary;
+  };
+  for (const auto& [key, v] : measurements) {
     if (!key.starts_with("nccl.") || !key.ends_with(".median_ns")) continue;
     const std::string what = "measurements." + key;
     std::vector<std::string> parts(1);
@@ -312,11 +351,24 @@ void read_collective_tables(Reader& r,
         parts.back() += c;
       }
     }
+    // nccl.r<N>.<...>: a further group; its table is read like the primary group's.
+    int32_t ranks = 0;
+    if (parts.size() == 6 && parts[1].starts_with("r")) {
+      ranks = group_ranks(parts[1]);
+      if (ranks == 0) {
+        r.fail(v.Mark(), what + ": group '" + parts[1] +
+                             "' must be r<N>, N the GPUs measured: a whole number in [2, "
+                             "1048576], no leading zeros, as in r4");
+      }
+      parts.erase(parts.begin() + 1);
+    }
     if (parts.size() != 5 ||
         std::find(kCollectives.begin(), kCollectives.end(), parts[1]) == kCollectives.end() ||
         (parts[2] != "eager" && parts[2] != "graph")) {
-      r.fail(v.Mark(), what + ": a collective time is nccl.COLLECTIVE.MODE.SIZE.median_ns, " +
-                           "COLLECTIVE one of " + join(kCollectives) + ", MODE eager or graph");
+      r.fail(v.Mark(), what +
+                           ": a collective time is nccl.COLLECTIVE.MODE.SIZE.median_ns or "
+                           "nccl.r<N>.COLLECTIVE.MODE.SIZE.median_ns, COLLECTIVE one of " +
+                           join(kCollectives) + ", MODE eager or graph");
     }
     const int64_t bytes = size_bytes(parts[3]);
     if (bytes == 0) {
@@ -325,36 +377,33 @@ void read_collective_tables(Reader& r,
                            "K, M or G (KiB, MiB, GiB), as in 8K or 256M");
     }
     const double ns = r.number(v, what, 0, true, 1e15);
-    if (first == nullptr) first = &kv;
+    if (ranks == 0) {
+      ranks = primary_ranks(what, v);
+    } else if (ranks_node != nullptr && ranks == primary_ranks(what, v)) {
+      r.fail(v.Mark(), what + ": r" + std::to_string(ranks) +
+                           " is the primary group (measurements.nccl.ranks = " +
+                           ranks_node->Scalar() + "); its times are nccl." + parts[1] + "." +
+                           parts[2] + "." + parts[3] + ".median_ns");
+    }
     const bool graph = parts[2] == "graph";
-    auto table = std::find_if(hw.collective_tables.begin(), hw.collective_tables.end(),
-                              [&](const HardwareSpec::CollectiveTable& t) {
-                                return t.collective == parts[1] && t.graph == graph;
-                              });
+    auto table =
+        std::find_if(hw.collective_tables.begin(), hw.collective_tables.end(),
+                     [&](const HardwareSpec::CollectiveTable& t) {
+                       return t.collective == parts[1] && t.graph == graph && t.ranks == ranks;
+                     });
     if (table == hw.collective_tables.end()) {
-      hw.collective_tables.push_back({parts[1], graph, {}});
+      hw.collective_tables.push_back({parts[1], graph, ranks, {}});
       table = hw.collective_tables.end() - 1;
     }
     for (const HardwareSpec::CollectivePoint& q : table->points) {
       if (q.bytes == bytes) {
-        r.fail(v.Mark(), what + ": a second time for " + parts[1] + " " + parts[2] + " at " +
-                             std::to_string(bytes) + " bytes");
+        r.fail(v.Mark(), what + ": a second time for " + parts[1] + " " + parts[2] + " on " +
+                             std::to_string(ranks) + " ranks at " + std::to_string(bytes) +
+                             " bytes");
       }
     }
     table->points.push_back({bytes, ns});
   }
-  if (first == nullptr) return;
-  if (ranks == nullptr) {
-    r.fail(first->second.Mark(), "measurements." + first->first +
-                                     " needs measurements.nccl.ranks (the number of GPUs the "
-                                     "collectives were measured on)");
-  }
-  const double g = r.number(ranks->second, "measurements.nccl.ranks", 1, false, 1 << 20);
-  if (g != std::floor(g)) {
-    r.fail(ranks->second.Mark(), "measurements.nccl.ranks = " + ranks->second.Scalar() +
-                                     " must be a whole number of GPUs");
-  }
-  hw.collective_table_ranks = int32_t(g);
   for (HardwareSpec::CollectiveTable& t : hw.collective_tables) {
     std::sort(t.points.begin(), t.points.end(),
               [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
@@ -782,6 +831,107 @@ CalibrationProfile load_calibration_profile(const std::string& path) {
   text << in.rdbuf();
   if (in.bad()) throw ConfigError(path, "cannot read the calibration profile");
   return parse_calibration_profile(text.str(), path);
+}
+
+void merge_collectives(CalibrationProfile& into, const std::vector<CalibrationProfile>& from,
+                       const std::vector<std::string>& sources) {
+  assert(from.size() == sources.size());
+  // The group sizes carried so far, each with the source it came from.
+  std::vector<std::pair<int32_t, std::string>> taken;
+  auto taken_by = [&](int32_t ranks) -> const std::string* {
+    for (const auto& [n, source] : taken) {
+      if (n == ranks) return &source;
+    }
+    return nullptr;
+  };
+  auto is_nccl = [](const std::pair<std::string, double>& kv) {
+    return kv.first.starts_with("nccl.");
+  };
+  std::erase_if(into.measurements, is_nccl);
+  into.hw.collective_tables.clear();
+  for (size_t i = 0; i < from.size(); ++i) {
+    const CalibrationProfile& c = from[i];
+    const std::string where = "--collectives-from " + sources[i];
+    if (std::none_of(c.measurements.begin(), c.measurements.end(), is_nccl)) {
+      throw ConfigError("",
+                        where + ": the profile holds no nccl.* measurements (run calibrate-nccl)");
+    }
+    // Its primary group: nccl.ranks (read as a whole number by the parser where it has tables).
+    int32_t primary = 0;
+    for (const auto& [key, v] : c.measurements) {
+      if (key == "nccl.ranks" && v >= 1 && v <= (1 << 20) && v == std::floor(v)) {
+        primary = int32_t(v);
+      }
+    }
+    std::vector<std::pair<int32_t, std::string>> added;
+    auto add = [&](int32_t ranks) {
+      if (std::none_of(added.begin(), added.end(),
+                       [&](const auto& a) { return a.first == ranks; })) {
+        added.emplace_back(ranks, sources[i]);
+      }
+    };
+    if (i == 0) {
+      // The first profile as a whole: its figures, tables, skew curves and nccl.* measurements.
+      into.hw.interconnect_gbps = c.hw.interconnect_gbps;
+      into.hw.allreduce_alpha_ns = c.hw.allreduce_alpha_ns;
+      into.hw.alltoall_alpha_ns = c.hw.alltoall_alpha_ns;
+      into.hw.p2p_alpha_ns = c.hw.p2p_alpha_ns;
+      into.hw.collective_skew_ranks = c.hw.collective_skew_ranks;
+      into.hw.collective_skew = c.hw.collective_skew;
+      into.hw.collective_tables = c.hw.collective_tables;
+      for (const auto& kv : c.measurements) {
+        if (!is_nccl(kv)) continue;
+        into.measurements.push_back(kv);
+        if (const int32_t m = key_group(kv.first); m > 0) add(m);
+      }
+      if (primary > 0) add(primary);
+      for (const HardwareSpec::CollectiveTable& t : c.hw.collective_tables) add(t.ranks);
+    } else {
+      const bool has_primary =
+          primary > 0 && std::any_of(c.hw.collective_tables.begin(), c.hw.collective_tables.end(),
+                                     [&](const auto& t) { return t.ranks == primary; });
+      if (!has_primary) {
+        throw ConfigError("", where +
+                                  ": the profile holds no collective table of its own "
+                                  "(nccl.ranks and nccl.COLLECTIVE.MODE.SIZE.median_ns); a "
+                                  "further --collectives-from adds only its tables");
+      }
+      if (const std::string* other = taken_by(primary)) {
+        throw ConfigError("", where + ": its collectives were measured on " +
+                                  std::to_string(primary) +
+                                  " GPUs (nccl.ranks), as were those of " + *other +
+                                  ": give one profile per group size");
+      }
+      // Its own nccl.* keys as nccl.r<N>.* (N = primary), its nccl.r<M>.* where M is not taken;
+      // its nccl.ranks and the skew rows (the skew curves come from the first profile) dropped.
+      const std::string group = "nccl.r" + std::to_string(primary) + ".";
+      for (const auto& [key, v] : c.measurements) {
+        if (!key.starts_with("nccl.") || key == "nccl.ranks") continue;
+        if (const int32_t m = key_group(key); m > 0) {
+          const bool skew = key.find(".skew.") == key.find('.', 5);
+          if (!skew && taken_by(m) == nullptr) {
+            into.measurements.emplace_back(key, v);
+            add(m);
+          }
+        } else if (!key.starts_with("nccl.skew.")) {
+          const std::string renamed = group + key.substr(5);
+          if (renamed.size() > Reader::kMaxKeyBytes) {
+            throw ConfigError("", where + ": measurement " + key +
+                                      " is too long to be written as " + group + "* (at most " +
+                                      std::to_string(Reader::kMaxKeyBytes) + " characters)");
+          }
+          into.measurements.emplace_back(renamed, v);
+        }
+      }
+      for (const HardwareSpec::CollectiveTable& t : c.hw.collective_tables) {
+        if (t.ranks != primary && taken_by(t.ranks) != nullptr) continue;
+        into.hw.collective_tables.push_back(t);
+        add(t.ranks);
+      }
+    }
+    taken.insert(taken.end(), added.begin(), added.end());
+    into.header.command += "; collectives from " + sources[i] + " (" + c.header.command + ")";
+  }
 }
 
 std::string calibration_profile_dir() {

@@ -76,7 +76,8 @@ struct CalibrationProfile {
   HardwareSpec hw;  // base preset + measured figures + kernel fits; hw.name == name
   // Reported with the profile: host-op distributions and scalar figures such as
   // profiled-vs-unprofiled inflation. One exception feeds the simulator: the collective times
-  // nccl.<collective>.<mode>.<size>.median_ns with nccl.ranks are read into
+  // nccl.<collective>.<mode>.<size>.median_ns (measured on nccl.ranks GPUs) and
+  // nccl.r<N>.<collective>.<mode>.<size>.median_ns (on N GPUs) are read into
   // hw.collective_tables when the profile is parsed (the writer writes the measurements only).
   std::vector<std::pair<std::string, Distribution>> host_ops;
   std::vector<std::pair<std::string, double>> measurements;
@@ -89,10 +90,11 @@ std::string write_calibration_profile(const CalibrationProfile& profile);
 
 // Parses profile YAML. Throws ConfigError "source:line:column: message" for malformed YAML, a
 // missing, unknown or out-of-range field, an unknown base preset or kernel class, a malformed
-// collective time (nccl.*.median_ns) or one without nccl.ranks, a malformed collective_skew
-// table (HardwareSpec::collective_skew: a point not [skew_ns, extra_ns], a value negative or not
-// finite, skew_ns not strictly ascending; a profile without the section has none). Never throws
-// anything else for any input bytes (a fuzz target may call it).
+// collective time (nccl.*.median_ns: a malformed key or r<N> group, an r<N> group of nccl.ranks
+// GPUs, a repeated size in a table, a time outside r<N> groups without nccl.ranks), a malformed
+// collective_skew table (HardwareSpec::collective_skew: a point not [skew_ns, extra_ns], a value
+// negative or not finite, skew_ns not strictly ascending; a profile without the section has
+// none). Never throws anything else for any input bytes (a fuzz target may call it).
 // The figures kernel_fit_max_rows and prefill_{gemm,moe}_tflops, prefill_attention_tbps are
 // optional and written only where they differ from HardwareSpec's defaults (64, 0).
 // spec_graph_residuals (HardwareSpec::spec_graph_residuals) is optional and written only when
@@ -101,6 +103,19 @@ std::string write_calibration_profile(const CalibrationProfile& profile);
 CalibrationProfile parse_calibration_profile(const std::string& text, const std::string& source);
 // Reads and parses the file at `path` (ConfigError naming the path when it cannot be read).
 CalibrationProfile load_calibration_profile(const std::string& path);
+
+// Carries collective calibrations (`twinstep calibrate-nccl`) into `into`, a kernel refit
+// (`calibrate --fit-only --collectives-from F1 --collectives-from F2 ...`); sources[i] names
+// from[i] in messages and in into.header.command (which gains "; collectives from SOURCE (its
+// command)" per profile). The first profile replaces into's collectives as a whole: the figures
+// interconnect_gbps and *_alpha_ns, the arrival-skew curves, the tables and the nccl.*
+// measurements, verbatim. Each further profile adds only its tables: its nccl.* measurements
+// written as nccl.r<N>.* (N its nccl.ranks; its nccl.ranks and nccl.skew.* dropped), and its
+// own nccl.r<M>.* groups where no earlier profile has M GPUs. Throws ConfigError for a profile
+// without nccl.* measurements, and a further one without tables of its own or whose nccl.ranks
+// an earlier profile already has.
+void merge_collectives(CalibrationProfile& into, const std::vector<CalibrationProfile>& from,
+                       const std::vector<std::string>& sources);
 
 // The profile directory: $TWINSTEP_PROFILES when set, else results/profiles of the source tree
 // this binary was built from.

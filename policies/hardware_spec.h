@@ -104,11 +104,12 @@ struct HardwareSpec {
   int64_t alltoall_alpha_ns = 15000;  // assumption
   int64_t p2p_alpha_ns = 6000;        // assumption: NCCL send/recv between two GPUs of a node
 
-  // Measured collective times (`twinstep calibrate-nccl` on a communicator of
-  // collective_table_ranks GPUs): per collective and mode, the median time by message size. A
-  // calibrated profile carries them as measurements (nccl.<collective>.<mode>.<size>.median_ns,
-  // nccl.ranks). The cost model interpolates a table for collectives over groups of exactly
-  // that many ranks (send/recv: any pair) and uses the alpha-beta model above otherwise.
+  // Measured collective times (`twinstep calibrate-nccl`): per collective, mode and group size
+  // (the GPUs of the communicator measured), the median time by message size. A calibrated
+  // profile carries them as measurements: nccl.<collective>.<mode>.<size>.median_ns on nccl.ranks
+  // GPUs, and nccl.r<N>.<collective>.<mode>.<size>.median_ns on N GPUs. The cost model
+  // interpolates the table of a collective's group size (send/recv: any pair, the table of the
+  // fewest ranks >= 2) and uses the alpha-beta model above where there is none.
   struct CollectivePoint {
     int64_t bytes = 0;  // nccl-tests' message bytes: the all-reduce buffer, the all-gather
                         // output, what one rank sends in an all-to-all, the send/recv buffer
@@ -117,9 +118,10 @@ struct HardwareSpec {
   struct CollectiveTable {
     std::string collective;               // all_reduce | all_gather | all_to_all | send_recv
     bool graph = true;                    // measured inside a captured CUDA graph, else eager
+    int32_t ranks = 0;                    // GPUs it was measured on; <= 0: not used
     std::vector<CollectivePoint> points;  // bytes ascending, distinct, median_ns > 0
   };
-  int32_t collective_table_ranks = 0;  // 0: no tables
+  // (collective, graph, ranks) distinct.
   std::vector<CollectiveTable> collective_tables;
 
   // Calibrated per-class kernel times; a class without a fit uses the roofline. Collectives

@@ -92,13 +92,16 @@ CostModel::CostModel(const HardwareSpec& hw, const std::string& model,
     }
   }
   static_assert(size_t(CollectiveKind::kSendRecv) < std::tuple_size_v<decltype(curves_)>);
-  curve_ranks_ = hw.collective_table_ranks;
   for (const HardwareSpec::CollectiveTable& t : hw.collective_tables) {
-    if (curve_ranks_ <= 0 || t.points.empty()) continue;
+    if (t.ranks <= 0 || t.points.empty()) continue;
     for (const CollectiveKind kind : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
                                       CollectiveKind::kAllToAll, CollectiveKind::kSendRecv}) {
       if (t.collective != std::string_view(collective_kind_name(kind))) continue;
-      CollectiveCurve& c = curves_[size_t(kind)][t.graph ? 1 : 0];
+      std::vector<RankedCurve>& curves = curves_[size_t(kind)][t.graph ? 1 : 0];
+      auto at = std::find_if(curves.begin(), curves.end(),
+                             [&](const RankedCurve& rc) { return rc.ranks >= t.ranks; });
+      if (at == curves.end() || at->ranks != t.ranks) at = curves.insert(at, {t.ranks, {}});
+      CollectiveCurve& c = at->curve;
       c = {};
       for (const HardwareSpec::CollectivePoint& p : t.points) {
         assert(p.bytes > 0 && p.median_ns > 0);
@@ -281,13 +284,13 @@ int64_t CostModel::collective_ns(const KernelDesc& k, bool in_graph) const {
       bytes = double(std::max(k.bytes_read, k.bytes_written));
       break;
   }
-  const CollectiveCurve& curve = curves_[size_t(k.coll)][in_graph ? 1 : 0];
-  // A send/recv's group field names the peer: it is a pair, measured as one (each rank sends to
-  // one and receives from one) whatever the communicator's size.
-  const bool group_matches =
-      k.coll == CollectiveKind::kSendRecv ? curve_ranks_ >= 2 : int32_t(g) == curve_ranks_;
-  if (!curve.bytes.empty() && group_matches) {
-    return static_cast<int64_t>(interpolate(curve, bytes) + 0.5);
+  // The curve of the group's size. A send/recv's group field names the peer: it is a pair,
+  // measured as one (each rank sends to one and receives from one) whatever the communicator's
+  // size, so the curve of the fewest ranks >= 2 (two where measured) prices it.
+  for (const RankedCurve& rc : curves_[size_t(k.coll)][in_graph ? 1 : 0]) {
+    if (k.coll == CollectiveKind::kSendRecv ? rc.ranks >= 2 : rc.ranks == int32_t(g)) {
+      return static_cast<int64_t>(interpolate(rc.curve, bytes) + 0.5);
+    }
   }
   return alpha + static_cast<int64_t>(bus_factor * bytes * link_ns_per_byte_ + 0.5);
 }

@@ -12,8 +12,8 @@
 // kernel_floor_ns (a fit's base_ns is its own measured floor). Rounded half up.
 // kernel_ns depends on the KernelDesc alone, so callers may cache sums of it (sim_backend.cc).
 // Collectives: from the measured tables (HardwareSpec::collective_tables) where the profile has
-// one for the collective, the mode and the group size, else alpha + algorithm bytes / link
-// bandwidth.
+// one for the collective, the mode and the group size (a table per group size measured), else
+// alpha + algorithm bytes / link bandwidth.
 #pragma once
 
 #include <array>
@@ -54,8 +54,8 @@ class CostModel {
   int64_t copy_d2h_ns(int64_t bytes) const;
   // A collective kernel (KernelClass::kCollective) once every rank has arrived; `in_graph`:
   // issued inside a captured graph (decode), else eagerly (prefill, eager mode). With a
-  // measured table for its kind and mode, and a group of the table's rank count (send/recv: a
-  // pair, any table of >= 2 ranks): piecewise linear in log bytes - log time between measured
+  // measured table for its kind, its mode and its group size (send/recv: a pair, the table of
+  // the fewest ranks >= 2): piecewise linear in log bytes - log time between measured
   // sizes, the smallest size's time below them, the last segment's marginal bandwidth above
   // (the last point's bandwidth where that segment does not rise). Bytes as nccl-tests counts
   // them: the all-reduce buffer (bytes_read), the all-gather output (bytes_written), the larger
@@ -129,9 +129,12 @@ class CostModel {
   int64_t allreduce_alpha_ns_;
   int64_t alltoall_alpha_ns_;
   int64_t p2p_alpha_ns_;
-  // Indexed [CollectiveKind][in_graph].
-  std::array<std::array<CollectiveCurve, 2>, 5> curves_{};
-  int32_t curve_ranks_ = 0;  // the tables' communicator size
+  struct RankedCurve {
+    int32_t ranks = 0;  // the communicator size it was measured on
+    CollectiveCurve curve;
+  };
+  // Indexed [CollectiveKind][in_graph]: a curve per group size measured (few), ranks ascending.
+  std::array<std::array<std::vector<RankedCurve>, 2>, 5> curves_{};
 
   // Collective arrival skew: indexed [CollectiveKind][in_graph]; empty: no curve.
   std::array<std::array<std::vector<HardwareSpec::SkewPoint>, 2>, 5> skew_curves_{};

@@ -237,6 +237,20 @@ check "a refit keeps the arrival-skew curve" grep -q '^    graph: \[\[0, 0\], \[
 check "a refit of a profile without one writes none" test "$(grep -c '^collective_skew:' "$work/kept.yaml")" -eq 0
 "$bin" --db "$cdb" calibrate --fit-only --collectives-from "$work/s1.yaml" --out "$work/none.yaml" >/dev/null 2>"$work/kept.err"
 check "a profile without collectives is refused" grep -q "holds no nccl.\* measurements" "$work/kept.err"
+# Repeated --collectives-from: the first profile as a whole, a further one's tables (another
+# group size) as nccl.r<N>.*; the profile written loads with both.
+nccl2=$src/results/h200/nccl_profile_583eee2.yaml
+sed 's/"nccl.ranks": 2$/"nccl.ranks": 4/' "$nccl2" >"$work/nccl4.yaml"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 --collectives-from "$nccl2" \
+  --collectives-from "$work/nccl4.yaml" --out "$work/groups.yaml" >/dev/null 2>&1
+check "a further --collectives-from adds its tables as nccl.r4.*" test "$(grep -c '"nccl\.r4\.all_reduce\.graph\.[0-9]*[KM]\.median_ns"' "$work/groups.yaml")" -eq "$(grep -c '"nccl\.all_reduce\.graph\.[0-9]*[KM]\.median_ns"' "$nccl2")"
+check "and keeps the first's as they were" test "$(grep '"nccl\.[a-z_]*\.' "$work/groups.yaml")" = "$(grep '"nccl\.[a-z_]*\.' "$work/nospec.yaml")"
+mkdir -p "$work/groups"
+cp "$work/groups.yaml" "$work/groups/"
+check "the profile with two group sizes loads" bash -c "TWINSTEP_PROFILES='$work/groups' '$bin' hardware | grep -q '^groups '"
+"$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 --collectives-from "$nccl2" \
+  --collectives-from "$nccl2" --out "$work/bad.yaml" >/dev/null 2>"$work/groups.err"
+check "a group size given twice is refused" grep -q "measured on 2 GPUs (nccl.ranks), as were those of" "$work/groups.err"
 
 # Held-out evaluation: Llama-3-8B (session 5) priced by a fit of sessions 1-4, i.e.
 # by the pooled name and class fits, as a simulated run of a never-measured model would be.
