@@ -202,17 +202,22 @@ xz -dc "$src/results/h200/calibration_321e4f2.db.xz" >"$cdb"
 check "fit-only of session 5 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
 check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
-# The committed profile: sessions 1-5 above, 6 of 08b4588 (the TP2 shard's speculative graphs)
-# 7 of 8a11021 (Qwen3-30B-A3B's speculative graphs, its draft an MoE layer), 8 of d53f1d7 (those
-# of its TP2-EP2 shard) and 10 of 969770c (those of its TP4-EP4 shard; session 9, that shard's
-# decode grid, is stored but not fitted: it moves the pooled fits the never-fitted 3B is priced by).
+# The committed profile: sessions 1-5 above, 6 of 08b4588 (the TP2 shard's speculative graphs),
+# 7 of 8a11021 (Qwen3-30B-A3B's speculative graphs, its draft an MoE layer), 11 and 12 of
+# eca5783 (those of its TP2-EP2 and TP4-EP4 shards, measured with the attention combine of that
+# commit; 8 and 10 measured them before it); sessions 9, 13 and 14 (those shards' decode grids)
+# are stored but not fitted: they move the pooled fits the never-fitted 3B is priced by. The
+# collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as group r4.
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_969770c.db.xz" >"$cdb6"
-"$bin" --db "$cdb6" calibrate --fit-only --sessions 1,2,3,4,5,6,7,8,10 \
-  --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
+xz -dc "$src/results/h200/calibration_eca5783.db.xz" >"$cdb6"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 1,2,3,4,5,6,7,11,12 \
+  --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" \
+  --collectives-from "$src/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
+  --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
 check "the committed profile is the refit of the committed sessions" test "$(grep -v 'command:' "$work/h200-calibrated.yaml")" = "$(grep -v 'command:' "$src/results/profiles/h200-calibrated.yaml")"
 check "session 5's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
 check "session 2's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
+check "the 4-GPU collectives are group r4" grep -q '"nccl.r4.all_reduce.graph.8K.median_ns"' "$work/h200-calibrated.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/nospec.yaml" >/dev/null 2>&1
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,8 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions.err"
