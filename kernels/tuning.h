@@ -89,11 +89,12 @@ struct AttentionTuning {
   // split (attention_combine_parts_kernel), for launches of at least combine_parts_min_splits
   // splits; below, and with combine_parts off, the earlier 128-thread form merging every split in
   // one thread per dimension, whose serial work per split cost a shard with few KV heads
-  // (Qwen3-30B-A3B at TP4 and TP2: 129 splits at ctx 8192) ~10 us per combine. The threshold keeps
-  // the launches of 65 splits or fewer (every shape with 4 or more KV heads per GPU at 8K) on the
-  // form the calibration profile and the validation runs measured. The choice depends on the
-  // launch's split count (capacity, KV heads, requests), so verify and plain decode rows still
-  // match bit for bit. Measured side by side in the bench's attention_kv_heads section.
+  // (Qwen3-30B-A3B at TP4 and TP2: 129 splits at ctx 8192) 18.8 us per combine against 5.1 us
+  // (attention pair 25.7 / 9.5 us at one KV head, q_len 1; attention_kv_heads_eca5783.json). The
+  // threshold keeps the launches of 65 splits or fewer (every shape with 4 or more KV heads per
+  // GPU at 8K) on the form the calibration profile and the validation runs measured (at 65: 7.3 /
+  // 3.9 us, not yet switched). The choice depends on the launch's split count (capacity, KV heads,
+  // requests), so verify and plain decode rows still match bit for bit.
   bool combine_parts = true;
   int combine_parts_min_splits = 97;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
