@@ -140,7 +140,9 @@ std::string nccl_skew_fit_report(std::span<const SkewFit> fits);
 // rank (no link measured) no HardwareSpec field changes. Replaces the profile's "nccl.*"
 // measurements with the raw table (median_ns, p90_ns, algbw_gbps, busbw_gbps per point), every
 // fit (alpha_ns, beta_gbps, r2, max_rel_err, samples) and the profile model's max relative
-// error per collective. Returns a short account of what changed.
+// error per collective. An earlier calibration of another group size is kept as a group: its
+// primary tables and fits (nccl.ranks = N) become nccl.r<N>.*, its r<M> groups stay unless M is
+// this run's size. Returns a short account of what changed.
 // With skew points (two or more ranks), the fitted curves replace hw.collective_skew (ranks: the
 // points') and measurements gain nccl.skew.<collective>.<mode>.<size>.delay<ns>.{total_ns,
 // spin_ns,skew_ns,late_ns,extra_ns} and nccl.skew.fit.<collective>.<mode>.max_size_dev_ns;

@@ -232,15 +232,44 @@ std::string nccl_fit_report(std::span<const CollectiveFit> fits) {
   return out;
 }
 
+namespace {
+
+// N of a group key "nccl.r<N>.<rest>" (docs/calibration.md, "Pricing from the table"), else 0.
+int group_of(const std::string& key) {
+  if (key.rfind("nccl.r", 0) != 0) return 0;
+  int n = 0;
+  size_t i = 6;
+  for (; i < key.size() && key[i] >= '0' && key[i] <= '9' && n < (1 << 20); ++i)
+    n = n * 10 + (key[i] - '0');
+  return i > 6 && i < key.size() && key[i] == '.' ? n : 0;
+}
+
+}  // namespace
+
 std::string apply_nccl_calibration(CalibrationProfile& profile, std::span<const NcclPoint> points,
                                    std::span<const CollectiveFit> fits,
                                    std::span<const NcclSkewPoint> skew) {
   std::vector<std::pair<std::string, double>>& m = profile.measurements;
-  m.erase(std::remove_if(m.begin(), m.end(),
-                         [](const auto& kv) { return kv.first.rfind("nccl.", 0) == 0; }),
-          m.end());
   int ranks = 0;
   for (const NcclPoint& p : points) ranks = std::max(ranks, p.ranks);
+  // An earlier calibration on another number of GPUs stays as a group of its own: its primary
+  // tables and fits become nccl.r<N>.* (N its nccl.ranks; its skew rows and the profile figures
+  // derived from it go), and its r<N> groups stay, but for the one this run measures.
+  int earlier = 0;
+  for (const auto& [key, value] : m)
+    if (key == "nccl.ranks") earlier = int(value);
+  std::vector<std::pair<std::string, double>> kept;
+  for (const auto& [key, value] : m) {
+    if (key.rfind("nccl.", 0) != 0) {
+      kept.emplace_back(key, value);
+    } else if (const int g = group_of(key); g != 0) {
+      if (g != ranks) kept.emplace_back(key, value);
+    } else if (earlier >= 2 && earlier != ranks && ranks >= 2 && key != "nccl.ranks" &&
+               key.rfind("nccl.skew.", 0) != 0 && key.rfind("nccl.profile.", 0) != 0) {
+      kept.emplace_back("nccl.r" + std::to_string(earlier) + "." + key.substr(5), value);
+    }
+  }
+  m = std::move(kept);
   m.emplace_back("nccl.ranks", ranks);
   for (const NcclPoint& p : points) {
     const std::string key = std::string("nccl.") + nccl_collective_name(p.coll) + "." + p.mode +

@@ -13,7 +13,8 @@
 # an MPI build it falls back to `calibrate-nccl --single-process` (one thread per GPU).
 # Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS extra configure flags (an
 # unpacked libsqlite3-dev from .device-deps is used (scripts/gpu_env.sh));
-# TWINSTEP_NCCL_PROFILE a calibrated profile in results/profiles to extend (its name is kept;
+# TWINSTEP_NCCL_PROFILE a calibrated profile in results/profiles to extend (its tables of other
+# GPU counts stay as nccl.r<N> groups; its name is kept;
 # default: none, the GPU's datasheet preset, profile name h200-nccl); TWINSTEP_NCCL_QUICK=1 for
 # x4 size steps; TWINSTEP_NCCL_SKEW=0 to skip the skewed-arrival sweep (--no-skew);
 # TWINSTEP_MPIRUN_ARGS extra mpirun flags.

@@ -242,6 +242,50 @@ TEST(NcclFit, CostModelPricesTheCalibratedCollectivesAsMeasured) {
   }
 }
 
+// Calibrating on another number of GPUs keeps the earlier group size's tables as a group
+// (nccl.r<N>.*), which the simulator prices that group size by: 2 GPUs, then 4 (the 2-GPU
+// tables become r2), then 2 again (the 4-GPU ones become r4, r2 is this run's and goes).
+TEST(NcclFit, AnotherGroupSizeKeepsTheEarlierTablesAsAGroup) {
+  CalibrationProfile p = base_profile();
+  const std::vector<NcclPoint> two = two_gpu_graph_points();
+  apply_nccl_calibration(p, two, fit_collectives(two));
+  const double two_8k = measurement(p, "nccl.all_reduce.graph.8K.median_ns");
+  const auto four = synthetic(NcclCollective::kAllReduce, "graph", 4, 9000, 300);
+  apply_nccl_calibration(p, four, fit_collectives(four));
+  EXPECT_EQ(measurement(p, "nccl.ranks"), 4);
+  EXPECT_EQ(measurement(p, "nccl.r2.all_reduce.graph.8K.median_ns"), two_8k);
+  EXPECT_NEAR(measurement(p, "nccl.r2.fit.all_reduce.eager.alpha_ns"), 15000, 1e-3);
+  EXPECT_NEAR(measurement(p, "nccl.all_reduce.graph.8K.median_ns"), 9000 + 1.5 * 8192 / 300.0,
+              1e-6);
+  EXPECT_EQ(measurement(p, "inflation"), 1.5);
+  for (const auto& [key, value] : p.measurements) {
+    EXPECT_NE(key, "nccl.r2.ranks");
+    EXPECT_NE(key.rfind("nccl.r2.profile.", 0), 0u) << key;  // figures of the earlier fit go
+    EXPECT_NE(key.rfind("nccl.all_to_all.", 0), 0u) << key;  // the 2-GPU primary is now r2
+  }
+  // Written and read back: both group sizes priced from their own tables.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("nccl_groups_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "h200-test.yaml").string();
+  write_profile_file(p, path);
+  const CalibrationProfile back = load_calibration_profile(path);
+  std::filesystem::remove_all(dir);
+  const CostModel cost(back.hw);
+  KernelDesc k{
+      "all_reduce", KernelClass::kCollective, 8192, 8192, 0, CollectiveKind::kAllReduce, 2};
+  EXPECT_NEAR(double(cost.collective_ns(k)), two_8k, 1.0);
+  k.group = 4;
+  EXPECT_NEAR(double(cost.collective_ns(k)), 9000 + 1.5 * 8192 / 300.0, 1.0);
+
+  apply_nccl_calibration(p, two, fit_collectives(two));
+  EXPECT_EQ(measurement(p, "nccl.ranks"), 2);
+  EXPECT_EQ(measurement(p, "nccl.all_reduce.graph.8K.median_ns"), two_8k);
+  EXPECT_NEAR(measurement(p, "nccl.r4.all_reduce.graph.8K.median_ns"), 9000 + 1.5 * 8192 / 300.0,
+              1e-6);
+  for (const auto& [key, value] : p.measurements) EXPECT_NE(key.rfind("nccl.r2.", 0), 0u) << key;
+}
+
 TEST(NcclFit, OneRankLeavesTheFiguresAlone) {
   CalibrationProfile p = base_profile();
   const HardwareSpec before = p.hw;
