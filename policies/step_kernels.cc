@@ -815,7 +815,10 @@ void add_sampled_routing(const ModelSpec& model, std::span<const StepShape> micr
       // As step_kernels: the placed shares of (key, layer), the stage's tokens routed.
       const std::vector<double> placed =
           placed_expert_probabilities(layout.expert_load, p.num_experts, p.top_k, key, i);
-      sampled_routing(placed, p, microbatches[j].tokens, layout.expert_load.seed, key, i, ids);
+      // Routed tokens as step_kernels counts them: a verify's padded positions route nowhere.
+      const StepShape& mb = microbatches[j];
+      const int64_t tokens = mb.moe_tokens >= 0 && mb.tokens > 0 ? mb.moe_tokens : mb.tokens;
+      sampled_routing(placed, p, tokens, layout.expert_load.seed, key, i, ids);
       add_moe_routing(out, i, ids, std::min(p.top_k, p.num_experts), p.num_experts, layout.ep);
     }
   }

@@ -386,9 +386,10 @@ void Engine::allocate() {
     }
     b.moe_ws = b.dev<char>(std::max(decode_ws, prefill_ws), "MoE workspace");
     if (options_.record_routing) {
-      // Not in memory_plan's totals: kTsRing * layers * bucket * top_k * 4 B (6.3 MB for
-      // Qwen3-30B-A3B at 16 rows), within its allowance.
-      b.routing_rows = max_bucket_;
+      // Not in memory_plan's totals: kTsRing * layers * rows * top_k * 4 B (6.3 MB for
+      // Qwen3-30B-A3B at 16 rows), within its allowance. Rows: a decode launch's bucket, or with a
+      // draft module a verify's bucket x its widest verify (Qwen3-30B-A3B at one slot: 8 rows).
+      b.routing_rows = max_bucket_ * (options_.draft ? max_verify_width(c) : 1);
       b.routing_entry = size_t(c.layers) * size_t(max_bucket_) * size_t(c.top_k);
       b.routing = b.dev<int>(size_t(kTsRing) * b.routing_entry, "MoE routing ring");
       TS_CUDA_CHECK(cudaMemset(b.routing, 0xff, size_t(kTsRing) * b.routing_entry * sizeof(int)));
@@ -607,7 +608,7 @@ void Engine::moe_ffn(int l, int rows, bool pdl, cudaStream_t s, const int* route
   // predecessor before touching memory) keeps a chunk from overwriting one still being read.
   for (int r0 = 0; r0 < rows; r0 += kernels::kGemvMaxRows) {
     kernels::MoeRouting routing;
-    if (routing_) {  // decode: this launch's ring entry, layer l, rows from r0
+    if (routing_) {  // decode or verify: this launch's ring entry, layer l, rows from r0
       assert(rows <= b.routing_rows && l < c.layers);
       routing.topk_ids = b.routing + (size_t(l) * size_t(b.routing_rows) + size_t(r0)) * c.top_k;
       routing.entry = b.seq;

@@ -78,9 +78,10 @@ struct EngineOptions {
   // Profiled decode launches on request (enqueue_decode's `profiled`): a second set of decode
   // graphs, captured with a timestamp per kernel, beside the unprofiled ones.
   bool node_trace = false;
-  // MoE models: every plain decode launch (eager or graph, every bucket) writes each MoE layer's
-  // routing, the top_k expert ids of each row over all experts, into a device ring entry of its
-  // launch sequence number (kTsRing launches kept), which decode_routing reads back. Costs the
+  // MoE models: every plain decode and verify launch (eager or graph, every bucket) writes each
+  // MoE layer's routing, the top_k expert ids of each row over all experts (-1 for a verify's
+  // padded positions), into a device ring entry of its launch sequence number (kTsRing launches
+  // kept), which decode_routing reads back. Costs the
   // routing kernels top_k 4-byte stores per row (no extra node, copy or synchronisation).
   bool record_routing = false;
   bool draft = false;  // hold the draft module and run speculative decoding (engine_spec.cc)
@@ -213,9 +214,10 @@ class Engine {
   // launches only; empty without profile_nodes or node_trace). Synchronises.
   std::map<int64_t, std::vector<uint64_t>> node_timestamps(int64_t first_seq, int64_t last_seq);
 
-  // The routing of plain decode launch `seq` (options().record_routing, MoE): ids[(layer * rows +
-  // row) * top_k + j], expert j of row `row` of MoE layer `layer` (this engine's layers), for
-  // the launch's first `rows` rows (<= its bucket). Valid once the launch completed and while
+  // The routing of decode or verify launch `seq` (options().record_routing, MoE): ids[(layer *
+  // rows + row) * top_k + j], expert j of row `row` of MoE layer `layer` (this engine's layers),
+  // for the launch's first `rows` rows (<= its bucket; a verify's row r * W + j is request r's
+  // position j, -1 where padded). Valid once the launch completed and while
   // seq is within the last kTsRing launches; throws Error otherwise or without record_routing.
   // Synchronises a side stream (host time only).
   std::vector<int32_t> decode_routing(int64_t seq, int32_t rows);
@@ -277,7 +279,7 @@ class Engine {
   // of xn into mlp on stream s, in calls of at most kGemvMaxRows rows (the kernels' limit; each
   // row is routed on its own, so the chunking changes no result). Under expert parallelism, this
   // rank's experts and shared-expert slice only: a partial sum the caller all-reduces. Records
-  // routing (EngineOptions::record_routing) in a decode launch only (routing_).
+  // routing (EngineOptions::record_routing) in a decode or verify launch only (routing_).
   // routed (device, `rows` ints, optional): a row with 0 selects no expert (kernels/moe.h
   // active_rows: a verify's padded positions).
   void moe_ffn(int layer, int rows, bool pdl, cudaStream_t s, const int* routed = nullptr);
@@ -339,7 +341,7 @@ class Engine {
   // Node naming while a forward is enqueued.
   std::vector<const char*>* names_ = nullptr;
   bool timestamps_ = false;
-  bool routing_ = false;  // the forward being enqueued writes the routing ring (decode_forward)
+  bool routing_ = false;  // the forward being enqueued writes the routing ring (decode, verify)
   int node_index_ = 0;
   mutable std::map<int, std::vector<const char*>> node_names_;
 };

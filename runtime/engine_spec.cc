@@ -248,9 +248,12 @@ void Engine::verify_forward(int B, int W, float threshold, bool commit) {
   launch_verify_prepare(B, W, b.batch_slots, b.ctx, b.slot_base, sp.ctx_b, sp.base_b, sp.dtok,
                         sp.dlen, sp.tok_v, sp.routed, s);
   kernels::embedding_gather(b.embed, sp.tok_v, b.residual, rows, V, H, s);
-  // Padded positions (past a request's draft) route through no expert (kernels/moe.h).
+  // Padded positions (past a request's draft) route through no expert (kernels/moe.h); a
+  // committing launch records its routing (EngineOptions::record_routing; padded rows -1).
+  routing_ = commit && b.routing != nullptr;
   target_layers(B, W, sp.ctx_b, sp.base_b, sp.attn_ws, /*row_exact=*/true, /*pdl=*/false,
                 sp.routed);
+  routing_ = false;
   kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, rows, H, float(c.rms_eps), s);
   spec_lm_head(b.lm_head, b.xn, rows, V, H, sp.lm_ws, sp.lm_ws_chunk, sp.argmax, sp.top1,
                sp.sampled, s);

@@ -60,7 +60,8 @@ struct LaunchRecord {
   int32_t batch;
   int64_t flow;
   bool decode;
-  bool profiled;  // a timestamp per kernel (RealOptions::trace_nodes)
+  bool profiled;        // a timestamp per kernel (RealOptions::trace_nodes)
+  int32_t routed_rows;  // rows whose MoE routing the launch recorded (record_routing), else 0
 };
 
 struct CopyRecord {
@@ -339,6 +340,7 @@ struct RealBackend::State {
       p.sample.batch += g.request_count;
       p.sample.tokens += g.request_count;
       p.decode_shapes.emplace_back(g.request_count, ctx_sum);
+      rec.routed_rows = g.request_count;
       rec.gpu_name = g.mode == GraphMode::kEager ? "decode_eager" : "decode_graph";
       rec.host_name = g.mode == GraphMode::kEager ? "launch_eager" : "launch_graph";
     } else {
@@ -397,6 +399,7 @@ struct RealBackend::State {
         out.seq = engine.enqueue_verify(decode_slots, g.q_tokens, float(spec.threshold), g.mode);
         p.sample.batch += g.request_count;
         p.decode_shapes.emplace_back(g.request_count, ctx_sum);  // bytes as one decode step
+        rec.routed_rows = g.request_count * g.q_tokens;  // request r's position j: r * W + j
         rec.gpu_name = graph ? "verify_graph" : "verify_eager";
         break;
       }
@@ -593,7 +596,7 @@ struct RealBackend::State {
         if (p.trace) {
           span(Lane::kCompute, l.gpu_name, s.step, start, end - start, l.flow);
           if (l.decode && l.profiled) trace_nodes(l, s.step, start, end - start);
-          if (l.decode && engine.options().record_routing) add_routing(l);
+          if (l.routed_rows > 0 && engine.options().record_routing) add_routing(l);
         }
         prev = std::max(prev, end);
       }
@@ -632,17 +635,25 @@ struct RealBackend::State {
     }
   }
 
-  // The routing of completed decode launch `l` (its batch rows, not the bucket's padding) into
-  // record.moe_routing, each MoE layer a pass; EP ranks: the engine's equal expert blocks.
+  // The routing of completed decode or verify launch `l` (its requests' rows, not the bucket's
+  // padding; a verify's padded positions, routed nowhere, left out) into record.moe_routing, each
+  // MoE layer a pass; EP ranks: the engine's equal expert blocks.
   void add_routing(const LaunchRecord& l) {
     const LlamaConfig& c = engine.config();
     if (!c.moe()) return;
-    const std::vector<int32_t> ids = engine.decode_routing(l.seq, l.batch);
-    const size_t per_layer = size_t(l.batch) * size_t(c.top_k);
-    for (int32_t layer = 0; layer < c.layers; ++layer)
-      add_moe_routing(record.moe_routing, layer,
-                      std::span<const int32_t>(ids).subspan(size_t(layer) * per_layer, per_layer),
-                      c.top_k, c.num_experts, c.num_experts / c.local_experts());
+    const std::vector<int32_t> ids = engine.decode_routing(l.seq, l.routed_rows);
+    const size_t k = size_t(c.top_k), per_layer = size_t(l.routed_rows) * k;
+    std::vector<int32_t> routed;
+    for (int32_t layer = 0; layer < c.layers; ++layer) {
+      routed.clear();
+      for (size_t row = 0; row < size_t(l.routed_rows); ++row) {
+        const int32_t* r = ids.data() + size_t(layer) * per_layer + row * k;
+        if (r[0] >= 0) routed.insert(routed.end(), r, r + k);
+      }
+      if (!routed.empty())
+        add_moe_routing(record.moe_routing, layer, routed, c.top_k, c.num_experts,
+                        c.num_experts / c.local_experts());
+    }
   }
 
   // The kernels of profiled launch `l` (GPU span start, dur_ns) as spans. Each timestamp

@@ -831,9 +831,10 @@ class Engine {
       } else {
         decode_microbatch_shapes(layout, lengths_, work.q_tokens, is.microbatches);
       }
-      // The routing this launch draws, recorded for traced decode steps (moe_* metrics); every
-      // rank draws the same, so rank 0's.
-      if (ri == 0 && r.trace && pass_key && is.g->phase == Phase::kDecode && !draft_on_last)
+      // The routing this launch draws, recorded for the traced steps' decode and verify launches
+      // (moe_* metrics, as the runtime records them); every rank draws the same, so rank 0's.
+      if (ri == 0 && r.trace && pass_key &&
+          (is.g->phase == Phase::kDecode || is.g->phase == Phase::kVerify) && !draft_on_last)
         add_sampled_routing(*work.model, is.microbatches, layout, 0, *pass_key,
                             record_.moe_routing);
       bool has_ids = false;
