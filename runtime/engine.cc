@@ -390,7 +390,7 @@ void Engine::allocate() {
       // Qwen3-30B-A3B at 16 rows), within its allowance. Rows: a decode launch's bucket, or with a
       // draft module a verify's bucket x its widest verify (Qwen3-30B-A3B at one slot: 8 rows).
       b.routing_rows = max_bucket_ * (options_.draft ? max_verify_width(c) : 1);
-      b.routing_entry = size_t(c.layers) * size_t(max_bucket_) * size_t(c.top_k);
+      b.routing_entry = size_t(c.layers) * size_t(b.routing_rows) * size_t(c.top_k);
       b.routing = b.dev<int>(size_t(kTsRing) * b.routing_entry, "MoE routing ring");
       TS_CUDA_CHECK(cudaMemset(b.routing, 0xff, size_t(kTsRing) * b.routing_entry * sizeof(int)));
     }
