@@ -522,6 +522,64 @@ TEST(SpecMoe, TinyGreedySpeculativeOutputEqualsPlainGreedy) {
             run(*engine, spec, w, SpecSpec{}).tokens);
 }
 
+// The routing record (EngineOptions::record_routing) covers verify launches: a traced chain(5)
+// run of the tiny MoE at concurrency 2 records one pass per (verify launch, MoE layer), each with
+// its verified positions' top-k picks, and commits the same tokens as an engine that records
+// nothing (the ring is written beside the computation, never read by it).
+TEST(SpecMoe, RecordedRoutingCoversVerifyLaunches) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpec spec = tiny_moe_runtime_spec(true);
+  const LlamaConfig config = llama_config_from_spec(spec);
+  EngineOptions eo;
+  eo.max_slots = 2;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  auto quiet = Engine::create_synthetic(config, 5, eo, 0.85);
+  eo.record_routing = true;
+  auto recording = Engine::create_synthetic(config, 5, eo, 0.85);
+  WorkloadSpec w;
+  w.input_len = {40, 40};
+  w.output_len = {120, 120};
+  w.num_requests = 2;
+  w.max_concurrency = 2;
+  const SpecSpec policy = chain(5, 6);
+  const std::vector<RequestSpec> requests = generate_requests(w);
+  PolicySpec p;
+  p.spec = policy;
+  RunRecord record;
+  DecodeLoop loop(p, w, requests, &record);
+  const HostCostModel host(HostCostSpec{}, 1);
+  RealOptions ro;
+  ro.prompt_seed = 3;
+  ro.spec = policy;
+  ro.prepare_max_batch = 2;
+  ro.trace_first_step = 0;
+  ro.trace_steps = 100000;  // every step
+  RealBackend backend(*recording, spec, host, requests, ro);
+  HostProgram* ranks[] = {&loop};
+  backend.run(ranks, record);
+  std::vector<std::vector<int32_t>> tokens;
+  for (const RequestSpec& q : requests) tokens.push_back(backend.output_tokens(q.id));
+  EXPECT_EQ(tokens, run(*quiet, spec, w, policy).tokens);
+
+  int64_t verifies = 0, rows = 0;
+  for (const StepSample& st : record.steps) {
+    if (st.draft_len == 0) continue;
+    ++verifies;
+    // Every verified position of a chain is a drafted token or the bonus (no padded rows).
+    rows += int64_t(st.batch) * (st.draft_len + 1);
+  }
+  ASSERT_GT(verifies, 20);
+  const MoeRoutingStats& got = record.moe_routing;
+  EXPECT_EQ(got.passes, verifies * config.layers);
+  int64_t picks = 0;
+  for (const int64_t n : got.picks) picks += n;
+  EXPECT_EQ(picks, rows * config.top_k * config.layers);
+  // A pass's distinct experts: at least top_k (one row's), at most every expert.
+  EXPECT_GE(got.rank_experts, got.passes * config.top_k);
+  EXPECT_LE(got.rank_experts, got.passes * config.num_experts);
+}
+
 // The Qwen3-30B-A3B shape with its MoE draft layer (128 experts top-8): lossless at full size.
 TEST(SpecMoe, Qwen3GreedySpeculativeOutputEqualsPlainGreedy) {
   SKIP_WITHOUT_GPU();
