@@ -62,9 +62,10 @@ struct SpecRun {
   int64_t committed = 0;  // tokens committed by verifies, from the step samples
 };
 
+// trace_all: every step traced (RealOptions::trace_first_step / trace_steps).
 SpecRun run(Engine& engine, const ModelSpec& model, const WorkloadSpec& w, const SpecSpec& spec,
             HostSchedule schedule = HostSchedule::kRunahead, GraphMode mode = GraphMode::kCudaGraph,
-            float temperature = 0.0f, int32_t warmup_launches = 0) {
+            float temperature = 0.0f, int32_t warmup_launches = 0, bool trace_all = false) {
   PolicySpec p;
   p.host_schedule = schedule;
   p.graph_mode = mode;
@@ -81,6 +82,7 @@ SpecRun run(Engine& engine, const ModelSpec& model, const WorkloadSpec& w, const
   ro.temperature = temperature;
   ro.sampling_seed = 77;
   ro.warmup_launches = warmup_launches;
+  if (trace_all) ro.trace_steps = int64_t{1} << 40;
   RealBackend backend(engine, model, host, requests, ro);
   HostProgram* ranks[] = {&loop};
   backend.run(ranks, r.record);
@@ -543,24 +545,10 @@ TEST(SpecMoe, RecordedRoutingCoversVerifyLaunches) {
   w.num_requests = 2;
   w.max_concurrency = 2;
   const SpecSpec policy = chain(5, 6);
-  const std::vector<RequestSpec> requests = generate_requests(w);
-  PolicySpec p;
-  p.spec = policy;
-  RunRecord record;
-  DecodeLoop loop(p, w, requests, &record);
-  const HostCostModel host(HostCostSpec{}, 1);
-  RealOptions ro;
-  ro.prompt_seed = 3;
-  ro.spec = policy;
-  ro.prepare_max_batch = 2;
-  ro.trace_first_step = 0;
-  ro.trace_steps = 100000;  // every step
-  RealBackend backend(*recording, spec, host, requests, ro);
-  HostProgram* ranks[] = {&loop};
-  backend.run(ranks, record);
-  std::vector<std::vector<int32_t>> tokens;
-  for (const RequestSpec& q : requests) tokens.push_back(backend.output_tokens(q.id));
-  EXPECT_EQ(tokens, run(*quiet, spec, w, policy).tokens);
+  const SpecRun traced = run(*recording, spec, w, policy, HostSchedule::kRunahead,
+                             GraphMode::kCudaGraph, 0.0f, 0, /*trace_all=*/true);
+  const RunRecord& record = traced.record;
+  EXPECT_EQ(traced.tokens, run(*quiet, spec, w, policy).tokens);
 
   int64_t verifies = 0, rows = 0;
   for (const StepSample& st : record.steps) {
