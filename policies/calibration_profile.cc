@@ -302,13 +302,6 @@ int32_t group_ranks(const std::string& text) {
   return n;
 }
 
-// N of a measurement key nccl.r<N>.*; 0 for any other key.
-int32_t key_group(const std::string& key) {
-  if (!key.starts_with("nccl.r")) return 0;
-  const size_t dot = key.find('.', 5);
-  return dot == std::string::npos ? 0 : group_ranks(key.substr(5, dot - 5));
-}
-
 // HardwareSpec::collective_tables from the measurements: every key
 // nccl.<collective>.<mode>.<size>.median_ns is a point of a table measured on nccl.ranks GPUs,
 // every key nccl.r<N>.<collective>.<mode>.<size>.median_ns one of a table measured on N GPUs
@@ -694,6 +687,12 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
 
 }  // namespace
 
+int32_t nccl_key_group(const std::string& key) {
+  if (!key.starts_with("nccl.r")) return 0;
+  const size_t dot = key.find('.', 5);
+  return dot == std::string::npos ? 0 : group_ranks(key.substr(5, dot - 5));
+}
+
 std::string write_calibration_profile(const CalibrationProfile& p) {
   std::ostringstream o;
   o << "# twinstep calibrated hardware profile (docs/calibration.md). Written by twinstep "
@@ -882,7 +881,7 @@ void merge_collectives(CalibrationProfile& into, const std::vector<CalibrationPr
       for (const auto& kv : c.measurements) {
         if (!is_nccl(kv)) continue;
         into.measurements.push_back(kv);
-        if (const int32_t m = key_group(kv.first); m > 0) add(m);
+        if (const int32_t m = nccl_key_group(kv.first); m > 0) add(m);
       }
       if (primary > 0) add(primary);
       for (const HardwareSpec::CollectiveTable& t : c.hw.collective_tables) add(t.ranks);
@@ -907,7 +906,7 @@ void merge_collectives(CalibrationProfile& into, const std::vector<CalibrationPr
       const std::string group = "nccl.r" + std::to_string(primary) + ".";
       for (const auto& [key, v] : c.measurements) {
         if (!key.starts_with("nccl.") || key == "nccl.ranks") continue;
-        if (const int32_t m = key_group(key); m > 0) {
+        if (const int32_t m = nccl_key_group(key); m > 0) {
           const bool skew = key.find(".skew.") == key.find('.', 5);
           if (!skew && taken_by(m) == nullptr) {
             into.measurements.emplace_back(key, v);

@@ -83,6 +83,10 @@ struct CalibrationProfile {
   std::vector<std::pair<std::string, double>> measurements;
 };
 
+// N of a collective measurement key nccl.r<N>.* (a table measured on N GPUs beside the primary
+// group, "Pricing from the table" in docs/calibration.md); 0 for any other key.
+int32_t nccl_key_group(const std::string& key);
+
 // The profile as YAML text; parse_calibration_profile(write_calibration_profile(p)) == p
 // (doubles are written in shortest round-trip form; hw.collective_tables is rebuilt from the
 // measurements, so a table set in hw alone is not written).

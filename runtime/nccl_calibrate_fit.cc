@@ -232,20 +232,6 @@ std::string nccl_fit_report(std::span<const CollectiveFit> fits) {
   return out;
 }
 
-namespace {
-
-// N of a group key "nccl.r<N>.<rest>" (docs/calibration.md, "Pricing from the table"), else 0.
-int group_of(const std::string& key) {
-  if (key.rfind("nccl.r", 0) != 0) return 0;
-  int n = 0;
-  size_t i = 6;
-  for (; i < key.size() && key[i] >= '0' && key[i] <= '9' && n < (1 << 20); ++i)
-    n = n * 10 + (key[i] - '0');
-  return i > 6 && i < key.size() && key[i] == '.' ? n : 0;
-}
-
-}  // namespace
-
 std::string apply_nccl_calibration(CalibrationProfile& profile, std::span<const NcclPoint> points,
                                    std::span<const CollectiveFit> fits,
                                    std::span<const NcclSkewPoint> skew) {
@@ -262,7 +248,7 @@ std::string apply_nccl_calibration(CalibrationProfile& profile, std::span<const 
   for (const auto& [key, value] : m) {
     if (key.rfind("nccl.", 0) != 0) {
       kept.emplace_back(key, value);
-    } else if (const int g = group_of(key); g != 0) {
+    } else if (const int g = nccl_key_group(key); g != 0) {
       if (g != ranks) kept.emplace_back(key, value);
     } else if (earlier >= 2 && earlier != ranks && ranks >= 2 && key != "nccl.ranks" &&
                key.rfind("nccl.skew.", 0) != 0 && key.rfind("nccl.profile.", 0) != 0) {
