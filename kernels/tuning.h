@@ -90,13 +90,16 @@ struct AttentionTuning {
   // splits; below, and with combine_parts off, the earlier 128-thread form merging every split in
   // one thread per dimension, whose serial work per split cost a shard with few KV heads
   // (Qwen3-30B-A3B at TP4 and TP2: 129 splits at ctx 8192) 18.8 us per combine against 5.1 us
-  // (attention pair 25.7 / 9.5 us at one KV head, q_len 1; attention_kv_heads_eca5783.json). The
-  // threshold keeps the launches of 65 splits or fewer (every shape with 4 or more KV heads per
-  // GPU at 8K) on the form the calibration profile and the validation runs measured (at 65: 7.3 /
-  // 3.9 us, not yet switched). The choice depends on the launch's split count (capacity, KV heads,
-  // requests), so verify and plain decode rows still match bit for bit.
+  // (attention pair 25.7 / 9.5 us at one KV head, q_len 1; attention_kv_heads_eca5783.json).
+  // First set at 97 (eca5783), now 66: the TP2 shard's launches at 8K (2 KV heads, 67-73 splits of
+  // 128 tokens at the runtime's capacities 8512-9280) ran the serial form, and its attention took
+  // 16.3 us at batch 1 against 12.1 priced from the shard's 1K grid (calibration_eca5783 session
+  // 13). 65 splits or fewer (every shape with 4 or more KV heads per GPU at 8K) keep the serial
+  // form the calibration profile and the one-GPU validation runs measured (at 65: 7.3 / 3.9 us,
+  // not switched). The choice depends on the launch's split count (capacity, KV heads, requests),
+  // so verify and plain decode rows still match bit for bit.
   bool combine_parts = true;
-  int combine_parts_min_splits = 97;
+  int combine_parts_min_splits = 66;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };
