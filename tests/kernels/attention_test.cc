@@ -205,8 +205,8 @@ INSTANTIATE_TEST_SUITE_P(
                           Case{16, 2, 5, {2100}},           // group 8: 40 rows
                           // One KV head (Qwen3-30B-A3B at TP4): 129 and 111 splits of 64
                           // tokens, the combine of 4 parts (combine_parts_min_splits 66).
-                          Case{8, 1, 1, {8192}},        //
-                          Case{8, 1, 8, {6000, 100}},   // 95 splits, 64 rows, a short request
+                          Case{8, 1, 1, {8192}},       //
+                          Case{8, 1, 8, {6000, 100}},  // 95 splits, 64 rows, a short request
                           // Two KV heads (Qwen3-30B-A3B at TP2), one request at 9000: 71
                           // splits of 128 tokens, the 4-part combine; 48 rows.
                           Case{16, 2, 6, {9000}}),
