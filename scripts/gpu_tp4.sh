@@ -15,7 +15,8 @@
 # Writes OUT_DIR/{kernels_test,bench,calibrate_tp2,calibrate_tp4,calibrate_grid8k_tp*}.log,
 # bench.json, cal.db and
 # OUT_DIR/tp4/, OUT_DIR/ep2/ (gpu_tp.sh's files). Env: CAL_DB (default
-# results/h200/calibration_969770c.db.xz); STEPS (default "kernels calibrate tp4 ep2").
+# results/h200/calibration_969770c.db.xz); STEPS (default "kernels calibrate tp4 ep2"); CAL_TPS
+# (default "2 4": the shards calibrated).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_tp4.sh OUT_DIR}
 mkdir -p "$out"
@@ -53,7 +54,7 @@ if has calibrate; then
     *.xz) xz -dc "$cal" >"$out/cal.db" ;;
     *) cp "$cal" "$out/cal.db" ;;
   esac
-  for tp in 2 4; do
+  for tp in ${CAL_TPS:-2 4}; do
     step "calibrate --spec-only --tp $tp (GPU 0)"
     CUDA_VISIBLE_DEVICES=0 timeout 300 "$build/twinstep" --db "$out/cal.db" calibrate \
       --out "$out/tp${tp}spec.yaml" --spec-only --tp $tp --models qwen3-30b-a3b \
@@ -62,7 +63,7 @@ if has calibrate; then
   done
   # The shards' plain decode grid at ctx 8192 (their stored grids stop at 1024), for a fit of the
   # shard's own kernels at the validation's context.
-  for tp in 2 4; do
+  for tp in ${CAL_TPS:-2 4}; do
     step "calibrate --tp $tp --contexts 8192 decode grid (GPU 0)"
     CUDA_VISIBLE_DEVICES=0 timeout 300 "$build/twinstep" --db "$out/cal.db" calibrate \
       --out "$out/tp${tp}grid8k.yaml" --tp $tp --models qwen3-30b-a3b --contexts 8192 \
