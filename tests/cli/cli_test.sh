@@ -203,14 +203,15 @@ check "fit-only of session 5 writes a profile" grep -q '^name: "s1"' "$work/s1.y
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
 check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'command:' "$work/s1.yaml")" = "$(grep -v -e '^name:' -e 'command:' "$work/latest.yaml")"
 # The committed profile: sessions 1-5 above, 6 of 08b4588 (the TP2 shard's speculative graphs),
-# 7 of 8a11021 (Qwen3-30B-A3B's speculative graphs, its draft an MoE layer), 11 and 12 of
-# eca5783 (those of its TP2-EP2 and TP4-EP4 shards, measured with the attention combine of that
-# commit; 8 and 10 measured them before it); sessions 9, 13 and 14 (those shards' decode grids)
-# are stored but not fitted: they move the pooled fits the never-fitted 3B is priced by. The
-# collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as group r4.
+# 7 of 8a11021 (Qwen3-30B-A3B's speculative graphs, its draft an MoE layer), 12 of eca5783 and
+# 15 of 6321eb9 (those of its TP4-EP4 and TP2-EP2 shards, measured with the attention combine of
+# those commits; 8, 10 and 11 measured them before it); sessions 9, 13, 14 and 16 (those shards'
+# decode grids) are stored but not fitted: they move the pooled fits the never-fitted 3B is
+# priced by. The collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as
+# group r4.
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_eca5783.db.xz" >"$cdb6"
-"$bin" --db "$cdb6" calibrate --fit-only --sessions 1,2,3,4,5,6,7,11,12 \
+xz -dc "$src/results/h200/calibration_6321eb9.db.xz" >"$cdb6"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 1,2,3,4,5,6,7,15,12 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" \
   --collectives-from "$src/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
   --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
