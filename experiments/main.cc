@@ -482,6 +482,7 @@ struct CalibrateGrid {
   bool no_prefill = false;
   bool prefill_only = false;
   std::vector<int> prefill_tokens;
+  bool breaks_only = false;  // CalibrateOptions::breaks_only (with --tp N)
   // Profiles whose collective calibration (calibrate-nccl) is kept: the first as a whole, the
   // others' tables (merge_collectives).
   std::vector<std::string> collectives_from;
@@ -544,11 +545,17 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   if (!fit_only && !grid.sessions.empty())
     throw ConfigError("", "--sessions selects stored sessions to refit: give it with --fit-only");
   if (fit_only && (grid.spec_only || grid.no_spec || grid.prefill_only || grid.no_prefill ||
-                   !grid.prefill_tokens.empty()))
+                   !grid.prefill_tokens.empty() || grid.breaks_only))
     throw ConfigError("",
-                      "--spec-only, --no-spec, --prefill-only, --no-prefill and --prefill-tokens "
-                      "choose what calibrate measures; --fit-only measures nothing (it refits "
-                      "every stored sample, spec_graph and prefill ones too)");
+                      "--spec-only, --no-spec, --prefill-only, --no-prefill, --prefill-tokens and "
+                      "--breaks-only choose what calibrate measures; --fit-only measures nothing "
+                      "(it refits every stored sample, spec_graph, prefill and collective_break "
+                      "ones too)");
+  if (grid.breaks_only && (grid.tp < 2 || grid.spec_only || grid.prefill_only))
+    throw ConfigError("",
+                      "--breaks-only measures a TP shard's decode steps with and without "
+                      "collective stubs: give --tp N (N >= 2), without --spec-only or "
+                      "--prefill-only");
   if (fit_only) {
     // One session (the latest by default), or several fitted as one sample set (e.g. a dense
     // model's full grid and a MoE model's narrow grid, measured by two commands): same GPU only.
@@ -588,6 +595,7 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     o.prefill = !grid.no_prefill;
     o.prefill_only = grid.prefill_only;
     o.prefill_tokens = grid.prefill_tokens;
+    o.breaks_only = grid.breaks_only;
     runtime::CalibrationRun run = runtime::run_calibration(o);
     samples = std::move(run.samples);
     const std::time_t t = std::time(nullptr);
@@ -842,6 +850,10 @@ int main(int argc, char** argv) {
   calibrate->add_flag("--prefill-only", cal_grid.prefill_only,
                       "measure only the prefill passes (fit them with stored sessions: --fit-only "
                       "--sessions); with --spec-only, both");
+  calibrate->add_flag("--breaks-only", cal_grid.breaks_only,
+                      "with --tp N: measure only the shard's decode steps with and without an "
+                      "empty non-PDL kernel at each collective position (collective_break "
+                      "samples; fit them with stored sessions: --fit-only --sessions)");
   calibrate
       ->add_option("--prefill-tokens", cal_grid.prefill_tokens,
                    "prompt lengths of the prefill passes (default 1024,2048,4096,8192)")

@@ -37,6 +37,10 @@ namespace twinstep {
 //                   GPU time of one speculative graph launch (events)
 //   prefill         model, mode (eager), batch (1), ctx_tokens = the prompt's length; value_ns =
 //                   GPU time of the runtime's prefill of one prompt (events)
+//   collective_break  name (plain | stubbed), model (a shard, "<preset>@tp<N>"), mode (graph |
+//                   pdl), batch, ctx_tokens, nodes (stubbed: the collective positions per step;
+//                   plain: 0); value_ns = unprofiled decode launch of the shard alone, stubbed:
+//                   with an empty non-PDL kernel at each position (EngineOptions::collective_stubs)
 struct CalibrationSample {
   std::string kind;
   std::string name;  // node, kernel or host-op name

@@ -1,6 +1,7 @@
 // Hardware presets. Datasheet figures name their source; launch and host-device figures were
 // measured on an H200 (../shared/ANCHORS.md, 2026-11-29) and are reused as stand-ins on parts
 // never measured, which is said in each preset's source string.
+#include <algorithm>
 #include <map>
 
 #include "policies/error.h"
@@ -162,6 +163,16 @@ int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64
 
 int64_t graph_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {
   return node_gap_in(hw.graph_node_gap_by_rows, model, rows, hw.graph_node_gap_ns);
+}
+
+std::optional<int64_t> break_gap_for(const HardwareSpec& hw, bool pdl, const std::string& model,
+                                     int64_t rows) {
+  const std::vector<HardwareSpec::NodeGap>& table =
+      pdl ? hw.pdl_break_gap_by_rows : hw.graph_break_gap_by_rows;
+  const bool has = std::any_of(table.begin(), table.end(),
+                               [&](const HardwareSpec::NodeGap& g) { return g.model == model; });
+  if (!has) return std::nullopt;
+  return node_gap_in(table, model, rows, 0);
 }
 
 const HardwareSpec::ModelKernelFits* kernel_model_fits_for(const HardwareSpec& hw,

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -161,6 +162,14 @@ struct HardwareSpec {
   // kernels. Other launches in graph mode (speculative graphs, whose residuals are fitted against
   // graph_node_gap_ns) and models never measured use graph_node_gap_ns.
   std::vector<NodeGap> graph_node_gap_by_rows;
+  // What a collective inside a TP graph costs its neighbours (`twinstep calibrate --tp N`,
+  // collective_break samples): the shard's step measured alone with an empty non-PDL kernel at
+  // each collective position, less the plain step, per position, less one empty kernel's node
+  // time in a graph (graph_node_gap_ns). The first node after a collective then gets its mode's
+  // node gap plus this (signed), looked up by model and rows as above; where the table has no
+  // entry for the model, max(gap, graph_node_gap_ns) (the simulator's earlier rule).
+  std::vector<NodeGap> pdl_break_gap_by_rows;
+  std::vector<NodeGap> graph_break_gap_by_rows;
 
   // ---- Speculative graphs (issue #6; `twinstep calibrate`, docs/calibration.md "Speculative
   // graphs") ----
@@ -221,6 +230,11 @@ int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64
 // The graph-mode node gap of a plain decode step of `model` with `rows` rows
 // (graph_node_gap_by_rows, else graph_node_gap_ns).
 int64_t graph_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows);
+// The extra gap after a collective of a step of `model` with `rows` rows in PDL (`pdl`) or plain
+// graph mode (pdl_break_gap_by_rows / graph_break_gap_by_rows); nullopt where the table has no
+// entry for the model.
+std::optional<int64_t> break_gap_for(const HardwareSpec& hw, bool pdl, const std::string& model,
+                                     int64_t rows);
 // The kernel_model_fits entry of `model`, or nullptr; points into hw.
 const HardwareSpec::ModelKernelFits* kernel_model_fits_for(const HardwareSpec& hw,
                                                            const std::string& model);

@@ -303,8 +303,15 @@ class InSitu {
         batches.erase(std::remove_if(batches.begin(), batches.end(), [](int b) { return b > 32; }),
                       batches.end());
       std::map<int, GridPoint> points;
-      for (const bool profiled : {false, true}) {
-        run_context(config, ctx, batches, profiled, points);
+      if (!o_.breaks_only) {
+        for (const bool profiled : {false, true}) {
+          run_context(config, ctx, batches, profiled, points);
+        }
+      }
+      // A shard alone: its steps with and without an empty non-PDL kernel at each collective
+      // position.
+      if (o_.tp > 1) {
+        for (const bool stubs : {false, true}) collective_breaks(config, ctx, batches, stubs);
       }
     }
   }
@@ -413,6 +420,83 @@ class InSitu {
       if (!profiled) {
         pdl_gap_sample(point, ctx);
         eager_gap_sample(point, ctx);
+      }
+    }
+  }
+
+  // collective_break samples (policies/calibration_profile.h): the shard's unprofiled graph and
+  // PDL steps in an engine built as run_context builds the unprofiled one (same capacity, prompts
+  // and launch sequence), named "plain", or with EngineOptions::collective_stubs, "stubbed"; the
+  // two passes reach every grid point at the same contexts, so their steps pair. The difference is
+  // what a real TP graph pays at each all-reduce beyond the collective itself: the PDL chain
+  // broken on both sides (simulator: HardwareSpec::*_break_gap_by_rows).
+  void collective_breaks(const LlamaConfig& config, int ctx, const std::vector<int>& batches,
+                         bool stubs_on) {
+    const int max_batch = batches.back();
+    const int launches = 3 * int(batches.size()) * (reps() + 2);
+    EngineOptions eo;
+    eo.max_slots = max_batch;
+    eo.capacity_tokens = ((ctx + 15) / 16 * 16 + launches + 63) / 64 * 64;
+    eo.tp.size = o_.tp;
+    eo.collective_stubs = stubs_on;
+    eo.record_routing = config.moe();
+    std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", label_.c_str(), ctx, max_batch,
+                 stubs_on ? "collective stubs" : "no collective stubs");
+    auto engine = Engine::create_synthetic(config, 1, eo);
+    engine->warm_up(GraphMode::kCudaGraph, kDecodeWarmupLaunches);
+    const size_t slot_count = size_t(max_batch);
+    std::vector<int32_t> slots(slot_count);
+    std::vector<std::vector<int32_t>> prompts(slot_count);
+    for (int i = 0; i < max_batch; ++i) {
+      slots[size_t(i)] = i;
+      prompts[size_t(i)].resize(size_t(ctx));
+      for (int t = 0; t < ctx; ++t) prompts[size_t(i)][size_t(t)] = (i * 7919 + t * 31) % 32000;
+    }
+    engine->enqueue_prefill(slots, prompts);
+    TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
+    for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+      engine->prepare(mode, max_batch);
+    }
+    std::vector<int64_t> slot_ctx(slot_count, ctx);
+    Events ev(size_t(2 * reps()));
+    for (const int batch : batches) {
+      const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
+      // The collective positions: named in the stubbed engine's graph; the plain engine's are
+      // the TP step's collectives of the layout (the same count, 0 names).
+      int64_t stubs = 0;
+      for (const char* name : engine->decode_node_names(batch)) {
+        stubs += group_collective_name(name) ? 1 : 0;
+      }
+      if (!stubs_on) stubs = 0;
+      // The same launch sequence as run_context (graph, PDL, eager), so the contexts match.
+      for (const GraphMode mode :
+           {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl, GraphMode::kEager}) {
+        const bool eager = mode == GraphMode::kEager;
+        for (int w = 0; w < 2; ++w) engine->enqueue_decode(batch_slots, mode);  // warm-up
+        for (int i = 0; i < batch; ++i) slot_ctx[size_t(i)] += 2;
+        int64_t ctx_mid = 0;
+        for (int r = 0; r < reps(); ++r) {
+          if (r == reps() / 2) {
+            for (int i = 0; i < batch; ++i) ctx_mid += slot_ctx[size_t(i)];
+          }
+          TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], engine->compute_stream()));
+          engine->enqueue_decode(batch_slots, mode);
+          TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], engine->compute_stream()));
+          for (int i = 0; i < batch; ++i) ++slot_ctx[size_t(i)];
+        }
+        TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
+        if (eager) continue;
+        for (int r = 0; r < reps(); ++r) {
+          CalibrationSample x =
+              sample("collective_break", ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
+          x.name = stubs_on ? "stubbed" : "plain";
+          x.model = label_;
+          x.mode = mode == GraphMode::kCudaGraph ? "graph" : "pdl";
+          x.batch = batch;
+          x.ctx_tokens = ctx_mid / batch;
+          x.nodes = stubs;
+          out_.push_back(x);
+        }
       }
     }
   }
@@ -936,6 +1020,12 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
 
   const int reps = o.quick ? 10 : 50;
   std::vector<CalibrationSample>& out = run.samples;
+  if (o.breaks_only) {
+    if (o.tp < 2) throw Error("calibrate: --breaks-only measures a TP shard's steps; give --tp N");
+    InSitu in_situ(o, 0, out);
+    for (const std::string& m : o.models) in_situ.model(m);
+    return run;
+  }
   if (o.spec_only || o.prefill_only) {
     if (o.spec_only) {
       for (const std::string& m : o.models) spec_graphs(o, m, out);

@@ -48,6 +48,11 @@ struct CalibrateOptions {
   // Llama-3-8B on an H200 (~0.33 s per 8192-token pass, not yet measured), plus the engine's
   // synthetic weights. prefill_only: only these, to be fitted with stored sessions (calibrate
   // --fit-only --sessions).
+  // tp > 1: the shard's decode steps with and without an empty non-PDL kernel at each collective
+  // position (collective_break samples, "plain" and "stubbed"; EngineOptions::collective_stubs),
+  // over the grid, after the grid's own passes; ~2 engines per context. breaks_only: only these,
+  // to be fitted with stored sessions (calibrate --fit-only --sessions).
+  bool breaks_only = false;
   bool prefill = true;
   bool prefill_only = false;
   std::vector<int> prefill_tokens;

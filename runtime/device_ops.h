@@ -61,6 +61,12 @@ void launch_gather_rows(const __nv_bfloat16* src, const int* rows, __nv_bfloat16
 void launch_timestamp(uint64_t* ts, const uint64_t* seq, int node, int max_nodes,
                       cudaStream_t stream);
 
+// An empty kernel, launched without the programmatic-dependent-launch attribute: the break an
+// NCCL kernel makes in a PDL chain (it waits for its predecessor to finish and never triggers its
+// successor early). EngineOptions::collective_stubs puts one at each collective position of a
+// shard measured alone.
+void launch_collective_stub(cudaStream_t stream);
+
 // Reads n 16-byte words once (non-caching loads); the bandwidth probe of the floor.
 void launch_stream_read(const void* p, size_t n16, unsigned long long* sink, int blocks,
                         cudaStream_t stream);

@@ -129,6 +129,9 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
          "pipeline and tensor parallelism together are not implemented");
     need(!options.draft, "speculative decoding with pipeline parallelism is not implemented");
   }
+  need(!options.collective_stubs || (options.tp.size > 1 && !options.tp.active()),
+       "collective_stubs is for a tensor-parallel shard measured alone (tp.size > 1, no "
+       "communicator)");
   need(options.max_slots >= 1 && options.max_slots <= 1024, "max_slots outside [1, 1024]");
   need(options.capacity_tokens >= 16 && options.capacity_tokens % 16 == 0,
        "capacity_tokens must be a positive multiple of 16");

@@ -101,6 +101,10 @@ struct EngineOptions {
   // same two all-reduces; no early exit (draft_early_exit refused). Checkpoints are not sharded
   // yet.
   TensorParallel tp;
+  // A shard measured alone (tp.size > 1, no communicator): an empty kernel without PDL
+  // (launch_collective_stub) at each all-reduce position, the break each collective makes in the
+  // PDL chain of the real TP graphs (calibrate's collective_break samples).
+  bool collective_stubs = false;
   // Pipeline parallelism (runtime/pipeline_parallel.h): with a communicator, create_synthetic
   // builds this stage of the model it is given (pp_stage_config) and the forwards hand the hidden
   // state to the next stage and the sampled ids back to stage 0 (NCCL send/recv, in prefill and

@@ -14,6 +14,7 @@
 #include "policies/calibration_model.h"
 #include "policies/error.h"
 #include "runtime/comm.h"
+#include "runtime/device_ops.h"
 #include "runtime/engine.h"
 #include "runtime/engine_internal.h"
 #include "runtime/pipeline_parallel.h"
@@ -233,7 +234,13 @@ void Engine::init_synthetic_tp(const LlamaConfig& full, uint64_t seed, double dr
 }
 
 void Engine::tp_all_reduce(bf16* x, int rows, const char* name) {
-  if (!options_.tp.active()) return;
+  if (!options_.tp.active()) {
+    if (options_.collective_stubs) {
+      if (name != nullptr) node(name);
+      launch_collective_stub(compute_);
+    }
+    return;
+  }
   if (name != nullptr) node(name);
   all_reduce_bf16(*options_.tp.comm, x, size_t(rows) * size_t(config_.hidden), compute_);
 }

@@ -378,12 +378,49 @@ std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<Calibratio
   return out;
 }
 
+std::vector<HardwareSpec::NodeGap> break_gap_by_rows(const std::vector<CalibrationSample>& samples,
+                                                     std::string_view mode, double empty_node_ns) {
+  // Medians by (model, batch) and context: the stubbed steps and the plain ones.
+  using Key = std::pair<std::string, int64_t>;
+  std::map<Key, std::map<int64_t, std::vector<double>>> plain, stubbed;
+  std::map<Key, int64_t> stubs;
+  for (const CalibrationSample& s : samples) {
+    if (s.mode != mode || s.batch < 1) continue;
+    if (s.kind != "collective_break") continue;
+    if (s.name == "plain") plain[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
+    if (s.name == "stubbed" && s.nodes >= 1) {
+      stubbed[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
+      stubs[{s.model, s.batch}] = s.nodes;
+    }
+  }
+  std::vector<HardwareSpec::NodeGap> out;
+  for (const auto& [key, by_ctx] : stubbed) {
+    const auto it = plain.find(key);
+    if (it == plain.end()) continue;
+    std::vector<double> gaps;
+    for (const auto& [ctx, v] : by_ctx) {
+      // The plain step of the nearest context (calibrate runs both engines through the same
+      // launch sequence: the contexts are equal).
+      const auto& steps = it->second;
+      auto near = steps.lower_bound(ctx);
+      if (near == steps.end() ||
+          (near != steps.begin() && ctx - std::prev(near)->first < near->first - ctx)) {
+        near = std::prev(near);
+      }
+      gaps.push_back((median(v) - median(near->second)) / double(stubs[key]) - empty_node_ns);
+    }
+    out.push_back({key.first, key.second, std::llround(median(gaps))});
+  }
+  return out;
+}
+
 CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples,
                                    const std::string& name, const std::string& base,
                                    const ProfileHeader& header) {
   static const char* const kKinds[] = {
-      "kernel",      "node_gap", "eager_launch", "graph_launch",  "event_sync", "d2h",
-      "stream_read", "host_op",  "step",         "step_profiled", "spec_graph", "prefill"};
+      "kernel",     "node_gap",    "eager_launch",    "graph_launch", "event_sync",
+      "d2h",        "stream_read", "host_op",         "step",         "step_profiled",
+      "spec_graph", "prefill",     "collective_break"};
   CalibrationProfile p;
   p.name = name;
   p.base = base;
@@ -688,6 +725,11 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   // step's priced kernels plus one gap per node reproduce it.
   p.hw.pdl_node_gap_by_rows = node_gap_by_rows(samples, p.hw, "pdl");
   p.hw.graph_node_gap_by_rows = node_gap_by_rows(samples, p.hw, "graph");
+  // What a collective costs its neighbours in a TP graph (calibrate --tp's stubbed steps), over
+  // one empty kernel's node time in a graph.
+  p.hw.pdl_break_gap_by_rows = break_gap_by_rows(samples, "pdl", double(p.hw.graph_node_gap_ns));
+  p.hw.graph_break_gap_by_rows =
+      break_gap_by_rows(samples, "graph", double(p.hw.graph_node_gap_ns));
   // Speculative graphs (simulator/spec_graphs.h): last, against the kernel fits and node gap
   // fitted above, which the residuals correct.
   p.hw.spec_graph_residuals = fit_spec_graph_residuals(samples, p.hw);
@@ -763,10 +805,12 @@ std::string calibration_report(const CalibrationProfile& p) {
       out += "\n";
     }
   }
-  for (const auto& [mode, table] : {std::pair{"pdl", &p.hw.pdl_node_gap_by_rows},
-                                    std::pair{"graph", &p.hw.graph_node_gap_by_rows}}) {
+  for (const auto& [mode, table] : {std::pair{"pdl node", &p.hw.pdl_node_gap_by_rows},
+                                    std::pair{"graph node", &p.hw.graph_node_gap_by_rows},
+                                    std::pair{"pdl break", &p.hw.pdl_break_gap_by_rows},
+                                    std::pair{"graph break", &p.hw.graph_break_gap_by_rows}}) {
     for (const HardwareSpec::NodeGap& g : *table) {
-      std::snprintf(line, sizeof line, "%s node gap %s rows %lld: %lld ns\n", mode, g.model.c_str(),
+      std::snprintf(line, sizeof line, "%s gap %s rows %lld: %lld ns\n", mode, g.model.c_str(),
                     static_cast<long long>(g.rows), static_cast<long long>(g.gap_ns));
       out += line;
     }

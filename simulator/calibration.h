@@ -97,6 +97,14 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
 std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<CalibrationSample>& samples,
                                                     const HardwareSpec& hw, std::string_view mode);
 
+// The break gap of graph mode `mode` per shard and decode batch (HardwareSpec::
+// pdl_break_gap_by_rows, graph_break_gap_by_rows), from collective_break samples: per context of
+// a (model, batch), (median "stubbed" step − median "plain" step of the nearest context) / stubs
+// − empty_node_ns (one empty kernel's node time in a graph, graph_node_gap_ns), the median over
+// contexts, rounded. Signed. Models or batches without both names get no entry.
+std::vector<HardwareSpec::NodeGap> break_gap_by_rows(const std::vector<CalibrationSample>& samples,
+                                                     std::string_view mode, double empty_node_ns);
+
 // Human-readable fit summary: per class R², max relative error and sample count; the figures.
 std::string calibration_report(const CalibrationProfile& profile);
 

@@ -596,9 +596,21 @@ class Engine {
     }
   }
 
-  // The gap before the first node after a collective: no overlap with it (at least the plain
-  // graph node gap).
-  int64_t resume_gap_ns(int64_t gap_ns) const { return std::max(gap_ns, hw_.graph_node_gap_ns); }
+  // The gap before the first node after a collective in launch `g` running `w`, whose nodes are
+  // `gap_ns` apart: in graph and PDL modes that gap plus the profile's break gap of the model and
+  // rows (break_gap_for: the shard's steps measured with a non-PDL empty kernel at each
+  // collective position); otherwise (eager, or no entry) no overlap with the collective, at least
+  // the plain graph node gap.
+  int64_t resume_gap_ns(const GraphLaunch& g, const DeviceWork& w, int64_t gap_ns) const {
+    if (g.mode != GraphMode::kEager) {
+      const std::string& key = w.model == &draft_ ? gap_draft_ : gap_model_;
+      if (const std::optional<int64_t> extra =
+              break_gap_for(hw_, g.mode == GraphMode::kCudaGraphPdl, key, w.shape.tokens)) {
+        return gap_ns + *extra;
+      }
+    }
+    return std::max(gap_ns, hw_.graph_node_gap_ns);
+  }
 
   // One rank alone: the graph is priced as a whole where nothing observes its nodes.
   void launch_single(int32_t rank_id, Rank& r, const Op& op) {
@@ -744,10 +756,10 @@ class Engine {
 
   // gap_ns: between two compute nodes (under PDL possibly negative: an overlap); the first node
   // after a collective waits for it (an NCCL kernel neither triggers early nor is PDL-launched),
-  // so it gets resume_gap_ns(gap_ns).
+  // so it gets resume_ns (resume_gap_ns).
   const SegmentTemplate& segment_template(const ModelSpec& m, int32_t requests, int32_t q_tokens,
-                                          int32_t rank, int64_t gap_ns) {
-    const auto key = std::make_tuple(&m == &draft_, requests, q_tokens, rank, gap_ns);
+                                          int32_t rank, int64_t gap_ns, int64_t resume_ns) {
+    const auto key = std::make_tuple(&m == &draft_, requests, q_tokens, rank, gap_ns, resume_ns);
     auto it = templates_.find(key);
     if (it != templates_.end()) return it->second;
     SegmentTemplate t;
@@ -783,7 +795,7 @@ class Engine {
         after_coll = true;
         continue;
       }
-      seg.gap_ns += after_coll ? resume_gap_ns(gap_ns) : gap_ns;
+      seg.gap_ns += after_coll ? resume_ns : gap_ns;
       after_coll = false;
       if (v.slope.bytes_read == 0 && v.slope.bytes_written == 0 && v.slope.flops == 0) {
         seg.fixed_ns += cost_.kernel_ns(a);
@@ -819,6 +831,7 @@ class Engine {
       // Node-by-node timing: a negative PDL gap overlaps a node with its predecessor, except
       // right after a collective (resume_gap_ns).
       const int64_t gap_ns = node_gap_ns(*is.g, work);
+      const int64_t resume_ns = resume_gap_ns(*is.g, work, gap_ns);
       const bool eager = is.g->mode == GraphMode::kEager;
       const bool prefill = is.g->phase == Phase::kPrefill;
       // Under PP the draft module runs on the last stage (draft_module_kernels), whole.
@@ -853,7 +866,7 @@ class Engine {
       is.templates.clear();
       for (size_t j = 0; affine && j < is.microbatches.size(); ++j) {
         is.templates.push_back(&segment_template(*work.model, is.microbatches[j].requests,
-                                                 work.q_tokens, int32_t(ri), gap_ns));
+                                                 work.q_tokens, int32_t(ri), gap_ns, resume_ns));
         affine = is.templates.back()->affine;
       }
       if (affine) {
@@ -890,8 +903,8 @@ class Engine {
             is.items.push_back({0, 0, ready, k.name, &k});
             after_coll = true;
           } else {
-            is.items.push_back({cost_.kernel_ns(k), after_coll ? resume_gap_ns(gap_ns) : gap_ns,
-                                ready, k.name, nullptr});
+            is.items.push_back(
+                {cost_.kernel_ns(k), after_coll ? resume_ns : gap_ns, ready, k.name, nullptr});
             after_coll = false;
             bytes += k.bytes_read;
           }
@@ -1181,7 +1194,8 @@ class Engine {
   StepKernels kernels_;
   int32_t repeat_ = 1;  // forward passes of kernels_ in the launch being executed
   std::unordered_map<uint64_t, DecodeCost> decode_costs_;
-  std::map<std::tuple<bool, int32_t, int32_t, int32_t, int64_t>, SegmentTemplate> templates_;
+  std::map<std::tuple<bool, int32_t, int32_t, int32_t, int64_t, int64_t>, SegmentTemplate>
+      templates_;
 };
 
 }  // namespace

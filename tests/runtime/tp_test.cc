@@ -593,6 +593,39 @@ TEST(TensorParallel, OneRankPathEqualsPlainEngine) {
   }
 }
 
+// A shard measured alone with collective stubs (calibrate's collective_break pass): an empty
+// non-PDL kernel at each all-reduce position changes no data, so the shard's greedy tokens equal
+// those of the same shard without them in every graph mode, and its decode graph names the
+// positions (2 per layer: after o_proj and after the MLP). Stubs without tp.size > 1, or with a
+// communicator, are refused.
+TEST(TensorParallel, CollectiveStubsChangeNoTokens) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpec spec = tiny_runtime_spec();
+  const LlamaConfig full = llama_config_from_spec(spec);
+  const LlamaConfig shard = runtime::tp_shard_config(full, 0, 2);
+  EngineOptions eo;
+  eo.max_slots = 4;
+  eo.capacity_tokens = 256;
+  eo.tp.size = 2;
+  auto plain = Engine::create_synthetic(shard, 7, eo);
+  eo.collective_stubs = true;
+  auto stubbed = Engine::create_synthetic(shard, 7, eo);
+  for (GraphMode mode : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
+    const auto a = greedy(*plain, spec, workload(37, 48, 3), HostSchedule::kRunahead, mode);
+    const auto b = greedy(*stubbed, spec, workload(37, 48, 3), HostSchedule::kRunahead, mode);
+    EXPECT_EQ(a, b) << "graph mode " << int(mode);
+  }
+  plain->prepare(GraphMode::kCudaGraph, 1);
+  stubbed->prepare(GraphMode::kCudaGraph, 1);
+  int64_t positions = 0;
+  for (const char* name : stubbed->decode_node_names(1)) positions += group_collective_name(name);
+  EXPECT_EQ(positions, 2 * shard.layers);
+  EXPECT_EQ(plain->decode_node_names(1).size() + size_t(positions),
+            stubbed->decode_node_names(1).size());
+  eo.tp.size = 1;
+  EXPECT_THROW(Engine::create_synthetic(full, 7, eo), ConfigError);
+}
+
 // The speculative policies a TP engine runs: chain(5), and confidence-scheduled drafts decided on
 // the device (without early exit) and late on the host.
 std::vector<std::pair<const char*, SpecSpec>> tp_spec_policies() {

@@ -585,7 +585,7 @@ TEST_F(ProfileDir, BrokenProfileGivesItsPositionAndTheAvailableProfiles) {
       path +
           ":3:1: unknown field 'extra' in the profile; known: format, name, base, "
           "header, figures, kernels, kernel_names, kernel_model_fits, pdl_node_gap_by_rows, "
-          "graph_node_gap_by_rows, "
+          "graph_node_gap_by_rows, pdl_break_gap_by_rows, graph_break_gap_by_rows, "
           "host_ops, measurements, collective_skew, spec_graph_residuals (presets: b200, b300, "
           "h100, h20, h200; calibrated profiles in " +
           dir_.string() + ": broken, h200-test)");
@@ -1027,6 +1027,43 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 1), 50);   // a model never measured
 }
 
+TEST(NodeGap, BreakGapFromTheStubbedStepsAgainstThePlainOnes) {
+  // A shard's PDL steps, plain and with an empty non-PDL kernel at each of its 10 collective
+  // positions. Per context: (stubbed − plain) / 10 − 500 (one empty node in a graph): at ctx 100
+  // (1020000 − 1000000) / 10 − 500 = 1500; at ctx 1002 against the plain step of the nearest
+  // context (1000): (1122000 − 1100000) / 10 − 500 = 1700; the entry is their median, 1600.
+  std::vector<CalibrationSample> s;
+  auto add = [&](const char* name, const char* mode, int64_t batch, int64_t ctx, double ns) {
+    CalibrationSample x = sample("collective_break", ns);
+    x.name = name;
+    x.model = "qwen3-30b-a3b@tp2";
+    x.mode = mode;
+    x.batch = batch;
+    x.ctx_tokens = ctx;
+    x.nodes = std::string(name) == "stubbed" ? 10 : 0;
+    s.push_back(x);
+  };
+  for (const double ns : {999900.0, 1000000.0, 1000100.0}) add("plain", "pdl", 1, 100, ns);
+  add("plain", "pdl", 1, 1000, 1100000);
+  add("plain", "pdl", 1, 5000, 900000);  // far from every stubbed context: unused
+  for (int i = 0; i < 3; ++i) add("stubbed", "pdl", 1, 100, 1020000);
+  add("stubbed", "pdl", 1, 1002, 1122000);
+  add("stubbed", "pdl", 2, 100, 2000000);             // no plain steps at batch 2: no entry
+  add("plain", "graph", 1, 100, 990000);              // graph steps pair only with graph breaks
+  CalibrationSample decode = sample("step", 500000);  // decode-grid steps play no part
+  decode.model = "qwen3-30b-a3b@tp2";
+  decode.mode = "pdl";
+  decode.batch = 1;
+  decode.ctx_tokens = 100;
+  s.push_back(decode);
+  const std::vector<HardwareSpec::NodeGap> g = break_gap_by_rows(s, "pdl", 500);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].model, "qwen3-30b-a3b@tp2");
+  EXPECT_EQ(g[0].rows, 1);
+  EXPECT_EQ(g[0].gap_ns, 1600);
+  EXPECT_TRUE(break_gap_by_rows(s, "graph", 500).empty());
+}
+
 TEST(CalibrationProfile, NameFitsAndNodeGapsRoundTrip) {
   CalibrationProfile p = fit_calibration(synthetic_session(), "h200-test", "h200", kHeader);
   KernelFit f;
@@ -1046,7 +1083,16 @@ TEST(CalibrationProfile, NameFitsAndNodeGapsRoundTrip) {
   p.hw.kernel_name_fits[1].second.wide_base_ns = 4000;
   p.hw.pdl_node_gap_by_rows = {{"llama-3-8b", 1, -966}, {"llama-3-8b", 16, 9516}, {"other", 4, 0}};
   p.hw.graph_node_gap_by_rows = {{"llama-3-8b", 1, 781}, {"llama-3-8b", 2, 640}};
+  p.hw.pdl_break_gap_by_rows = {{"qwen3-30b-a3b@tp2", 1, 1650}, {"qwen3-30b-a3b@tp2", 16, -120}};
+  p.hw.graph_break_gap_by_rows = {{"qwen3-30b-a3b@tp2", 1, 240}};
   const CalibrationProfile q = parse_calibration_profile(write_calibration_profile(p), "mem");
+  // The break gaps: read back, looked up by rows (first entry >= rows, the last above), and
+  // absent for a model without entries.
+  EXPECT_EQ(break_gap_for(q.hw, true, "qwen3-30b-a3b@tp2", 1), 1650);
+  EXPECT_EQ(break_gap_for(q.hw, true, "qwen3-30b-a3b@tp2", 2), -120);
+  EXPECT_EQ(break_gap_for(q.hw, true, "qwen3-30b-a3b@tp2", 64), -120);
+  EXPECT_EQ(break_gap_for(q.hw, false, "qwen3-30b-a3b@tp2", 8), 240);
+  EXPECT_EQ(break_gap_for(q.hw, true, "llama-3-8b@tp2", 1), std::nullopt);
   ASSERT_EQ(q.hw.kernel_name_fits.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(q.hw.kernel_name_fits[i].first, p.hw.kernel_name_fits[i].first);

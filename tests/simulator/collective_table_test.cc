@@ -603,12 +603,13 @@ const char* kTp2Experiment =
 
 // Rank 0's steps of a TP2 tiny-llama run, one DecodeLoop per rank, zero host costs (the ranks
 // stay in step, so a step's collective_ns is the sum of its collectives' prices).
-std::vector<StepSample> simulate_tp2(const HardwareSpec& hw, const WorkloadSpec& w) {
+std::vector<StepSample> simulate_tp2(const HardwareSpec& hw, const WorkloadSpec& w,
+                                     const PolicySpec& policy = PolicySpec{}) {
   const LayoutSpec layout = parse_layout("TP2");
   const std::vector<RequestSpec> requests = generate_requests(w);
   RunRecord record, shadow;
-  DecodeLoop rank0(PolicySpec{}, w, requests, &record);
-  DecodeLoop rank1(PolicySpec{}, w, requests, &shadow);
+  DecodeLoop rank0(policy, w, requests, &record);
+  DecodeLoop rank1(policy, w, requests, &shadow);
   HostProgram* ranks[] = {&rank0, &rank1};
   HostCostModel host(testing::fixed_host_costs(0, 0, 0), 1);
   SimOptions options;
@@ -658,6 +659,48 @@ TEST_F(NcclProfileDir, Tp2DecodePricesAllReducesFromTheGraphTablePrefillFromTheE
     }
     EXPECT_EQ(prefill, 1);
     EXPECT_GE(decode, 5);
+  }
+}
+
+// The first node after a collective (HardwareSpec::*_break_gap_by_rows): its mode's node gap
+// plus the shard's break gap where the profile has one, else max(gap, graph_node_gap_ns). A TP2
+// tiny-llama decode step resumes after 5 all-reduces (the embedding's and two per layer; the
+// argmax all-gather ends the launch), so its GPU busy time moves by 5 x the change of that gap.
+TEST_F(NcclProfileDir, TheNodeAfterACollectiveTakesTheBreakGap) {
+  const Experiment e = load_experiment_text(kTp2Experiment, "exp.yaml");
+  HardwareSpec hw = e.variants[0].hardware;
+  hw.graph_node_gap_ns = 500;
+  hw.pdl_node_gap_by_rows = {{"tiny-llama@tp2", 1, -300}};
+  auto busy = [&](const HardwareSpec& h, GraphMode mode) {
+    PolicySpec policy;
+    policy.graph_mode = mode;
+    std::vector<int64_t> out;
+    for (const StepSample& s : simulate_tp2(h, e.variants[0].workload, policy)) {
+      if (s.prefills == 0 && s.batch == 1) out.push_back(s.gpu_busy_ns);
+    }
+    return out;
+  };
+  struct Case {
+    GraphMode mode;
+    std::vector<HardwareSpec::NodeGap> HardwareSpec::*table;
+    int64_t gap_ns;  // the mode's node gap: PDL -300 (by rows), graph 500 (the figure)
+  };
+  for (const Case& c : {Case{GraphMode::kCudaGraphPdl, &HardwareSpec::pdl_break_gap_by_rows, -300},
+                        Case{GraphMode::kCudaGraph, &HardwareSpec::graph_break_gap_by_rows, 500}}) {
+    SCOPED_TRACE(graph_mode_name(c.mode));
+    HardwareSpec with = hw;
+    (with.*c.table) = {{"tiny-llama@tp2", 1, 1700}};
+    HardwareSpec other = hw;  // another shard's entry: this one keeps the old rule
+    (other.*c.table) = {{"tiny-llama@tp4", 1, 1700}};
+    const std::vector<int64_t> base = busy(hw, c.mode), broken = busy(with, c.mode),
+                               unrelated = busy(other, c.mode);
+    ASSERT_GE(base.size(), 5u);
+    ASSERT_EQ(broken.size(), base.size());
+    const int64_t before = std::max<int64_t>(c.gap_ns, 500), after = c.gap_ns + 1700;
+    for (size_t i = 0; i < base.size(); ++i) {
+      EXPECT_EQ(broken[i] - base[i], 5 * (after - before)) << "step " << i;
+      EXPECT_EQ(unrelated[i], base[i]) << "step " << i;
+    }
   }
 }
 

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# What a collective costs its neighbours in a TP graph, measured on one GPU (docs/calibration.md
+# "Collective breaks"): build; the stub test (TensorParallel.CollectiveStubsChangeNoTokens); then
+# `calibrate --breaks-only` of the TP shards (their decode steps with and without an empty non-PDL
+# kernel at each collective position) into a copy of CAL_DB, one session per line of BREAKS.
+#   scripts/gpu_breaks.sh OUT_DIR
+# Writes OUT_DIR/{configure,build,stub_test,breaks_*}.log and OUT_DIR/cal.db.
+# Env: CAL_DB (default results/h200/calibration_6321eb9.db.xz); BREAKS (default: qwen3-30b-a3b and
+# llama-3-8b at tp 2 over ctx 128,1024, and qwen3-30b-a3b at tp 2 and 4 over ctx 8192), lines of
+# "MODEL TP CONTEXTS BATCHES"; TWINSTEP_BUILD_DIR (default build).
+set -uo pipefail
+out=${1:?usage: scripts/gpu_breaks.sh OUT_DIR}
+mkdir -p "$out"
+source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
+build=${TWINSTEP_BUILD_DIR:-$root/build}
+status=0
+step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
+
+step configure
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+step build
+cmake --build "$build" -j"$(nproc)" --target twinstep runtime_tp_gpu_test >"$out/build.log" 2>&1 ||
+  { grep -E "error" "$out/build.log" | head -30; exit 1; }
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+
+step "stub test"
+timeout 300 "$build/tests/runtime/runtime_tp_gpu_test" \
+  --gtest_filter='TensorParallel.CollectiveStubs*' >"$out/stub_test.log" 2>&1 || status=1
+grep -E "OK \]|FAILED|SKIPPED \]" "$out/stub_test.log" | head
+
+cal=${CAL_DB:-$root/results/h200/calibration_6321eb9.db.xz}
+case $cal in
+  *.xz) xz -dc "$cal" >"$out/cal.db" ;;
+  *) cp "$cal" "$out/cal.db" ;;
+esac
+breaks=${BREAKS:-"qwen3-30b-a3b 2 128,1024 1,2,4,8,16
+llama-3-8b 2 128,1024 1,2,4,8,16
+qwen3-30b-a3b 2 8192 1,2,4,8,16
+qwen3-30b-a3b 4 8192 1,2,4"}
+while read -r model tp contexts batches; do
+  [ -n "$model" ] || continue
+  name=${model}_tp${tp}_${contexts//,/-}
+  step "calibrate --breaks-only $model --tp $tp --contexts $contexts"
+  timeout 300 "$build/twinstep" --db "$out/cal.db" calibrate --out "$out/$name.yaml" --breaks-only \
+    --tp "$tp" --models "$model" --contexts "$contexts" --batches "$batches" \
+    >"$out/breaks_$name.log" 2>&1 || status=1
+  grep -E "break gap" "$out/breaks_$name.log" | head -12
+done <<<"$breaks"
+exit $status
