@@ -166,8 +166,9 @@ struct HardwareSpec {
   // collective_break samples): the shard's step measured alone with an empty non-PDL kernel at
   // each collective position, less the plain step, per position, less one empty kernel's node
   // time in a graph (graph_node_gap_ns). The first node after a collective then gets its mode's
-  // node gap plus this (signed), looked up by model and rows as above; where the table has no
-  // entry for the model, max(gap, graph_node_gap_ns) (the simulator's earlier rule).
+  // node gap plus this (signed), looked up by the shard's label ("<model>@tp<N>", whether or not
+  // its node gaps are measured) and rows as above; where the table has no entry for the shard,
+  // max(gap, graph_node_gap_ns) (the simulator's earlier rule).
   std::vector<NodeGap> pdl_break_gap_by_rows;
   std::vector<NodeGap> graph_break_gap_by_rows;
 

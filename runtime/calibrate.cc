@@ -319,42 +319,56 @@ class InSitu {
  private:
   int reps() const { return o_.quick ? 6 : 16; }
 
-  void run_context(const LlamaConfig& config, int ctx, const std::vector<int>& batches,
-                   bool profiled, std::map<int, GridPoint>& points) {
+  // An engine of the grid at context `ctx` (eo: the caller's options; this sets slots, capacity,
+  // the shard and routing records), warmed up as a real run starts (RealOptions::warmup_launches:
+  // decode, then the prefill of every slot's prompt, then the timed launches; docs/calibration.md
+  // "Warm-up before timed decode": capturing the graphs before the warm-up, or timing PDL before
+  // plain graphs, was measured and changed nothing), its graph and PDL graphs captured. Every
+  // engine built here for one context reaches each grid point at the same contexts.
+  struct GridEngine {
+    std::unique_ptr<Engine> engine;
+    std::vector<int32_t> slots;  // 0 .. max batch - 1
+  };
+  GridEngine grid_engine(const LlamaConfig& config, int ctx, const std::vector<int>& batches,
+                         EngineOptions eo, const char* what) {
     const int max_batch = batches.back();
     // Per slot, worst case: every batch in three modes (graph, PDL, eager), in both passes.
     const int launches = 3 * int(batches.size()) * (reps() + 2);
-    EngineOptions eo;
     eo.max_slots = max_batch;
     // As the real backend sizes it (real_factory.cc): the KV capacity sets the attention split.
     eo.capacity_tokens = ((ctx + 15) / 16 * 16 + launches + 63) / 64 * 64;
-    eo.profile_nodes = profiled;
     eo.tp.size = o_.tp;  // a shard measured alone: no communicator, no collectives
-    // MoE: each launch's routing, for its kernel samples (kernel_samples). Both passes alike, so
+    // MoE: each launch's routing, for its kernel samples (kernel_samples). Every pass alike, so
     // that the step times pair; a ring of kTsRing launches x layers x bucket rows x top_k ids
     // (Qwen3-30B-A3B, 64 rows: 25 MB), top_k 4-byte stores per row and layer in the router.
     eo.record_routing = config.moe();
     std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", label_.c_str(), ctx, max_batch,
-                 profiled ? "profiled" : "unprofiled");
-    auto engine = Engine::create_synthetic(config, 1, eo);
-    // As a real run starts (RealOptions::warmup_launches): decode, then the prefill, then the
-    // timed launches (docs/calibration.md "Warm-up before timed decode": capturing the graphs
-    // before the warm-up, or timing PDL before plain graphs, was measured and changed nothing).
-    engine->warm_up(GraphMode::kCudaGraph, kDecodeWarmupLaunches);
-    const size_t slot_count = size_t(max_batch);
-    std::vector<int32_t> slots(slot_count);
+                 what);
+    GridEngine g{Engine::create_synthetic(config, 1, eo), {}};
+    g.engine->warm_up(GraphMode::kCudaGraph, kDecodeWarmupLaunches);
+    const size_t slot_count = static_cast<size_t>(max_batch);
     std::vector<std::vector<int32_t>> prompts(slot_count);
     for (int i = 0; i < max_batch; ++i) {
-      slots[size_t(i)] = i;
+      g.slots.push_back(i);
       prompts[size_t(i)].resize(size_t(ctx));
       for (int t = 0; t < ctx; ++t) prompts[size_t(i)][size_t(t)] = (i * 7919 + t * 31) % 32000;
     }
-    engine->enqueue_prefill(slots, prompts);
-    TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
-    std::vector<int64_t> slot_ctx(slot_count, ctx);
+    g.engine->enqueue_prefill(g.slots, prompts);
+    TS_CUDA_CHECK(cudaStreamSynchronize(g.engine->compute_stream()));
     for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
-      engine->prepare(mode, max_batch);
+      g.engine->prepare(mode, max_batch);
     }
+    return g;
+  }
+
+  void run_context(const LlamaConfig& config, int ctx, const std::vector<int>& batches,
+                   bool profiled, std::map<int, GridPoint>& points) {
+    EngineOptions eo;
+    eo.profile_nodes = profiled;
+    GridEngine g = grid_engine(config, ctx, batches, eo, profiled ? "profiled" : "unprofiled");
+    Engine* engine = g.engine.get();
+    const std::vector<int32_t>& slots = g.slots;
+    std::vector<int64_t> slot_ctx(slots.size(), ctx);
     Events ev(size_t(2 * reps()));
     for (const int batch : batches) {
       const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
@@ -432,32 +446,13 @@ class InSitu {
   // broken on both sides (simulator: HardwareSpec::*_break_gap_by_rows).
   void collective_breaks(const LlamaConfig& config, int ctx, const std::vector<int>& batches,
                          bool stubs_on) {
-    const int max_batch = batches.back();
-    const int launches = 3 * int(batches.size()) * (reps() + 2);
     EngineOptions eo;
-    eo.max_slots = max_batch;
-    eo.capacity_tokens = ((ctx + 15) / 16 * 16 + launches + 63) / 64 * 64;
-    eo.tp.size = o_.tp;
     eo.collective_stubs = stubs_on;
-    eo.record_routing = config.moe();
-    std::fprintf(o_.log, "calibrate: %s ctx %d, %d slots, %s\n", label_.c_str(), ctx, max_batch,
-                 stubs_on ? "collective stubs" : "no collective stubs");
-    auto engine = Engine::create_synthetic(config, 1, eo);
-    engine->warm_up(GraphMode::kCudaGraph, kDecodeWarmupLaunches);
-    const size_t slot_count = size_t(max_batch);
-    std::vector<int32_t> slots(slot_count);
-    std::vector<std::vector<int32_t>> prompts(slot_count);
-    for (int i = 0; i < max_batch; ++i) {
-      slots[size_t(i)] = i;
-      prompts[size_t(i)].resize(size_t(ctx));
-      for (int t = 0; t < ctx; ++t) prompts[size_t(i)][size_t(t)] = (i * 7919 + t * 31) % 32000;
-    }
-    engine->enqueue_prefill(slots, prompts);
-    TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
-    for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl}) {
-      engine->prepare(mode, max_batch);
-    }
-    std::vector<int64_t> slot_ctx(slot_count, ctx);
+    GridEngine g =
+        grid_engine(config, ctx, batches, eo, stubs_on ? "collective stubs" : "no collective stubs");
+    Engine* engine = g.engine.get();
+    const std::vector<int32_t>& slots = g.slots;
+    std::vector<int64_t> slot_ctx(slots.size(), ctx);
     Events ev(size_t(2 * reps()));
     for (const int batch : batches) {
       const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));

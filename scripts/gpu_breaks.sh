@@ -5,7 +5,8 @@
 # kernel at each collective position) into a copy of CAL_DB, one session per line of BREAKS.
 #   scripts/gpu_breaks.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,stub_test,breaks_*}.log and OUT_DIR/cal.db.
-# Env: CAL_DB (default results/h200/calibration_6321eb9.db.xz); BREAKS (default: qwen3-30b-a3b and
+# Env: CAL_DB (default results/h200/calibration_b2772ed.db.xz: its sessions 17-20 are this
+# script's, measured into a copy of sessions 1-16); BREAKS (default: qwen3-30b-a3b and
 # llama-3-8b at tp 2 over ctx 128,1024, and qwen3-30b-a3b at tp 2 and 4 over ctx 8192), lines of
 # "MODEL TP CONTEXTS BATCHES"; TWINSTEP_BUILD_DIR (default build).
 set -uo pipefail
@@ -29,7 +30,7 @@ timeout 300 "$build/tests/runtime/runtime_tp_gpu_test" \
   --gtest_filter='TensorParallel.CollectiveStubs*' >"$out/stub_test.log" 2>&1 || status=1
 grep -E "OK \]|FAILED|SKIPPED \]" "$out/stub_test.log" | head
 
-cal=${CAL_DB:-$root/results/h200/calibration_6321eb9.db.xz}
+cal=${CAL_DB:-$root/results/h200/calibration_b2772ed.db.xz}
 case $cal in
   *.xz) xz -dc "$cal" >"$out/cal.db" ;;
   *) cp "$cal" "$out/cal.db" ;;

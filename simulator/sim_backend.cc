@@ -125,6 +125,8 @@ class Engine {
         width_(options.layout.width()),
         gap_model_(pdl_gap_model(hw, model.name, options.layout.width())),
         gap_draft_(pdl_gap_model(hw, draft.name, options.layout.width())),
+        break_model_(width_ > 1 ? calibration_model_label(model.name, width_) : model.name),
+        break_draft_(width_ > 1 ? calibration_model_label(draft.name, width_) : draft.name),
         spec_model_(spec_residual_model(hw, model.name, options.layout)),
         model_moe_(model.has_moe()) {}
 
@@ -597,13 +599,13 @@ class Engine {
   }
 
   // The gap before the first node after a collective in launch `g` running `w`, whose nodes are
-  // `gap_ns` apart: in graph and PDL modes that gap plus the profile's break gap of the model and
-  // rows (break_gap_for: the shard's steps measured with a non-PDL empty kernel at each
+  // `gap_ns` apart: in graph and PDL modes that gap plus the profile's break gap of the rank's
+  // shard and rows (break_gap_for: the shard's steps measured with a non-PDL empty kernel at each
   // collective position); otherwise (eager, or no entry) no overlap with the collective, at least
   // the plain graph node gap.
   int64_t resume_gap_ns(const GraphLaunch& g, const DeviceWork& w, int64_t gap_ns) const {
     if (g.mode != GraphMode::kEager) {
-      const std::string& key = w.model == &draft_ ? gap_draft_ : gap_model_;
+      const std::string& key = w.model == &draft_ ? break_draft_ : break_model_;
       if (const std::optional<int64_t> extra =
               break_gap_for(hw_, g.mode == GraphMode::kCudaGraphPdl, key, w.shape.tokens)) {
         return gap_ns + *extra;
@@ -1180,6 +1182,8 @@ class Engine {
   // shard where there is one
   // (policies/calibration_model.h), else the model.
   std::string gap_model_, gap_draft_;
+  // *_break_gap_by_rows keys: the TP shard's label (break gaps are measured per shard only).
+  std::string break_model_, break_draft_;
   // The label whose speculative graph residuals price this run's spec launches: the model on one
   // GPU, its shard "<model>@tp<N>" for tensor parallelism alone (every rank the same shard);
   // empty where the profile has none (spec_residual_model).

@@ -702,6 +702,17 @@ TEST_F(NcclProfileDir, TheNodeAfterACollectiveTakesTheBreakGap) {
       EXPECT_EQ(unrelated[i], base[i]) << "step " << i;
     }
   }
+  // Break gaps are keyed by the shard even where its node gaps are not measured (the PDL gap is
+  // then the figure, 200): 5 x ((200 + 1700) - max(200, 500)).
+  HardwareSpec figure = hw;
+  figure.pdl_node_gap_by_rows.clear();
+  figure.pdl_node_gap_ns = 200;
+  HardwareSpec figure_broken = figure;
+  figure_broken.pdl_break_gap_by_rows = {{"tiny-llama@tp2", 1, 1700}};
+  const std::vector<int64_t> a = busy(figure, GraphMode::kCudaGraphPdl),
+                             b = busy(figure_broken, GraphMode::kCudaGraphPdl);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(b[i] - a[i], 5 * (1900 - 500)) << "step " << i;
 }
 
 TEST_F(NcclProfileDir, OverridingTheLinkDropsTheTables) {
