@@ -448,8 +448,8 @@ class InSitu {
                          bool stubs_on) {
     EngineOptions eo;
     eo.collective_stubs = stubs_on;
-    GridEngine g =
-        grid_engine(config, ctx, batches, eo, stubs_on ? "collective stubs" : "no collective stubs");
+    GridEngine g = grid_engine(config, ctx, batches, eo,
+                               stubs_on ? "collective stubs" : "no collective stubs");
     Engine* engine = g.engine.get();
     const std::vector<int32_t>& slots = g.slots;
     std::vector<int64_t> slot_ctx(slots.size(), ctx);
