@@ -5,12 +5,13 @@
 # kernel at each collective position) into a copy of CAL_DB, one session per line of BREAKS.
 #   scripts/gpu_breaks.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,stub_test,breaks_*}.log and OUT_DIR/cal.db.
-# Env: CAL_DB (default results/h200/calibration_b2772ed.db.xz); BREAKS, lines of "MODEL TP
+# Env: CAL_DB (default results/h200/calibration_e8341f9.db.xz); BREAKS, lines of "MODEL TP
 # CONTEXTS BATCHES" (default: qwen3-30b-a3b and llama-3-8b at tp 2, qwen3-30b-a3b at tp 4, each
 # over at least four contexts: the fit takes the median over contexts, and one context's pair can
-# be off by 2 us per position, as the first context of a session was in graph mode at b2772ed);
-# TWINSTEP_BUILD_DIR (default build). The committed sessions 21-23 of calibration_9ab229a.db.xz are
-# the default lines (17-20 are b2772ed's first, narrower grids).
+# be off by 2 us per position, as the first context of every session is);
+# TWINSTEP_BUILD_DIR (default build). The committed sessions 21-23 of calibration_e8341f9.db.xz are
+# the default lines, measured into a copy of its sessions 1-20 (17-20: b2772ed's first, narrower
+# grids).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_breaks.sh OUT_DIR}
 mkdir -p "$out"
@@ -32,7 +33,7 @@ timeout 300 "$build/tests/runtime/runtime_tp_gpu_test" \
   --gtest_filter='TensorParallel.CollectiveStubs*' >"$out/stub_test.log" 2>&1 || status=1
 grep -E "OK \]|FAILED|SKIPPED \]" "$out/stub_test.log" | head
 
-cal=${CAL_DB:-$root/results/h200/calibration_b2772ed.db.xz}
+cal=${CAL_DB:-$root/results/h200/calibration_e8341f9.db.xz}
 case $cal in
   *.xz) xz -dc "$cal" >"$out/cal.db" ;;
   *) cp "$cal" "$out/cal.db" ;;
