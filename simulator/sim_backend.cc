@@ -22,6 +22,13 @@
 namespace twinstep {
 namespace {
 
+// `model`'s TP shard label "<model>@tp<N>" where every rank of a stage is a TP rank (tp equal to
+// the stage's width, more than 1), else "".
+std::string tp_shard_label(const std::string& model, const LayoutSpec& layout) {
+  return layout.tp > 1 && layout.tp == layout.width() ? calibration_model_label(model, layout.tp)
+                                                      : std::string();
+}
+
 // The spec_graph_residuals label of `model` under `layout`: the model itself on one GPU; under
 // tensor parallelism alone (tp ranks, no pipeline, data or context split) its TP shard, where
 // calibrate measured that shard's speculative graphs alone; else none ("").
@@ -125,8 +132,8 @@ class Engine {
         width_(options.layout.width()),
         gap_model_(pdl_gap_model(hw, model.name, options.layout.width())),
         gap_draft_(pdl_gap_model(hw, draft.name, options.layout.width())),
-        break_model_(width_ > 1 ? calibration_model_label(model.name, width_) : model.name),
-        break_draft_(width_ > 1 ? calibration_model_label(draft.name, width_) : draft.name),
+        break_model_(tp_shard_label(model.name, options.layout)),
+        break_draft_(tp_shard_label(draft.name, options.layout)),
         spec_model_(spec_residual_model(hw, model.name, options.layout)),
         model_moe_(model.has_moe()) {}
 
@@ -1182,7 +1189,8 @@ class Engine {
   // shard where there is one
   // (policies/calibration_model.h), else the model.
   std::string gap_model_, gap_draft_;
-  // *_break_gap_by_rows keys: the TP shard's label (break gaps are measured per shard only).
+  // *_break_gap_by_rows keys: the TP shard's label under tensor parallelism alone (break gaps are
+  // measured on TP shards only), else "" (no entry: the earlier rule).
   std::string break_model_, break_draft_;
   // The label whose speculative graph residuals price this run's spec launches: the model on one
   // GPU, its shard "<model>@tp<N>" for tensor parallelism alone (every rank the same shard);
