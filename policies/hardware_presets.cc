@@ -1,8 +1,8 @@
 // Hardware presets. Datasheet figures name their source; launch and host-device figures were
 // measured on an H200 (../shared/ANCHORS.md, 2026-11-29) and are reused as stand-ins on parts
 // never measured, which is said in each preset's source string.
-#include <algorithm>
 #include <map>
+#include <optional>
 
 #include "policies/error.h"
 #include "policies/hardware_spec.h"
@@ -143,36 +143,32 @@ namespace twinstep {
 
 namespace {
 
-// `model`'s entry of the smallest rows >= `rows` in `table`, its last above them, else `fallback`.
-int64_t node_gap_in(const std::vector<HardwareSpec::NodeGap>& table, const std::string& model,
-                    int64_t rows, int64_t fallback) {
+// `model`'s entry of the smallest rows >= `rows` in `table`, its last above them; nullopt where
+// the table has none for the model.
+std::optional<int64_t> node_gap_in(const std::vector<HardwareSpec::NodeGap>& table,
+                                   const std::string& model, int64_t rows) {
   const HardwareSpec::NodeGap* last = nullptr;
   for (const HardwareSpec::NodeGap& g : table) {
     if (g.model != model) continue;
     if (rows <= g.rows) return g.gap_ns;
     last = &g;
   }
-  return last != nullptr ? last->gap_ns : fallback;
+  return last != nullptr ? std::optional<int64_t>(last->gap_ns) : std::nullopt;
 }
 
 }  // namespace
 
 int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {
-  return node_gap_in(hw.pdl_node_gap_by_rows, model, rows, hw.pdl_node_gap_ns);
+  return node_gap_in(hw.pdl_node_gap_by_rows, model, rows).value_or(hw.pdl_node_gap_ns);
 }
 
 int64_t graph_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {
-  return node_gap_in(hw.graph_node_gap_by_rows, model, rows, hw.graph_node_gap_ns);
+  return node_gap_in(hw.graph_node_gap_by_rows, model, rows).value_or(hw.graph_node_gap_ns);
 }
 
 std::optional<int64_t> break_gap_for(const HardwareSpec& hw, bool pdl, const std::string& model,
                                      int64_t rows) {
-  const std::vector<HardwareSpec::NodeGap>& table =
-      pdl ? hw.pdl_break_gap_by_rows : hw.graph_break_gap_by_rows;
-  const bool has = std::any_of(table.begin(), table.end(),
-                               [&](const HardwareSpec::NodeGap& g) { return g.model == model; });
-  if (!has) return std::nullopt;
-  return node_gap_in(table, model, rows, 0);
+  return node_gap_in(pdl ? hw.pdl_break_gap_by_rows : hw.graph_break_gap_by_rows, model, rows);
 }
 
 const HardwareSpec::ModelKernelFits* kernel_model_fits_for(const HardwareSpec& hw,

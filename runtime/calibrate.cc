@@ -361,6 +361,40 @@ class InSitu {
     return g;
   }
 
+  // One grid point's launches of `mode`: 2 untimed, then reps() timed back to back, each between
+  // two events of `ev` (host time of its launch call measured too); every caller issues the same
+  // sequence, so engines built alike reach each grid point at the same contexts. `slot_ctx`
+  // advances by the launches; ctx_mid is the batch's summed context before the middle launch.
+  struct TimedLaunches {
+    std::vector<double> step_ns, host_ns;
+    std::vector<int64_t> seqs;
+    int64_t ctx_mid = 0;
+  };
+  TimedLaunches timed_launches(Engine& engine, std::span<const int32_t> batch_slots, GraphMode mode,
+                               std::vector<int64_t>& slot_ctx, Events& ev) {
+    const size_t batch = batch_slots.size();
+    TimedLaunches t;
+    for (int w = 0; w < 2; ++w) engine.enqueue_decode(batch_slots, mode);  // warm-up
+    for (size_t i = 0; i < batch; ++i) slot_ctx[i] += 2;
+    for (int r = 0; r < reps(); ++r) {
+      if (r == reps() / 2) {
+        for (size_t i = 0; i < batch; ++i) t.ctx_mid += slot_ctx[i];
+      }
+      TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], engine.compute_stream()));
+      const auto t0 = Clock::now();
+      t.seqs.push_back(engine.enqueue_decode(batch_slots, mode));
+      const auto t1 = Clock::now();
+      TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], engine.compute_stream()));
+      t.host_ns.push_back(ns_between(t0, t1));
+      for (size_t i = 0; i < batch; ++i) ++slot_ctx[i];
+    }
+    TS_CUDA_CHECK(cudaStreamSynchronize(engine.compute_stream()));
+    for (int r = 0; r < reps(); ++r) {
+      t.step_ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
+    }
+    return t;
+  }
+
   void run_context(const LlamaConfig& config, int ctx, const std::vector<int>& batches,
                    bool profiled, std::map<int, GridPoint>& points) {
     EngineOptions eo;
@@ -381,30 +415,14 @@ class InSitu {
            {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl, GraphMode::kEager}) {
         const bool eager = mode == GraphMode::kEager;
         const char* mode_name = eager ? "eager" : mode == GraphMode::kCudaGraph ? "graph" : "pdl";
-        for (int w = 0; w < 2; ++w) engine->enqueue_decode(batch_slots, mode);  // warm-up
-        for (int i = 0; i < batch; ++i) slot_ctx[size_t(i)] += 2;
-        std::vector<double> host_ns;
-        std::vector<int64_t> seqs;
-        int64_t ctx_mid = 0;
-        for (int r = 0; r < reps(); ++r) {
-          if (r == reps() / 2) {
-            for (int i = 0; i < batch; ++i) ctx_mid += slot_ctx[size_t(i)];
-          }
-          TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], engine->compute_stream()));
-          const auto t0 = Clock::now();
-          seqs.push_back(engine->enqueue_decode(batch_slots, mode));
-          const auto t1 = Clock::now();
-          TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], engine->compute_stream()));
-          host_ns.push_back(ns_between(t0, t1));
-          for (int i = 0; i < batch; ++i) ++slot_ctx[size_t(i)];
-        }
-        TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
+        const TimedLaunches t = timed_launches(*engine, batch_slots, mode, slot_ctx, ev);
+        const std::vector<double>& host_ns = t.host_ns;
+        const std::vector<double>& step_ns = t.step_ns;
+        const int64_t ctx_mid = t.ctx_mid;
         if (profiled && eager) continue;
         const int64_t nodes = int64_t(engine->decode_node_names(batch).size());
-        std::vector<double> step_ns;
         for (int r = 0; r < reps(); ++r) {
-          step_ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
-          CalibrationSample x = sample(profiled ? "step_profiled" : "step", step_ns.back());
+          CalibrationSample x = sample(profiled ? "step_profiled" : "step", step_ns[size_t(r)]);
           x.model = label_;
           x.mode = mode_name;
           x.batch = batch;
@@ -428,7 +446,7 @@ class InSitu {
           if (eager) point.eager_host_ns = median(host_ns);
           if (mode == GraphMode::kCudaGraph) point.ctx_sum = ctx_mid;
         } else if (mode == GraphMode::kCudaGraph) {
-          kernel_samples(*engine, point, median(step_ns), seqs, ctx_mid);
+          kernel_samples(*engine, point, median(step_ns), t.seqs, ctx_mid);
         }
       }
       if (!profiled) {
@@ -456,39 +474,24 @@ class InSitu {
     Events ev(size_t(2 * reps()));
     for (const int batch : batches) {
       const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
-      // The collective positions: named in the stubbed engine's graph; the plain engine's are
-      // the TP step's collectives of the layout (the same count, 0 names).
+      // The collective positions: named in the stubbed engine's graph (the plain shard's graph
+      // names none: it has no collectives).
       int64_t stubs = 0;
       for (const char* name : engine->decode_node_names(batch)) {
         stubs += group_collective_name(name) ? 1 : 0;
       }
-      if (!stubs_on) stubs = 0;
       // The same launch sequence as run_context (graph, PDL, eager), so the contexts match.
       for (const GraphMode mode :
            {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl, GraphMode::kEager}) {
-        const bool eager = mode == GraphMode::kEager;
-        for (int w = 0; w < 2; ++w) engine->enqueue_decode(batch_slots, mode);  // warm-up
-        for (int i = 0; i < batch; ++i) slot_ctx[size_t(i)] += 2;
-        int64_t ctx_mid = 0;
+        const TimedLaunches t = timed_launches(*engine, batch_slots, mode, slot_ctx, ev);
+        if (mode == GraphMode::kEager) continue;
         for (int r = 0; r < reps(); ++r) {
-          if (r == reps() / 2) {
-            for (int i = 0; i < batch; ++i) ctx_mid += slot_ctx[size_t(i)];
-          }
-          TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], engine->compute_stream()));
-          engine->enqueue_decode(batch_slots, mode);
-          TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], engine->compute_stream()));
-          for (int i = 0; i < batch; ++i) ++slot_ctx[size_t(i)];
-        }
-        TS_CUDA_CHECK(cudaStreamSynchronize(engine->compute_stream()));
-        if (eager) continue;
-        for (int r = 0; r < reps(); ++r) {
-          CalibrationSample x =
-              sample("collective_break", ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
+          CalibrationSample x = sample("collective_break", t.step_ns[size_t(r)]);
           x.name = stubs_on ? "stubbed" : "plain";
           x.model = label_;
           x.mode = mode == GraphMode::kCudaGraph ? "graph" : "pdl";
           x.batch = batch;
-          x.ctx_tokens = ctx_mid / batch;
+          x.ctx_tokens = t.ctx_mid / batch;
           x.nodes = stubs;
           out_.push_back(x);
         }
