@@ -399,17 +399,13 @@ std::vector<HardwareSpec::NodeGap> break_gap_by_rows(const std::vector<Calibrati
     if (it == plain.end()) continue;
     std::vector<double> gaps;
     for (const auto& [ctx, v] : by_ctx) {
-      // The plain step of the nearest context (calibrate runs both engines through the same
-      // launch sequence: the contexts are equal).
-      const auto& steps = it->second;
-      auto near = steps.lower_bound(ctx);
-      if (near == steps.end() ||
-          (near != steps.begin() && ctx - std::prev(near)->first < near->first - ctx)) {
-        near = std::prev(near);
-      }
-      gaps.push_back((median(v) - median(near->second)) / double(stubs[key]) - empty_node_ns);
+      // The plain step of the same context (calibrate runs both engines through the same launch
+      // sequence, so the contexts are equal); a context measured one way only is skipped.
+      const auto plain_at = it->second.find(ctx);
+      if (plain_at == it->second.end()) continue;
+      gaps.push_back((median(v) - median(plain_at->second)) / double(stubs[key]) - empty_node_ns);
     }
-    out.push_back({key.first, key.second, std::llround(median(gaps))});
+    if (!gaps.empty()) out.push_back({key.first, key.second, std::llround(median(gaps))});
   }
   return out;
 }

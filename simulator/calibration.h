@@ -99,9 +99,10 @@ std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<Calibratio
 
 // The break gap of graph mode `mode` per shard and decode batch (HardwareSpec::
 // pdl_break_gap_by_rows, graph_break_gap_by_rows), from collective_break samples: per context of
-// a (model, batch), (median "stubbed" step − median "plain" step of the nearest context) / stubs
-// − empty_node_ns (one empty kernel's node time in a graph, graph_node_gap_ns), the median over
-// contexts, rounded. Signed. Models or batches without both names get no entry.
+// a (model, batch), (median "stubbed" step − median "plain" step of the same context) / stubs −
+// empty_node_ns (one empty kernel's node time in a graph, graph_node_gap_ns), the median over
+// the contexts measured both ways, rounded. Signed. A (model, batch) without any such context
+// gets no entry.
 std::vector<HardwareSpec::NodeGap> break_gap_by_rows(const std::vector<CalibrationSample>& samples,
                                                      std::string_view mode, double empty_node_ns);
 

@@ -1030,8 +1030,9 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
 TEST(NodeGap, BreakGapFromTheStubbedStepsAgainstThePlainOnes) {
   // A shard's PDL steps, plain and with an empty non-PDL kernel at each of its 10 collective
   // positions. Per context: (stubbed − plain) / 10 − 500 (one empty node in a graph): at ctx 100
-  // (1020000 − 1000000) / 10 − 500 = 1500; at ctx 1002 against the plain step of the nearest
-  // context (1000): (1122000 − 1100000) / 10 − 500 = 1700; the entry is their median, 1600.
+  // (1020000 − 1000000) / 10 − 500 = 1500; at ctx 1000 (1122000 − 1100000) / 10 − 500 = 1700;
+  // the entry is their median, 1600. Contexts measured one way only (plain 5000, stubbed 1002)
+  // pair with nothing.
   std::vector<CalibrationSample> s;
   auto add = [&](const char* name, const char* mode, int64_t batch, int64_t ctx, double ns) {
     CalibrationSample x = sample("collective_break", ns);
@@ -1045,9 +1046,10 @@ TEST(NodeGap, BreakGapFromTheStubbedStepsAgainstThePlainOnes) {
   };
   for (const double ns : {999900.0, 1000000.0, 1000100.0}) add("plain", "pdl", 1, 100, ns);
   add("plain", "pdl", 1, 1000, 1100000);
-  add("plain", "pdl", 1, 5000, 900000);  // far from every stubbed context: unused
+  add("plain", "pdl", 1, 5000, 900000);  // no stubbed step at 5000: unused
   for (int i = 0; i < 3; ++i) add("stubbed", "pdl", 1, 100, 1020000);
-  add("stubbed", "pdl", 1, 1002, 1122000);
+  add("stubbed", "pdl", 1, 1000, 1122000);
+  add("stubbed", "pdl", 1, 1002, 5000000);            // no plain step at 1002: unused
   add("stubbed", "pdl", 2, 100, 2000000);             // no plain steps at batch 2: no entry
   add("plain", "graph", 1, 100, 990000);              // graph steps pair only with graph breaks
   CalibrationSample decode = sample("step", 500000);  // decode-grid steps play no part
