@@ -1007,6 +1007,9 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
     if (i > 0 && o.batches[i] <= o.batches[i - 1])
       throw Error("calibrate: --batches must be increasing (the largest sizes the engine)");
   }
+  // The GPU state the runner's timed engines meet too (runtime/engine.h): without it the first
+  // grid engine of a process ran its plain-graph steps in the other one.
+  if (!o.models.empty()) settle_gpu_state(llama_config_from_spec(model_preset(o.models.front())));
   CalibrationRun run;
   cudaDeviceProp prop{};
   TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));

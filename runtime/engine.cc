@@ -4,6 +4,9 @@
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -764,6 +767,26 @@ void Engine::prepare(GraphMode mode, int max_batch) {
     }
   }
   TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+void settle_gpu_state(const LlamaConfig& config) {
+  static std::mutex mutex;
+  static std::set<int> settled;  // devices
+  int device = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (settled.count(device) != 0) return;
+  LlamaConfig cut = config;
+  cut.layers = std::min(config.layers, kSettleLayers);
+  cut.first_layer = 0;
+  EngineOptions eo;
+  eo.max_slots = 1;
+  eo.capacity_tokens = 64;
+  for (int i = 0; i < 2; ++i) {
+    std::unique_ptr<Engine> throwaway = Engine::create_synthetic(cut, uint64_t(i + 1), eo);
+    TS_CUDA_CHECK(cudaStreamSynchronize(throwaway->compute_stream()));
+  }
+  settled.insert(device);
 }
 
 void Engine::warm_up(GraphMode mode, int launches) {

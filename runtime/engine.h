@@ -59,6 +59,16 @@ namespace twinstep::runtime {
 // "Warm-up before timed decode").
 inline constexpr int kDecodeWarmupLaunches = 96;
 
+// Brings this process's GPU into the state every engine created after another one meets
+// (docs/calibration.md "Two states of the GPU"): the first engine of a process runs its
+// plain-graph decode steps ~80 us faster (Llama-3-8B, batch 1, ~290 kernel boundaries) than the
+// engines created after it, a state no input of an experiment decides. Two throwaway engines
+// of `config` cut to its first kSettleLayers layers (one slot, 64 tokens), created and destroyed
+// in turn, so that calibrate and the runner's timed engines all meet the same state. Once per
+// process and device: later calls return at once. Call it before the timed engine is created.
+inline constexpr int kSettleLayers = 2;
+void settle_gpu_state(const LlamaConfig& config);
+
 [[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file,
                                      int line);
 

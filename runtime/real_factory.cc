@@ -73,6 +73,8 @@ class OwningRealBackend final : public Backend {
           plan_engine_memory(config, eo.max_slots, eo.capacity_tokens, eo.max_prefill_tokens, spec),
           config, model_.name, device, free_bytes, total_bytes);
     }
+    // Every timed engine meets one GPU state, the one calibrate measures (runtime/engine.h).
+    runtime::settle_gpu_state(config);
     engine_ = runtime::Engine::create_synthetic(config, v.seed, eo,
                                                 spec ? v.acceptance.draft_fidelity : -1.0);
     RealOptions ro;

@@ -2,7 +2,8 @@
 # Engine-sizing probe of the decode step (runtime/bench/decode_bench.cc probe_sizing): batch-1
 # graph and PDL decode on engines sized as the runner and as `twinstep calibrate` size them, then
 # the warm-up tests of the real backend (RealOptions::warmup_launches).
-#   [TWINSTEP_PROBE=sizing|carveout|engines|thermal|graphs|alloc|streams|create|cycle] scripts/gpu_probe.sh OUT_DIR
+#   [TWINSTEP_PROBE=sizing|carveout|engines|thermal|graphs|alloc|streams|create|cycle|settle]
+#   scripts/gpu_probe.sh OUT_DIR
 # Writes OUT_DIR/decode_sizing_probe.json (decode_carveout_probe.json: --probe-carveout, the
 # kernels' shared-memory carveout left to the driver vs pinned; decode_engines_probe.json:
 # --probe-engines, three engines alive, timed in turn over 40 rounds; decode_thermal_probe.json:

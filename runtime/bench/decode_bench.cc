@@ -9,9 +9,9 @@
 // Writes OUT/decode.json, decode_sweep.json, decode_profile.json, decode_trace.json
 // (results/<gpu>/ format: command, commit, gpu, date, rows with unit keys).
 //   twinstep_decode_bench --out DIR [--commit SHA] [--quick] [--probe-NAME]
-// (--probe-NAME: sizing, carveout, engines, thermal, graphs, alloc, streams, create or cycle, each
-// described at its function below, instead of the benchmark; scripts/gpu_probe.sh with
-// TWINSTEP_PROBE=NAME).
+// (--probe-NAME: sizing, carveout, engines, thermal, graphs, alloc, streams, create, cycle or
+// settle, each described at its function below, instead of the benchmark; scripts/gpu_probe.sh
+// with TWINSTEP_PROBE=NAME).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -975,11 +975,37 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
   pb.json.write(out_dir + "/decode_cycle_probe.json", header);
 }
 
+// --probe-settle: does runtime::settle_gpu_state (two throwaway 2-layer engines) put the first
+// engine of a process in the state the engines created after another one meet? Under
+// TWINSTEP_PROBE_SETTLE=1 the process settles first (unset: it does not); engine A (1 slot) is
+// timed in 10 windows, destroyed, and engine B created and timed the same way. Run once each
+// way, each in a fresh process. Writes OUT/decode_settle_probe.json.
+void probe_settle(const std::string& out_dir, const std::string& header) {
+  const std::string settle = env_or_unset("TWINSTEP_PROBE_SETTLE");
+  const auto t0 = std::chrono::steady_clock::now();
+  if (settle == "1") runtime::settle_gpu_state(llama_config_from_spec(model_preset("llama-3-8b")));
+  const double settle_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ProbeBench pb;
+  constexpr int kWindows = 10, kLaunches = 16;
+  std::printf(
+      "\nsettle probe (settle %s, %.2f s): engines timed in turn, mean of %d windows, us\n"
+      "%-24s %10s %10s %10s\n",
+      settle.c_str(), settle_s, kWindows, "engine", "graph", "pdl", "graph-pdl");
+  const std::vector<std::pair<std::string, std::string>> keys = {{"settle", q(settle)},
+                                                                 {"settle_s", fmt(settle_s, 4)}};
+  time_after_phase(pb, kWindows, kLaunches, keys, "A_first");
+  pb.a.reset();
+  pb.a = probe_engine(pb.config, 1);
+  time_after_phase(pb, kWindows, kLaunches, keys, "B_after_A");
+  pb.json.write(out_dir + "/decode_settle_probe.json", header);
+}
+
 // The CUDA variables a probe is run under, "NAME=VALUE " each where set (a probe record's command).
 std::string cuda_env_prefix() {
   std::string out;
-  for (const char* name :
-       {"CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING", "TWINSTEP_PROBE_PHASES"}) {
+  for (const char* name : {"CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING",
+                           "TWINSTEP_PROBE_PHASES", "TWINSTEP_PROBE_SETTLE"}) {
     const char* v = std::getenv(name);
     if (v != nullptr && *v != '\0') out += std::string(name) + "=" + v + " ";
   }
@@ -992,7 +1018,8 @@ int main(int argc, char** argv) {
   const std::map<std::string, Probe> probes = {
       {"sizing", probe_sizing},   {"carveout", probe_carveout}, {"engines", probe_engines},
       {"thermal", probe_thermal}, {"graphs", probe_graphs},     {"alloc", probe_alloc},
-      {"streams", probe_streams}, {"create", probe_create},     {"cycle", probe_cycle}};
+      {"streams", probe_streams}, {"create", probe_create},     {"cycle", probe_cycle},
+      {"settle", probe_settle}};
   std::string out_dir = ".", commit = "unknown", note, probe;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {

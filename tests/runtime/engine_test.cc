@@ -301,6 +301,40 @@ TEST_F(TinyEngine, WarmUpChangesNothingButTime) {
                        "warm request " + std::to_string(q.id));
 }
 
+// runtime::settle_gpu_state: its throwaway engines give their memory back (within 64 MiB of the
+// free memory before it, the driver's rounding), and an engine created after it still decodes the
+// CPU reference's tokens.
+TEST(RealRuntime, SettleGivesItsMemoryBackAndChangesNoToken) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpec spec = tiny_runtime_spec();
+  const LlamaConfig config = llama_config_from_spec(spec);
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  runtime::settle_gpu_state(llama_config_from_spec(model_preset("llama-3-8b")));
+  runtime::settle_gpu_state(config);  // once per process: returns at once
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_GE(free_after + (size_t{64} << 20), free_before);
+  EngineOptions eo;
+  eo.max_slots = 2;
+  eo.capacity_tokens = 128;
+  constexpr uint64_t kSeed = 11;
+  auto engine = Engine::create_synthetic(config, kSeed, eo);
+  WorkloadSpec w;
+  w.input_len = {9, 30};
+  w.output_len = {12, 20};
+  w.num_requests = 3;
+  w.max_concurrency = 2;
+  w.seed = 3;
+  RealOptions ro;
+  ro.prompt_seed = 6;
+  const RunResult r =
+      run_policy(*engine, spec, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraph), ro);
+  testing::CpuLlama cpu(config, kSeed);
+  for (const RequestSpec& q : generate_requests(w))
+    expect_matches_cpu(cpu, prompt_of(6, q.id, q.input_len, config.vocab), r.tokens[size_t(q.id)],
+                       "request " + std::to_string(q.id) + " after settling");
+}
+
 // EngineOptions::pdl_drain_after_attention with the kernels' measured options for 9-16 rows (PDL
 // at every row count, the refilled ring; docs/kernels.md round 8): decode batches of 12 rows give
 // the default engine's tokens in every graph mode and host schedule.
