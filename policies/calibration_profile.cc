@@ -565,8 +565,8 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
       r.mapping(doc, "the profile",
                 {"format", "name", "base", "header", "figures", "kernels", "kernel_names",
                  "kernel_model_fits", "pdl_node_gap_by_rows", "graph_node_gap_by_rows",
-                 "pdl_break_gap_by_rows", "graph_break_gap_by_rows", "host_ops", "measurements",
-                 "collective_skew", "spec_graph_residuals"});
+                 "eager_node_gap_by_rows", "pdl_break_gap_by_rows", "graph_break_gap_by_rows",
+                 "host_ops", "measurements", "collective_skew", "spec_graph_residuals"});
   CalibrationProfile p;
   const YAML::Node& format = r.require(top, doc, "format", "the profile");
   if (r.integer(format, "format", 0, 1000000) != kFormat) {
@@ -646,6 +646,7 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
   for (const auto& [section, table] :
        {std::pair{"pdl_node_gap_by_rows", &p.hw.pdl_node_gap_by_rows},
         std::pair{"graph_node_gap_by_rows", &p.hw.graph_node_gap_by_rows},
+        std::pair{"eager_node_gap_by_rows", &p.hw.eager_node_gap_by_rows},
         std::pair{"pdl_break_gap_by_rows", &p.hw.pdl_break_gap_by_rows},
         std::pair{"graph_break_gap_by_rows", &p.hw.graph_break_gap_by_rows}}) {
     const YAML::Node* gn = Reader::find(top, section);
@@ -795,6 +796,9 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
   gap_table("graph_node_gap_by_rows", p.hw.graph_node_gap_by_rows,
             "# Graph-mode node gap (ns) of plain decode steps per model and rows, looked up the "
             "same way;\n# other models and other graph launches graph_node_gap_ns.\n");
+  gap_table("eager_node_gap_by_rows", p.hw.eager_node_gap_by_rows,
+            "# Eager node gap (ns) of decode steps per model and rows, looked up the same way;\n# "
+            "other models and other eager launches eager_node_gap_ns.\n");
   gap_table("pdl_break_gap_by_rows", p.hw.pdl_break_gap_by_rows,
             "# The first node after a collective in a TP step (ns, signed): its mode's node gap "
             "plus this,\n# per shard and rows, from the shard's steps with a non-PDL empty kernel "

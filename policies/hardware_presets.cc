@@ -166,6 +166,10 @@ int64_t graph_node_gap_for(const HardwareSpec& hw, const std::string& model, int
   return node_gap_in(hw.graph_node_gap_by_rows, model, rows).value_or(hw.graph_node_gap_ns);
 }
 
+int64_t eager_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {
+  return node_gap_in(hw.eager_node_gap_by_rows, model, rows).value_or(hw.eager_node_gap_ns);
+}
+
 std::optional<int64_t> break_gap_for(const HardwareSpec& hw, bool pdl, const std::string& model,
                                      int64_t rows) {
   return node_gap_in(pdl ? hw.pdl_break_gap_by_rows : hw.graph_break_gap_by_rows, model, rows);

@@ -162,6 +162,11 @@ struct HardwareSpec {
   // kernels. Other launches in graph mode (speculative graphs, whose residuals are fitted against
   // graph_node_gap_ns) and models never measured use graph_node_gap_ns.
   std::vector<NodeGap> graph_node_gap_by_rows;
+  // The same for eager decode steps: the gap per node that reproduces the measured eager steps
+  // of the model and rows over their priced kernels (the runtime's host launches each kernel;
+  // its cost per node depends on the kernel mix as PDL's does). Other models and eager launches
+  // of other phases use eager_node_gap_ns.
+  std::vector<NodeGap> eager_node_gap_by_rows;
   // What a collective inside a TP graph costs its neighbours (`twinstep calibrate --tp N`,
   // collective_break samples): the shard's step measured alone with an empty non-PDL kernel at
   // each collective position, less the plain step, per position, less one empty kernel's node
@@ -231,6 +236,9 @@ int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64
 // The graph-mode node gap of a plain decode step of `model` with `rows` rows
 // (graph_node_gap_by_rows, else graph_node_gap_ns).
 int64_t graph_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows);
+// The eager node gap of a decode step of `model` with `rows` rows (eager_node_gap_by_rows, else
+// eager_node_gap_ns).
+int64_t eager_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows);
 // The extra gap after a collective of a step of `model` with `rows` rows in PDL (`pdl`) or plain
 // graph mode (pdl_break_gap_by_rows / graph_break_gap_by_rows); nullopt where the table has no
 // entry for the model.

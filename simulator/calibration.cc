@@ -721,6 +721,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   // step's priced kernels plus one gap per node reproduce it.
   p.hw.pdl_node_gap_by_rows = node_gap_by_rows(samples, p.hw, "pdl");
   p.hw.graph_node_gap_by_rows = node_gap_by_rows(samples, p.hw, "graph");
+  p.hw.eager_node_gap_by_rows = node_gap_by_rows(samples, p.hw, "eager");
   // What a collective costs its neighbours in a TP graph (calibrate --tp's stubbed steps), over
   // one empty kernel's node time in a graph.
   p.hw.pdl_break_gap_by_rows = break_gap_by_rows(samples, "pdl", double(p.hw.graph_node_gap_ns));
@@ -803,6 +804,7 @@ std::string calibration_report(const CalibrationProfile& p) {
   }
   for (const auto& [mode, table] : {std::pair{"pdl node", &p.hw.pdl_node_gap_by_rows},
                                     std::pair{"graph node", &p.hw.graph_node_gap_by_rows},
+                                    std::pair{"eager node", &p.hw.eager_node_gap_by_rows},
                                     std::pair{"pdl break", &p.hw.pdl_break_gap_by_rows},
                                     std::pair{"graph break", &p.hw.graph_break_gap_by_rows}}) {
     for (const HardwareSpec::NodeGap& g : *table) {

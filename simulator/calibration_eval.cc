@@ -139,7 +139,7 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     // The gap per node as the simulator's single-rank launch takes it (sim_backend.cc
     // node_gap_ns); a negative PDL gap shortens the span, never below zero.
     r.gap_ns = mode == "pdl"     ? double(pdl_node_gap_for(hw, p.gap_model, batch))
-               : mode == "eager" ? double(hw.eager_node_gap_ns)
+               : mode == "eager" ? double(eager_node_gap_for(hw, p.gap_model, batch))
                                  : double(graph_node_gap_for(hw, p.gap_model, batch));
     r.priced_us = std::max(0.0, r.kernels_us + double(r.nodes) * r.gap_ns / 1e3);
     r.err_pct = 100.0 * (r.priced_us - r.measured_us) / r.measured_us;

@@ -532,7 +532,8 @@ class Engine {
   // kernel's prologue with its predecessor's tail), which shortens the launch's span. Graph: a
   // plain decode step by model and rows where measured (graph_node_gap_for), other launches
   // (speculative graphs: their residuals are fitted against it) graph_node_gap_ns. Eager:
-  // between kernels already queued (eager_node_gap_ns); a kernel launched late waits for its
+  // between kernels already queued, a decode step by model and rows where measured
+  // (eager_node_gap_for), other launches eager_node_gap_ns; a kernel launched late waits for its
   // launch besides.
   int64_t node_gap_ns(const GraphLaunch& g, const DeviceWork& w) const {
     const std::string& key = w.model == &draft_ ? gap_draft_ : gap_model_;
@@ -540,7 +541,8 @@ class Engine {
       case GraphMode::kCudaGraphPdl:
         return pdl_node_gap_for(hw_, key, w.shape.tokens);
       case GraphMode::kEager:
-        return hw_.eager_node_gap_ns;
+        return g.phase == Phase::kDecode ? eager_node_gap_for(hw_, key, w.shape.tokens)
+                                         : hw_.eager_node_gap_ns;
       default:
         return g.phase == Phase::kDecode ? graph_node_gap_for(hw_, key, w.shape.tokens)
                                          : hw_.graph_node_gap_ns;

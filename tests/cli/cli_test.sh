@@ -220,6 +220,7 @@ check "the committed profile is the refit of the committed sessions" test "$(gre
 check "session 5's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
 check "session 2's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
 check "the 4-GPU collectives are group r4" grep -q '"nccl.r4.all_reduce.graph.8K.median_ns"' "$work/h200-calibrated.yaml"
+check "the grids' eager steps give eager gaps per model and rows" grep -q '^  "llama-3-8b": {1: 1724, ' <(sed -n '/^eager_node_gap_by_rows:/,/^[a-z]/p' "$work/h200-calibrated.yaml")
 check "sessions 21-23 give the shards' break gaps" grep -q '^  "qwen3-30b-a3b@tp4": {1: ' "$work/h200-calibrated.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/nospec.yaml" >/dev/null 2>&1

@@ -585,7 +585,8 @@ TEST_F(ProfileDir, BrokenProfileGivesItsPositionAndTheAvailableProfiles) {
       path +
           ":3:1: unknown field 'extra' in the profile; known: format, name, base, "
           "header, figures, kernels, kernel_names, kernel_model_fits, pdl_node_gap_by_rows, "
-          "graph_node_gap_by_rows, pdl_break_gap_by_rows, graph_break_gap_by_rows, "
+          "graph_node_gap_by_rows, eager_node_gap_by_rows, pdl_break_gap_by_rows, "
+          "graph_break_gap_by_rows, "
           "host_ops, measurements, collective_skew, spec_graph_residuals (presets: b200, b300, "
           "h100, h20, h200; calibrated profiles in " +
           dir_.string() + ": broken, h200-test)");
@@ -1006,6 +1007,8 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   step("graph", 1, 146, 5000);  // graph steps play no part
   step("pdl", 32, 146, 200);
   step("pdl", 32, 2066, 200);
+  step("eager", 1, 146, 1500);  // eager steps by their own table
+  step("eager", 1, 2066, 1700);
   const std::vector<HardwareSpec::NodeGap> g = node_gap_by_rows(s, preset, "pdl");
   ASSERT_EQ(g.size(), 2u);
   EXPECT_EQ(g[0].model, "llama-3-8b");
@@ -1017,6 +1020,9 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   ASSERT_EQ(graph.size(), 1u);  // the one graph step
   EXPECT_EQ(graph[0].rows, 1);
   EXPECT_EQ(graph[0].gap_ns, 5000);
+  const std::vector<HardwareSpec::NodeGap> eager = node_gap_by_rows(s, preset, "eager");
+  ASSERT_EQ(eager.size(), 1u);
+  EXPECT_EQ(eager[0].gap_ns, 1600);  // the median of two contexts: their mean
 
   HardwareSpec hw = hardware_preset("h200");
   hw.pdl_node_gap_ns = 50;
@@ -1025,6 +1031,10 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3-8b", 3), 200);    // the next measured bucket
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3-8b", 100), 200);  // above the last: the last
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 1), 50);   // a model never measured
+  hw.eager_node_gap_ns = 1234;
+  hw.eager_node_gap_by_rows = eager;
+  EXPECT_EQ(eager_node_gap_for(hw, "llama-3-8b", 16), 1600);
+  EXPECT_EQ(eager_node_gap_for(hw, "llama-3.2-3b", 1), 1234);
 }
 
 TEST(NodeGap, BreakGapFromTheStubbedStepsAgainstThePlainOnes) {
@@ -1085,6 +1095,7 @@ TEST(CalibrationProfile, NameFitsAndNodeGapsRoundTrip) {
   p.hw.kernel_name_fits[1].second.wide_base_ns = 4000;
   p.hw.pdl_node_gap_by_rows = {{"llama-3-8b", 1, -966}, {"llama-3-8b", 16, 9516}, {"other", 4, 0}};
   p.hw.graph_node_gap_by_rows = {{"llama-3-8b", 1, 781}, {"llama-3-8b", 2, 640}};
+  p.hw.eager_node_gap_by_rows = {{"llama-3-8b", 1, 1724}, {"qwen3-30b-a3b", 4, 2298}};
   p.hw.pdl_break_gap_by_rows = {{"qwen3-30b-a3b@tp2", 1, 1650}, {"qwen3-30b-a3b@tp2", 16, -120}};
   p.hw.graph_break_gap_by_rows = {{"qwen3-30b-a3b@tp2", 1, 240}};
   const CalibrationProfile q = parse_calibration_profile(write_calibration_profile(p), "mem");
@@ -1111,6 +1122,10 @@ TEST(CalibrationProfile, NameFitsAndNodeGapsRoundTrip) {
   EXPECT_EQ(q.hw.graph_node_gap_by_rows[1].gap_ns, 640);
   EXPECT_EQ(graph_node_gap_for(q.hw, "llama-3-8b", 1), 781);
   EXPECT_EQ(graph_node_gap_for(q.hw, "llama-3.2-3b", 1), q.hw.graph_node_gap_ns);
+  ASSERT_EQ(q.hw.eager_node_gap_by_rows.size(), 2u);
+  EXPECT_EQ(q.hw.eager_node_gap_by_rows[1].model, "qwen3-30b-a3b");
+  EXPECT_EQ(eager_node_gap_for(q.hw, "llama-3-8b", 1), 1724);
+  EXPECT_EQ(eager_node_gap_for(q.hw, "qwen3-30b-a3b", 2), 2298);
   EXPECT_THROW(parse_calibration_profile(
                    "format: 1\nname: x\nbase: h200\nheader: {command: c, commit: c, gpu: g, "
                    "driver: d, date: d}\npdl_node_gap_by_rows: {m: {4: 1, 2: 1}}\n",

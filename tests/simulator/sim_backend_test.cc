@@ -221,6 +221,13 @@ TEST(SimBackend, EagerKernelsQueuedAheadAreSeparatedByTheEagerNodeGap) {
   }
   for (const StepSample& st : simulate(HostSchedule::kRunahead, host_costs(0, 0, 0), hw).steady())
     EXPECT_EQ(st.dur_ns, kGpuStepNs + 23 * kUs / 2);
+  // The model's measured eager gap for its rows replaces the scalar one (other models' entries
+  // play no part).
+  hw.eager_node_gap_by_rows = {{"other-model", 1, 9 * kUs}, {"tiny-llama", 1, 4 * kUs}};
+  for (const StepSample& st :
+       simulate(HostSchedule::kRunahead, host_costs(0, 0, 0), hw, false, 200, GraphMode::kEager)
+           .steady())
+    EXPECT_EQ(st.dur_ns, kGpuStepNs + 23 * 4 * kUs);
 }
 
 // Plans are data: the simulator issues exactly the operation sequence the policy decided, the
