@@ -38,6 +38,7 @@
 #include "simulator/sim_backend.h"
 #ifdef TWINSTEP_HAVE_RUNTIME
 #include "runtime/calibrate.h"
+#include "runtime/tensor_parallel.h"
 #endif
 #ifdef TWINSTEP_HAVE_NCCL_CALIBRATE
 #include "runtime/nccl_calibrate.h"
@@ -483,6 +484,7 @@ struct CalibrateGrid {
   bool prefill_only = false;
   std::vector<int> prefill_tokens;
   bool breaks_only = false;  // CalibrateOptions::breaks_only (with --tp N)
+  bool in_situ = false;      // CalibrateOptions::in_situ (with --breaks-only, under mpirun)
   // Profiles whose collective calibration (calibrate-nccl) is kept: the first as a whole, the
   // others' tables (merge_collectives).
   std::vector<std::string> collectives_from;
@@ -531,6 +533,27 @@ int cmd_calibrate_eval(const std::string& profile, const std::string& db_path,
   return 0;
 }
 
+#ifdef TWINSTEP_HAVE_RUNTIME
+// What `twinstep calibrate` measures, from its flags.
+runtime::CalibrateOptions calibrate_options(bool quick, const std::vector<std::string>& models,
+                                            const CalibrateGrid& grid) {
+  runtime::CalibrateOptions o;
+  o.quick = quick;
+  if (!models.empty()) o.models = models;
+  o.contexts = grid.contexts;
+  o.tp = grid.tp;
+  o.batches = grid.batches;
+  o.spec = !grid.no_spec;
+  o.spec_only = grid.spec_only;
+  o.prefill = !grid.no_prefill;
+  o.prefill_only = grid.prefill_only;
+  o.prefill_tokens = grid.prefill_tokens;
+  o.breaks_only = grid.breaks_only;
+  o.in_situ = grid.in_situ;
+  return o;
+}
+#endif
+
 int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool quick,
                   bool fit_only, std::string base, const std::vector<std::string>& models,
                   const CalibrateGrid& grid, const std::string& command) {
@@ -539,6 +562,33 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     throw ConfigError(
         "", "--out must name a .yaml file (its stem is the profile name), got '" + out_path + "'");
   }
+  // --in-situ: one process per GPU under mpirun; every rank measures (the same launches, so the
+  // collectives meet), rank 0 alone stores and fits; an error on any rank ends every rank.
+  std::optional<DistributedSession> session;
+  if (grid.in_situ) {
+    if (fit_only || !grid.breaks_only || grid.tp < 2)
+      throw ConfigError("",
+                        "--in-situ measures a TP shard's steps with its real collectives: "
+                        "give it with --breaks-only --tp N, under mpirun -np N");
+    session.emplace();
+  }
+#ifdef TWINSTEP_HAVE_RUNTIME
+  auto abort_ranks = [&](const std::exception& ex) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "twinstep: rank %d of %d: %s\n", session->rank(), session->size(),
+                 ex.what());
+    session->abort(1);
+  };
+  if (session && session->rank() != 0) {
+    try {
+      (void)runtime::run_calibration(calibrate_options(quick, models, grid));
+      runtime::tp_release_world_communicator();  // before MPI_Finalize
+    } catch (const std::exception& ex) {
+      abort_ranks(ex);
+    }
+    return 0;
+  }
+#endif
   ResultsDb db = open_db(db_path);
   std::vector<CalibrationSample> samples;
   ProfileHeader header;
@@ -584,19 +634,14 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     header.command += "; refit: " + command;
   } else {
 #ifdef TWINSTEP_HAVE_RUNTIME
-    runtime::CalibrateOptions o;
-    o.quick = quick;
-    if (!models.empty()) o.models = models;
-    o.contexts = grid.contexts;
-    o.tp = grid.tp;
-    o.batches = grid.batches;
-    o.spec = !grid.no_spec;
-    o.spec_only = grid.spec_only;
-    o.prefill = !grid.no_prefill;
-    o.prefill_only = grid.prefill_only;
-    o.prefill_tokens = grid.prefill_tokens;
-    o.breaks_only = grid.breaks_only;
-    runtime::CalibrationRun run = runtime::run_calibration(o);
+    runtime::CalibrationRun run;
+    try {
+      run = runtime::run_calibration(calibrate_options(quick, models, grid));
+      if (session) runtime::tp_release_world_communicator();  // before MPI_Finalize
+    } catch (const std::exception& ex) {
+      if (!session || !session->distributed()) throw;
+      abort_ranks(ex);
+    }
     samples = std::move(run.samples);
     const std::time_t t = std::time(nullptr);
     char date[32];
@@ -642,6 +687,8 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     }
     merge_collectives(profile, from, grid.collectives_from);
   }
+  // In-situ break gaps last: they subtract the collectives' prices, merged just above.
+  fit_in_situ_break_gaps(profile.hw, samples);
   std::ofstream out(out_path);
   out << write_calibration_profile(profile);
   out.close();
@@ -854,6 +901,10 @@ int main(int argc, char** argv) {
                       "with --tp N: measure only the shard's decode steps with and without an "
                       "empty non-PDL kernel at each collective position (collective_break "
                       "samples; fit them with stored sessions: --fit-only --sessions)");
+  calibrate->add_flag("--in-situ", cal_grid.in_situ,
+                      "with --breaks-only --tp N under mpirun -np N (one GPU per rank): the "
+                      "shard's steps with its real collectives instead of the stubs (in_situ "
+                      "samples; the fit subtracts the profile's collective prices)");
   calibrate
       ->add_option("--prefill-tokens", cal_grid.prefill_tokens,
                    "prompt lengths of the prefill passes (default 1024,2048,4096,8192)")

@@ -311,7 +311,9 @@ class InSitu {
       // A shard alone: its steps with and without an empty non-PDL kernel at each collective
       // position.
       if (o_.tp > 1) {
-        for (const bool stubs : {false, true}) collective_breaks(config, ctx, batches, stubs);
+        collective_breaks(config, ctx, batches, BreakVariant::kPlain);
+        collective_breaks(o_.in_situ ? full : config, ctx, batches,
+                          o_.in_situ ? BreakVariant::kInSitu : BreakVariant::kStubbed);
       }
     }
   }
@@ -337,7 +339,9 @@ class InSitu {
     eo.max_slots = max_batch;
     // As the real backend sizes it (real_factory.cc): the KV capacity sets the attention split.
     eo.capacity_tokens = ((ctx + 15) / 16 * 16 + launches + 63) / 64 * 64;
-    eo.tp.size = o_.tp;  // a shard measured alone: no communicator, no collectives
+    // A shard measured alone (no communicator, no collectives: rank 0's shard) unless the caller
+    // gave the world communicator (collective_breaks' in-situ engine: this rank's shard).
+    if (!eo.tp.active()) eo.tp.size = o_.tp;
     // MoE: each launch's routing, for its kernel samples (kernel_samples). Every pass alike, so
     // that the step times pair; a ring of kTsRing launches x layers x bucket rows x top_k ids
     // (Qwen3-30B-A3B, 64 rows: 25 MB), top_k 4-byte stores per row and layer in the router.
@@ -458,24 +462,32 @@ class InSitu {
 
   // collective_break samples (policies/calibration_profile.h): the shard's unprofiled graph and
   // PDL steps in an engine built as run_context builds the unprofiled one (same capacity, prompts
-  // and launch sequence), named "plain", or with EngineOptions::collective_stubs, "stubbed"; the
-  // two passes reach every grid point at the same contexts, so their steps pair. The difference is
-  // what a real TP graph pays at each all-reduce beyond the collective itself: the PDL chain
-  // broken on both sides (simulator: HardwareSpec::*_break_gap_by_rows).
+  // and launch sequence), named "plain"; with EngineOptions::collective_stubs, "stubbed"; or this
+  // rank's shard of `config` (the full model) with its real collectives over the world
+  // communicator, "in_situ" (CalibrateOptions::in_situ). The passes reach every grid point at the
+  // same contexts, so their steps pair. The difference is what a real TP graph pays at each
+  // all-reduce: the PDL chain broken on both sides, and in situ the collective itself
+  // (simulator: HardwareSpec::*_break_gap_by_rows).
+  enum class BreakVariant { kPlain, kStubbed, kInSitu };
   void collective_breaks(const LlamaConfig& config, int ctx, const std::vector<int>& batches,
-                         bool stubs_on) {
+                         BreakVariant variant) {
     EngineOptions eo;
-    eo.collective_stubs = stubs_on;
+    eo.collective_stubs = variant == BreakVariant::kStubbed;
+    if (variant == BreakVariant::kInSitu) eo.tp = tp_world(o_.tp);
+    static constexpr const char* kNames[] = {"plain", "stubbed", "in_situ"};
+    const char* name = kNames[int(variant)];
     GridEngine g = grid_engine(config, ctx, batches, eo,
-                               stubs_on ? "collective stubs" : "no collective stubs");
+                               variant == BreakVariant::kPlain     ? "no collective stubs"
+                               : variant == BreakVariant::kStubbed ? "collective stubs"
+                                                                   : "collectives in situ");
     Engine* engine = g.engine.get();
     const std::vector<int32_t>& slots = g.slots;
     std::vector<int64_t> slot_ctx(slots.size(), ctx);
     Events ev(size_t(2 * reps()));
     for (const int batch : batches) {
       const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
-      // The collective positions: named in the stubbed engine's graph (the plain shard's graph
-      // names none: it has no collectives).
+      // The collective positions: named in the stubbed or in-situ engine's graph (the plain
+      // shard's graph names none: it has no collectives).
       int64_t stubs = 0;
       for (const char* name : engine->decode_node_names(batch)) {
         stubs += group_collective_name(name) ? 1 : 0;
@@ -487,7 +499,7 @@ class InSitu {
         if (mode == GraphMode::kEager) continue;
         for (int r = 0; r < reps(); ++r) {
           CalibrationSample x = sample("collective_break", t.step_ns[size_t(r)]);
-          x.name = stubs_on ? "stubbed" : "plain";
+          x.name = name;
           x.model = label_;
           x.mode = mode == GraphMode::kCudaGraph ? "graph" : "pdl";
           x.batch = batch;
@@ -1006,6 +1018,15 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
       throw Error("calibrate: batch " + std::to_string(o.batches[i]) + " outside [1, 64]");
     if (i > 0 && o.batches[i] <= o.batches[i - 1])
       throw Error("calibrate: --batches must be increasing (the largest sizes the engine)");
+  }
+  if (o.in_situ) {
+    if (!o.breaks_only || o.tp < 2)
+      throw Error(
+          "calibrate: --in-situ measures a TP shard's steps with its collectives: give "
+          "--breaks-only --tp N under mpirun -np N");
+    // Collective: every rank creates the world communicator here, which also selects this rank's
+    // GPU before anything below allocates; throws unless the job has exactly tp ranks.
+    (void)tp_world(o.tp);
   }
   // The GPU state the runner's timed engines meet too (runtime/engine.h): without it the first
   // grid engine of a process ran its plain-graph steps in the other one.

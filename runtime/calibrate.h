@@ -53,6 +53,12 @@ struct CalibrateOptions {
   // over the grid, after the grid's own passes; ~2 engines per context. breaks_only: only these,
   // to be fitted with stored sessions (calibrate --fit-only --sessions).
   bool breaks_only = false;
+  // With breaks_only, in a job of exactly tp ranks (mpirun -np tp, one GPU each): instead of the
+  // stubbed engine, the shard's engine with its real collectives over the world communicator
+  // ("in_situ" samples beside the "plain" ones; every rank issues the same launches, rank 0's
+  // times are the samples). The fit subtracts the profile's price of the collectives
+  // (simulator/calibration.h fit_in_situ_break_gaps).
+  bool in_situ = false;
   bool prefill = true;
   bool prefill_only = false;
   std::vector<int> prefill_tokens;

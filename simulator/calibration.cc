@@ -410,6 +410,75 @@ std::vector<HardwareSpec::NodeGap> break_gap_by_rows(const std::vector<Calibrati
   return out;
 }
 
+int fit_in_situ_break_gaps(HardwareSpec& hw, const std::vector<CalibrationSample>& samples) {
+  using Key = std::pair<std::string, int64_t>;  // shard label, batch
+  const CostModel cost(hw);
+  int written = 0;
+  for (const bool pdl : {true, false}) {
+    const std::string_view mode = pdl ? "pdl" : "graph";
+    std::map<Key, std::map<int64_t, std::vector<double>>> plain, in_situ;
+    std::map<Key, int64_t> positions;
+    for (const CalibrationSample& s : samples) {
+      if (s.kind != "collective_break" || s.mode != mode || s.batch < 1) continue;
+      if (s.name == "plain") plain[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
+      if (s.name == "in_situ" && s.nodes >= 1) {
+        in_situ[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
+        positions[{s.model, s.batch}] = s.nodes;
+      }
+    }
+    std::vector<HardwareSpec::NodeGap>& table =
+        pdl ? hw.pdl_break_gap_by_rows : hw.graph_break_gap_by_rows;
+    for (const auto& [key, by_ctx] : in_situ) {
+      const auto& [label, batch] = key;
+      const auto it = plain.find(key);
+      if (it == plain.end() || !is_calibration_model(label)) continue;
+      const CalibrationModel cm = parse_calibration_model(label);
+      if (cm.tp < 2) continue;
+      const ModelSpec& model = model_preset(cm.preset);
+      const LayoutSpec layout = calibration_layout(model, cm.tp);
+      std::vector<double> gaps;
+      StepKernels sk;
+      for (const auto& [ctx, v] : by_ctx) {
+        const auto plain_at = it->second.find(ctx);
+        if (plain_at == it->second.end()) continue;
+        step_kernels(model, decode_shape(int32_t(batch), 1, ctx * batch), layout, 0, sk);
+        double collectives_ns = 0;
+        int64_t count = 0;
+        for (const LayerRun& run : sk.runs) {
+          for (int32_t i = run.first; i < run.first + run.count; ++i) {
+            const KernelDesc& k = sk.kernels[size_t(i)];
+            if (k.cls != KernelClass::kCollective) continue;
+            collectives_ns += double(run.repeat) * double(cost.collective_ns(k, true));
+            count += run.repeat;
+          }
+        }
+        if (count != positions[key]) continue;
+        gaps.push_back((median(v) - median(plain_at->second) - collectives_ns) / double(count));
+      }
+      if (gaps.empty()) continue;
+      const int64_t gap_ns = std::llround(median(gaps));
+      auto same = std::find_if(table.begin(), table.end(), [&](const HardwareSpec::NodeGap& g) {
+        return g.model == label && g.rows == batch;
+      });
+      if (same != table.end()) {
+        same->gap_ns = gap_ns;
+      } else {
+        table.push_back({label, batch, gap_ns});
+      }
+      ++written;
+    }
+    // Grouped by model, rows ascending within a model (node_gap_in's order), the models in the
+    // order they first appear.
+    std::map<std::string, size_t> first;
+    for (const HardwareSpec::NodeGap& g : table) first.emplace(g.model, first.size());
+    std::stable_sort(table.begin(), table.end(),
+                     [&](const HardwareSpec::NodeGap& a, const HardwareSpec::NodeGap& b) {
+                       return std::tie(first[a.model], a.rows) < std::tie(first[b.model], b.rows);
+                     });
+  }
+  return written;
+}
+
 CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples,
                                    const std::string& name, const std::string& base,
                                    const ProfileHeader& header) {

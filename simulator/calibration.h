@@ -106,6 +106,18 @@ std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<Calibratio
 std::vector<HardwareSpec::NodeGap> break_gap_by_rows(const std::vector<CalibrationSample>& samples,
                                                      std::string_view mode, double empty_node_ns);
 
+// The break gaps measured in situ (`calibrate --breaks-only --in-situ --tp N` under mpirun:
+// collective_break samples "in_situ", the shard's steps with its real collectives, beside the
+// "plain" ones), written into hw's pdl / graph_break_gap_by_rows over the entries of the same
+// shard and rows (the stub-measured ones): per context of a (shard, batch), (median "in_situ"
+// step − median "plain" step − Σ hw's price of the step's collectives) / collectives, the
+// median over the contexts measured both ways, rounded; the collectives are those of rank 0 of
+// the shard's calibration layout (step_kernels), priced in a graph by CostModel::collective_ns,
+// as the simulator's step prices them. A context whose sample counts another number of
+// collectives than that step is skipped. Call it with hw's collective tables in place (after
+// merge_collectives). Returns the number of entries written.
+int fit_in_situ_break_gaps(HardwareSpec& hw, const std::vector<CalibrationSample>& samples);
+
 // Human-readable fit summary: per class R², max relative error and sample count; the figures.
 std::string calibration_report(const CalibrationProfile& profile);
 

@@ -231,6 +231,8 @@ check "and no profile is written" test ! -e "$work/bad.yaml"
 check "--sessions without --fit-only is refused" grep -q "give it with --fit-only" "$work/sessions2.err"
 "$bin" --db "$cdb" calibrate --fit-only --spec-only --out "$work/bad.yaml" >/dev/null 2>"$work/spec.err"
 check "--spec-only with --fit-only is refused" grep -q "fit-only measures nothing" "$work/spec.err"
+"$bin" --db "$cdb" calibrate --in-situ --tp 2 --out "$work/bad.yaml" >/dev/null 2>"$work/insitu.err"
+check "--in-situ without --breaks-only is refused" grep -q "give it with --breaks-only --tp N, under mpirun -np N" "$work/insitu.err"
 check "sessions without speculative graphs: no residuals" bash -c "! grep -q spec_graph_residuals '$work/nospec.yaml'"
 # --collectives-from keeps another profile's NCCL calibration through a kernel refit.
 "$bin" --db "$cdb" calibrate --fit-only --collectives-from "$src/results/profiles/h200-calibrated.yaml" \

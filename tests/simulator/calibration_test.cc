@@ -1037,6 +1037,44 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   EXPECT_EQ(eager_node_gap_for(hw, "llama-3.2-3b", 1), 1234);
 }
 
+TEST(NodeGap, InSituBreakGapIsTheStepDifferenceLessTheCollectivesPrices) {
+  // Llama-3-8B at TP2, batch 1: 64 all-reduces per decode step (2 per layer, 32 layers; the
+  // embedding and LM head whole on the rank), each of 1 x 4096 bf16 = 8192 bytes, priced here
+  // without measured tables by alpha + bus bytes / link: 6000 ns + 8192 B / 8.192 B/ns = 7000 ns.
+  HardwareSpec hw = hardware_preset("h200");
+  hw.collective_tables.clear();
+  hw.allreduce_alpha_ns = 6000;
+  hw.interconnect_gbps = 8.192;
+  hw.pdl_break_gap_by_rows = {{"qwen3-30b-a3b@tp2", 1, 2000}, {"llama-3-8b@tp2", 1, -1200}};
+  const HardwareSpec::NodeGap qwen = hw.pdl_break_gap_by_rows[0];
+  std::vector<CalibrationSample> s;
+  auto add = [&](const char* name, int64_t batch, int64_t ctx, double ns, int64_t nodes) {
+    CalibrationSample x;
+    x.kind = "collective_break";
+    x.name = name;
+    x.model = "llama-3-8b@tp2";
+    x.mode = "pdl";
+    x.batch = batch;
+    x.ctx_tokens = ctx;
+    x.nodes = nodes;
+    x.value_ns = ns;
+    s.push_back(x);
+  };
+  add("plain", 1, 1000, 3.0e6, 0);
+  add("in_situ", 1, 1000, 3.0e6 + 64 * (7000 + 1500), 64);
+  add("plain", 1, 2000, 3.1e6, 0);
+  add("in_situ", 1, 2000, 3.1e6 + 64 * (7000 + 1700), 64);
+  add("in_situ", 1, 4000, 9.9e6, 64);  // no plain step at this context: skipped
+  add("plain", 2, 1000, 3.2e6, 0);     // a count the step does not have: no entry
+  add("in_situ", 2, 1000, 3.9e6, 10);
+  EXPECT_EQ(fit_in_situ_break_gaps(hw, s), 1);
+  ASSERT_EQ(hw.pdl_break_gap_by_rows.size(), 2u);
+  EXPECT_EQ(hw.pdl_break_gap_by_rows[0].model, qwen.model);  // untouched, first as before
+  EXPECT_EQ(hw.pdl_break_gap_by_rows[0].gap_ns, qwen.gap_ns);
+  EXPECT_EQ(break_gap_for(hw, true, "llama-3-8b@tp2", 1), 1600);           // over the stubs' -1200
+  EXPECT_EQ(break_gap_for(hw, false, "llama-3-8b@tp2", 1), std::nullopt);  // no graph samples
+}
+
 TEST(NodeGap, BreakGapFromTheStubbedStepsAgainstThePlainOnes) {
   // A shard's PDL steps, plain and with an empty non-PDL kernel at each of its 10 collective
   // positions. Per context: (stubbed − plain) / 10 − 500 (one empty node in a graph): at ctx 100
