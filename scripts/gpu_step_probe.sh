@@ -14,12 +14,8 @@ build=${TWINSTEP_BUILD_DIR:-$root/build}
 db="$out/probe.db"
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
-step configure
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  ${TWINSTEP_CMAKE_ARGS:-} >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
 step build
-cmake --build "$build" -j"$(nproc)" --target twinstep >"$out/build.log" 2>&1 ||
-  { grep -E "error" "$out/build.log" | head -30; exit 1; }
+gpu_build "$out" twinstep || exit 1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 exp="$root/experiments/validation/h200_decode.yaml"
 step "h200_decode (1)"
