@@ -474,12 +474,12 @@ class InSitu {
     EngineOptions eo;
     eo.collective_stubs = variant == BreakVariant::kStubbed;
     if (variant == BreakVariant::kInSitu) eo.tp = tp_world(o_.tp);
-    static constexpr const char* kNames[] = {"plain", "stubbed", "in_situ"};
-    const char* name = kNames[int(variant)];
-    GridEngine g = grid_engine(config, ctx, batches, eo,
-                               variant == BreakVariant::kPlain     ? "no collective stubs"
-                               : variant == BreakVariant::kStubbed ? "collective stubs"
-                                                                   : "collectives in situ");
+    // Per variant: the samples' name, the progress line's words.
+    static constexpr const char* kSampleNames[] = {"plain", "stubbed", "in_situ"};
+    static constexpr const char* kWhat[] = {"no collective stubs", "collective stubs",
+                                            "collectives in situ"};
+    const char* sample_name = kSampleNames[int(variant)];
+    GridEngine g = grid_engine(config, ctx, batches, eo, kWhat[int(variant)]);
     Engine* engine = g.engine.get();
     const std::vector<int32_t>& slots = g.slots;
     std::vector<int64_t> slot_ctx(slots.size(), ctx);
@@ -499,7 +499,7 @@ class InSitu {
         if (mode == GraphMode::kEager) continue;
         for (int r = 0; r < reps(); ++r) {
           CalibrationSample x = sample("collective_break", t.step_ns[size_t(r)]);
-          x.name = name;
+          x.name = sample_name;
           x.model = label_;
           x.mode = mode == GraphMode::kCudaGraph ? "graph" : "pdl";
           x.batch = batch;

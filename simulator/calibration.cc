@@ -358,6 +358,20 @@ std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<Calibratio
       steps[{s.model, s.batch}][s.ctx_tokens].push_back(s.value_ns);
     }
   }
+  // Eager: calibrate writes a node_gap sample of a grid point only where its host launch loop
+  // was shorter than the GPU step (eager_gap_sample); where a point was host-bound its step holds
+  // host time that the simulator prices apart (eager_launch_ns per kernel), so a (model, batch)
+  // gets an entry only when every context has its node_gap sample.
+  if (mode == "eager") {
+    std::map<Key, std::set<int64_t>> unbound;
+    for (const CalibrationSample& s : samples) {
+      if (s.kind == "node_gap" && s.mode == mode) unbound[{s.model, s.batch}].insert(s.ctx_tokens);
+    }
+    std::erase_if(steps, [&](const auto& entry) {
+      const auto it = unbound.find(entry.first);
+      return it == unbound.end() || it->second.size() < entry.second.size();
+    });
+  }
   // Each label priced as a simulated one-rank run of it prices it (calibration_cost_model).
   std::map<std::string, std::unique_ptr<CostModel>> cost;
   std::map<Key, std::vector<double>> gaps;

@@ -92,7 +92,8 @@ std::vector<ResidualSample> residual_kernel_samples(const std::vector<Calibratio
 // signed: per grid point's unprofiled step median T of that mode, (T − busy) / nodes, where busy
 // and nodes are `hw`'s price of the point's step kernels (CostModel::graph_cost, as a simulated
 // one-rank run of the label prices them), the median over the contexts of a batch: the gap with
-// which the simulator reproduces the measured steps. By model, rows ascending
+// which the simulator reproduces the measured steps. Eager: only a (model, batch) none of whose
+// grid points was host-bound (each has calibrate's eager node_gap sample). By model, rows ascending
 // (HardwareSpec::pdl_node_gap_by_rows, graph_node_gap_by_rows, eager_node_gap_by_rows).
 std::vector<HardwareSpec::NodeGap> node_gap_by_rows(const std::vector<CalibrationSample>& samples,
                                                     const HardwareSpec& hw, std::string_view mode);

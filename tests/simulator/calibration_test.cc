@@ -1009,6 +1009,20 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   step("pdl", 32, 2066, 200);
   step("eager", 1, 146, 1500);  // eager steps by their own table
   step("eager", 1, 2066, 1700);
+  step("eager", 32, 146, 1800);  // host-bound at one of its two contexts: no entry
+  step("eager", 32, 2066, 1900);
+  auto not_host_bound = [&](int64_t batch, int64_t grid_ctx) {  // calibrate's marker
+    CalibrationSample x;
+    x.kind = "node_gap";
+    x.model = "llama-3-8b";
+    x.mode = "eager";
+    x.batch = batch;
+    x.ctx_tokens = grid_ctx;
+    s.push_back(x);
+  };
+  not_host_bound(1, 128);
+  not_host_bound(1, 2048);
+  not_host_bound(32, 128);
   const std::vector<HardwareSpec::NodeGap> g = node_gap_by_rows(s, preset, "pdl");
   ASSERT_EQ(g.size(), 2u);
   EXPECT_EQ(g[0].model, "llama-3-8b");
@@ -1022,6 +1036,7 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   EXPECT_EQ(graph[0].gap_ns, 5000);
   const std::vector<HardwareSpec::NodeGap> eager = node_gap_by_rows(s, preset, "eager");
   ASSERT_EQ(eager.size(), 1u);
+  EXPECT_EQ(eager[0].rows, 1);
   EXPECT_EQ(eager[0].gap_ns, 1600);  // the median of two contexts: their mean
 
   HardwareSpec hw = hardware_preset("h200");
