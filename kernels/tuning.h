@@ -51,6 +51,11 @@ struct GemvTuning {
   // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
   // of shared memory per block). Same bits either way (the split is chosen before).
   int large_m_stages = 0;
+  // Split-K (S > 1): the per-tile cluster barrier as a split arrive / wait, so that only the
+  // cluster's rank 0 (which sums the S CTAs' partials) waits for the others at each tile and the
+  // other CTAs go on streaming their next tile (waiting one tile later, before reusing a partial
+  // buffer); false: a full cluster.sync per tile, as before. Same bits either way.
+  bool split_phase = true;
 };
 GemvTuning& gemv_tuning();
 

@@ -3,9 +3,9 @@
 //
 //   twinstep_kernels_bench --out results.json [--commit SHA] [--only SECTION ...]
 //
-// SECTION: gemv, access, attention, attention_kv_heads, layer_chain, moe, lm_head (default: all;
-// the floor always runs); ncu (by name only: one untimed launch per kernel for Nsight Compute,
-// scripts/gpu_ncu.sh).
+// SECTION: gemv, gemv_split, access, attention, attention_kv_heads, layer_chain, moe, lm_head
+// (default: all; the floor always runs); ncu (by name only: one untimed launch per kernel for
+// Nsight Compute, scripts/gpu_ncu.sh).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -28,6 +28,7 @@
 #include "kernels/attention.h"
 #include "kernels/device.cuh"
 #include "kernels/gemv.h"
+#include "kernels/gemv_split.h"
 #include "kernels/lm_head.h"
 #include "kernels/moe.h"
 #include "kernels/norm.h"
@@ -526,6 +527,67 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
   TS_CUDA_CHECK(cudaFree(out));
   TS_CUDA_CHECK(cudaFree(tmp));
   return total_us;
+}
+
+// Section `gemv_split`: the split-K shapes (S > 1 on the H200, several rounds of tiles per
+// cluster) of the models the runtime runs beside Llama-3-8B, with the per-tile cluster barrier
+// as a full cluster.sync and split into arrive / wait (GemvTuning::split_phase), side by side;
+// graph + PDL, cold weights, m = 1, 6, 16 (m > 8 as the runtime launches it: no PDL).
+void bench_gemv_split() {
+  const std::vector<Shape> split_shapes = {
+      {"l3b_down", 3072, 8192, false},    {"l3b_qkv", 5120, 3072, false},
+      {"l8b_tp2_qkv", 3072, 4096, false}, {"l8b_tp4_gate_up", 7168, 4096, false},
+      {"l8b_tp4_qkv", 1536, 4096, false}, {"q3_qkv", 5120, 2048, false}};
+  auto& tuning = detail::gemv_tuning();
+  const detail::GemvTuning saved = tuning;
+  int sms = 0;
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (const Shape& shape : split_shapes) {
+    const size_t w_elems = static_cast<size_t>(shape.n) * shape.k;
+    const int copies =
+        static_cast<int>(std::max<size_t>(2, (kColdBytes + w_elems * 2 - 1) / (w_elems * 2)));
+    std::vector<bf16*> w(copies);
+    for (int c = 0; c < copies; ++c) w[c] = alloc_bf16(w_elems, 300 + c, 0.02f);
+    bf16* x = alloc_bf16(static_cast<size_t>(16) * shape.k, 3, 1.0f);
+    bf16* out = nullptr;
+    TS_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(16) * shape.n * sizeof(bf16)));
+    const int launches = std::max(copies, 24) / copies * copies;
+    const int split = gemv_default_split(shape.n, shape.k, sms);
+    for (const int m : {1, 6, 16}) {
+      const double bytes = static_cast<double>(w_elems) * 2 + 2.0 * m * shape.k + 2.0 * m * shape.n;
+      double us[2] = {0, 0};
+      for (const bool phase : {false, true}) {
+        tuning = saved;
+        tuning.split_phase = phase;
+        us[phase] = time_graph_us([&](cudaStream_t s) {
+                      for (int i = 0; i < launches; ++i)
+                        gemv(w[i % copies], x, out, m, shape.n, shape.k, s, true);
+                    }) /
+                    launches;
+        Row r;
+        r.s("section", "gemv_split")
+            .s("variant", phase ? "split_phase" : "cluster_sync")
+            .s("shape", shape.name)
+            .n("m", m)
+            .n("n", shape.n)
+            .n("k", shape.k)
+            .n("split", split)
+            .b("cold", true)
+            .b("pdl", m <= saved.pdl_max_rows);
+        add_row(r, bytes, us[phase]);
+      }
+      std::printf(
+          "gemv_split %-16s %5dx%-5d S=%d m=%2d  cluster.sync %7.2f us (%5.1f%%)  split phase "
+          "%7.2f us (%5.1f%%)  %+.1f%%\n",
+          shape.name, shape.n, shape.k, split, m, us[0],
+          100.0 * bytes / (us[0] * 1e-6) / 1e12 / g_floor_tbps, us[1],
+          100.0 * bytes / (us[1] * 1e-6) / 1e12 / g_floor_tbps, 100.0 * (us[1] - us[0]) / us[0]);
+    }
+    for (bf16* p : w) TS_CUDA_CHECK(cudaFree(p));
+    TS_CUDA_CHECK(cudaFree(x));
+    TS_CUDA_CHECK(cudaFree(out));
+  }
+  tuning = saved;
 }
 
 void bench_lm_head() {
@@ -1365,6 +1427,7 @@ int main(int argc, char** argv) {
     std::printf("gemv variant used below: %s\n", gemv_variant().c_str());
     for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16}, true);
   }
+  if (want("gemv_split")) bench_gemv_split();
   if (want("access")) bench_access();
   if (want("attention")) bench_attention();
   if (want("attention_kv_heads")) bench_attention_kv_heads();
