@@ -529,15 +529,27 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
   return total_us;
 }
 
-// Section `gemv_split`: the split-K shapes (S > 1 on the H200, several rounds of tiles per
-// cluster) of the models the runtime runs beside Llama-3-8B, with the per-tile cluster barrier
-// as a full cluster.sync and split into arrive / wait (GemvTuning::split_phase), side by side;
-// graph + PDL, cold weights, m = 1, 6, 16 (m > 8 as the runtime launches it: no PDL).
+// Section `gemv_split`: the GEMV shapes the split rule (kernels/gemv_split.h) gives S > 1 on the
+// H200 (the models the runtime runs beside Llama-3-8B: Llama-3.2-3B, the Llama-3-8B TP shards,
+// Qwen3-30B-A3B's attention), and Llama-3-8B's qkv and o for reference, each under the default
+// tuning (cluster.sync per tile, and the split arrive / wait of GemvTuning::split_phase) and with
+// the split and the ring forced (S = 1, 2, 4; ring of 3 = two blocks per SM, of 6 = one), side
+// by side; graph + PDL (m > 8 as the runtime launches it: no PDL), cold weights, m = 1, 6, 16.
 void bench_gemv_split() {
   const std::vector<Shape> split_shapes = {
       {"l3b_down", 3072, 8192, false},    {"l3b_qkv", 5120, 3072, false},
       {"l8b_tp2_qkv", 3072, 4096, false}, {"l8b_tp4_gate_up", 7168, 4096, false},
-      {"l8b_tp4_qkv", 1536, 4096, false}, {"q3_qkv", 5120, 2048, false}};
+      {"l8b_tp4_qkv", 1536, 4096, false}, {"q3_qkv", 5120, 2048, false},
+      {"l8b_qkv", 6144, 4096, false},     {"l8b_o", 4096, 4096, false}};
+  struct Variant {
+    const char* name;
+    int split, stages;
+    bool phase;
+  };
+  const Variant variants[] = {{"default", 0, -1, false}, {"split_phase", 0, -1, true},
+                              {"s1_ring3", 1, 3, false}, {"s1_ring6", 1, 6, false},
+                              {"s2_ring3", 2, 3, false}, {"s2_ring6", 2, 6, false},
+                              {"s4_ring3", 4, 3, false}};
   auto& tuning = detail::gemv_tuning();
   const detail::GemvTuning saved = tuning;
   int sms = 0;
@@ -555,33 +567,33 @@ void bench_gemv_split() {
     const int split = gemv_default_split(shape.n, shape.k, sms);
     for (const int m : {1, 6, 16}) {
       const double bytes = static_cast<double>(w_elems) * 2 + 2.0 * m * shape.k + 2.0 * m * shape.n;
-      double us[2] = {0, 0};
-      for (const bool phase : {false, true}) {
+      std::printf("gemv_split %-16s %5dx%-5d auto S=%d m=%2d:", shape.name, shape.n, shape.k, split,
+                  m);
+      for (const Variant& v : variants) {
         tuning = saved;
-        tuning.split_phase = phase;
-        us[phase] = time_graph_us([&](cudaStream_t s) {
-                      for (int i = 0; i < launches; ++i)
-                        gemv(w[i % copies], x, out, m, shape.n, shape.k, s, true);
-                    }) /
-                    launches;
+        tuning.split = v.split;
+        tuning.stages = v.stages;
+        tuning.split_phase = v.phase;
+        const double us = time_graph_us([&](cudaStream_t s) {
+                            for (int i = 0; i < launches; ++i)
+                              gemv(w[i % copies], x, out, m, shape.n, shape.k, s, true);
+                          }) /
+                          launches;
         Row r;
         r.s("section", "gemv_split")
-            .s("variant", phase ? "split_phase" : "cluster_sync")
+            .s("variant", v.name)
             .s("shape", shape.name)
             .n("m", m)
             .n("n", shape.n)
             .n("k", shape.k)
-            .n("split", split)
+            .n("split", v.split > 0 ? v.split : split)
             .b("cold", true)
             .b("pdl", m <= saved.pdl_max_rows);
-        add_row(r, bytes, us[phase]);
+        add_row(r, bytes, us);
+        std::printf("  %s %.2f (%.1f%%)", v.name, us,
+                    100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
       }
-      std::printf(
-          "gemv_split %-16s %5dx%-5d S=%d m=%2d  cluster.sync %7.2f us (%5.1f%%)  split phase "
-          "%7.2f us (%5.1f%%)  %+.1f%%\n",
-          shape.name, shape.n, shape.k, split, m, us[0],
-          100.0 * bytes / (us[0] * 1e-6) / 1e12 / g_floor_tbps, us[1],
-          100.0 * bytes / (us[1] * 1e-6) / 1e12 / g_floor_tbps, 100.0 * (us[1] - us[0]) / us[0]);
+      std::printf("\n");
     }
     for (bf16* p : w) TS_CUDA_CHECK(cudaFree(p));
     TS_CUDA_CHECK(cudaFree(x));
