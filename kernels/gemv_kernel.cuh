@@ -869,8 +869,8 @@ void launch_gemv_regpipe(const GemvParams& p, cudaStream_t stream, bool pdl) {
 int num_sms();
 
 // The split rule (kernels/gemv_split.h, shared with the simulator) on this device's SMs.
-inline int choose_split(int tiles, int k, int stages, int forced) {
-  return gemv_choose_split(tiles, k, stages, num_sms(), forced);
+inline int choose_split(int tiles, int k, int forced) {
+  return gemv_choose_split(tiles, k, num_sms(), forced);
 }
 
 template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
@@ -927,7 +927,7 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
 template <GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
-  p.split = choose_split(tiles, p.k, kStages, split);
+  p.split = choose_split(tiles, p.k, split);
   p.split_phase = gemv_tuning().split_phase;
   if (p.m <= 8)
     launch_gemv_split_t<1, kEpilogue, kStages>(p, tiles, stream, pdl);
@@ -935,21 +935,17 @@ void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl)
     launch_gemv_split_t<2, kEpilogue, kStages>(p, tiles, stream, pdl);
 }
 
-// stages < 0 (auto): the cp.async ring of 6 (one 8-warp block per SM, S = 1) when two blocks
-// per SM would leave the last round of tiles under 90% full and one block per SM would not
-// (qkv: 384 tiles = 1.45 rounds of 264 blocks, 2.9 rounds of 132), else the ring of 3 (two
-// blocks per SM, S chosen per shape). m > 8 with `large_m_registers`: the register path with
-// the same S (same bits), because the rings take the L1 that the 16 activation rows are re-read
-// from.
+// The split (kernels/gemv_split.h) first, then stages < 0 (auto): a split launch takes the ring
+// of 3 (two blocks per SM), an S = 1 launch gemv_auto_stages' ring (6: one 8-warp block per SM,
+// e.g. qkv's 384 tiles = 2.9 rounds of 132; else 3). m > 8 with `large_m_registers`: the
+// register path with the same S (same bits), because the rings take the L1 that the 16
+// activation rows are re-read from.
 template <GemvEpilogue kEpilogue>
 void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t stream, bool pdl) {
-  int stages = t.stages;
-  if (stages < 0) {
-    const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
-    stages = gemv_auto_stages(tiles, num_sms());
-  }
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
-  const int split = choose_split(tiles, p.k, stages, t.split);  // never depends on m
+  const int split = choose_split(tiles, p.k, t.split);  // never depends on m
+  int stages = t.stages;
+  if (stages < 0) stages = split > 1 ? 3 : gemv_auto_stages(tiles, num_sms());
   if (p.m > 8 && t.large_m_registers) stages = t.large_m_stages;
   if (stages >= 6)
     launch_gemv_split_s<kEpilogue, 6>(p, split, stream, pdl);

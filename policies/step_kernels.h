@@ -80,8 +80,9 @@ struct KernelDesc {
 // picks for the kernel's weight shape on `sms` SMs (kernels/gemv_split.h) and rows = flops /
 // (2·n·k), where rows <= 16 (kGemvMaxRows: more rows go to cuBLAS); 0 for any other kernel, a
 // GEMV without its shape (gemv_n, gemv_k unset) or sms <= 0. The GEMV's cost per added row grows
-// with S, not with bytes or FLOPs (in situ, H200: ~0.04-0.17 us per row at S = 1, 0.29-0.35 at
-// S = 2, 0.67-0.82 at S = 4); the first row's cost stays with the base and byte terms (counting
+// with S, not with bytes or FLOPs (in situ, H200, under the split rule before d6e1903: ~0.04-0.17
+// us per row at S = 1, 0.29-0.35 at S = 2, 0.67-0.82 at S = 4; the rule now splits only shapes of
+// at most ~100 tiles, S = 2); the first row's cost stays with the base and byte terms (counting
 // it too priced Llama-3.2-3B's batch-1 TPOT 1.2 points further above the real runs).
 double gemv_split_rows(const KernelDesc& k, int32_t sms);
 

@@ -131,42 +131,56 @@ TEST(KernelFit, RecoversKnownCoefficientsUnderOnePercentNoise) {
 // ---- GEMV split-K (kernels/gemv_split.h, gemv_split_rows, ns_per_split_row) -----------------
 
 TEST(GemvSplit, RuntimeRuleOnTheH200HandComputed) {
-  // Llama-3.2-3B down_proj, 3072 x 8192 on 132 SMs: 192 tiles fill 264 two-block slots 73 %
-  // (auto stages: 3, two blocks per SM); S = 2: 132 clusters, 2 rounds, 73 %; S = 4: 66
-  // clusters, 3 rounds, 192 / 198 = 97 % (> 73 + 3) and 8192 / 32 / 32 = 8 >= 4 chunks: S = 4.
-  EXPECT_EQ(kernels::gemv_default_split(3072, 8192, 132), 4);
-  // 3B qkv_proj, 5120 x 3072: 320 tiles; S = 2: 132 clusters, 3 rounds, 320 / 396 = 81 % against
-  // 61 % at S = 1; S = 4 keeps only 3072 / 32 / 32 = 3 chunks per warp: S = 2.
-  EXPECT_EQ(kernels::gemv_default_split(5120, 3072, 132), 2);
-  // Llama-3-8B down_proj, 4096 x 14336: 256 tiles fill 264 slots 97 %: S = 1.
+  // S = 2 only where 4 · tiles <= 3 · 132 = 396 (at most 99 tiles) and K keeps 4 chunks of 32
+  // per warp at S = 2 (k / 32 / 16 >= 4, k >= 2048). Llama-3-8B TP4 qkv, 1536 x 4096: 96 tiles,
+  // 4096 / 32 / 16 = 8: S = 2.
+  EXPECT_EQ(kernels::gemv_default_split(1536, 4096, 132), 2);
+  // 1536 x 1024: 96 tiles but 1024 / 32 / 16 = 2 chunks: S = 1.
+  EXPECT_EQ(kernels::gemv_default_split(1536, 1024, 132), 1);
+  // 1600 x 4096: 100 tiles, 400 > 396: S = 1.
+  EXPECT_EQ(kernels::gemv_default_split(1600, 4096, 132), 1);
+  // Llama-3.2-3B down_proj 3072 x 8192 (192 tiles, S = 4 under the earlier rule) and qkv 5120 x
+  // 3072 (320 tiles, S = 2 before); Llama-3-8B down_proj 4096 x 14336: S = 1.
+  EXPECT_EQ(kernels::gemv_default_split(3072, 8192, 132), 1);
+  EXPECT_EQ(kernels::gemv_default_split(5120, 3072, 132), 1);
   EXPECT_EQ(kernels::gemv_default_split(4096, 14336, 132), 1);
   EXPECT_EQ(kernels::gemv_default_split(4100, 14336, 132), 0);  // not a GEMV shape
+  // The ring: 96 tiles fit one block per SM (6); 384 tiles fill 264 two-block slots in 1.45
+  // rounds (73 %) and 132 one-block slots in 2.9 (97 %): 6; 192 tiles: 73 % either way: 3.
+  EXPECT_EQ(kernels::gemv_auto_stages(96, 132), 6);
+  EXPECT_EQ(kernels::gemv_auto_stages(384, 132), 6);
+  EXPECT_EQ(kernels::gemv_auto_stages(192, 132), 3);
 }
 
 TEST(GemvSplit, SplitRowsOfAStepKernelAndItsPrice) {
-  // 3B down_proj at 8 rows: (rows − 1) · (S − 1) = 7 · 3 = 21; one row: 0.
-  KernelDesc k{"down_proj", KernelClass::kGemm, 0, 0, 2LL * 8 * 3072 * 8192};
-  k.gemv_n = 3072;
-  k.gemv_k = 8192;
-  EXPECT_DOUBLE_EQ(gemv_split_rows(k, 132), 21.0);
+  // The TP4 qkv shard (S = 2) at 8 rows: (rows − 1) · (S − 1) = 7 · 1 = 7; one row: 0.
+  KernelDesc k{"qkv_proj", KernelClass::kGemm, 0, 0, 2LL * 8 * 1536 * 4096};
+  k.gemv_n = 1536;
+  k.gemv_k = 4096;
+  EXPECT_DOUBLE_EQ(gemv_split_rows(k, 132), 7.0);
   KernelDesc one = k;
-  one.flops = 2LL * 3072 * 8192;
+  one.flops = 2LL * 1536 * 4096;
   EXPECT_DOUBLE_EQ(gemv_split_rows(one, 132), 0.0);
   EXPECT_DOUBLE_EQ(gemv_split_rows(k, 0), 0.0);
   KernelDesc wide = k;  // 32 rows: cuBLAS, no split term
-  wide.flops = 2LL * 32 * 3072 * 8192;
+  wide.flops = 2LL * 32 * 1536 * 4096;
   EXPECT_DOUBLE_EQ(gemv_split_rows(wide, 132), 0.0);
   KernelDesc unset = k;
   unset.gemv_n = 0;
   EXPECT_DOUBLE_EQ(gemv_split_rows(unset, 132), 0.0);
-  // Priced: base 1000 + 100 ns per split row · 21 = 3100 ns (bytes 0, flops term 0).
+  KernelDesc unsplit = k;  // Llama-3.2-3B down_proj: S = 1, no split rows at any row count
+  unsplit.gemv_n = 3072;
+  unsplit.gemv_k = 8192;
+  unsplit.flops = 2LL * 8 * 3072 * 8192;
+  EXPECT_DOUBLE_EQ(gemv_split_rows(unsplit, 132), 0.0);
+  // Priced: base 1000 + 100 ns per split row · 7 = 1700 ns (bytes 0, flops term 0).
   HardwareSpec hw = hardware_preset("h200");
   KernelFit f;
   f.fitted = true;
   f.base_ns = 1000;
   f.ns_per_split_row = 100;
   hw.kernel_fits[size_t(KernelClass::kGemm)] = f;
-  EXPECT_EQ(CostModel(hw).kernel_ns(k), 3100);
+  EXPECT_EQ(CostModel(hw).kernel_ns(k), 1700);
   EXPECT_EQ(CostModel(hw).kernel_ns(unset), 1000);
 }
 
