@@ -1,6 +1,8 @@
 // Hardware presets. Datasheet figures name their source; launch and host-device figures were
 // measured on an H200 (../shared/ANCHORS.md, 2026-11-29) and are reused as stand-ins on parts
 // never measured, which is said in each preset's source string.
+#include <algorithm>
+#include <array>
 #include <map>
 #include <optional>
 
@@ -156,10 +158,28 @@ std::optional<int64_t> node_gap_in(const std::vector<HardwareSpec::NodeGap>& tab
   return last != nullptr ? std::optional<int64_t>(last->gap_ns) : std::nullopt;
 }
 
+// The median over the models of `table` (at most 16 taken, in table order) of each one's
+// node_gap_in entry for `rows` (the lower middle of an even count); nullopt for an empty table.
+// Allocates nothing.
+std::optional<int64_t> pooled_node_gap(const std::vector<HardwareSpec::NodeGap>& table,
+                                       int64_t rows) {
+  std::array<int64_t, 16> gaps{};
+  size_t n = 0;
+  for (size_t i = 0; i < table.size() && n < gaps.size();) {
+    const std::string& model = table[i].model;
+    gaps[n++] = *node_gap_in(table, model, rows);
+    while (i < table.size() && table[i].model == model) ++i;  // grouped by model
+  }
+  if (n == 0) return std::nullopt;
+  std::sort(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(n));
+  return gaps[(n - 1) / 2];
+}
+
 }  // namespace
 
 int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {
-  return node_gap_in(hw.pdl_node_gap_by_rows, model, rows).value_or(hw.pdl_node_gap_ns);
+  if (auto own = node_gap_in(hw.pdl_node_gap_by_rows, model, rows)) return *own;
+  return pooled_node_gap(hw.pdl_node_gap_by_rows, rows).value_or(hw.pdl_node_gap_ns);
 }
 
 int64_t graph_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows) {

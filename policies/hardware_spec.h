@@ -230,8 +230,11 @@ struct HardwareSpec {
   std::vector<CollectiveSkewTable> collective_skew;
 };
 
-// The PDL node gap of a step of `model` with `rows` rows (pdl_node_gap_by_rows, else
-// pdl_node_gap_ns).
+// The PDL node gap of a step of `model` with `rows` rows: its own pdl_node_gap_by_rows entry;
+// for a model without one, the median over the table's models of their entries for `rows` (a
+// PDL overlap exists only between real kernels, and every model measured overlaps: docs/
+// calibration.md "PDL gap of a model never measured"); pdl_node_gap_ns (the empty-kernel figure)
+// where the table is empty.
 int64_t pdl_node_gap_for(const HardwareSpec& hw, const std::string& model, int64_t rows);
 // The graph-mode node gap of a plain decode step of `model` with `rows` rows
 // (graph_node_gap_by_rows, else graph_node_gap_ns).

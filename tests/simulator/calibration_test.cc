@@ -1059,11 +1059,36 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3-8b", 1), -100);
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3-8b", 3), 200);    // the next measured bucket
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3-8b", 100), 200);  // above the last: the last
-  EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 1), 50);   // a model never measured
+  // A model never measured: the median of the measured models' entries (here one model).
+  EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 1), -100);
+  EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 3), 200);
+  hw.pdl_node_gap_by_rows.clear();
+  EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 1), 50);  // no table: the scalar
   hw.eager_node_gap_ns = 1234;
   hw.eager_node_gap_by_rows = eager;
   EXPECT_EQ(eager_node_gap_for(hw, "llama-3-8b", 16), 1600);
   EXPECT_EQ(eager_node_gap_for(hw, "llama-3.2-3b", 1), 1234);
+}
+
+TEST(NodeGap, AModelNeverMeasuredTakesTheMedianOfTheMeasuredModels) {
+  // Three models, hand-picked entries (rows ascending within a model): at 1 row -800, -500,
+  // -600 -> median -600; at 8 rows (C has none above 4: its last, -300) -700, -400, -300 ->
+  // -400; at 2 rows (each model's first entry with rows >= 2: -700 at 8, -500 at 2, -300 at 4)
+  // -> -500. Two models: the lower middle. A model with an entry keeps its own.
+  HardwareSpec hw = hardware_preset("h200");
+  hw.pdl_node_gap_ns = 0;
+  hw.pdl_node_gap_by_rows = {{"a", 1, -800}, {"a", 8, -700}, {"b", 1, -500}, {"b", 2, -500},
+                             {"b", 8, -400}, {"c", 1, -600}, {"c", 4, -300}};
+  EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 1), -600);
+  EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 8), -400);
+  EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 2), -500);
+  EXPECT_EQ(pdl_node_gap_for(hw, "c", 8), -300);
+  hw.pdl_node_gap_by_rows.resize(5);  // a and b only: {-800, -500} -> -800
+  EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 1), -800);
+  // The graph and eager gaps keep their scalars for a model never measured.
+  hw.graph_node_gap_ns = 600;
+  hw.graph_node_gap_by_rows = {{"a", 1, 300}};
+  EXPECT_EQ(graph_node_gap_for(hw, "unseen", 1), 600);
 }
 
 TEST(NodeGap, InSituBreakGapIsTheStepDifferenceLessTheCollectivesPrices) {
