@@ -159,16 +159,23 @@ std::optional<int64_t> node_gap_in(const std::vector<HardwareSpec::NodeGap>& tab
 }
 
 // The median over the models of `table` (at most 16 taken, in table order) of each one's
-// node_gap_in entry for `rows` (the lower middle of an even count); nullopt for an empty table.
-// Allocates nothing.
+// node_gap_in entry for `rows` (the lower middle of an even count), over the models measured at
+// `rows` or more where there is one (a model's last entry stands for larger batches only when no
+// model measured them); nullopt for an empty table. Allocates nothing.
 std::optional<int64_t> pooled_node_gap(const std::vector<HardwareSpec::NodeGap>& table,
                                        int64_t rows) {
   std::array<int64_t, 16> gaps{};
   size_t n = 0;
-  for (size_t i = 0; i < table.size() && n < gaps.size();) {
-    const std::string& model = table[i].model;
-    gaps[n++] = *node_gap_in(table, model, rows);
-    while (i < table.size() && table[i].model == model) ++i;  // grouped by model
+  for (const bool reached_only : {true, false}) {
+    for (size_t i = 0; i < table.size() && n < gaps.size();) {
+      const std::string& model = table[i].model;
+      size_t end = i;
+      while (end < table.size() && table[end].model == model) ++end;  // grouped by model
+      if (!reached_only || table[end - 1].rows >= rows)
+        gaps[n++] = *node_gap_in(table, model, rows);
+      i = end;
+    }
+    if (n > 0) break;
   }
   if (n == 0) return std::nullopt;
   std::sort(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(n));

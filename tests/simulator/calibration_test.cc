@@ -1072,16 +1072,18 @@ TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
 
 TEST(NodeGap, AModelNeverMeasuredTakesTheMedianOfTheMeasuredModels) {
   // Three models, hand-picked entries (rows ascending within a model): at 1 row -800, -500,
-  // -600 -> median -600; at 8 rows (C has none above 4: its last, -300) -700, -400, -300 ->
-  // -400; at 2 rows (each model's first entry with rows >= 2: -700 at 8, -500 at 2, -300 at 4)
-  // -> -500. Two models: the lower middle. A model with an entry keeps its own.
+  // -600 -> median -600; at 8 rows only a and b measured 8 or more: -700, -400 -> the lower
+  // middle, -700; at 2 rows (each model's first entry with rows >= 2: -700 at 8, -500 at 2,
+  // -300 at 4) -> -500; at 16 rows none measured so many: every model's last, -700, -400, -300
+  // -> -400. A model with an entry keeps its own.
   HardwareSpec hw = hardware_preset("h200");
   hw.pdl_node_gap_ns = 0;
   hw.pdl_node_gap_by_rows = {{"a", 1, -800}, {"a", 8, -700}, {"b", 1, -500}, {"b", 2, -500},
                              {"b", 8, -400}, {"c", 1, -600}, {"c", 4, -300}};
   EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 1), -600);
-  EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 8), -400);
+  EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 8), -700);
   EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 2), -500);
+  EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 16), -400);
   EXPECT_EQ(pdl_node_gap_for(hw, "c", 8), -300);
   hw.pdl_node_gap_by_rows.resize(5);  // a and b only: {-800, -500} -> -800
   EXPECT_EQ(pdl_node_gap_for(hw, "unseen", 1), -800);
