@@ -559,7 +559,15 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     const std::vector<double> v = values(samples, "node_gap", "graph");
     return v.empty() ? double(p.hw.graph_node_gap_ns) : median(v);
   }();
+  // A residual is the step less every other kernel's sample: it carries their errors too. One
+  // below the time its bytes take at the streaming-read rate is not the kernel's alone (the
+  // Qwen3-30B-A3B TP2-EP2 shard's replicated LM head: 78-106 us for 622 MB, 6-8 TB/s on an
+  // H200): it stays in its model's own fit, where it balances that model's other kernels, and is
+  // left out of the pooled class and name fits that price models never measured.
+  const double floor_ns_per_byte = p.hw.stream_read_tbps > 0 ? 1e-3 / p.hw.stream_read_tbps : 0;
+  std::vector<bool> own_fit_only(kernels.size(), false);
   for (const ResidualSample& r : residual_kernel_samples(samples, graph_gap)) {
+    own_fit_only.push_back(r.sample.ns < r.sample.bytes * floor_ns_per_byte);
     kernels.push_back(r.sample);
     kernel_names.push_back(r.name);
     kernel_models.push_back(r.model);
@@ -583,7 +591,12 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   // read the same bytes (one model, one kernel: lm_head), the base and the byte term cannot be
   // told apart, and the base is held at the gemm fit's (the same GEMV / GEMM kernels).
   std::map<std::string, std::vector<KernelSample>> by_name;
-  for (size_t i = 0; i < kernels.size(); ++i) by_name[kernel_names[i]].push_back(kernels[i]);
+  std::vector<KernelSample> pooled;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    if (own_fit_only[i]) continue;
+    by_name[kernel_names[i]].push_back(kernels[i]);
+    pooled.push_back(kernels[i]);
+  }
   // Bytes spanning less than 2x (the weights dominate, only the activations change) do not
   // separate a base from the byte term.
   auto bytes_vary = [](std::span<const KernelSample> v) {
@@ -595,12 +608,12 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     if (KernelClass(c) == KernelClass::kCollective) continue;
     const KernelClass cls = KernelClass(c);
     KernelFit f = min_distinct_of(cls) > 0
-                      ? fit_kernel_class_split_bytes(kernels, cls, min_distinct_of(cls))
-                      : fit_kernel_class(kernels, cls, split_of(cls));
+                      ? fit_kernel_class_split_bytes(pooled, cls, min_distinct_of(cls))
+                      : fit_kernel_class(pooled, cls, split_of(cls));
     const KernelFit& gemm = p.hw.kernel_fits[size_t(KernelClass::kGemm)];
     if (f.fitted && cls == KernelClass::kLmHead && gemm.fitted) {
       std::vector<KernelSample> own;
-      for (const KernelSample& k : kernels) {
+      for (const KernelSample& k : pooled) {
         if (k.cls == cls) own.push_back(k);
       }
       if (!bytes_vary(own)) {

@@ -996,6 +996,36 @@ TEST(ResidualKernels, FitCalibrationFitsTheLostClassFromThem) {
   EXPECT_TRUE(has_qkv);
 }
 
+// A residual below the time its bytes take at the streaming-read rate (Llama-3-8B's LM head,
+// 1.05 GB, in 100 us: 10 TB/s) is not the kernel's alone: it stays in its model's own fit and
+// out of the pooled class and name fits. Four grid points at 1000 tokens give plausible LM-head
+// residuals (280 us), four at 2000 sub-floor ones.
+TEST(ResidualKernels, BelowTheStreamingFloorTheyPriceOnlyTheirModel) {
+  std::vector<CalibrationSample> s;
+  for (const int32_t b : {1, 2, 4, 8}) {
+    for (const auto& [ctx, lm_ns] : {std::pair{1000, 280000.0}, std::pair{2000, 100000.0}}) {
+      for (const CalibrationSample& x : grid_point("lm_head", lm_ns + 1000 * b, 500, b, ctx)) {
+        s.push_back(x);
+      }
+    }
+  }
+  const CalibrationProfile p = fit_calibration(s, "t", "h200", ProfileHeader{});
+  const KernelFit& lm = p.hw.kernel_fits[size_t(KernelClass::kLmHead)];
+  ASSERT_TRUE(lm.fitted);
+  EXPECT_EQ(lm.samples, 4);
+  EXPECT_LT(lm.max_rel_err, 0.01);  // the plausible four alone
+  for (const auto& [name, f] : p.hw.kernel_name_fits) {
+    if (name == "lm_head") EXPECT_EQ(f.samples, 4);
+  }
+  const HardwareSpec::ModelKernelFits* own = kernel_model_fits_for(p.hw, "llama-3-8b");
+  ASSERT_NE(own, nullptr);
+  int64_t own_samples = 0;
+  for (const auto& [name, f] : own->names) {
+    if (name == "lm_head") own_samples = f.samples;
+  }
+  EXPECT_EQ(own_samples, 8);
+}
+
 TEST(NodeGap, ByRowsReproducesTheMeasuredPdlSteps) {
   // Against the preset's own prices (no kernel fits): a PDL step measured at the priced busy time
   // plus a known gap per node gives that gap back; the median over contexts takes the middle one.
