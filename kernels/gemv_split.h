@@ -6,12 +6,8 @@
 
 namespace twinstep::kernels {
 
-// Blocks of gemv_split_kernel resident per SM for a ring of `stages` (fixed by the shape, never
-// by m, like the split and with it the bits of every row).
-inline int gemv_split_blocks_per_sm(int stages) { return stages >= 6 ? 1 : 2; }
-
-// stages < 0 (auto) resolved for `tiles` output tiles of an S = 1 launch: the cp.async ring of 6
-// (one 8-warp block per SM) when the tiles fit one block per SM (tiles <= sms), or when two
+// stages < 0 (auto) resolved for `tiles` output tiles of an S = 1 launch (like the split, fixed
+// by the shape and never by m): the cp.async ring of 6 (one 8-warp block per SM) when the tiles fit one block per SM (tiles <= sms), or when two
 // blocks per SM would leave the last round of tiles under 90% full and one block per SM would
 // not; else the ring of 3 (two blocks per SM). A split launch (S > 1, few tiles) takes the ring of
 // 3. Measured (results/h200/gemv_split_d6e1903.json, S = 1): Llama-3-8B qkv (384 tiles) 13.37 us

@@ -537,10 +537,11 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
 // by side; graph + PDL (m > 8 as the runtime launches it: no PDL), cold weights, m = 1, 6, 16.
 void bench_gemv_split() {
   const std::vector<Shape> split_shapes = {
-      {"l3b_down", 3072, 8192, false},    {"l3b_qkv", 5120, 3072, false},
-      {"l8b_tp2_qkv", 3072, 4096, false}, {"l8b_tp4_gate_up", 7168, 4096, false},
-      {"l8b_tp4_qkv", 1536, 4096, false}, {"q3_qkv", 5120, 2048, false},
-      {"l8b_qkv", 6144, 4096, false},     {"l8b_o", 4096, 4096, false}};
+      {"l3b_down", 3072, 8192, false},         {"l3b_qkv", 5120, 3072, false},
+      {"l8b_tp2_qkv", 3072, 4096, false},      {"l8b_tp4_gate_up", 7168, 4096, false},
+      {"l8b_tp4_qkv", 1536, 4096, false},      {"q3_qkv", 5120, 2048, false},
+      {"l8b_qkv", 6144, 4096, false},          {"l8b_o", 4096, 4096, false},
+      {"l8b_tp2_gate_up", 14336, 4096, false}, {"q3_o", 2048, 4096, false}};
   struct Variant {
     const char* name;
     int split, stages;
