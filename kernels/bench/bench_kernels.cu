@@ -529,10 +529,11 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
   return total_us;
 }
 
-// Section `gemv_split`: the GEMV shapes the split rule (kernels/gemv_split.h) gives S > 1 on the
-// H200 (the models the runtime runs beside Llama-3-8B: Llama-3.2-3B, the Llama-3-8B TP shards,
-// Qwen3-30B-A3B's attention), and Llama-3-8B's qkv and o for reference, each under the default
-// tuning (cluster.sync per tile, and the split arrive / wait of GemvTuning::split_phase) and with
+// Section `gemv_split`: the GEMV shapes the split rule (kernels/gemv_split.h) gave S > 1 on the
+// H200 before fd6530c (the models the runtime runs beside Llama-3-8B: Llama-3.2-3B, the
+// Llama-3-8B TP shards, Qwen3-30B-A3B's attention), Llama-3-8B's qkv and o, and two shapes the
+// ring rule gives one block per SM (the TP2 gate_up, 896 tiles; Qwen3's o, 128 tiles), each
+// under the default tuning (with the split arrive / wait of GemvTuning::split_phase too) and with
 // the split and the ring forced (S = 1, 2, 4; ring of 3 = two blocks per SM, of 6 = one), side
 // by side; graph + PDL (m > 8 as the runtime launches it: no PDL), cold weights, m = 1, 6, 16.
 void bench_gemv_split() {
