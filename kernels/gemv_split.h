@@ -7,9 +7,10 @@
 namespace twinstep::kernels {
 
 // stages < 0 (auto) resolved for `tiles` output tiles of an S = 1 launch (like the split, fixed
-// by the shape and never by m): the cp.async ring of 6 (one 8-warp block per SM) when the tiles fit one block per SM (tiles <= sms), or when two
-// blocks per SM would leave the last round of tiles under 90% full and one block per SM would
-// not; else the ring of 3 (two blocks per SM). A split launch (S > 1, few tiles) takes the ring of
+// by the shape and never by m): the cp.async ring of 6 (one 8-warp block per SM) when the tiles fit
+// one block per SM (tiles <= sms), or when two blocks per SM would leave the last round of tiles
+// under 90% full and one block per SM would not; else the ring of 3 (two blocks per SM). A split
+// launch (S > 1, few tiles) takes the ring of
 // 3. Measured (results/h200/gemv_split_d6e1903.json, S = 1): Llama-3-8B qkv (384 tiles) 13.37 us
 // with 6 vs 13.51 with 3; 1536 x 4096 (96 tiles) 4.96 vs 5.34; Qwen3 qkv (320) 7.50 vs 6.36.
 inline int gemv_auto_stages(int tiles, int sms) {
