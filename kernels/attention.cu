@@ -32,9 +32,8 @@ struct SplitParams {
   // part_ml [request][head][split][row] = (max in log2 units, sum of exp2).
   float* part_o;
   float2* part_ml;
-  bool skip_math;   // benchmark diagnostic: stream K/V, skip the tile math
-  bool full_ring;   // all 3 stages in the prologue (AttentionTuning::split_full_ring)
-  bool fast_issue;  // full tiles copied by issue_full_kv_tile (AttentionTuning::split_fast_issue)
+  bool skip_math;  // benchmark diagnostic: stream K/V, skip the tile math
+  bool full_ring;  // all 3 stages in the prologue (AttentionTuning::split_full_ring)
 };
 
 // Q row `row` (= j * group + g) of kv head `head`.
@@ -72,16 +71,9 @@ struct SplitView {
   }
   // cp.async copies of tile `tile` of the split into a K + V stage (kThreads threads).
   template <int kThreads>
-  __device__ __forceinline__ void issue_tile(bf16* stage, int tile, bool fast) const {
-    const int tok0 = t_begin + tile * kTileTokens;
-    if constexpr (kTileElems / 8 % kThreads == 0) {
-      if (fast && tok0 + kTileTokens <= t_end) {
-        const size_t first = static_cast<size_t>(tok0) * kHeadDim;
-        issue_full_kv_tile<kThreads>(stage, stage + kTileElems, k_base + first, v_base + first);
-        return;
-      }
-    }
-    issue_kv_tile<kThreads>(stage, stage + kTileElems, k_base, v_base, tok0, t_end, t_begin);
+  __device__ __forceinline__ void issue_tile(bf16* stage, int tile) const {
+    issue_kv_tile<kThreads>(stage, stage + kTileElems, k_base, v_base, t_begin + tile * kTileTokens,
+                            t_end, t_begin);
   }
 };
 
@@ -117,7 +109,7 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   const int ctx = view.ctx, t_begin = view.t_begin;
   const int num_tiles = view.num_tiles;
   auto issue_tile = [&](int tile) {
-    view.issue_tile<kThreads>(smem + (tile % kStages) * 2 * kTileElems, tile, p.fast_issue);
+    view.issue_tile<kThreads>(smem + (tile % kStages) * 2 * kTileElems, tile);
   };
 
   // Prologue: `prologue` commit groups (tiles 0 .. prologue - 1; empty past the split). Tiles made
@@ -504,7 +496,6 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   p.scale_log2 = shape.softmax_scale * kLog2e;
   p.skip_math = tuning.skip_math;
   p.full_ring = tuning.split_full_ring;
-  p.fast_issue = tuning.split_fast_issue;
   const int row_tiles = (p.rows + 15) / 16;
   unsigned char* partials = static_cast<unsigned char*>(workspace);
   p.part_o = reinterpret_cast<float*>(partials);

@@ -55,27 +55,6 @@ __device__ __forceinline__ void issue_kv_tile(bf16* k_smem, bf16* v_smem, const 
   }
 }
 
-// The copies of issue_kv_tile for a tile whose 64 tokens are all valid (k_tile, v_tile: its first
-// token's K and V rows), addressed from per-thread offsets that are the same for every tile:
-// thread x copies unit u = x % 16 of tokens x / 16 + i · kThreads / 16, and since kThreads / 16
-// is a multiple of 8 the swizzle of those tokens is that of the first. The same bytes land in
-// the same places as issue_kv_tile's, with ~1/10 of its instructions (no index arithmetic or
-// validity select per copy). Only for kThreads dividing the tile's 1024 units (128, 256, 512).
-template <int kThreads>
-__device__ __forceinline__ void issue_full_kv_tile(bf16* k_smem, bf16* v_smem, const bf16* k_tile,
-                                                   const bf16* v_tile) {
-  constexpr int kUnits = kTileElems / 8;
-  static_assert(kUnits % kThreads == 0 && (kThreads / 16) % 8 == 0);
-  constexpr int kStep = kThreads / 16 * kHeadDim;  // elements between a thread's copies
-  const int t0 = threadIdx.x / 16, u = threadIdx.x % 16;
-  const int s0 = smem_index(t0, u), g0 = t0 * kHeadDim + u * 8;
-#pragma unroll
-  for (int i = 0; i < kUnits / kThreads; ++i) {
-    detail::cp_async_16(k_smem + s0 + i * kStep, k_tile + g0 + i * kStep, 16);
-    detail::cp_async_16(v_smem + s0 + i * kStep, v_tile + g0 + i * kStep, 16);
-  }
-}
-
 // 2^x with denormal results flushed to zero (one MUFU.EX2; exp2f adds range fix-ups for
 // denormal results, which are < 2^-126 and vanish in the bf16 P and the sums anyway).
 __device__ __forceinline__ float exp2_ftz(float x) {

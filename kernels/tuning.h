@@ -75,12 +75,6 @@ struct AttentionTuning {
   // 25.47, both 15.68 / 23.38: q_smem alone is the default.
   bool split_full_ring = false;
   bool split_q_smem = true;
-  // split_fast_issue: tiles whose 64 tokens are all valid are copied from per-thread offsets
-  // fixed for the launch (attn::issue_full_kv_tile) instead of per-copy index arithmetic and a
-  // validity select (~235 of the ~685 PTX instructions of a tile step at 128 threads); same
-  // bytes in the same places, so the same bits. Off: the calibration profile measured the
-  // kernel without it (docs/kernels.md round 11).
-  bool split_fast_issue = false;
   // Measured and not kept (session 15, docs/kernels.md round 8; ctx 8192, q_len 1, against
   // 14.67 us): the split triggering its dependent before its wait (14.70 us), one block per SM
   // (17.14 us; 15.83 with the early trigger), a bulk L2 prefetch of the split's older K/V before

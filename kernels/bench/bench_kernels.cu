@@ -712,7 +712,7 @@ void free_kv(KvSetup& kv) {
 std::string attention_label(const detail::AttentionTuning& t) {
   return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
          (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
-         (t.split_fast_issue ? "_fastissue" : "") + (t.skip_math ? "_nomath" : "");
+         (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -722,10 +722,8 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   pair_opt.split_full_ring = pair_opt.split_q_smem = true;
   detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
   pair_drv.carveout_max_shared = false;
-  detail::AttentionTuning fast = defaults;  // full tiles copied from fixed offsets (round 11)
-  fast.split_fast_issue = !defaults.split_fast_issue;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {pair, pair_drv, pair_opt, fast})
+  for (const auto& t : {pair, pair_drv, pair_opt})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }

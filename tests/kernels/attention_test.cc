@@ -23,13 +23,12 @@ using test::DeviceBuffer;
 struct Variant {
   const char* name;
   int ctas_per_sm;
-  bool split_full_ring = false, split_q_smem = false, split_fast_issue = false;
+  bool split_full_ring = false, split_q_smem = false;
 };
 const Variant kVariants[] = {
     {"two_launch", 2},  // the 179ce97 pair: Q in registers, 2-tile prologue
     {"two_launch_full_ring_q_smem", 2, true, true},
     {"two_launch_q_smem", 2, false, true},  // the shipped default
-    {"two_launch_q_smem_fast_issue", 2, false, true, true},
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -40,7 +39,6 @@ class TuningScope {
     t.ctas_per_sm = v.ctas_per_sm;
     t.split_full_ring = v.split_full_ring;
     t.split_q_smem = v.split_q_smem;
-    t.split_fast_issue = v.split_fast_issue;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
@@ -270,55 +268,6 @@ TEST_P(AttentionVariants, VerifyRowsMatchPlainDecodeBitForBit) {
         ASSERT_EQ(bits1[i], bits6[j * row_elems + i])
             << "ctx " << ctx << " row " << j << " element " << i;
     }
-  }
-}
-
-// The fast full-tile copies (AttentionTuning::split_fast_issue) move the same bytes to the same
-// places: the output bits equal the default's, for 1, 2 and 4 row tiles (128, 256, 512 threads:
-// the fast path) and 3 (384: the general copies), contexts ending inside a tile and on its edge.
-TEST(Attention, FastIssueKeepsTheBits) {
-  TS_SKIP_WITHOUT_GPU();
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  for (const auto& [num_q_heads, q_len, ctx_lens] :
-       {std::tuple{32, 1, std::vector<int>{8191, 1000}}, std::tuple{32, 6, std::vector<int>{517}},
-        std::tuple{8, 12, std::vector<int>{64, 1500}}, std::tuple{8, 16, std::vector<int>{300}}}) {
-    KvCache cache;
-    cache.num_layers = 1;
-    cache.num_kv_heads = num_q_heads == 32 ? 8 : 2;
-    cache.capacity_tokens = 8192 + 16;
-    std::vector<RequestKv> kvs;
-    std::vector<bf16*> bases;
-    for (int ctx : ctx_lens) {
-      kvs.push_back(make_request_kv(cache, 0, ctx + q_len, rng));
-      bases.push_back(kvs.back().device->get());
-    }
-    const int requests = static_cast<int>(ctx_lens.size());
-    DeviceBuffer<bf16*> dbases(requests);
-    dbases.upload(bases);
-    cache.request_base = dbases.get();
-    DeviceBuffer<int> dctx(requests);
-    dctx.upload(ctx_lens);
-    AttentionShape shape;
-    shape.num_requests = requests;
-    shape.q_len = q_len;
-    shape.num_q_heads = num_q_heads;
-    const size_t elems = static_cast<size_t>(requests) * q_len * num_q_heads * kHeadDim;
-    const Bf16Host q = test::random_bf16(elems, rng);
-    auto dq = test::to_device(q);
-    auto ws = make_workspace({shape}, cache);
-    std::vector<uint16_t> bits[2];
-    for (const bool fast : {false, true}) {
-      TuningScope tuning(kVariants[2]);  // the shipped default
-      detail::attention_tuning().split_fast_issue = fast;
-      DeviceBuffer<bf16> out(elems);
-      out.poison();
-      decode_attention(dq.get(), cache, 0, dctx.get(), out.get(), shape, ws.get(), nullptr);
-      bits[fast] = out.download<uint16_t>();
-    }
-    EXPECT_EQ(mismatches(bits[1], bits[0]), 0u)
-        << "q_len " << q_len << ": " << describe_mismatches(bits[1], bits[0]);
   }
 }
 
