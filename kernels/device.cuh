@@ -167,17 +167,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
   asm volatile("cp.async.cg.shared.global" TS_L2_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(s),
                "l"(gmem), "r"(src_bytes));
 }
-// Split-phase cluster barrier (sm_90): arrive publishes this thread's earlier writes (shared
-// memory included) to every thread that later completes the matching wait; a thread alternates
-// arrive and wait, one phase at a time. Non-aligned forms: the threads may reach them at
-// different points of the code.
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

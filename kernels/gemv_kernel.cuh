@@ -73,8 +73,6 @@ struct GemvParams {
   int stage_rows;  // x_rows + weight rows per pass (<= 64)
   int fill;        // 0: cp.async.bulk per row, 1: 16-byte cp.async (GemvTuning::fill)
   int split;       // fill 3: CTAs of a cluster splitting each tile's K range (1, 2, 4)
-  // fill 3, split > 1: the tile barrier split into arrive / wait (GemvTuning::split_phase).
-  bool split_phase;
 };
 
 template <GemvEpilogue kEpilogue>
@@ -753,12 +751,6 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     // ---- tile epilogue: partial sums of the S x 8 pieces, summed in piece order ----
     const int buf = tile_iter & 1;
     ++tile_iter;
-    // Split phase: a CTA other than rank 0 arrives after writing its partials and waits for
-    // that phase only here, one tile later, before rewriting the other buffer; the phase
-    // completes once rank 0 has arrived, i.e. after rank 0 read tile t - 1's partials, so buffer
-    // b (tile t - 2's) is free. Rank 0 waits at once (it reads every CTA's partials).
-    const bool phased = split > 1 && p.split_phase;
-    if (phased && rank != 0 && tile_iter > 1) cluster_wait_acquire();
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -768,14 +760,10 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
       }
     // One barrier per tile: partial is double-buffered, so buffer b is rewritten (tile t + 2)
     // only after every reader of tile t passed the barrier of tile t + 1.
-    if (phased) {
-      cluster_arrive_release();
-      if (rank == 0) cluster_wait_acquire();
-    } else if (split > 1) {
+    if (split > 1)
       cooperative_groups::this_cluster().sync();
-    } else {
+    else
       __syncthreads();
-    }
     if (rank != 0) continue;
     auto reduced = [&](int r, int m) {
       const int src_lane = (r % 8) * 4 + (m % 8) / 2, src_reg = (r / 8) * 2 + (m % 2);
@@ -833,9 +821,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     }
   }
   if constexpr (kStages > 0) cp_async_wait<0>();
-  // Rank 0 reads the other CTAs' shared memory until its last epilogue: keep them resident
-  // (split phase: the other ranks first complete their last tile's phase).
-  if (split > 1 && p.split_phase && rank != 0 && tile_iter > 0) cluster_wait_acquire();
+  // Rank 0 reads the other CTAs' shared memory until its last epilogue: keep them resident.
   if (split > 1) cooperative_groups::this_cluster().sync();
 }
 
@@ -928,7 +914,6 @@ template <GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
   p.split = choose_split(tiles, p.k, split);
-  p.split_phase = gemv_tuning().split_phase;
   if (p.m <= 8)
     launch_gemv_split_t<1, kEpilogue, kStages>(p, tiles, stream, pdl);
   else

@@ -51,14 +51,6 @@ struct GemvTuning {
   // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
   // of shared memory per block). Same bits either way (the split is chosen before).
   int large_m_stages = 0;
-  // Split-K (S > 1): the per-tile cluster barrier as a split arrive / wait, so that only the
-  // cluster's rank 0 (which sums the S CTAs' partials) waits for the others at each tile and the
-  // other CTAs go on streaming their next tile (waiting one tile later, before reusing a partial
-  // buffer); false: a full cluster.sync per tile. Same bits either way. Measured on the H200
-  // (a1d3203, results/h200/gemv_split_a1d3203.json, bench section gemv_split): -0.5 to -2 % at
-  // m = 1 on five of six split shapes (-6.2 % on 7168 x 4096 at S = 4), +2.4 / +3.2 % on two at
-  // m = 16: not the default, so the runtime keeps the kernels the calibration profile measured.
-  bool split_phase = false;
 };
 GemvTuning& gemv_tuning();
 

@@ -158,28 +158,31 @@ std::optional<int64_t> node_gap_in(const std::vector<HardwareSpec::NodeGap>& tab
   return last != nullptr ? std::optional<int64_t>(last->gap_ns) : std::nullopt;
 }
 
-// The median over the models of `table` (at most 16 taken, in table order) of each one's
-// node_gap_in entry for `rows` (the lower middle of an even count), over the models measured at
-// `rows` or more where there is one (a model's last entry stands for larger batches only when no
-// model measured them); nullopt for an empty table. Allocates nothing.
+// The median over the models of `table` (at most 16, in table order) of each one's node_gap_in
+// entry for `rows` (the lower middle of an even count), over the models measured at `rows` or
+// more where there is one (a model's last entry stands for larger batches only when no model
+// measured them); nullopt for an empty table. One pass over the table (grouped by model, rows
+// ascending within a model); allocates nothing.
 std::optional<int64_t> pooled_node_gap(const std::vector<HardwareSpec::NodeGap>& table,
                                        int64_t rows) {
-  std::array<int64_t, 16> gaps{};
-  size_t n = 0;
-  for (const bool reached_only : {true, false}) {
-    for (size_t i = 0; i < table.size() && n < gaps.size();) {
-      const std::string& model = table[i].model;
-      size_t end = i;
-      while (end < table.size() && table[end].model == model) ++end;  // grouped by model
-      if (!reached_only || table[end - 1].rows >= rows)
-        gaps[n++] = *node_gap_in(table, model, rows);
-      i = end;
-    }
-    if (n > 0) break;
+  std::array<int64_t, 16> reached{}, all{};
+  size_t n_reached = 0, n_all = 0;
+  for (size_t i = 0; i < table.size() && n_all < all.size();) {
+    size_t end = i + 1;
+    while (end < table.size() && table[end].model == table[i].model) ++end;
+    size_t pick = i;  // the first entry with rows >= `rows`, else the last
+    while (pick + 1 < end && table[pick].rows < rows) ++pick;
+    all[n_all++] = table[pick].gap_ns;
+    if (table[end - 1].rows >= rows) reached[n_reached++] = table[pick].gap_ns;
+    i = end;
   }
-  if (n == 0) return std::nullopt;
-  std::sort(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(n));
-  return gaps[(n - 1) / 2];
+  auto median = [](std::array<int64_t, 16>& v, size_t n) {
+    std::sort(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n));
+    return v[(n - 1) / 2];
+  };
+  if (n_reached > 0) return median(reached, n_reached);
+  if (n_all > 0) return median(all, n_all);
+  return std::nullopt;
 }
 
 }  // namespace

@@ -404,15 +404,22 @@ std::string gemv_variant() {
          std::to_string(t.smem_budget_bytes / 1024) + "k";
 }
 
+// Copies of a random weight matrix of `elems` bf16 (seeds seed0, seed0 + 1, ...), at least two
+// and together >= kColdBytes, for launches that rotate over them (cold: beyond L2).
+std::vector<bf16*> cold_weight_copies(size_t elems, uint64_t seed0) {
+  const size_t copies = std::max<size_t>(2, (kColdBytes + elems * 2 - 1) / (elems * 2));
+  std::vector<bf16*> w(copies);
+  for (size_t c = 0; c < copies; ++c) w[c] = alloc_bf16(elems, seed0 + c, 0.02f);
+  return w;
+}
+
 // Returns the sum over ms of the in-graph (PDL) cold time per launch.
 double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<int>& ms,
                   bool full) {
   double total_us = 0;
   const size_t w_elems = static_cast<size_t>(shape.n) * shape.k;
-  const int copies =
-      static_cast<int>(std::max<size_t>(2, (kColdBytes + w_elems * 2 - 1) / (w_elems * 2)));
-  std::vector<bf16*> w(copies);
-  for (int c = 0; c < copies; ++c) w[c] = alloc_bf16(w_elems, 100 + c, 0.02f);
+  const std::vector<bf16*> w = cold_weight_copies(w_elems, 100);
+  const int copies = static_cast<int>(w.size());
   bf16* x = alloc_bf16(static_cast<size_t>(16) * shape.k, 3, 1.0f);
   bf16 *out = nullptr, *tmp = nullptr;
   TS_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(16) * shape.n * sizeof(bf16)));
@@ -533,9 +540,9 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
 // H200 before fd6530c (the models the runtime runs beside Llama-3-8B: Llama-3.2-3B, the
 // Llama-3-8B TP shards, Qwen3-30B-A3B's attention), Llama-3-8B's qkv and o, and two shapes the
 // ring rule gives one block per SM (the TP2 gate_up, 896 tiles; Qwen3's o, 128 tiles), each
-// under the default tuning (with the split arrive / wait of GemvTuning::split_phase too) and with
-// the split and the ring forced (S = 1, 2, 4; ring of 3 = two blocks per SM, of 6 = one), side
-// by side; graph + PDL (m > 8 as the runtime launches it: no PDL), cold weights, m = 1, 6, 16.
+// under the default tuning and with the split and the ring forced (S = 1, 2, 4; ring of 3 = two
+// blocks per SM, of 6 = one), side by side; graph + PDL (m > 8 as the runtime launches it: no PDL),
+// cold weights, m = 1, 6, 16.
 void bench_gemv_split() {
   const std::vector<Shape> split_shapes = {
       {"l3b_down", 3072, 8192, false},         {"l3b_qkv", 5120, 3072, false},
@@ -546,22 +553,17 @@ void bench_gemv_split() {
   struct Variant {
     const char* name;
     int split, stages;
-    bool phase;
   };
-  const Variant variants[] = {{"default", 0, -1, false}, {"split_phase", 0, -1, true},
-                              {"s1_ring3", 1, 3, false}, {"s1_ring6", 1, 6, false},
-                              {"s2_ring3", 2, 3, false}, {"s2_ring6", 2, 6, false},
-                              {"s4_ring3", 4, 3, false}};
+  const Variant variants[] = {{"default", 0, -1}, {"s1_ring3", 1, 3}, {"s1_ring6", 1, 6},
+                              {"s2_ring3", 2, 3}, {"s2_ring6", 2, 6}, {"s4_ring3", 4, 3}};
   auto& tuning = detail::gemv_tuning();
   const detail::GemvTuning saved = tuning;
   int sms = 0;
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (const Shape& shape : split_shapes) {
     const size_t w_elems = static_cast<size_t>(shape.n) * shape.k;
-    const int copies =
-        static_cast<int>(std::max<size_t>(2, (kColdBytes + w_elems * 2 - 1) / (w_elems * 2)));
-    std::vector<bf16*> w(copies);
-    for (int c = 0; c < copies; ++c) w[c] = alloc_bf16(w_elems, 300 + c, 0.02f);
+    const std::vector<bf16*> w = cold_weight_copies(w_elems, 300);
+    const int copies = static_cast<int>(w.size());
     bf16* x = alloc_bf16(static_cast<size_t>(16) * shape.k, 3, 1.0f);
     bf16* out = nullptr;
     TS_CUDA_CHECK(cudaMalloc(&out, static_cast<size_t>(16) * shape.n * sizeof(bf16)));
@@ -575,7 +577,6 @@ void bench_gemv_split() {
         tuning = saved;
         tuning.split = v.split;
         tuning.stages = v.stages;
-        tuning.split_phase = v.phase;
         const double us = time_graph_us([&](cudaStream_t s) {
                             for (int i = 0; i < launches; ++i)
                               gemv(w[i % copies], x, out, m, shape.n, shape.k, s, true);
