@@ -356,13 +356,17 @@ int num_sms() {
 }
 
 // Split size: a multiple of 64 tokens chosen from the capacity, the request count and the KV head
-// count (never from q_len or the live lengths), so that about ctas_per_sm blocks per SM run when
-// the cache is full. Results depend on it at rounding level; for one cache and batch it is fixed,
-// so a verify pass and plain decode steps split the context identically.
+// count (never from q_len or the live lengths), so that a full cache gives at most ctas_per_sm
+// blocks per SM (one wave; AttentionTuning::splits_within_one_wave, else at least that many).
+// Results depend on it at rounding level; for one cache and batch it is fixed, so a verify pass
+// and plain decode steps split the context identically.
 int split_tokens_for(const AttentionShape& shape, const KvCache& cache) {
+  const detail::AttentionTuning& tuning = detail::attention_tuning();
   const int blocks_per_split = shape.num_requests * cache.num_kv_heads;
-  const int target_blocks = detail::attention_tuning().ctas_per_sm * num_sms();
-  const int target_splits = std::max(1, (target_blocks + blocks_per_split - 1) / blocks_per_split);
+  const int target_blocks = tuning.ctas_per_sm * num_sms();
+  const int target_splits = std::max(
+      1, tuning.splits_within_one_wave ? target_blocks / blocks_per_split
+                                       : (target_blocks + blocks_per_split - 1) / blocks_per_split);
   const int tokens = (cache.capacity_tokens + target_splits - 1) / target_splits;
   return std::max(kTileTokens, (tokens + kTileTokens - 1) / kTileTokens * kTileTokens);
 }
@@ -460,6 +464,13 @@ void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, bf16* out, c
 
 size_t attention_workspace_bytes(const AttentionShape& shape, const KvCache& cache) {
   return partial_bytes(shape, cache);
+}
+
+int attention_num_splits(const AttentionShape& shape, const KvCache& cache) {
+  TS_REQUIRE(shape.num_requests >= 1 && cache.num_kv_heads >= 1 && cache.capacity_tokens >= 1,
+             "attention_num_splits: num_requests, num_kv_heads and capacity_tokens must be >= 1");
+  const int split_tokens = split_tokens_for(shape, cache);
+  return (cache.capacity_tokens + split_tokens - 1) / split_tokens;
 }
 
 void decode_attention(const bf16* q, const KvCache& cache, int layer, const int* ctx_lens,

@@ -36,6 +36,11 @@ struct AttentionShape {
 
 size_t attention_workspace_bytes(const AttentionShape& shape, const KvCache& cache);
 
+// Context splits per (request, KV head) of a launch of this shape over this cache (the partition
+// above; q_len does not change it); a request of ctx + q_len tokens fills the first
+// ceil((ctx + q_len) / split_tokens) of them, each a block of the split kernel.
+int attention_num_splits(const AttentionShape& shape, const KvCache& cache);
+
 void decode_attention(const bf16* q, const KvCache& cache, int layer, const int* ctx_lens,
                       bf16* out, const AttentionShape& shape, void* workspace, cudaStream_t stream,
                       bool pdl = false);

@@ -3,9 +3,9 @@
 //
 //   twinstep_kernels_bench --out results.json [--commit SHA] [--only SECTION ...]
 //
-// SECTION: gemv, gemv_split, access, attention, attention_kv_heads, layer_chain, moe, lm_head
-// (default: all; the floor always runs); ncu (by name only: one untimed launch per kernel for
-// Nsight Compute, scripts/gpu_ncu.sh).
+// SECTION: gemv, gemv_split, access, attention, attention_kv_heads, attention_batch, layer_chain,
+// moe, lm_head (default: all; the floor always runs); ncu (by name only: one untimed launch per
+// kernel for Nsight Compute, scripts/gpu_ncu.sh).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -904,6 +904,69 @@ void bench_attention() {
   TS_CUDA_CHECK(cudaFree(out));
 }
 
+// Section `attention_batch`: Llama-3-8B's attention heads (32 q / 8 KV) for 2..32 requests of one
+// context (1024, 2048, 8192) over a run's KV capacity (ctx + 128: 128 decode tokens, sized as the
+// real backend sizes it), 32 layers of KV back to back in a captured graph with PDL (cold), q_len
+// 1: the split count rounded down to one wave of blocks (AttentionTuning::splits_within_one_wave,
+// the default) beside rounded up, in the same run. Bytes = the K and V rows read.
+void bench_attention_batch() {
+  const int layers = 32, num_q_heads = 32, kv_heads = 8, max_requests = 32;
+  auto& tuning = detail::attention_tuning();
+  const detail::AttentionTuning defaults = tuning;
+  bf16* q = alloc_bf16(size_t{max_requests} * num_q_heads * kHeadDim, 9, 1.0f);
+  bf16* out = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&out, size_t{max_requests} * num_q_heads * kHeadDim * sizeof(bf16)));
+  for (const int ctx : {1024, 2048, 8192}) {
+    for (const int requests : {2, 4, 8, 16, 32}) {
+      KvSetup kv = make_kv(layers, ctx, ctx + 128, requests, kv_heads);
+      AttentionShape shape;
+      shape.num_requests = requests;
+      shape.num_q_heads = num_q_heads;
+      const double bytes = 2.0 * requests * (ctx + 1) * kv_heads * kHeadDim * 2;
+      std::printf("attention_batch requests=%2d ctx=%5d capacity=%5d:", requests, ctx, ctx + 128);
+      for (const bool one_wave : {true, false}) {
+        tuning = defaults;
+        tuning.splits_within_one_wave = one_wave;
+        const int splits = attention_num_splits(shape, kv.cache);
+        const int split_tokens = (kv.cache.capacity_tokens + splits - 1) / splits;
+        const int used = std::min(splits, (ctx + 1 + split_tokens - 1) / split_tokens);
+        void* ws = nullptr;
+        TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
+        const double us = time_graph_us([&](cudaStream_t s) {
+                            for (int l = 0; l < layers; ++l)
+                              decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, true);
+                          }) /
+                          layers;
+        TS_CUDA_CHECK(cudaFree(ws));
+        const char* name = one_wave ? "one_wave" : "round_up";
+        std::printf("  %s %3d blocks %7.2f us (%5.1f%%)", name, requests * kv_heads * used, us,
+                    100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
+        Row row;
+        row.s("section", "attention_batch")
+            .s("variant", name)
+            .n("requests", requests)
+            .n("q_len", 1)
+            .n("ctx_tokens", ctx)
+            .n("capacity_tokens", kv.cache.capacity_tokens)
+            .n("splits", splits)
+            .n("blocks", requests * kv_heads * used)
+            .n("num_q_heads", num_q_heads)
+            .n("num_kv_heads", kv_heads)
+            .n("head_dim", kHeadDim)
+            .b("cold", true)
+            .b("pdl", true)
+            .s("timing", "captured graph, 32 layers of KV back to back");
+        add_row(row, bytes, us);
+      }
+      std::printf("  (floor %.2f us)\n", bytes / (g_floor_tbps * 1e12) * 1e6);
+      tuning = defaults;
+      free_kv(kv);
+    }
+  }
+  TS_CUDA_CHECK(cudaFree(q));
+  TS_CUDA_CHECK(cudaFree(out));
+}
+
 // Section `attention_kv_heads`: the attention of Qwen3-30B-A3B's tensor-parallel shards (group 8:
 // 8 q heads per KV head; 4 KV heads on one GPU, 2 at TP2, 1 at TP4), one request, over 48 layers
 // of KV back to back in a captured graph with PDL (cold), ctx 1024 and 8192, q_len 1 and 8 (a
@@ -1446,6 +1509,7 @@ int main(int argc, char** argv) {
   if (want("access")) bench_access();
   if (want("attention")) bench_attention();
   if (want("attention_kv_heads")) bench_attention_kv_heads();
+  if (want("attention_batch")) bench_attention_batch();
   if (want("layer_chain")) {
     bench_layer_chain(1, false);
     bench_layer_chain(6, true);

@@ -24,11 +24,14 @@ struct Variant {
   const char* name;
   int ctas_per_sm;
   bool split_full_ring = false, split_q_smem = false;
+  bool splits_within_one_wave = true;
 };
 const Variant kVariants[] = {
     {"two_launch", 2},  // the 179ce97 pair: Q in registers, 2-tile prologue
     {"two_launch_full_ring_q_smem", 2, true, true},
     {"two_launch_q_smem", 2, false, true},  // the shipped default
+    // The split count rounded up (before the one-wave rule): more splits at 2-32 requests.
+    {"two_launch_q_smem_round_up", 2, false, true, false},
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -39,6 +42,7 @@ class TuningScope {
     t.ctas_per_sm = v.ctas_per_sm;
     t.split_full_ring = v.split_full_ring;
     t.split_q_smem = v.split_q_smem;
+    t.splits_within_one_wave = v.splits_within_one_wave;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
@@ -195,12 +199,17 @@ TEST_P(AttentionCases, MatchesCpuReference) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, AttentionCases,
     ::testing::Combine(
-        ::testing::Values(Case{8, 2, 1, {0, 5, 1000}},      // ctx 0; ctx not a tile multiple
-                          Case{8, 2, 3, {63, 64, 700}},     // tile edges
-                          Case{32, 8, 6, {1, 517}},         // Llama heads, verify width
-                          Case{8, 2, 16, {300, 2}},         // q_len 16: 64 rows
-                          Case{32, 8, 2, {1200}},           //
-                          Case{4, 4, 16, {129}},            // group 1
+        ::testing::Values(Case{8, 2, 1, {0, 5, 1000}},   // ctx 0; ctx not a tile multiple
+                          Case{8, 2, 3, {63, 64, 700}},  // tile edges
+                          Case{32, 8, 6, {1, 517}},      // Llama heads, verify width
+                          Case{8, 2, 16, {300, 2}},      // q_len 16: 64 rows
+                          Case{32, 8, 2, {1200}},        //
+                          // Requests x KV heads not dividing 2 x SMs: the two rounding rules
+                          // give different split counts (8 x 8 heads: 4 or 5 splits on 132 SMs;
+                          // 5 x 8: 6 or 7), requests of very different lengths in one launch.
+                          Case{32, 8, 1, {900, 1, 64, 1500, 2000, 17, 700, 1300}},
+                          Case{24, 8, 3, {40, 1000, 511, 2, 777}},  // Llama-3.2-3B heads
+                          Case{4, 4, 16, {129}},                    // group 1
                           Case{8, 2, 12, {70, 1500, 333}},  // 48 rows: 3 row tiles (384 threads)
                           Case{16, 2, 5, {2100}},           // group 8: 40 rows
                           // One KV head (Qwen3-30B-A3B at TP4): 129 and 111 splits of 64
