@@ -211,19 +211,21 @@ check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'comma
 # first narrower grids of b2772ed, are stored, not fitted); 24-27 of fd6530c stand for 1, 7, 3
 # and 6 (Qwen3-30B-A3B's grid and speculative graphs, Llama-3-8B TP2's grid and speculative
 # graphs, measured again under the GEMV split rule of fd6530c, scripts/gpu_split_rule.sh); 28 of
-# 0bf7f6f stands for 5 (Llama-3-8B's main session, scripts/gpu_recal_main.sh). The
-# collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as group r4.
+# 0bf7f6f stood for 5 (Llama-3-8B's main session, scripts/gpu_recal_main.sh); 29-33 of 3098933
+# stand for 28 and 24-27, measured again under the one-wave attention split
+# (scripts/gpu_attention_wave.sh). The collectives: the 2-GPU tables of 583eee2, and the 4-GPU
+# ones of 631b9bd as group r4.
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_0bf7f6f.db.xz" >"$cdb6"
-"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,24,25,26,27,28 \
+xz -dc "$src/results/h200/calibration_3098933.db.xz" >"$cdb6"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,29,30,31,32,33 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" \
   --collectives-from "$src/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
   --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
 check "the committed profile is the refit of the committed sessions" test "$(grep -v 'command:' "$work/h200-calibrated.yaml")" = "$(grep -v 'command:' "$src/results/profiles/h200-calibrated.yaml")"
-check "session 28's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
+check "session 29's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
 check "session 2's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
 check "the 4-GPU collectives are group r4" grep -q '"nccl.r4.all_reduce.graph.8K.median_ns"' "$work/h200-calibrated.yaml"
-check "the grids' eager steps give eager gaps per model and rows" grep -q '^  "llama-3-8b": {1: 1936, ' <(sed -n '/^eager_node_gap_by_rows:/,/^[a-z]/p' "$work/h200-calibrated.yaml")
+check "the grids' eager steps give eager gaps per model and rows" grep -q '^  "llama-3-8b": {1: 1878, ' <(sed -n '/^eager_node_gap_by_rows:/,/^[a-z]/p' "$work/h200-calibrated.yaml")
 check "sessions 21-23 give the shards' break gaps" grep -q '^  "qwen3-30b-a3b@tp4": {1: ' "$work/h200-calibrated.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/nospec.yaml" >/dev/null 2>&1
