@@ -476,9 +476,10 @@ struct CalibrateGrid {
   std::vector<int> contexts, batches;  // empty: the default grid
   std::vector<int64_t> sessions;       // --fit-only: the sessions fitted together (empty: latest)
   int tp = 1;                          // > 1: rank 0's shard of tp-way tensor parallelism
-  // Speculative graphs (runtime/calibrate.h CalibrateOptions::spec, spec_only).
+  // Speculative graphs (runtime/calibrate.h CalibrateOptions::spec, spec_only, spec_batches).
   bool no_spec = false;
   bool spec_only = false;
+  std::vector<int> spec_batches;
   // Prefill passes (CalibrateOptions::prefill, prefill_only, prefill_tokens).
   bool no_prefill = false;
   bool prefill_only = false;
@@ -545,6 +546,7 @@ runtime::CalibrateOptions calibrate_options(bool quick, const std::vector<std::s
   o.batches = grid.batches;
   o.spec = !grid.no_spec;
   o.spec_only = grid.spec_only;
+  o.spec_batches = grid.spec_batches;
   o.prefill = !grid.no_prefill;
   o.prefill_only = grid.prefill_only;
   o.prefill_tokens = grid.prefill_tokens;
@@ -594,13 +596,16 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   ProfileHeader header;
   if (!fit_only && !grid.sessions.empty())
     throw ConfigError("", "--sessions selects stored sessions to refit: give it with --fit-only");
-  if (fit_only && (grid.spec_only || grid.no_spec || grid.prefill_only || grid.no_prefill ||
-                   !grid.prefill_tokens.empty() || grid.breaks_only))
+  if (fit_only &&
+      (grid.spec_only || grid.no_spec || !grid.spec_batches.empty() || grid.prefill_only ||
+       grid.no_prefill || !grid.prefill_tokens.empty() || grid.breaks_only))
     throw ConfigError("",
-                      "--spec-only, --no-spec, --prefill-only, --no-prefill, --prefill-tokens and "
-                      "--breaks-only choose what calibrate measures; --fit-only measures nothing "
-                      "(it refits every stored sample, spec_graph, prefill and collective_break "
-                      "ones too)");
+                      "--spec-only, --no-spec, --spec-batches, --prefill-only, --no-prefill, "
+                      "--prefill-tokens and --breaks-only choose what calibrate measures; "
+                      "--fit-only measures nothing (it refits every stored sample, spec_graph, "
+                      "prefill and collective_break ones too)");
+  if (grid.no_spec && !grid.spec_batches.empty())
+    throw ConfigError("", "--spec-batches sets the speculative graphs' batches; drop --no-spec");
   if (grid.breaks_only && (grid.tp < 2 || grid.spec_only || grid.prefill_only))
     throw ConfigError("",
                       "--breaks-only measures a TP shard's decode steps with and without "
@@ -894,6 +899,11 @@ int main(int argc, char** argv) {
   calibrate->add_flag("--no-prefill", cal_grid.no_prefill,
                       "skip the prefill passes (one prompt per length, measured by default; "
                       "they fit the profile's prefill rates)");
+  calibrate
+      ->add_option("--spec-batches", cal_grid.spec_batches,
+                   "batches of the speculative graphs, increasing, 1..64 (default 1,4; "
+                   "with --batches, those <= 4)")
+      ->delimiter(',');
   calibrate->add_flag("--prefill-only", cal_grid.prefill_only,
                       "measure only the prefill passes (fit them with stored sessions: --fit-only "
                       "--sessions); with --spec-only, both");

@@ -747,7 +747,9 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     contexts = *lo == *hi ? std::vector<int>{*lo} : std::vector<int>{*lo, *hi};
   }
   std::vector<int> batches = o.quick ? std::vector<int>{1} : std::vector<int>{1, 4};
-  if (!o.batches.empty()) {
+  if (!o.spec_batches.empty()) {
+    batches = o.spec_batches;
+  } else if (!o.batches.empty()) {
     batches.clear();
     for (const int b : o.batches) {
       if (b <= 4) batches.push_back(b);
@@ -1019,6 +1021,15 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
     if (i > 0 && o.batches[i] <= o.batches[i - 1])
       throw Error("calibrate: --batches must be increasing (the largest sizes the engine)");
   }
+  for (size_t i = 0; i < o.spec_batches.size(); ++i) {
+    if (o.spec_batches[i] < 1 || o.spec_batches[i] > 64)
+      throw Error("calibrate: speculative batch " + std::to_string(o.spec_batches[i]) +
+                  " outside [1, 64]");
+    if (i > 0 && o.spec_batches[i] <= o.spec_batches[i - 1])
+      throw Error("calibrate: --spec-batches must be increasing");
+  }
+  if (!o.spec && !o.spec_batches.empty())
+    throw Error("calibrate: --spec-batches sets the speculative graphs' batches; drop --no-spec");
   if (o.in_situ) {
     if (!o.breaks_only || o.tp < 2)
       throw Error(

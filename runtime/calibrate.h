@@ -40,6 +40,11 @@ struct CalibrateOptions {
   // (calibrate --fit-only --sessions).
   bool spec = true;
   bool spec_only = false;
+  // The speculative graphs' batches, increasing, 1..64; empty: the rule above. Verify(W) of B
+  // requests runs B x W rows in row-exact GEMV chunks of 16 (spec_graph_extra_chunks), so a
+  // batch far above 4 has no measured residual of its own without this (~1.5 min for 8, 16, 32 on
+  // Llama-3-8B, H200).
+  std::vector<int> spec_batches;
   // Prefill passes (docs/calibration.md "Prefill"): every model's prefill of one prompt
   // (Engine::enqueue_prefill, eager: cuBLAS projections over every row, chunked decode attention)
   // at each of prefill_tokens (empty: 1024, 2048, 4096, 8192; quick: 1024, 4096), bracketed by an
