@@ -59,12 +59,24 @@ struct Emitter {
   static int32_t rows_of(int64_t tokens) {
     return static_cast<int32_t>(std::min<int64_t>(tokens, std::numeric_limits<int32_t>::max()));
   }
-  // y[T, n] = x[T, k] · W[k, n] over the rank's own tokens.
+  // y[T, n] = x[T, k] · W[k, n] over the rank's own tokens; row-exact (StepShape::row_exact):
+  // one launch per kGemvRowsPerLaunch rows, each reading the whole weight.
   void gemm(const char* name, int64_t k, int64_t n) {
-    add(name, KernelClass::kGemm, wgt(k * n) + own.tokens * k * kActBytes,
-        own.tokens * n * kActBytes, 2 * own.tokens * k * n);
-    out.kernels.back().gemv_n = static_cast<int32_t>(n);
-    out.kernels.back().gemv_k = static_cast<int32_t>(k);
+    for (int64_t first = 0; first < std::max<int64_t>(own.tokens, 1);
+         first += row_chunk(own.tokens)) {
+      const int64_t t = std::min(own.tokens - first, row_chunk(own.tokens));
+      add(name, KernelClass::kGemm, wgt(k * n) + t * k * kActBytes, t * n * kActBytes,
+          2 * t * k * n);
+      out.kernels.back().rows = rows_of(t);
+      out.kernels.back().gemv_n = static_cast<int32_t>(n);
+      out.kernels.back().gemv_k = static_cast<int32_t>(k);
+    }
+  }
+  // Rows per projection launch for `rows` rows: all of them, or kGemvRowsPerLaunch when
+  // row-exact and more (never 0).
+  int64_t row_chunk(int64_t rows) const {
+    return own.row_exact && rows > kGemvRowsPerLaunch ? kGemvRowsPerLaunch
+                                                      : std::max<int64_t>(rows, 1);
   }
   void norm(const char* name, int64_t width, bool residual) {
     const int64_t rw = residual ? 2 : 1;
@@ -150,6 +162,7 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
       e.add("kv_append", KernelClass::kKvAppend, kv_at.append * 2 * kv * kActBytes,
             compressed_kv_bytes(e.l, kv_at.append * 2 * kv * kvb), 0);
       e.cp_kv_gather(2 * kv * kvb);
+      if (s.kv_pass) break;  // the extend: the layer's KV only
       // Prefill (not CP): chunks of decode attention over the growing prefix, each reading every
       // key before its end (prefill_chunk_keys), one pseudo-request per chunk. Decode-like steps:
       // each request reads its context and new keys once.
@@ -539,6 +552,8 @@ StepShape dp_rank_shape(const StepShape& shape, int32_t width, int32_t index) {
   s.ctx_tokens = part(shape.ctx_tokens);
   s.attn_pairs = part(shape.attn_pairs);
   s.lm_head_all_tokens = shape.lm_head_all_tokens;
+  s.row_exact = shape.row_exact;
+  s.kv_pass = shape.kv_pass;
   if (shape.finishing_requests >= 0) {
     s.finishing_requests = static_cast<int32_t>(part(shape.finishing_requests));
   }
@@ -663,14 +678,18 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
     e.pass_key = pass_key.value_or(0);
     e.layer = static_cast<int32_t>(i);
     emit_attention(e, m.layers[i], sh);
-    emit_mlp(e, m.layers[i], sh);
+    // The extend's KV pass stops after a GQA layer's KV append (emit_attention).
+    if (!(own.kv_pass && m.layers[i].attn.kind == AttentionKind::kGqa))
+      emit_mlp(e, m.layers[i], sh);
     out.runs.push_back(
         {static_cast<int32_t>(j - i), first, static_cast<int32_t>(out.kernels.size()) - first});
     i = j;
   }
 
   const auto first = static_cast<int32_t>(out.kernels.size());
-  if (stage < l.pp - 1) {
+  if (own.kv_pass) {
+    // The extend computes no logits.
+  } else if (stage < l.pp - 1) {
     out.kernels.push_back({"pp_send", KernelClass::kCollective, 2 * own.tokens * h * kActBytes, 0,
                            0, CollectiveKind::kSendRecv, stage + 1});
   } else {
@@ -684,9 +703,13 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
     // LM head with the greedy argmax fused: logits never reach memory; one token id plus its
     // probability per row are written. Vocab-parallel ranks then all-gather their local
     // (argmax, value) pairs: rows · 8 B each, instead of rows · vocab/width logits.
-    e.add("lm_head", KernelClass::kLmHead, vocab_rows * h * m.weight_bytes + rows * h * kActBytes,
-          rows * kArgmaxBytes, 2 * rows * h * vocab_rows);
-    out.kernels.back().rows = Emitter::rows_of(rows);
+    // Row-exact (verify): one launch per kGemvRowsPerLaunch rows, each reading the whole head.
+    for (int64_t done = 0; done < std::max<int64_t>(rows, 1); done += e.row_chunk(rows)) {
+      const int64_t r = std::min(rows - done, e.row_chunk(rows));
+      e.add("lm_head", KernelClass::kLmHead, vocab_rows * h * m.weight_bytes + r * h * kActBytes,
+            r * kArgmaxBytes, 2 * r * h * vocab_rows);
+      out.kernels.back().rows = Emitter::rows_of(r);
+    }
     if (l.vocab_parallel)
       e.coll("argmax_gather", CollectiveKind::kAllGather, rows * kArgmaxBytes,
              w * rows * kArgmaxBytes);

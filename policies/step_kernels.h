@@ -101,7 +101,19 @@ struct StepShape {
   // pads each request to the launch's width, and the runtime routes only the request's draft
   // positions and its committed token (kernels/moe.h active_rows): Σ (draft length + 1).
   int64_t moe_tokens = -1;
+  // Speculative launches as the runtime runs them (runtime/engine_spec.cc). row_exact: verify and
+  // extend project in row-exact chunks of kGemvRowsPerLaunch rows (Engine::project_rows: the
+  // decode GEMV, so a request's rows round as in plain decode), so a projection or LM head of more
+  // rows is that many launches, each reading the whole weight, instead of one GEMM.
+  // kv_pass: the extend (Engine::draft_kv) runs only the draft's embedding, input norms and
+  // eh_proj and each GQA layer's input norm, qkv projection, rope and KV append: no attention
+  // output, MLP, final norm or LM head (other attention kinds keep their whole layer).
+  bool row_exact = false;
+  bool kv_pass = false;
 };
+
+// Rows per launch of a row-exact projection (kernels::kGemvMaxRows).
+inline constexpr int32_t kGemvRowsPerLaunch = 16;
 
 StepShape decode_shape(int32_t requests, int32_t q_tokens_each, int64_t ctx_tokens_sum);
 StepShape prefill_shape(int32_t requests, int64_t prompt_tokens_sum, int64_t prompt_sq_sum);

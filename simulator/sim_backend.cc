@@ -366,13 +366,15 @@ class Engine {
     return e.t_ns;
   }
 
-  // moe_tokens: StepShape::moe_tokens (-1: every token routed).
+  // moe_tokens, row_exact, kv_pass: those of the launch's StepShape.
   const DecodeCost& decode_cost(const ModelSpec& m, int32_t requests, int32_t q_tokens,
-                                int64_t moe_tokens) {
-    // One 64-bit key: draft (1 bit), requests (23), q_tokens (8), moe_tokens + 1 (32).
-    assert(requests >= 0 && requests < (1 << 23) && q_tokens >= 0 && q_tokens < 256 &&
+                                int64_t moe_tokens, bool row_exact, bool kv_pass) {
+    // One 64-bit key: draft, row_exact, kv_pass (1 bit each), requests (21), q_tokens (8),
+    // moe_tokens + 1 (32).
+    assert(requests >= 0 && requests < (1 << 21) && q_tokens >= 0 && q_tokens < 256 &&
            moe_tokens >= -1 && moe_tokens < (int64_t{1} << 32) - 1);
-    const uint64_t key = (uint64_t(&m == &draft_) << 63) | (uint64_t(requests) << 40) |
+    const uint64_t key = (uint64_t(&m == &draft_) << 63) | (uint64_t(row_exact) << 62) |
+                         (uint64_t(kv_pass) << 61) | (uint64_t(requests) << 40) |
                          (uint64_t(q_tokens) << 32) | uint64_t(moe_tokens + 1);
     auto it = decode_costs_.find(key);
     if (it != decode_costs_.end()) return it->second;
@@ -380,6 +382,8 @@ class Engine {
     StepKernels base, one;
     StepShape at0 = decode_shape(requests, q_tokens, 0), at1 = decode_shape(requests, q_tokens, 1);
     at0.moe_tokens = at1.moe_tokens = moe_tokens;
+    at0.row_exact = at1.row_exact = row_exact;
+    at0.kv_pass = at1.kv_pass = kv_pass;
     step_kernels(m, at0, base);
     step_kernels(m, at1, one);
     for (const LayerRun& run : base.runs) {
@@ -402,7 +406,8 @@ class Engine {
   }
 
   GraphCost priced_decode(const ModelSpec& m, const StepShape& shape, int32_t q_tokens) {
-    const DecodeCost& c = decode_cost(m, shape.requests, q_tokens, shape.moe_tokens);
+    const DecodeCost& c =
+        decode_cost(m, shape.requests, q_tokens, shape.moe_tokens, shape.row_exact, shape.kv_pass);
     GraphCost g{c.fixed_busy_ns, c.nodes, c.fixed_bytes_read};
     for (const DecodeCost::Varying& v : c.varying) {
       KernelDesc k = v.at_zero;  // name, class and requests
@@ -503,12 +508,12 @@ class Engine {
         sample.draft_len = std::max(sample.draft_len, widest);
         // The runtime routes a request's draft positions and committed token through the MoE
         // experts, not the padding up to the launch's width (kernels/moe.h active_rows).
-        StepShape shape = decode_shape(n, g.q_tokens, ctx);
+        StepShape shape = spec_launch_shape(SpecGraph::kVerify, n, g.q_tokens, ctx);
         if (model_moe_) shape.moe_tokens = routed;  // (a dense price would not change)
         return {&model_, shape, g.q_tokens, 1};
       }
       case Phase::kExtend:
-        return {&draft_, decode_shape(n, g.q_tokens, ctx), g.q_tokens, 1};
+        return {&draft_, spec_launch_shape(SpecGraph::kExtend, n, g.q_tokens, ctx), g.q_tokens, 1};
       case Phase::kPrefill:
         break;
     }
@@ -768,17 +773,26 @@ class Engine {
   // gap_ns: between two compute nodes (under PDL possibly negative: an overlap); the first node
   // after a collective waits for it (an NCCL kernel neither triggers early nor is PDL-launched),
   // so it gets resume_ns (resume_gap_ns).
-  const SegmentTemplate& segment_template(const ModelSpec& m, int32_t requests, int32_t q_tokens,
+  // `mb`: the microbatch's requests and launch rules (row_exact, kv_pass); its context varies.
+  const SegmentTemplate& segment_template(const ModelSpec& m, const StepShape& mb, int32_t q_tokens,
                                           int32_t rank, int64_t gap_ns, int64_t resume_ns) {
-    const auto key = std::make_tuple(&m == &draft_, requests, q_tokens, rank, gap_ns, resume_ns);
+    const int32_t requests = mb.requests;
+    const auto key = std::make_tuple(&m == &draft_, mb.row_exact, mb.kv_pass, requests, q_tokens,
+                                     rank, gap_ns, resume_ns);
     auto it = templates_.find(key);
     if (it != templates_.end()) return it->second;
     SegmentTemplate t;
     StepKernels k0, k1, kfar;
     constexpr int64_t kFar = 1'000'003;  // a far context to check affinity
-    step_kernels(m, decode_shape(requests, q_tokens, 0), options_.layout, rank, k0);
-    step_kernels(m, decode_shape(requests, q_tokens, 1), options_.layout, rank, k1);
-    step_kernels(m, decode_shape(requests, q_tokens, kFar), options_.layout, rank, kfar);
+    const auto at = [&](int64_t ctx) {
+      StepShape s = decode_shape(requests, q_tokens, ctx);
+      s.row_exact = mb.row_exact;
+      s.kv_pass = mb.kv_pass;
+      return s;
+    };
+    step_kernels(m, at(0), options_.layout, rank, k0);
+    step_kernels(m, at(1), options_.layout, rank, k1);
+    step_kernels(m, at(kFar), options_.layout, rank, kfar);
     std::vector<const KernelDesc*> n0, n1, nfar;
     for_each_node(k0, 1, [&](const KernelDesc& d) { n0.push_back(&d); });
     for_each_node(k1, 1, [&](const KernelDesc& d) { n1.push_back(&d); });
@@ -854,6 +868,10 @@ class Engine {
         prefill_microbatch_shapes(layout, lengths_, is.microbatches);
       } else {
         decode_microbatch_shapes(layout, lengths_, work.q_tokens, is.microbatches);
+        for (StepShape& mb : is.microbatches) {  // a verify's or extend's launch rules
+          mb.row_exact = work.shape.row_exact;
+          mb.kv_pass = work.shape.kv_pass;
+        }
       }
       // The routing this launch draws, recorded for the traced steps' decode and verify launches
       // (moe_* metrics, as the runtime records them); every rank draws the same, so rank 0's.
@@ -876,8 +894,8 @@ class Engine {
       bool affine = !eager && !r.trace && !prefill && !drawn && !draft_on_last;
       is.templates.clear();
       for (size_t j = 0; affine && j < is.microbatches.size(); ++j) {
-        is.templates.push_back(&segment_template(*work.model, is.microbatches[j].requests,
-                                                 work.q_tokens, int32_t(ri), gap_ns, resume_ns));
+        is.templates.push_back(&segment_template(*work.model, is.microbatches[j], work.q_tokens,
+                                                 int32_t(ri), gap_ns, resume_ns));
         affine = is.templates.back()->affine;
       }
       if (affine) {
@@ -1208,7 +1226,8 @@ class Engine {
   StepKernels kernels_;
   int32_t repeat_ = 1;  // forward passes of kernels_ in the launch being executed
   std::unordered_map<uint64_t, DecodeCost> decode_costs_;
-  std::map<std::tuple<bool, int32_t, int32_t, int32_t, int64_t, int64_t>, SegmentTemplate>
+  std::map<std::tuple<bool, bool, bool, int32_t, int32_t, int32_t, int64_t, int64_t>,
+           SegmentTemplate>
       templates_;
 };
 

@@ -26,6 +26,13 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+StepShape spec_launch_shape(SpecGraph graph, int32_t requests, int32_t positions, int64_t ctx_sum) {
+  StepShape s = decode_shape(requests, positions, ctx_sum);
+  s.row_exact = graph == SpecGraph::kVerify || graph == SpecGraph::kExtend;
+  s.kv_pass = graph == SpecGraph::kExtend;
+  return s;
+}
+
 const char* spec_graph_name(SpecGraph g) {
   return g < SpecGraph::kCount ? kSpecGraphNames[size_t(g)] : "?";
 }
@@ -49,10 +56,10 @@ int64_t spec_graph_price_ns(const CostModel& cost, int64_t gap_ns, const ModelSp
       passes = std::max(0, positions - 1);
       break;
     case SpecGraph::kVerify:
-      shard_step_kernels(model, tp, decode_shape(requests, positions, ctx_sum), k);
+      shard_step_kernels(model, tp, spec_launch_shape(graph, requests, positions, ctx_sum), k);
       break;
     case SpecGraph::kExtend:
-      shard_step_kernels(draft, tp, decode_shape(requests, positions, ctx_sum), k);
+      shard_step_kernels(draft, tp, spec_launch_shape(graph, requests, positions, ctx_sum), k);
       break;
     case SpecGraph::kCount:
       throw Error("spec_graph_price_ns: no such speculative graph");

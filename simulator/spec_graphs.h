@@ -25,14 +25,20 @@ const char* spec_graph_name(SpecGraph g);
 // kCount for a name that is none of them.
 SpecGraph spec_graph_by_name(std::string_view name);
 
+// The step shape of a verify or extend launch of `requests` requests, `positions` rows each, over
+// `ctx_sum` cached tokens: decode_shape with StepShape::row_exact (both) and kv_pass (extend), as
+// the runtime runs them. Drafts: plain decode_shape(requests, 1, ctx_sum) per forward.
+StepShape spec_launch_shape(SpecGraph graph, int32_t requests, int32_t positions, int64_t ctx_sum);
+
 // The simulator's price of one launch of `graph` on one GPU without a residual, exactly what
 // sim_backend.cc's launch_single charges for its span: the kernels of `requests` requests with
 // `ctx_sum` cached tokens in all, priced by `cost`, plus nodes × gap_ns, at least 0.
 //   draft (both kinds): P = `positions` draft tokens per request take max(P − 1, 0) forwards of
 //     `draft` (nextn_draft(model)) over decode_shape(requests, 1, ctx_sum): NEXTN, the first
 //     draft token comes from the previous round's extend (the runtime runs P forwards);
-//   verify: `model` over decode_shape(requests, positions, ctx_sum), positions = the width W;
-//   extend: `draft` over the same shape.
+//   verify: `model` over spec_launch_shape(kVerify, requests, positions, ctx_sum), positions =
+//     the width W (row-exact projections and LM head);
+//   extend: `draft` over spec_launch_shape(kExtend, ...): its KV pass, row-exact.
 // tp > 1: rank 0's shard of both, measured alone (shard_step_kernels: no collectives), as
 // calibrate --tp times it.
 int64_t spec_graph_price_ns(const CostModel& cost, int64_t gap_ns, const ModelSpec& model,

@@ -213,11 +213,12 @@ check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'comma
 # graphs, measured again under the GEMV split rule of fd6530c, scripts/gpu_split_rule.sh); 28 of
 # 0bf7f6f stood for 5 (Llama-3-8B's main session, scripts/gpu_recal_main.sh); 29-33 of 3098933
 # stand for 28 and 24-27, measured again under the one-wave attention split
-# (scripts/gpu_attention_wave.sh). The collectives: the 2-GPU tables of 583eee2, and the 4-GPU
-# ones of 631b9bd as group r4.
+# (scripts/gpu_attention_wave.sh); 34 of 735cee4, Llama-3-8B's speculative graphs at 8, 16 and 32
+# requests (scripts/gpu_spec_batches.sh). The collectives: the 2-GPU tables of 583eee2, and the
+# 4-GPU ones of 631b9bd as group r4.
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_3098933.db.xz" >"$cdb6"
-"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,29,30,31,32,33 \
+xz -dc "$src/results/h200/calibration_735cee4.db.xz" >"$cdb6"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,29,30,31,32,33,34 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" \
   --collectives-from "$src/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
   --out "$work/h200-calibrated.yaml" >/dev/null 2>&1

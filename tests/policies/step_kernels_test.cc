@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "policies/calibration_model.h"
 #include "policies/error.h"
@@ -37,6 +39,64 @@ TEST(StepKernels, Llama8bDecodeReadsEveryWeightOnce) {
   ASSERT_EQ(s.runs.size(), 3u);
   EXPECT_EQ(s.runs[1].repeat, 32);
   EXPECT_EQ(s.node_count(), 1 + 32 * 10 + 2);
+}
+
+// A row-exact verify (StepShape::row_exact) of 4 requests x 12 positions = 48 rows runs each
+// projection and the LM head as 3 launches of 16 rows, each reading the whole weight: qkv_proj
+// 3 x (4096 x 6144 x 2 B + 16 x 4096 x 2 B in), 16 rows of FLOPs each; the same step without the
+// flag is one launch of 48 rows. Everything else is unchanged.
+TEST(StepKernels, RowExactProjectionsLaunchPerSixteenRows) {
+  const ModelSpec& m = model_preset("llama-3-8b");
+  StepShape shape = decode_shape(4, 12, 4 * 1000);
+  StepKernels one, exact;
+  step_kernels(m, shape, one);
+  shape.row_exact = true;
+  step_kernels(m, shape, exact);
+  int qkv = 0, heads = 0;
+  for (const KernelDesc& k : exact.kernels) {
+    if (std::strcmp(k.name, "qkv_proj") == 0) {
+      ++qkv;
+      EXPECT_EQ(k.rows, 16);
+      EXPECT_EQ(k.bytes_read, int64_t{4096} * 6144 * 2 + 16 * 4096 * 2);
+      EXPECT_EQ(k.flops, int64_t{2} * 16 * 4096 * 6144);
+    }
+    if (std::strcmp(k.name, "lm_head") == 0) {
+      ++heads;
+      EXPECT_EQ(k.rows, 16);
+      EXPECT_EQ(k.bytes_read, int64_t{128256} * 4096 * 2 + 16 * 4096 * 2);
+    }
+  }
+  EXPECT_EQ(qkv, 3);  // one layer's run, repeated 32 times
+  EXPECT_EQ(heads, 3);
+  EXPECT_EQ(find(one, "qkv_proj")->rows, 48);
+  // 4 projections per layer and the LM head: 2 more launches each.
+  EXPECT_EQ(exact.node_count(), one.node_count() + 2 * (32 * 4 + 1));
+  // The attention is not a projection: unchanged.
+  EXPECT_EQ(find(one, "attention")->bytes_read, find(exact, "attention")->bytes_read);
+  // At 16 rows or fewer the flag changes nothing.
+  StepShape small = decode_shape(2, 8, 2 * 1000);
+  StepKernels a, b;
+  step_kernels(m, small, a);
+  small.row_exact = true;
+  step_kernels(m, small, b);
+  EXPECT_EQ(a.node_count(), b.node_count());
+  EXPECT_EQ(total_read(a), total_read(b));
+}
+
+// The extend's KV pass (StepShape::kv_pass) on the NEXTN draft: embedding, enorm, hnorm,
+// eh_proj, then the layer's attn_norm, qkv_proj, rope, kv_append (Engine::draft_kv), no
+// attention, o_proj, MLP, final norm or LM head.
+TEST(StepKernels, KvPassStopsAtTheKvAppend) {
+  const ModelSpec draft = nextn_draft(model_preset("llama-3-8b"));
+  StepShape shape = decode_shape(1, 6, 1000);
+  shape.kv_pass = true;
+  StepKernels s;
+  step_kernels(draft, shape, s);
+  std::vector<std::string> names;
+  for (const LayerRun& r : s.runs)
+    for (int32_t i = r.first; i < r.first + r.count; ++i) names.push_back(s.kernels[i].name);
+  EXPECT_EQ(names, (std::vector<std::string>{"embedding", "enorm", "hnorm", "eh_proj", "attn_norm",
+                                             "qkv_proj", "rope", "kv_append"}));
 }
 
 // bytes_read(): what a step's sample counts on both backends (the real backend from its engine's

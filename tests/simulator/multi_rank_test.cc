@@ -585,7 +585,9 @@ TEST(ExpertSkew, SampledRoutingMetricsMatchUniformExpectation) {
 // drafts go to stage 0 (α); stage 0 runs its verify layers and hands off (α); the last stage
 // finishes the verify and runs the extend. The last stage never waits for stage 0 otherwise
 // (it holds the logits the next draft starts from), so its round is
-// 3·t_draft + t_verify,0 + t_verify,1 + 2α, every kernel at the floor.
+// 2·t_draft + t_extend + t_verify,0 + t_verify,1 + 2α, every kernel at the floor; the extend is
+// the draft's KV pass (embedding, enorm, hnorm, eh_proj, attn_norm, qkv_proj, rope, kv_append:
+// 8 nodes).
 TEST(Pipeline, SpeculativeRoundRunsTheDraftOnTheLastStage) {
   const ModelSpec model = eight_layer_llama();
   const int64_t alpha = 9 * kUs;
@@ -605,10 +607,15 @@ TEST(Pipeline, SpeculativeRoundRunsTheDraftOnTheLastStage) {
   draft_module_kernels(nextn_draft(model), decode_shape(1, 1, 0), l, 1, draft);
   const int64_t t_draft = draft.node_count() * kFloorNs;
   EXPECT_GT(t_draft, 0);
+  StepShape extend = decode_shape(1, 4, 0);
+  extend.row_exact = extend.kv_pass = true;
+  draft_module_kernels(nextn_draft(model), extend, l, 1, draft);
+  EXPECT_EQ(draft.node_count(), 8);
+  const int64_t t_extend = 8 * kFloorNs;
   draft_module_kernels(nextn_draft(model), decode_shape(1, 1, 0), l, 0, draft);
   EXPECT_EQ(draft.node_count(), 0);  // stage 0 holds no draft module
   const StepShape verify = decode_shape(1, 4, 0);
-  const int64_t want = 3 * t_draft + stage_ns(model, l, hw, 0, verify) +
+  const int64_t want = 2 * t_draft + t_extend + stage_ns(model, l, hw, 0, verify) +
                        stage_ns(model, l, hw, 1, verify) + 2 * alpha;
   int checked = 0;
   for (const StepSample& s : rec.steps) {
