@@ -26,7 +26,7 @@ struct Result {
 
 Result simulate(const SpecSpec& spec, const AcceptanceSpec& acc, HostSchedule schedule,
                 const HardwareSpec& hw, const HostCostSpec& costs, int32_t requests = 40,
-                int32_t output_len = 400) {
+                int32_t output_len = 400, int32_t concurrency = 1) {
   PolicySpec policy;
   policy.host_schedule = schedule;
   policy.spec = spec;
@@ -34,6 +34,7 @@ Result simulate(const SpecSpec& spec, const AcceptanceSpec& acc, HostSchedule sc
   w.input_len = {64, 64};
   w.output_len = {output_len, output_len};
   w.num_requests = requests;
+  w.max_concurrency = concurrency;
   const std::vector<RequestSpec> reqs = generate_requests(w);
   Result r;
   DecodeLoop loop(policy, w, reqs, &r.record);
@@ -138,6 +139,28 @@ TEST(SpecSim, ChainStepCostCountsForwards) {
   const Result r = simulate(chain(5), {.accept_rate = 0.5}, HostSchedule::kRunahead,
                             testing::ideal_machine(), none, 4, 200);
   EXPECT_NEAR(r.step_ns, double((4 * 16 + 23 + 8) * kFloorNs), 1.0);
+}
+
+// Speculative graphs run every row of their batch bucket (Engine::bucket_for), row-exact: 3
+// requests in a chain(4) round are priced as 4. On the ideal machine: 3 draft forwards of 16
+// nodes, a verify of 4 x 5 = 20 rows (3 x 5 = 15 would be one launch each), two launches of
+// each of the 8 projections and the LM head (23 + 9 nodes), and an extend of 20 rows (8 + 2
+// nodes): 90 x the floor; 2 requests (bucket 2, 10 rows): 3 x 16 + 23 + 8 = 79.
+TEST(SpecSim, RoundsArePricedAtTheBatchBucket) {
+  const HostCostSpec none = testing::fixed_host_costs(0, 0, 0);
+  const AcceptanceSpec acc{.accept_rate = 0.5};
+  for (const auto& [concurrency, nodes] : {std::pair{3, 90}, std::pair{4, 90},
+                                           std::pair{2, 79}}) {
+    const Result r = simulate(chain(4), acc, HostSchedule::kRunahead, testing::ideal_machine(),
+                              none, concurrency, 200, concurrency);
+    int checked = 0;
+    for (const StepSample& s : r.record.steps) {
+      if (s.batch != concurrency || s.draft_len == 0) continue;
+      EXPECT_EQ(s.dur_ns, nodes * kFloorNs) << concurrency << " requests, step " << s.step;
+      ++checked;
+    }
+    EXPECT_GT(checked, 10) << concurrency << " requests";
+  }
 }
 
 // Without early exit a device-decided draft runs every one of max_steps (stopped rows padded):
