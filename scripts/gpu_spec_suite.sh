@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue #6's validation suite with speculative decoding, on a machine with a CUDA GPU: build, then
-# experiments/validation/h200_spec_suite_calibration.yaml (the batch-1 verify rounds the simulator
-# replays) and h200_spec_suite.yaml (chain(5) and confidence/device x lockstep / run-ahead x
+# experiments/validation/h200_spec_suite_calibration.yaml (the verify rounds the simulator
+# replays, measured at each concurrency) and h200_spec_suite.yaml (chain(5) and confidence/device
+# x lockstep / run-ahead x
 # context 1K / 8K x concurrency 1 / 8 / 32, real and simulated with the committed profile) into
 # one database, then the comparisons.
 #   scripts/gpu_spec_suite.sh OUT_DIR
