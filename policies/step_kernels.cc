@@ -175,6 +175,11 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
             s.tokens * q * kActBytes, 4 * kv_at.pairs * q);
       if (chunked) {
         e.out.kernels.back().requests = Emitter::rows_of((kv_at.append + chunk - 1) / chunk);
+      } else if (s.lm_head_all_tokens) {
+        // Decode-like (decode, verify): one block per (split, KV head, request) serves all of a
+        // request's query rows, so the launch is the one the decode fit measured at this many
+        // requests (KernelDesc::rows), whatever the verify width.
+        e.out.kernels.back().rows = Emitter::rows_of(s.requests);
       }
       e.cp_exchange(q, sh.heads);
       e.gemm("o_proj", q, h);

@@ -70,7 +70,8 @@ struct KernelDesc {
   // (kernels/gemv_split.h), whose cost per row grows with the split (CostModel).
   int32_t gemv_n = 0;
   int32_t gemv_k = 0;
-  // Token rows the kernel processes (the rank's new tokens; lm_head: its logits rows; 0: not set,
+  // Token rows the kernel processes (the rank's new tokens; lm_head: its logits rows; decode-like
+  // attention: its requests, each request's query rows sharing its blocks; 0: not set,
   // collectives). A calibrated fit holds up to the rows it was measured at
   // (HardwareSpec::kernel_fit_max_rows); beyond them CostModel prices the roofline.
   int32_t rows = 0;

@@ -83,6 +83,21 @@ TEST(StepKernels, RowExactProjectionsLaunchPerSixteenRows) {
   EXPECT_EQ(total_read(a), total_read(b));
 }
 
+// Decode-like attention counts its requests as its rows (the decode fit's domain,
+// HardwareSpec::kernel_fit_max_rows): a verify of 32 requests x 6 positions is a 32-request
+// decode launch, not 192 rows; a prefill's chunked attention keeps its token rows.
+TEST(StepKernels, DecodeLikeAttentionRowsAreItsRequests) {
+  const ModelSpec& m = model_preset("llama-3-8b");
+  StepKernels s;
+  step_kernels(m, decode_shape(32, 6, 32 * 8000), s);
+  EXPECT_EQ(find(s, "attention")->rows, 32);
+  EXPECT_EQ(find(s, "qkv_proj")->rows, 192);
+  step_kernels(m, decode_shape(5, 1, 5 * 100), s);
+  EXPECT_EQ(find(s, "attention")->rows, 5);
+  step_kernels(m, prefill_shape(2, 2048, 2 * 1024 * 1024), s);
+  EXPECT_EQ(find(s, "attention")->rows, 2048);
+}
+
 // The extend's KV pass (StepShape::kv_pass) on the NEXTN draft: embedding, enorm, hnorm,
 // eh_proj, then the layer's attn_norm, qkv_proj, rope, kv_append (Engine::draft_kv), no
 // attention, o_proj, MLP, final norm or LM head.
