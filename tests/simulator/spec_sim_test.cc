@@ -149,8 +149,7 @@ TEST(SpecSim, ChainStepCostCountsForwards) {
 TEST(SpecSim, RoundsArePricedAtTheBatchBucket) {
   const HostCostSpec none = testing::fixed_host_costs(0, 0, 0);
   const AcceptanceSpec acc{.accept_rate = 0.5};
-  for (const auto& [concurrency, nodes] : {std::pair{3, 90}, std::pair{4, 90},
-                                           std::pair{2, 79}}) {
+  for (const auto& [concurrency, nodes] : {std::pair{3, 90}, std::pair{4, 90}, std::pair{2, 79}}) {
     const Result r = simulate(chain(4), acc, HostSchedule::kRunahead, testing::ideal_machine(),
                               none, concurrency, 200, concurrency);
     int checked = 0;
