@@ -1,0 +1,68 @@
+# Sourced by the recalibration scripts (gpu_split_rule.sh, gpu_attention_wave.sh,
+# gpu_recal_main.sh, gpu_spec_batches.sh): the output folder, the build, calibration sessions into
+# a copy of a committed database, the refit with the committed collective tables, and the packing
+# of what comes back. Every function records a failure in `status` and goes on.
+#
+# recal_init OUT_DIR: out (absolute), logs (OUT/logs), root and SQLite (gpu_env.sh), build
+#   (TWINSTEP_BUILD_DIR or root/build), ts (its twinstep), status 0.
+recal_init() {
+  out=$1
+  mkdir -p "$out/logs"
+  out=$(cd "$out" && pwd)
+  logs=$out/logs
+  source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+  build=${TWINSTEP_BUILD_DIR:-$root/build}
+  ts=$build/twinstep
+  status=0
+}
+step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
+# recal_build TARGET...: builds them (gpu_build) and writes logs/gpu.txt; returns 1 on failure.
+recal_build() {
+  step build
+  gpu_build "$logs" "$@" || { status=1; return 1; }
+  nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$logs/gpu.txt"
+}
+# recal_kernel_tests GTEST_FILTER: kernels_test on those tests (logs/tests.log), its summary.
+recal_kernel_tests() {
+  step "kernel tests ($1)"
+  "$build/tests/kernels/kernels_test" --gtest_filter="$1" >"$logs/tests.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]" "$logs/tests.log"
+}
+# recal_bench SECTION: the kernel benchmark's section -> OUT/SECTION.json (logs/bench.log).
+recal_bench() {
+  step "bench $1"
+  "$build/kernels/twinstep_kernels_bench" --only "$1" --out "$out/$1.json" \
+    --commit "${TWINSTEP_COMMIT:-unknown}" >"$logs/bench.log" 2>&1 || status=1
+  grep -E "^(floor|$1)" "$logs/bench.log" | cut -c1-170
+}
+# recal_base_db COMMITTED_DB_XZ FALLBACK_ID: OUT/cal.db from it; first = its next session id
+# (FALLBACK_ID where the sqlite3 shell is missing).
+recal_base_db() {
+  xz -dc "$1" >"$out/cal.db"
+  first=$(sqlite3 "$out/cal.db" "select max(id) + 1 from calibration_session" 2>/dev/null || echo "$2")
+}
+# run_cal NAME ARGS...: twinstep calibrate ARGS into OUT/cal.db (logs/NAME.{yaml,log}).
+run_cal() {
+  local name=$1
+  shift
+  echo "-- $name ($(date -u +%H:%M:%S))"
+  "$ts" --db "$out/cal.db" calibrate --out "$logs/$name.yaml" "$@" >"$logs/$name.log" 2>&1 ||
+    { status=1; tail -5 "$logs/$name.log"; }
+}
+# recal_refit SESSIONS: the profile of those sessions of OUT/cal.db with the committed collective
+# tables (2 GPUs of 583eee2, 4 GPUs of 631b9bd) -> OUT/h200-calibrated.yaml (logs/refit.log).
+recal_refit() {
+  step "refit: sessions $1"
+  "$ts" --db "$out/cal.db" calibrate --fit-only --sessions "$1" \
+    --collectives-from "$root/results/h200/nccl_profile_583eee2.yaml" \
+    --collectives-from "$root/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
+    --out "$out/h200-calibrated.yaml" >"$logs/refit.log" 2>&1 || status=1
+  tail -2 "$logs/refit.log"
+}
+# recal_finish DB...: logs into OUT/logs.tar.xz, each OUT/DB.db xz-compressed; exits with status.
+recal_finish() {
+  (cd "$out" && tar cJf logs.tar.xz logs && rm -rf logs)
+  local db
+  for db in "$@"; do [ -f "$out/$db.db" ] && xz -T0 -f "$out/$db.db"; done
+  exit "$status"
+}
