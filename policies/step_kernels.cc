@@ -497,6 +497,12 @@ const char* collective_kind_name(CollectiveKind c) {
   return "?";
 }
 
+int32_t batch_bucket(int32_t requests) {
+  int32_t bucket = 1;
+  while (bucket < requests) bucket *= 2;
+  return bucket;
+}
+
 StepShape decode_shape(int32_t requests, int32_t q_tokens_each, int64_t ctx_tokens_sum) {
   StepShape s;
   s.requests = requests;

@@ -116,6 +116,12 @@ struct StepShape {
 // Rows per launch of a row-exact projection (kernels::kGemvMaxRows).
 inline constexpr int32_t kGemvRowsPerLaunch = 16;
 
+// The runtime's batch bucket for a launch of `requests` requests (Engine::bucket_for): the
+// smallest power of two >= requests (1 for requests <= 1). Decode and speculative launches run
+// every row of their bucket (the padding rows point at the padding slot), so the simulator prices
+// them at it.
+int32_t batch_bucket(int32_t requests);
+
 StepShape decode_shape(int32_t requests, int32_t q_tokens_each, int64_t ctx_tokens_sum);
 StepShape prefill_shape(int32_t requests, int64_t prompt_tokens_sum, int64_t prompt_sq_sum);
 

@@ -450,7 +450,8 @@ class Engine {
         }
         sample.batch += n;
         sample.tokens += n * g.q_tokens;
-        return {&model_, decode_shape(n, g.q_tokens, ctx), g.q_tokens, 1};
+        // Every row of the batch bucket (batch_bucket), padding included, as the runtime runs it.
+        return {&model_, decode_shape(batch_bucket(n), g.q_tokens, ctx), g.q_tokens, 1};
       case Phase::kDraft: {
         // Confidence-scheduled drafts stop on the device; chains and host-chosen lengths run
         // exactly q_tokens. The draft loop runs as long as any request drafts.
@@ -477,7 +478,7 @@ class Engine {
             !device_decides || (options_.spec.early_exit && g.mode != GraphMode::kEager);
         const int32_t forwards = skips ? longest : g.q_tokens;
         // Speculative graphs run their bucket's rows (spec_launch_bucket), padding included.
-        return {&draft_, decode_shape(spec_launch_bucket(n), 1, ctx), 1, std::max(0, forwards - 1)};
+        return {&draft_, decode_shape(batch_bucket(n), 1, ctx), 1, std::max(0, forwards - 1)};
       }
       case Phase::kVerify: {
         int32_t widest = 0;
@@ -509,14 +510,12 @@ class Engine {
         sample.draft_len = std::max(sample.draft_len, widest);
         // The runtime routes a request's draft positions and committed token through the MoE
         // experts, not the padding up to the launch's width (kernels/moe.h active_rows).
-        StepShape shape =
-            spec_launch_shape(SpecGraph::kVerify, spec_launch_bucket(n), g.q_tokens, ctx);
+        StepShape shape = spec_launch_shape(SpecGraph::kVerify, batch_bucket(n), g.q_tokens, ctx);
         if (model_moe_) shape.moe_tokens = routed;  // (a dense price would not change)
         return {&model_, shape, g.q_tokens, 1};
       }
       case Phase::kExtend:
-        return {&draft_,
-                spec_launch_shape(SpecGraph::kExtend, spec_launch_bucket(n), g.q_tokens, ctx),
+        return {&draft_, spec_launch_shape(SpecGraph::kExtend, batch_bucket(n), g.q_tokens, ctx),
                 g.q_tokens, 1};
       case Phase::kPrefill:
         break;

@@ -84,15 +84,9 @@ const HardwareSpec::SpecGraphResidual* spec_graph_residual_for(const HardwareSpe
   return fit != nullptr ? fit : largest;
 }
 
-int32_t spec_launch_bucket(int32_t requests) {
-  int32_t bucket = 1;
-  while (bucket < requests) bucket *= 2;
-  return bucket;
-}
-
 int64_t spec_graph_extra_chunks(SpecGraph graph, int64_t requests, int64_t positions) {
   if (graph != SpecGraph::kVerify && graph != SpecGraph::kExtend) return 0;
-  const int64_t bucket = spec_launch_bucket(int32_t(std::min<int64_t>(requests, 1 << 30)));
+  const int64_t bucket = batch_bucket(int32_t(std::min<int64_t>(requests, 1 << 30)));
   return std::max<int64_t>(0,
                            (bucket * positions + kGemvRowsPerLaunch - 1) / kGemvRowsPerLaunch - 1);
 }

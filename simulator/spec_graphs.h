@@ -25,11 +25,6 @@ const char* spec_graph_name(SpecGraph g);
 // kCount for a name that is none of them.
 SpecGraph spec_graph_by_name(std::string_view name);
 
-// The runtime's graph bucket for a launch of `requests` requests (Engine::bucket_for): the
-// smallest power of two >= requests. Speculative launches run every row of their bucket (the
-// padding rows point at the padding slot), so they are priced at it.
-int32_t spec_launch_bucket(int32_t requests);
-
 // The step shape of a verify or extend launch of `requests` requests, `positions` rows each, over
 // `ctx_sum` cached tokens: decode_shape with StepShape::row_exact (both) and kv_pass (extend), as
 // the runtime runs them. Drafts: plain decode_shape(requests, 1, ctx_sum) per forward.

@@ -29,7 +29,7 @@ struct SimRun {
 
 SimRun simulate(HostSchedule schedule, const HostCostSpec& costs, const HardwareSpec& hw,
                 bool seq_lens_sync = false, int32_t output_len = 200,
-                GraphMode graph_mode = GraphMode::kCudaGraph) {
+                GraphMode graph_mode = GraphMode::kCudaGraph, int32_t requests = 1) {
   PolicySpec policy;
   policy.host_schedule = schedule;
   policy.graph_mode = graph_mode;
@@ -37,13 +37,13 @@ SimRun simulate(HostSchedule schedule, const HostCostSpec& costs, const Hardware
   WorkloadSpec w;
   w.input_len = {64, 64};
   w.output_len = {output_len, output_len};
-  w.num_requests = 1;
-  w.max_concurrency = 1;
-  const std::vector<RequestSpec> requests = generate_requests(w);
+  w.num_requests = requests;
+  w.max_concurrency = requests;
+  const std::vector<RequestSpec> reqs = generate_requests(w);
   SimRun run;
-  DecodeLoop loop(policy, w, requests, &run.record);
+  DecodeLoop loop(policy, w, reqs, &run.record);
   HostCostModel host(costs, 1);
-  SimBackend backend(model_preset("tiny-llama"), hw, host, requests);
+  SimBackend backend(model_preset("tiny-llama"), hw, host, reqs);
   HostProgram* ranks[] = {&loop};
   backend.run(ranks, run.record);
   return run;
@@ -167,6 +167,28 @@ TEST(SimBackend, NodeGapByModelAndRowsAndANegativeGapShortensTheSpan) {
   for (const StepSample& st : steady_graph()) {
     EXPECT_EQ(st.dur_ns, kGpuStepNs + 23 * 3 * kUs);
     EXPECT_EQ(st.gpu_busy_ns, st.dur_ns);
+  }
+}
+
+// A decode launch runs every row of its batch bucket (Engine::bucket_for): 3 requests cost what 4
+// do, 5 what 8 do. By hand on the ideal machine with attention priced 1 us per request (a fit of
+// base 0, ns_per_request 1000; no floor for a fitted class): 21 other nodes at the 10 us floor +
+// 2 layers x 1 us x bucket.
+TEST(SimBackend, DecodeIsPricedAtTheBatchBucket) {
+  HardwareSpec hw = ideal_machine();
+  KernelFit& attn = hw.kernel_fits[size_t(KernelClass::kAttention)];
+  attn.fitted = true;
+  attn.ns_per_request = 1000;
+  for (const auto& [requests, bucket] : {std::pair{3, 4}, std::pair{4, 4}, std::pair{5, 8}}) {
+    const SimRun run = simulate(HostSchedule::kRunahead, host_costs(0, 0, 0), hw, false, 100,
+                                GraphMode::kCudaGraph, requests);
+    int checked = 0;
+    for (const StepSample& st : run.record.steps) {
+      if (st.batch != requests || st.prefills > 0) continue;
+      EXPECT_EQ(st.dur_ns, 21 * kFloorNs + 2 * 1000 * bucket) << requests << " requests";
+      ++checked;
+    }
+    EXPECT_GT(checked, 50) << requests << " requests";
   }
 }
 
