@@ -42,7 +42,7 @@ struct CalibrateOptions {
   bool spec_only = false;
   // The speculative graphs' batches, increasing, 1..64; empty: the rule above. Verify(W) of B
   // requests runs B x W rows in row-exact GEMV chunks of 16 (spec_graph_extra_chunks), so a
-  // batch far above 4 has no measured residual of its own without this (~1.5 min for 8, 16, 32 on
+  // batch far above 4 has no measured residual of its own without this (~1 min for 8, 16, 32 on
   // Llama-3-8B, H200).
   std::vector<int> spec_batches;
   // Prefill passes (docs/calibration.md "Prefill"): every model's prefill of one prompt

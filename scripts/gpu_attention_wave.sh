@@ -33,12 +33,6 @@ recal_refit "2,4,12,15,21,22,23,$new"
 "$ts" calibrate-eval --profile "$out/h200-calibrated.yaml" --db "$out/cal.db" --sessions "$first" \
   --by-batch >"$logs/main_eval.txt" 2>&1 || status=1
 grep -E "^steps|^llama-3-8b +attention " "$logs/main_eval.txt"
-step "held-out calibrate session"
-"$ts" --db "$out/heldout.db" calibrate --out "$logs/heldout.yaml" \
-  --models llama-3-8b,llama-3.2-3b --contexts 1024,8192 --batches 1,8 --no-spec --no-prefill \
-  >"$logs/heldout_calibrate.log" 2>&1 || status=1
-"$ts" calibrate-eval --profile "$out/h200-calibrated.yaml" --db "$out/heldout.db" --by-batch \
-  >"$logs/heldout_eval.txt" 2>&1 || status=1
-grep -E "^llama-3.2-3b +attention +[18] |^llama-3.2-3b +(pdl|graph) " "$logs/heldout_eval.txt"
+recal_heldout "^llama-3.2-3b +attention +[18] |^llama-3.2-3b +(pdl|graph) "
 step done
 recal_finish cal heldout

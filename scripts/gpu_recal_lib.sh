@@ -1,5 +1,5 @@
 # Sourced by the recalibration scripts (gpu_split_rule.sh, gpu_attention_wave.sh,
-# gpu_recal_main.sh, gpu_spec_batches.sh): the output folder, the build, calibration sessions into
+# gpu_recal_main.sh, gpu_spec_batches.sh) and gpu_spec_suite.sh: the output folder, the build, calibration sessions into
 # a copy of a committed database, the refit with the committed collective tables, and the packing
 # of what comes back. Every function records a failure in `status` and goes on.
 #
@@ -58,6 +58,19 @@ recal_refit() {
     --collectives-from "$root/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
     --out "$out/h200-calibrated.yaml" >"$logs/refit.log" 2>&1 || status=1
   tail -2 "$logs/refit.log"
+}
+# recal_heldout GREP_PATTERN: Llama-3.2-3B (never fitted) beside Llama-3-8B in one calibrate
+# session at the one-GPU validation's capacities (ctx 1K / 8K, batches 1 and 8) into
+# OUT/heldout.db, priced with OUT/h200-calibrated.yaml (logs/heldout_eval.txt; the matching lines
+# printed).
+recal_heldout() {
+  step "held-out calibrate session"
+  "$ts" --db "$out/heldout.db" calibrate --out "$logs/heldout.yaml" \
+    --models llama-3-8b,llama-3.2-3b --contexts 1024,8192 --batches 1,8 --no-spec --no-prefill \
+    >"$logs/heldout_calibrate.log" 2>&1 || status=1
+  "$ts" calibrate-eval --profile "$out/h200-calibrated.yaml" --db "$out/heldout.db" --by-batch \
+    >"$logs/heldout_eval.txt" 2>&1 || status=1
+  grep -E "$1" "$logs/heldout_eval.txt"
 }
 # recal_finish DB...: logs into OUT/logs.tar.xz, each OUT/DB.db xz-compressed; exits with status.
 recal_finish() {

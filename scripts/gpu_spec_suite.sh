@@ -9,31 +9,21 @@
 # Writes OUT_DIR/{sim_vs_real.txt, accept.txt, spec_suite.db.xz, logs.tar.xz}.
 # Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS.
 set -uo pipefail
-out=${1:?usage: scripts/gpu_spec_suite.sh OUT_DIR}
-mkdir -p "$out/logs"
-out=$(cd "$out" && pwd)
-source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
-build=${TWINSTEP_BUILD_DIR:-$root/build}
-bin=$build/twinstep
+source "$(dirname "$0")/gpu_recal_lib.sh"
+recal_init "${1:?usage: scripts/gpu_spec_suite.sh OUT_DIR}"
 db=$out/spec_suite.db
-status=0
-step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
-step build
-gpu_build "$out/logs" twinstep || exit 1
-nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$out/logs/gpu.txt"
+recal_build twinstep || exit 1
 cd "$root"
 for exp in h200_spec_suite_calibration h200_spec_suite; do
   step "$exp"
-  "$bin" --db "$db" run -q "experiments/validation/$exp.yaml" >"$out/logs/$exp.log" 2>&1 ||
-    { status=1; tail -5 "$out/logs/$exp.log"; }
+  "$ts" --db "$db" run -q "experiments/validation/$exp.yaml" >"$logs/$exp.log" 2>&1 ||
+    { status=1; tail -5 "$logs/$exp.log"; }
 done
 step compare
-"$bin" --db "$db" compare --experiment h200-spec-suite --sim-vs-real \
+"$ts" --db "$db" compare --experiment h200-spec-suite --sim-vs-real \
   --metrics tpot_ms_mean itl_ms_p99 accept_len_mean gpu_busy_frac >"$out/sim_vs_real.txt" 2>&1 ||
   status=1
 grep -E "tpot_ms_mean|accept_len_mean" "$out/sim_vs_real.txt" | cut -c1-150
-"$bin" --db "$db" compare --experiment h200-spec-suite --accept >"$out/accept.txt" 2>&1 || status=1
-(cd "$out" && tar cJf logs.tar.xz logs && rm -rf logs)
-xz -T0 -f "$db"
+"$ts" --db "$db" compare --experiment h200-spec-suite --accept >"$out/accept.txt" 2>&1 || status=1
 step "done, status $status"
-exit $status
+recal_finish spec_suite

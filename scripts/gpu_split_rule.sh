@@ -29,12 +29,5 @@ run_cal tp2_spec --spec-only --tp 2 --models llama-3-8b
 new="$first,$((first + 1)),$((first + 2)),$((first + 3))"
 echo "new sessions: $new"
 recal_refit "2,4,5,12,15,21,22,23,$new"
-step "held-out calibrate session"
-"$ts" --db "$out/heldout.db" calibrate --out "$logs/heldout.yaml" \
-  --models llama-3-8b,llama-3.2-3b --contexts 1024,8192 --batches 1,8 --no-spec --no-prefill \
-  >"$logs/heldout_calibrate.log" 2>&1 || status=1
-"$ts" calibrate-eval --profile "$out/h200-calibrated.yaml" --db "$out/heldout.db" --by-batch \
-  >"$logs/heldout_eval.txt" 2>&1 || status=1
-grep -E "^llama-3.2-3b +(down_proj|qkv_proj) +[18] |^llama-3.2-3b +(pdl|graph) " \
-  "$logs/heldout_eval.txt"
+recal_heldout "^llama-3.2-3b +(down_proj|qkv_proj) +[18] |^llama-3.2-3b +(pdl|graph) "
 recal_finish cal heldout

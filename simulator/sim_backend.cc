@@ -477,7 +477,7 @@ class Engine {
         const bool skips =
             !device_decides || (options_.spec.early_exit && g.mode != GraphMode::kEager);
         const int32_t forwards = skips ? longest : g.q_tokens;
-        // Speculative graphs run their bucket's rows (spec_launch_bucket), padding included.
+        // Speculative graphs run their bucket's rows (batch_bucket), padding included.
         return {&draft_, decode_shape(batch_bucket(n), 1, ctx), 1, std::max(0, forwards - 1)};
       }
       case Phase::kVerify: {
