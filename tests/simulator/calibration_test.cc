@@ -1015,7 +1015,9 @@ TEST(ResidualKernels, BelowTheStreamingFloorTheyPriceOnlyTheirModel) {
   EXPECT_EQ(lm.samples, 4);
   EXPECT_LT(lm.max_rel_err, 0.01);  // the plausible four alone
   for (const auto& [name, f] : p.hw.kernel_name_fits) {
-    if (name == "lm_head") EXPECT_EQ(f.samples, 4);
+    if (name == "lm_head") {
+      EXPECT_EQ(f.samples, 4);
+    }
   }
   const HardwareSpec::ModelKernelFits* own = kernel_model_fits_for(p.hw, "llama-3-8b");
   ASSERT_NE(own, nullptr);
