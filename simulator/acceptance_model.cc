@@ -71,21 +71,38 @@ AcceptanceModel::Draw AcceptanceModel::draw(int32_t request, int64_t round, int3
     Replay& r = it->second;
     if (added) {
       // Aligned when the source covers where this round begins; else the next row in order.
-      r.aligned = !by_request_.empty() && aligned_row(request, text_offset) >= 0;
+      const int64_t covering = by_request_.empty() ? -1 : aligned_row(request, text_offset);
+      r.aligned = covering >= 0;
       r.offset = text_offset;
-      if (!r.aligned) r.row = (rng_key(seed_, 0xacce97ull, 0) + cursor_++) % t->rounds();
+      r.row = r.aligned ? uint64_t(covering)
+                        : (rng_key(seed_, 0xacce97ull, 0) + cursor_++) % t->rounds();
     }
     if (!r.aligned) {
       const float c = t->confidence[r.row * size_t(t->draft_len) + size_t(position - 1)];
       return {c, position <= t->accepted[r.row]};
     }
     // Aligned: draft position p predicts output token x = offset + p - 1. The source round
-    // covering x (start s, accepted a) drafted it as its position q = x - s + 1: agreed when
-    // q <= a; q = a + 1 is where it disagreed (a below its draft length) or its bonus token (a
-    // equal to it). A bonus token was never drafted: whether a draft agrees there is unknown, so
-    // it agrees with the table's rate at this round's own depth p (agree_at_depth_, a seeded
-    // draw keyed on request, round and position), with the source round's last confidence.
-    // Past the source's text: no agreement.
+    // covering the round's first token (start s, accepted a) drafted x as its position q = x - s
+    // + 1, from the same state when it began there too (measured on the speculative suite: a real
+    // round that starts where its source round started draws every confidence equal). Up to q =
+    // a + 1 (its miss) it drafted the text; past the miss the draft went on from its own wrong
+    // token, as this round does past the same miss, so those confidences are that round's too
+    // (not the next source round's, which drafted the right text). A source round accepted whole
+    // hands on to the text: its bonus token (q = a + 1 with a its draft length) was never
+    // drafted, so whether a draft agrees there is unknown: it agrees with the table's rate at
+    // this round's own depth p (agree_at_depth_, a seeded draw keyed on request, round and
+    // position), with the source round's last confidence; the tokens after it are the next
+    // source round's. Past the source's text: no agreement.
+    const size_t row0 = r.row;
+    const int32_t q0 = r.offset + position - t->start[row0];
+    const int32_t a0 = t->accepted[row0];
+    const size_t base0 = row0 * size_t(t->draft_len);
+    if (q0 <= t->draft_len) return {t->confidence[base0 + size_t(q0 - 1)], q0 <= a0};
+    if (a0 < t->draft_len) {
+      // Past the source's draft after its miss: nothing measured drafted this far from the wrong
+      // token; its last confidence stands in.
+      return {t->confidence[base0 + size_t(t->draft_len - 1)], false};
+    }
     const int64_t row = aligned_row(request, r.offset + position - 1);
     if (row < 0) return {0.0f, false};
     const int32_t q = r.offset + position - t->start[size_t(row)];

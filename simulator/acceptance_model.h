@@ -37,8 +37,8 @@ class AcceptanceModel {
  private:
   AcceptanceSpec spec_;
   uint64_t seed_;
-  // Calibrated: per (request, round) seen, the replayed row (in order), or the round's output
-  // offset when aligned by position.
+  // Calibrated: per (request, round) seen, the replayed row (in order; aligned: the source row
+  // covering the round's first token) and, aligned by position, the round's output offset.
   struct Replay {
     bool aligned = false;
     uint64_t row = 0;

@@ -223,6 +223,15 @@ TEST(SpecSim, AlignedReplayFollowsTheMeasuredText) {
   };
   // A round at the start replays round 0: two agree, then the miss at token 2.
   EXPECT_EQ(agrees(0, 0, 0, 3), (std::vector<int>{1, 1, 0}));
+  // Past the miss the draft goes on from its wrong token 2, as round 0 did: its position 4
+  // (0.04, no agreement), not round 1's first token (token 3 of the text: 0.11, agreed).
+  EXPECT_FLOAT_EQ(m.draw(0, 0, 4, 0).confidence, 0.04f);
+  EXPECT_FALSE(m.draw(0, 0, 4, 0).agrees);
+  // Past round 0's last draft after its miss (position 5 from token 0): its last confidence.
+  EXPECT_FLOAT_EQ(m.draw(0, 0, 5, 0).confidence, 0.04f);
+  EXPECT_FALSE(m.draw(0, 0, 5, 0).agrees);
+  // From token 1 (round 0's position 2): position 3 is round 0's position 4, 0.04.
+  EXPECT_FLOAT_EQ(m.draw(0, 6, 3, 1).confidence, 0.04f);
   // Starting at token 1 (inside round 0): token 1 agrees, token 2 is the miss.
   EXPECT_EQ(agrees(0, 1, 1, 2), (std::vector<int>{1, 0}));
   // Starting at token 5: tokens 5, 6 agree; 7 is round 1's bonus (never drafted: see below);
@@ -238,6 +247,9 @@ TEST(SpecSim, AlignedReplayFollowsTheMeasuredText) {
   EXPECT_FLOAT_EQ(m.draw(0, 4, 1, 7).confidence, 0.14f);
   // Past the measured text (token 9 on): no agreement.
   EXPECT_EQ(agrees(0, 5, 8, 3), (std::vector<int>{0, 0, 0}));
+  // A round accepted whole hands on to the text: from token 5 (round 1's position 3), position 4
+  // is token 8, past round 1's bonus: round 2's position 1 (0.21).
+  EXPECT_FLOAT_EQ(m.draw(0, 7, 4, 5).confidence, 0.21f);
   // A round that begins past the text, or of a request the source never ran, replays in order:
   // one of the three rows from its own position 1 (row 0: 1,1,0; row 1: 1,1,1; row 2: 0,0,0).
   const std::vector<int> fallback = agrees(1, 0, 0, 3);
