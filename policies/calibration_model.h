@@ -24,6 +24,10 @@ struct CalibrationModel {
   int32_t tp = 1;
 };
 
+// The spec_graph sample name of an early-exit draft graph of `nodes` steps that stops after its
+// first token (calibrate's speculative graphs): nodes − 1 conditional steps skipped.
+inline constexpr const char* kEarlyExitSkipSample = "draft_early_exit_skip";
+
 // Throws ConfigError for a label that is neither a preset nor "<preset>@tp<N>" (2 <= N <= 64).
 CalibrationModel parse_calibration_model(const std::string& label);
 std::string calibration_model_label(const std::string& preset, int32_t tp);

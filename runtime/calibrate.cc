@@ -762,6 +762,12 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
   for (const int w : o.quick ? std::vector<int>{2, 6, 16} : std::vector<int>{2, 4, 6, 8, 12, 16}) {
     if (w <= max_width) widths.push_back(w);
   }
+  // Early-exit drafts that stop after one token, in graphs of these many steps (draft lengths
+  // up to the widest verify's).
+  std::vector<int> skip_steps;
+  for (const int steps : o.quick ? std::vector<int>{15} : std::vector<int>{3, 7, 15}) {
+    if (steps <= max_width - 1) skip_steps.push_back(steps);
+  }
   // Verify entries are read after a width's rounds: 2 launches per round within kOutputRing.
   constexpr int kWarm = 2;
   const int reps = o.quick ? 6 : 20;
@@ -806,6 +812,7 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     Events ev(size_t(6 * reps));
     for (const int batch : batches) {
       const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
+      int64_t ctx_of_batch = ctx;  // per request, after the batch's last width
       for (const int width : widths) {
         DraftControl plain;
         plain.steps = width - 1;
@@ -863,6 +870,7 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
           sample_of("verify", verify_ns.back(), batch, ctx_mid, width);
           sample_of("extend", extend_ns.back(), batch, ctx_mid, width);
         }
+        ctx_of_batch = std::llround(ctx_after_last);
         // The early-exit draft from the state the last round left (drafts commit nothing).
         for (int r = -kWarm; early_exit && r < reps; ++r) {
           if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], stream));
@@ -884,6 +892,32 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
                      label.c_str(), batch, static_cast<long long>(ctx_mid), width, width - 1,
                      median(draft_ns) / 1e6, early_text.c_str(), median(verify_ns) / 1e6,
                      median(extend_ns) / 1e6);
+      }
+      // Early-exit drafts of `steps` steps that stop after their first token (a threshold above
+      // every confidence): steps − 1 conditional steps skipped, each still paying its condition
+      // kernel and conditional node. A confidence round's draft graph has max_steps steps and
+      // stops at the device's length, so it pays this for every step past that length.
+      for (const int steps : skip_steps) {
+        if (!early_exit) break;
+        DraftControl stop;
+        stop.steps = steps;
+        stop.device_stop = true;
+        stop.threshold = 2.0f;  // above every top-1 probability: the draft stops at min_steps 1
+        for (int r = -kWarm; r < reps; ++r) {
+          if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], stream));
+          engine->enqueue_draft(batch_slots, stop, GraphMode::kCudaGraph);
+          if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], stream));
+        }
+        TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+        std::vector<double> skip_ns;
+        for (int r = 0; r < reps; ++r) {
+          skip_ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
+          sample_of(kEarlyExitSkipSample, skip_ns.back(), batch, ctx_of_batch, steps);
+        }
+        std::fprintf(o.log,
+                     "calibrate: %s batch %d: early-exit draft of %d steps stopping after 1: %.3f "
+                     "ms (median)\n",
+                     label.c_str(), batch, steps, median(skip_ns) / 1e6);
       }
     }
   }

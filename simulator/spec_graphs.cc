@@ -104,7 +104,7 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
   using Key = std::tuple<std::string, std::string, std::string, int64_t, int64_t, int64_t>;
   std::map<Key, std::vector<double>> groups;
   for (const CalibrationSample& s : samples) {
-    if (s.kind != "spec_graph") continue;
+    if (s.kind != "spec_graph" || s.name == kEarlyExitSkipSample) continue;
     if (spec_graph_by_name(s.name) == SpecGraph::kCount) {
       throw Error("calibration sample has unknown speculative graph '" + s.name +
                   "' (draft, draft_early_exit, verify or extend)");

@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 
+#include "policies/calibration_model.h"
 #include "policies/error.h"
 #include "policies/step_kernels.h"
 #include "runtime/real_backend.h"
@@ -215,6 +216,14 @@ TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
   // A draft of 15 tokens runs 15 draft forwards, one of 1 token one.
   const std::string draft = "draft";
   EXPECT_GT(median_of(by_graph[{draft, 15}]), 5 * median_of(by_graph[{draft, 1}]));
+  // Quick: one early-exit draft of 15 steps stopping after its first, 6 launches. It runs one
+  // forward: well below the 15-token draft, above the 1-token one (14 skipped steps cost
+  // something, each far less than a forward).
+  const std::string skip = kEarlyExitSkipSample;
+  const std::vector<double>& stopped = by_graph[std::pair(skip, int64_t{15})];
+  ASSERT_EQ(stopped.size(), 6u);
+  EXPECT_LT(median_of(stopped), 0.5 * median_of(by_graph[{draft, 15}]));
+  EXPECT_GT(median_of(stopped), median_of(by_graph[{draft, 1}]));
   o.spec = false;
   EXPECT_THROW(runtime::run_calibration(o), Error);
 }
@@ -230,6 +239,7 @@ TEST(Calibrate, SpecOnlyOfATensorParallelShard) {
     ASSERT_EQ(s.kind, "spec_graph");
     EXPECT_EQ(s.model, "llama-3.2-3b@tp2");
     EXPECT_NE(s.name, "draft_early_exit");
+    EXPECT_NE(s.name, kEarlyExitSkipSample);
     EXPECT_GT(s.value_ns, 0);
     ++count[{s.name, s.nodes}];
   }
