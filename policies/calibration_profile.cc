@@ -481,19 +481,22 @@ const std::vector<std::string>& spec_graph_kinds() {
 }
 
 // spec_graph_residuals: a list of {model, graph, mode, batch, base_ns, ns_per_position,
-// ns_per_position_ctx[, ns_per_extra_chunk], r2, max_rel_err, max_rel_err_unfitted,
-// mean_err_unfitted, samples, points}, every field but ns_per_extra_chunk (absent: 0) required;
-// (model, graph, mode, batch) distinct.
+// ns_per_position_ctx[, ns_per_extra_chunk][, ns_per_skipped_step], r2, max_rel_err,
+// max_rel_err_unfitted, mean_err_unfitted, samples, points[, max_rel_err_loo, corrections]},
+// the bracketed fields optional (absent: 0, none), the rest required; corrections a list of
+// [positions, ctx, ns] sorted by (positions, ctx), distinct, positions >= 1, ctx >= 0, and
+// max_rel_err_loo given with them; (model, graph, mode, batch) distinct.
 void read_spec_graph_residuals(Reader& r, const YAML::Node& node, HardwareSpec& hw) {
   static const std::vector<std::string> kModes = {"graph", "pdl", "eager"};
   if (!node.IsSequence()) r.fail(node.Mark(), "spec_graph_residuals must be a list of fits");
   for (size_t i = 0; i < node.size(); ++i) {
     const YAML::Node& e = node[i];
     const std::string what = "spec_graph_residuals[" + std::to_string(i) + "]";
-    const auto m = r.mapping(e, what,
-                             {"model", "graph", "mode", "batch", "base_ns", "ns_per_position",
-                              "ns_per_position_ctx", "ns_per_extra_chunk", "r2", "max_rel_err",
-                              "max_rel_err_unfitted", "mean_err_unfitted", "samples", "points"});
+    const auto m = r.mapping(
+        e, what,
+        {"model", "graph", "mode", "batch", "base_ns", "ns_per_position", "ns_per_position_ctx",
+         "ns_per_extra_chunk", "ns_per_skipped_step", "r2", "max_rel_err", "max_rel_err_unfitted",
+         "mean_err_unfitted", "samples", "points", "max_rel_err_loo", "corrections"});
     auto field = [&](const char* name) -> const YAML::Node& { return r.require(m, e, name, what); };
     auto one_of = [&](const char* name, const std::vector<std::string>& allowed) {
       const std::string v = r.text(field(name), what + "." + name);
@@ -525,6 +528,41 @@ void read_spec_graph_residuals(Reader& r, const YAML::Node& node, HardwareSpec& 
         r.number(field("mean_err_unfitted"), what + ".mean_err_unfitted", -1e300, false, 1e300);
     f.samples = r.integer(field("samples"), what + ".samples", 1, int64_t(1) << 50);
     f.points = r.integer(field("points"), what + ".points", 1, int64_t(1) << 50);
+    if (const YAML::Node* c = Reader::find(m, "ns_per_skipped_step")) {
+      f.ns_per_skipped_step = r.number(*c, what + ".ns_per_skipped_step", -1e12, false, 1e12);
+    }
+    const YAML::Node* loo = Reader::find(m, "max_rel_err_loo");
+    const YAML::Node* corr = Reader::find(m, "corrections");
+    if ((loo == nullptr) != (corr == nullptr)) {
+      r.fail(e.Mark(), what + ": max_rel_err_loo and corrections come together");
+    }
+    if (corr != nullptr) {
+      f.max_rel_err_loo = r.number(*loo, what + ".max_rel_err_loo", 0, false, 1e300);
+      if (!corr->IsSequence() || corr->size() == 0) {
+        r.fail(corr->Mark(),
+               what + ".corrections must be a non-empty list of [positions, ctx, ns]");
+      }
+      for (size_t k = 0; k < corr->size(); ++k) {
+        const YAML::Node& pt = (*corr)[k];
+        const std::string pwhat = what + ".corrections[" + std::to_string(k) + "]";
+        if (!pt.IsSequence() || pt.size() != 3) {
+          r.fail(pt.Mark(), pwhat + " must be a point [positions, ctx, ns]");
+        }
+        const HardwareSpec::SpecGraphResidual::Correction c{
+            r.integer(pt[0], pwhat + ".positions", 1, int64_t(1) << 20),
+            r.integer(pt[1], pwhat + ".ctx", 0, int64_t(1) << 40),
+            r.number(pt[2], pwhat + ".ns", -1e12, false, 1e12)};
+        if (!f.corrections.empty()) {
+          const auto& prev = f.corrections.back();
+          if (std::pair(c.positions, c.ctx) <= std::pair(prev.positions, prev.ctx)) {
+            r.fail(pt.Mark(), pwhat + " must follow [" + std::to_string(prev.positions) + ", " +
+                                  std::to_string(prev.ctx) +
+                                  "] (points sorted by positions, then ctx, distinct)");
+          }
+        }
+        f.corrections.push_back(c);
+      }
+    }
     for (const HardwareSpec::SpecGraphResidual& q : hw.spec_graph_residuals) {
       if (q.model == f.model && q.graph == f.graph && q.mode == f.mode && q.batch == f.batch) {
         r.fail(e.Mark(), what + ": a second fit of " + f.model + " " + f.graph + " in mode " +
@@ -544,7 +582,10 @@ void write_spec_graph_residuals(std::ostringstream& o, const HardwareSpec& hw) {
        "(P: draft tokens,\n# or verify / extend width; ctx: cached tokens per request) + "
        "ns_per_extra_chunk * (16-row\n# GEMV chunks past the first, verify / extend), added to "
        "those launches of a one-GPU run in\n# that mode; errors of the price with and without "
-       "it.\n";
+       "it. ns_per_skipped_step: per conditional step an\n# early-exit draft graph skips past "
+       "its length. corrections: [P, ctx, ns] what the form leaves at each\n# measured point, "
+       "added between points (linear in ctx per P, held outside; then linear in P);\n# "
+       "max_rel_err_loo: the error at each point priced without its own correction.\n";
   o << "spec_graph_residuals:";
   for (const HardwareSpec::SpecGraphResidual& f : hw.spec_graph_residuals) {
     o << "\n  - {model: " << quoted(f.model) << ", graph: " << quoted(f.graph)
@@ -555,7 +596,17 @@ void write_spec_graph_residuals(std::ostringstream& o, const HardwareSpec& hw) {
     o << ", r2: " << num(f.r2) << ", max_rel_err: " << num(f.max_rel_err)
       << ", max_rel_err_unfitted: " << num(f.max_rel_err_unfitted)
       << ", mean_err_unfitted: " << num(f.mean_err_unfitted) << ", samples: " << f.samples
-      << ", points: " << f.points << "}";
+      << ", points: " << f.points;
+    if (f.ns_per_skipped_step != 0) o << ", ns_per_skipped_step: " << num(f.ns_per_skipped_step);
+    if (!f.corrections.empty()) {
+      o << ", max_rel_err_loo: " << num(f.max_rel_err_loo) << ", corrections: [";
+      for (size_t k = 0; k < f.corrections.size(); ++k) {
+        const auto& c = f.corrections[k];
+        o << (k ? ", [" : "[") << c.positions << ", " << c.ctx << ", " << num(c.ns) << "]";
+      }
+      o << "]";
+    }
+    o << "}";
   }
   o << "\n";
 }

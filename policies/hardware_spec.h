@@ -206,6 +206,22 @@ struct HardwareSpec {
     double mean_err_unfitted = 0;     // mean (price − measured) / measured, signed, no residual
     int64_t samples = 0;              // launches measured
     int64_t points = 0;               // (positions, context) medians fitted
+    // draft_early_exit: per conditional step the graph skips (a graph of S steps that stops at
+    // L drafts skips S − L), from calibrate's draft_early_exit_skip samples; 0 when unmeasured.
+    double ns_per_skipped_step = 0;
+    // What the form above leaves at each measured point: measured − (price + form), by
+    // (positions, ctx per request). Priced between the points (spec_graph_residual_ns): linear
+    // in ctx among a measured width's points, held beyond its first and last, then linear in
+    // positions between measured widths (held beyond). Sorted by (positions, ctx), distinct.
+    struct Correction {
+      int64_t positions = 0;
+      int64_t ctx = 0;
+      double ns = 0;
+    };
+    std::vector<Correction> corrections;
+    // With the corrections, the max relative error at a point priced without its own (leave
+    // one out: how the interpolation does where nothing was measured); 0 without corrections.
+    double max_rel_err_loo = 0;
   };
   std::vector<SpecGraphResidual> spec_graph_residuals;  // (model, graph, mode, batch) distinct
 

@@ -910,22 +910,27 @@ std::string calibration_report(const CalibrationProfile& p) {
     }
   }
   if (!p.hw.spec_graph_residuals.empty()) {
+    out +=
+        "speculative graphs, measured - simulated: ns = base + per_pos * P + per_pos_ctx * P * "
+        "ctx + per_chunk * chunks\n(+ per_skip * skipped early-exit steps, + the corrections at "
+        "the measured points; max|loo|: each point priced without its own)\n";
     std::snprintf(line, sizeof line,
-                  "speculative graphs, measured - simulated: ns = base + per_pos * P + "
-                  "per_pos_ctx * P * ctx + per_chunk * chunks\n%-14s %-16s %-5s %5s %6s %8s %10s "
-                  "%9s %11s %10s %9s %9s %9s\n",
+                  "%-14s %-16s %-5s %5s %6s %8s %10s %9s %11s %10s %9s %9s "
+                  "%9s %9s %9s\n",
                   "model", "graph", "mode", "batch", "points", "r2", "base_ns", "per_pos",
-                  "per_pos_ctx", "per_chunk", "err_sim", "max|sim|", "max|fit|");
+                  "per_pos_ctx", "per_chunk", "per_skip", "err_sim", "max|sim|", "max|fit|",
+                  "max|loo|");
     out += line;
   }
   for (const HardwareSpec::SpecGraphResidual& f : p.hw.spec_graph_residuals) {
     std::snprintf(line, sizeof line,
-                  "%-14s %-16s %-5s %5lld %6lld %8.4f %10.0f %9.1f %11.5f %10.0f %+8.2f%% "
-                  "%8.2f%% %8.2f%%\n",
+                  "%-14s %-16s %-5s %5lld %6lld %8.4f %10.0f %9.1f %11.5f %10.0f %9.0f %+8.2f%% "
+                  "%8.2f%% %8.2f%% %8.2f%%\n",
                   f.model.c_str(), f.graph.c_str(), f.mode.c_str(), static_cast<long long>(f.batch),
                   static_cast<long long>(f.points), f.r2, f.base_ns, f.ns_per_position,
-                  f.ns_per_position_ctx, f.ns_per_extra_chunk, 100 * f.mean_err_unfitted,
-                  100 * f.max_rel_err_unfitted, 100 * f.max_rel_err);
+                  f.ns_per_position_ctx, f.ns_per_extra_chunk, f.ns_per_skipped_step,
+                  100 * f.mean_err_unfitted, 100 * f.max_rel_err_unfitted, 100 * f.max_rel_err,
+                  100 * f.max_rel_err_loo);
     out += line;
   }
   std::snprintf(

@@ -566,6 +566,7 @@ class Engine {
     if (spec_model_.empty() || g.mode != GraphMode::kCudaGraph || w.shape.requests < 1) return 0;
     SpecGraph graph = SpecGraph::kVerify;
     int32_t positions = w.q_tokens;
+    int32_t skipped = 0;
     switch (g.phase) {
       case Phase::kDraft: {
         // As device_execute: device-decided lengths in a graph skip steps through conditional
@@ -576,6 +577,10 @@ class Engine {
         graph = device_decides && options_.spec.early_exit ? SpecGraph::kDraftEarlyExit
                                                            : SpecGraph::kDraft;
         positions = w.repeat + 1;
+        // The early-exit graph holds the policy's longest draft (Engine::prepare_spec) and
+        // skips the conditional steps past this one's length.
+        if (graph == SpecGraph::kDraftEarlyExit)
+          skipped = std::max(0, options_.spec.max_draft() - positions);
         break;
       }
       case Phase::kVerify:
@@ -588,9 +593,10 @@ class Engine {
     }
     const HardwareSpec::SpecGraphResidual* r =
         spec_graph_residual_for(hw_, spec_model_, graph, "graph", w.shape.requests);
-    return r == nullptr ? 0
-                        : spec_graph_residual_ns(*r, graph, w.shape.requests, positions,
-                                                 double(w.shape.ctx_tokens) / w.shape.requests);
+    return r == nullptr
+               ? 0
+               : spec_graph_residual_ns(*r, graph, w.shape.requests, positions,
+                                        double(w.shape.ctx_tokens) / w.shape.requests, skipped);
   }
 
   // A calibrated speculative graph's residual on a rank of coupled ranks (its TP shard, measured

@@ -18,6 +18,10 @@ namespace {
 constexpr const char* kSpecGraphNames[] = {"draft", "draft_early_exit", "verify", "extend"};
 static_assert(std::size(kSpecGraphNames) == size_t(SpecGraph::kCount));
 
+// Contexts per request that count as one grid context in the corrections: 16 tokens or 1/64 of
+// it (calibrate's sessions land a nominal context a few tokens apart).
+int64_t same_context(int64_t ctx) { return std::max<int64_t>(16, ctx / 64); }
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -91,12 +95,52 @@ int64_t spec_graph_extra_chunks(SpecGraph graph, int64_t requests, int64_t posit
                            (bucket * positions + kGemvRowsPerLaunch - 1) / kGemvRowsPerLaunch - 1);
 }
 
+double spec_graph_correction_ns(const std::vector<HardwareSpec::SpecGraphResidual::Correction>& c,
+                                double positions, double ctx_per_request) {
+  if (c.empty()) return 0;
+  // The correction along ctx among the points of width w: [first, last) of c, sorted by ctx.
+  auto along_ctx = [&](size_t first, size_t last) {
+    if (ctx_per_request <= double(c[first].ctx)) return c[first].ns;
+    for (size_t i = first + 1; i < last; ++i) {
+      if (ctx_per_request <= double(c[i].ctx)) {
+        const double t = (ctx_per_request - double(c[i - 1].ctx)) / double(c[i].ctx - c[i - 1].ctx);
+        return c[i - 1].ns + t * (c[i].ns - c[i - 1].ns);
+      }
+    }
+    return c[last - 1].ns;
+  };
+  // The widths' ranges: [begin, end) of each distinct positions value, in order.
+  size_t lo_first = 0, lo_last = 0, hi_first = 0, hi_last = 0;
+  bool have_lo = false, have_hi = false;
+  for (size_t first = 0; first < c.size();) {
+    size_t last = first;
+    while (last < c.size() && c[last].positions == c[first].positions) ++last;
+    const double w = double(c[first].positions);
+    if (w <= positions) {
+      lo_first = first, lo_last = last, have_lo = true;
+    }
+    if (w >= positions && !have_hi) {
+      hi_first = first, hi_last = last, have_hi = true;
+    }
+    first = last;
+  }
+  if (!have_lo) return along_ctx(hi_first, hi_last);
+  if (!have_hi) return along_ctx(lo_first, lo_last);
+  const double lo = along_ctx(lo_first, lo_last);
+  if (lo_first == hi_first) return lo;
+  const double w0 = double(c[lo_first].positions), w1 = double(c[hi_first].positions);
+  return lo + (positions - w0) / (w1 - w0) * (along_ctx(hi_first, hi_last) - lo);
+}
+
 int64_t spec_graph_residual_ns(const HardwareSpec::SpecGraphResidual& r, SpecGraph graph,
-                               int64_t requests, int32_t positions, double ctx_per_request) {
+                               int64_t requests, int32_t positions, double ctx_per_request,
+                               int32_t skipped_steps) {
   const double p = double(positions);
   return std::llround(
       r.base_ns + r.ns_per_position * p + r.ns_per_position_ctx * p * ctx_per_request +
-      r.ns_per_extra_chunk * double(spec_graph_extra_chunks(graph, requests, positions)));
+      r.ns_per_extra_chunk * double(spec_graph_extra_chunks(graph, requests, positions)) +
+      spec_graph_correction_ns(r.corrections, p, ctx_per_request) +
+      r.ns_per_skipped_step * double(std::max(0, skipped_steps)));
 }
 
 std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSample>& samples,
@@ -157,6 +201,39 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
   }
   return out;
 }
+
+namespace {
+
+// ns_per_skipped_step of the draft_early_exit fits in `fits` (fit_spec_graph_residuals).
+void fit_early_exit_skips(const std::vector<CalibrationSample>& samples,
+                          std::vector<HardwareSpec::SpecGraphResidual>& fits) {
+  // (model, mode, batch) -> ctx -> steps -> launch times
+  using Key = std::tuple<std::string, std::string, int64_t>;
+  std::map<Key, std::map<int64_t, std::map<int64_t, std::vector<double>>>> groups;
+  for (const CalibrationSample& s : samples) {
+    if (s.kind != "spec_graph" || s.name != kEarlyExitSkipSample || s.nodes < 1) continue;
+    groups[{s.model, s.mode, s.batch}][s.ctx_tokens][s.nodes].push_back(s.value_ns);
+  }
+  for (HardwareSpec::SpecGraphResidual& f : fits) {
+    if (f.graph != spec_graph_name(SpecGraph::kDraftEarlyExit)) continue;
+    const auto it = groups.find({f.model, f.mode, f.batch});
+    if (it == groups.end()) continue;
+    std::vector<double> slopes;
+    for (const auto& [ctx, by_steps] : it->second) {
+      if (by_steps.size() < 2) continue;
+      double sx = 0, sy = 0, sxx = 0, sxy = 0;
+      const double n = double(by_steps.size());
+      for (const auto& [steps, values] : by_steps) {
+        const double x = double(steps - 1), y = median(values);
+        sx += x, sy += y, sxx += x * x, sxy += x * y;
+      }
+      slopes.push_back((n * sxy - sx * sy) / (n * sxx - sx * sx));
+    }
+    if (!slopes.empty()) f.ns_per_skipped_step = median(slopes);
+  }
+}
+
+}  // namespace
 
 std::vector<HardwareSpec::SpecGraphResidual> fit_spec_graph_residuals(
     const std::vector<CalibrationSample>& samples, const HardwareSpec& hw) {
@@ -240,8 +317,48 @@ std::vector<HardwareSpec::SpecGraphResidual> fit_spec_graph_residuals(
     // One point, or residuals all equal: R² is 1 where the fit reproduces them (to rounding).
     f.r2 = ss_tot > 0 ? 1 - ss_res / ss_tot : (ss_res <= double(m) ? 1.0 : 0.0);
     f.points = m;
+    // The corrections (points come ordered by positions, then ctx), then each point priced
+    // with the others' only.
+    // Points of one width whose contexts are within kSameContext of the first of them (the
+    // same grid context measured by several sessions) make one correction: their mean,
+    // weighted by samples, at their mean context.
+    std::vector<HardwareSpec::SpecGraphResidual::Correction> corrections;
+    std::vector<size_t> correction_of(pts.size());
+    for (size_t i = 0; i < pts.size();) {
+      size_t j = i;
+      double ns = 0, ctx = 0, weight = 0;
+      for (; j < pts.size() && pts[j].positions == pts[i].positions &&
+             pts[j].ctx_tokens - pts[i].ctx_tokens <= same_context(pts[i].ctx_tokens);
+           ++j) {
+        const SpecGraphPoint& pt = pts[j];
+        const double form_ns = double(spec_graph_residual_ns(
+            f, kind, pt.batch, int32_t(pt.positions), double(pt.ctx_tokens)));
+        const double w = double(std::max<int64_t>(1, pt.samples));
+        ns += w * (pt.measured_ns - pt.priced_ns - form_ns);
+        ctx += w * double(pt.ctx_tokens);
+        weight += w;
+        correction_of[j] = corrections.size();
+      }
+      corrections.push_back({pts[i].positions, std::llround(ctx / weight), ns / weight});
+      i = j;
+    }
+    f.corrections = std::move(corrections);
+    if (f.corrections.size() >= 2) {
+      for (size_t i = 0; i < pts.size(); ++i) {
+        HardwareSpec::SpecGraphResidual others = f;
+        others.corrections.erase(others.corrections.begin() + std::ptrdiff_t(correction_of[i]));
+        const SpecGraphPoint& pt = pts[i];
+        const double corrected =
+            std::max(0.0, pt.priced_ns + double(spec_graph_residual_ns(others, kind, pt.batch,
+                                                                       int32_t(pt.positions),
+                                                                       double(pt.ctx_tokens))));
+        f.max_rel_err_loo =
+            std::max(f.max_rel_err_loo, std::abs(corrected - pt.measured_ns) / pt.measured_ns);
+      }
+    }
     out.push_back(std::move(f));
   }
+  fit_early_exit_skips(samples, out);
   return out;
 }
 

@@ -60,9 +60,18 @@ const HardwareSpec::SpecGraphResidual* spec_graph_residual_for(const HardwareSpe
 int64_t spec_graph_extra_chunks(SpecGraph graph, int64_t requests, int64_t positions);
 // The residual of a `graph` launch (r's graph kind) of `requests` requests: base +
 // per_position · positions + per_position_ctx · positions · ctx_per_request + per_extra_chunk ·
-// spec_graph_extra_chunks, rounded half away from zero; signed.
+// spec_graph_extra_chunks + spec_graph_correction_ns + ns_per_skipped_step · skipped_steps
+// (an early-exit draft graph's conditional steps past its length), rounded half away from zero;
+// signed.
 int64_t spec_graph_residual_ns(const HardwareSpec::SpecGraphResidual& r, SpecGraph graph,
-                               int64_t requests, int32_t positions, double ctx_per_request);
+                               int64_t requests, int32_t positions, double ctx_per_request,
+                               int32_t skipped_steps = 0);
+// r.corrections at (positions, ctx_per_request): among the points of each of the two measured
+// widths nearest `positions` (below and above; one where it is measured or outside them),
+// linear in ctx between the two points around it and the nearest point's value outside them;
+// then linear in positions between the two widths. 0 without corrections.
+double spec_graph_correction_ns(const std::vector<HardwareSpec::SpecGraphResidual::Correction>& c,
+                                double positions, double ctx_per_request);
 
 // One measured point of a speculative graph (the median of its spec_graph samples) against the
 // price, for the fit and the held-out evaluation.
@@ -90,8 +99,13 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
 // scaled to unit maximum: base, + per position where >= 2 distinct positions were measured, +
 // per position and context token where >= 2 distinct contexts were, + per extra chunk where >= 2
 // distinct chunk counts were (a column is dropped, ctx first, then chunks, while the points are
-// fewer than the columns). Coefficients signed. `hw` must carry the
-// kernel fits the residual is to correct (fit_calibration passes the profile being fitted).
+// fewer than the columns). Coefficients signed. Then the corrections: what the form leaves at
+// each point (priced between points by spec_graph_correction_ns), with max_rel_err_loo; and for
+// draft_early_exit, ns_per_skipped_step from the label's draft_early_exit_skip samples of that
+// mode and batch: per context the least-squares slope of the median launch over the steps
+// skipped (steps − 1), the median of those slopes (contexts with >= 2 step counts). `hw` must
+// carry the kernel fits the residual is to correct (fit_calibration passes the profile being
+// fitted).
 std::vector<HardwareSpec::SpecGraphResidual> fit_spec_graph_residuals(
     const std::vector<CalibrationSample>& samples, const HardwareSpec& hw);
 

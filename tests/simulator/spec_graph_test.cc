@@ -335,6 +335,99 @@ TEST(SpecGraphFit, ResidualLookupByBatch) {
   r.ns_per_extra_chunk = 4000;
   EXPECT_EQ(spec_graph_residual_ns(r, v, 3, 6, 0), -1000 + 60 + 4000);
   EXPECT_EQ(spec_graph_residual_ns(r, SpecGraph::kDraft, 3, 6, 0), -1000 + 60);
+  // Skipped early-exit steps add ns_per_skipped_step each (negative counts none).
+  r.ns_per_skipped_step = 250;
+  EXPECT_EQ(spec_graph_residual_ns(r, SpecGraph::kDraftEarlyExit, 1, 6, 0, 9), -1000 + 60 + 2250);
+  EXPECT_EQ(spec_graph_residual_ns(r, SpecGraph::kDraftEarlyExit, 1, 6, 0, -3), -1000 + 60);
+}
+
+// Corrections by hand: width 2 measured at ctx 100 (+1000) and 1100 (-1000), width 6 at ctx 600
+// (+4000) alone.
+TEST(SpecGraphFit, CorrectionsInterpolateInContextThenWidth) {
+  const std::vector<Residual::Correction> c = {{2, 100, 1000}, {2, 1100, -1000}, {6, 600, 4000}};
+  EXPECT_EQ(spec_graph_correction_ns({}, 4, 500), 0);
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 100), 1000);    // at a point
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 350), 500);     // a quarter of the way
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 50), 1000);     // held below the first
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 9000), -1000);  // and above the last
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 6, 100), 4000);    // one point: everywhere
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 1, 600), 0);       // below the widths: width 2's
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 16, 600), 4000);   // above: width 6's
+  // Width 3 at ctx 600: width 2 gives 0, width 6 gives 4000, a quarter of the way: 1000.
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 3, 600), 1000);
+  Residual r;
+  r.corrections = c;
+  EXPECT_EQ(spec_graph_residual_ns(r, SpecGraph::kVerify, 1, 3, 600), 1000);
+}
+
+// The form cannot follow a residual that bends in ctx (verify at 16 positions: 0 at ctx 100,
+// +30 us at 1000, +40 us at 8000; 0 at 2 positions); the corrections make every point exact,
+// and max_rel_err_loo prices each point from the others' corrections.
+TEST(SpecGraphFit, CorrectionsMakeThePointsExactAndReportLeaveOneOut) {
+  std::vector<CalibrationSample> s;
+  const std::vector<std::pair<int64_t, double>> bend = {{100, 0}, {1000, 30000}, {8000, 40000}};
+  for (const int64_t w : {2, 16}) {
+    for (const auto& [ctx, r] : bend) add_point(s, "verify", 1, w, ctx, w == 16 ? r : 0.0);
+  }
+  const std::vector<Residual> f = fit_spec_graph_residuals(s, testing::ideal_machine());
+  ASSERT_EQ(f.size(), 1u);
+  ASSERT_EQ(f[0].corrections.size(), 6u);
+  EXPECT_GT(f[0].max_rel_err, 1e-3);  // the form alone misses
+  double worst = 0;
+  for (size_t i = 0; i < 6; ++i) {
+    const int64_t w = i < 3 ? 2 : 16;
+    const auto& [ctx, r] = bend[i % 3];
+    EXPECT_NEAR(
+        double(spec_graph_residual_ns(f[0], SpecGraph::kVerify, 1, int32_t(w), double(ctx))),
+        w == 16 ? r : 0.0, 1.0)
+        << w << " " << ctx;
+    Residual others = f[0];
+    others.corrections.erase(others.corrections.begin() + std::ptrdiff_t(i));
+    const double left_out =
+        double(spec_graph_residual_ns(others, SpecGraph::kVerify, 1, int32_t(w), double(ctx)));
+    const double t = double(hand_price_ns("verify", 1, w)) + (w == 16 ? r : 0.0);
+    worst = std::max(worst, std::abs(left_out - (w == 16 ? r : 0.0)) / t);
+    // By hand at 16 positions, ctx 1000: the form is linear in ctx there, so form + the
+    // correction interpolated from ctx 100 and 8000 is the line from (100, 0) to (8000, 40000)
+    // at 1000: 40000 x 900 / 7900 = 4557 ns.
+    if (w == 16 && ctx == 1000) EXPECT_NEAR(left_out, 40000.0 * 900 / 7900, 1.0);
+  }
+  EXPECT_NEAR(f[0].max_rel_err_loo, worst, 1e-6);
+}
+
+// Two sessions of the same grid context a few tokens apart make one correction (their mean).
+TEST(SpecGraphFit, CorrectionsPoolNearlyEqualContexts) {
+  std::vector<CalibrationSample> s;
+  add_point(s, "verify", 1, 6, 8210, 1000);
+  add_point(s, "verify", 1, 6, 8215, 3000);
+  add_point(s, "verify", 1, 6, 128, 0);
+  const std::vector<Residual> f = fit_spec_graph_residuals(s, testing::ideal_machine());
+  ASSERT_EQ(f.size(), 1u);
+  ASSERT_EQ(f[0].corrections.size(), 2u);
+  EXPECT_EQ(f[0].corrections[1].ctx, 8213);  // 8212.5 rounds away from zero
+}
+
+// draft_early_exit_skip by hand: a graph of S steps stopping after 1 costs 400 us + 6 us per
+// skipped step at ctx 128 and 410 us + 7 us at ctx 8192 (the median of the two slopes: 6.5 us);
+// another batch's samples leave batch 1 alone, and a draft_early_exit fit needs its own samples.
+TEST(SpecGraphFit, SkippedEarlyExitStepsFromTheirSamples) {
+  std::vector<CalibrationSample> s;
+  for (const int64_t ctx : {128, 8192}) {
+    for (const int64_t w : {2, 6, 16}) add_point(s, "draft_early_exit", 1, w - 1, ctx, 1000);
+    for (const int64_t steps : {3, 7, 15}) {
+      const double per = ctx == 128 ? 6000 : 7000, base = ctx == 128 ? 400000 : 410000;
+      for (const double d : {-5.0, 0.0, 5.0}) {
+        s.push_back(
+            spec_sample(kEarlyExitSkipSample, 1, steps, ctx, base + per * double(steps - 1) + d));
+      }
+    }
+  }
+  s.push_back(spec_sample(kEarlyExitSkipSample, 4, 3, 128, 1e6));
+  s.push_back(spec_sample(kEarlyExitSkipSample, 4, 15, 128, 9e6));
+  const std::vector<Residual> f = fit_spec_graph_residuals(s, testing::ideal_machine());
+  ASSERT_EQ(f.size(), 1u);  // the skip samples make no fit of their own
+  EXPECT_EQ(f[0].graph, "draft_early_exit");
+  EXPECT_NEAR(f[0].ns_per_skipped_step, 6500, 1e-6);
 }
 
 // ---- the profile section ----------------------------------------------------------------------
@@ -369,6 +462,9 @@ TEST(SpecGraphProfile, WriteThenParseRoundTrips) {
   r.batch = 4;
   r.base_ns = -1.0 / 3;          // shortest round-trip doubles survive
   r.ns_per_extra_chunk = 4.5e6;  // optional: written where set
+  r.ns_per_skipped_step = 5945.25;
+  r.corrections = {{2, 145, -0.1}, {2, 8211, 27561.5}, {16, 363, -98571}};
+  r.max_rel_err_loo = 0.0438;
   p.hw.spec_graph_residuals.push_back(r);
   const std::string text = write_calibration_profile(p);
   EXPECT_EQ(text.find(", ns_per_extra_chunk: "), text.rfind(", ns_per_extra_chunk: "));  // once
@@ -391,7 +487,16 @@ TEST(SpecGraphProfile, WriteThenParseRoundTrips) {
     EXPECT_EQ(a.mean_err_unfitted, b.mean_err_unfitted);
     EXPECT_EQ(a.samples, b.samples);
     EXPECT_EQ(a.points, b.points);
+    EXPECT_EQ(a.ns_per_skipped_step, b.ns_per_skipped_step);
+    EXPECT_EQ(a.max_rel_err_loo, b.max_rel_err_loo);
+    ASSERT_EQ(a.corrections.size(), b.corrections.size());
+    for (size_t k = 0; k < a.corrections.size(); ++k) {
+      EXPECT_EQ(a.corrections[k].positions, b.corrections[k].positions);
+      EXPECT_EQ(a.corrections[k].ctx, b.corrections[k].ctx);
+      EXPECT_EQ(a.corrections[k].ns, b.corrections[k].ns);
+    }
   }
+  EXPECT_EQ(q.hw.spec_graph_residuals[1].corrections.size(), 3u);
   EXPECT_EQ(write_calibration_profile(q), text);
 }
 
@@ -423,8 +528,22 @@ TEST(SpecGraphProfile, BadEntriesSayWhereAndWhat) {
             "'fast'");
   EXPECT_EQ(error_of("points: 12}", "points: 12, extra: 1}"),
             "p.yaml:13:253: unknown field 'extra' in spec_graph_residuals[0]; known: model, graph, "
-            "mode, batch, base_ns, ns_per_position, ns_per_position_ctx, ns_per_extra_chunk, r2, "
-            "max_rel_err, max_rel_err_unfitted, mean_err_unfitted, samples, points");
+            "mode, batch, base_ns, ns_per_position, ns_per_position_ctx, ns_per_extra_chunk, "
+            "ns_per_skipped_step, r2, max_rel_err, max_rel_err_unfitted, mean_err_unfitted, "
+            "samples, points, max_rel_err_loo, corrections");
+  EXPECT_EQ(error_of("points: 12}", "points: 12, corrections: [[2, 100, 5]]}"),
+            "p.yaml:13:5: spec_graph_residuals[0]: max_rel_err_loo and corrections come together");
+  EXPECT_EQ(error_of("points: 12}",
+                     "points: 12, max_rel_err_loo: 0.1, corrections: [[2, 100, 5], [2, 100, 6]]}"),
+            "p.yaml:13:302: spec_graph_residuals[0].corrections[1] must follow [2, 100] (points "
+            "sorted by positions, then ctx, distinct)");
+  EXPECT_EQ(
+      error_of("points: 12}", "points: 12, max_rel_err_loo: 0.1, corrections: [[0, 100, 5]]}"),
+      "p.yaml:13:290: spec_graph_residuals[0].corrections[0].positions = 0 is out of range "
+      "[1, 1048576]");
+  EXPECT_EQ(error_of("points: 12}", "points: 12, max_rel_err_loo: 0.1, corrections: [[2, 100]]}"),
+            "p.yaml:13:289: spec_graph_residuals[0].corrections[0] must be a point [positions, "
+            "ctx, ns]");
   EXPECT_EQ(error_of("spec_graph_residuals:\n  - ", "spec_graph_residuals:\n  x: "),
             "p.yaml:13:3: spec_graph_residuals must be a list of fits");
   const std::string entry = "  - {model: \"llama-3-8b\", graph: \"draft\"";
@@ -606,7 +725,21 @@ TEST(SpecGraphSim, DeviceDecidedDraftsWithEarlyExitUseTheirOwnResidual) {
   for (size_t k = 1; k < a.steps.size(); ++k) {
     EXPECT_EQ(b.steps[k].gpu_busy_ns - a.steps[k].gpu_busy_ns, 5000) << k;
   }
-  dev.early_exit = false;  // every step runs: the plain draft graph
+  // 300 ns per conditional step skipped: the graph holds max_steps (8) steps, so a round that
+  // drafted L tokens pays 300 x (8 - L) more.
+  fitted.spec_graph_residuals[1].ns_per_skipped_step = 300;
+  const RunRecord s = simulate(dev, fitted, GraphMode::kCudaGraph, 0.7);
+  ASSERT_EQ(s.steps.size(), a.steps.size());
+  bool short_draft = false;
+  for (size_t k = 1; k < a.steps.size(); ++k) {
+    ASSERT_GE(s.steps[k].draft_len, 1) << k;
+    short_draft |= s.steps[k].draft_len < 8;
+    EXPECT_EQ(s.steps[k].gpu_busy_ns - a.steps[k].gpu_busy_ns,
+              5000 + 300 * (8 - s.steps[k].draft_len))
+        << k;
+  }
+  EXPECT_TRUE(short_draft);  // the case is exercised
+  dev.early_exit = false;    // every step runs: the plain draft graph
   const RunRecord c = simulate(dev, testing::ideal_machine(), GraphMode::kCudaGraph, 0.7);
   const RunRecord e = simulate(dev, fitted, GraphMode::kCudaGraph, 0.7);
   ASSERT_EQ(c.steps.size(), e.steps.size());
