@@ -475,7 +475,10 @@ int cmd_bench_sim(int32_t requests) {
 struct CalibrateGrid {
   std::vector<int> contexts, batches;  // empty: the default grid
   std::vector<int64_t> sessions;       // --fit-only: the sessions fitted together (empty: latest)
-  int tp = 1;                          // > 1: rank 0's shard of tp-way tensor parallelism
+  // --fit-only: the sessions of `sessions` whose spec_graph samples are fitted (empty: all), for
+  // speculative graphs measured again in a later session of the same database.
+  std::vector<int64_t> spec_sessions;
+  int tp = 1;  // > 1: rank 0's shard of tp-way tensor parallelism
   // Speculative graphs (runtime/calibrate.h CalibrateOptions::spec, spec_only, spec_batches).
   bool no_spec = false;
   bool spec_only = false;
@@ -596,6 +599,11 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   ProfileHeader header;
   if (!fit_only && !grid.sessions.empty())
     throw ConfigError("", "--sessions selects stored sessions to refit: give it with --fit-only");
+  for (const int64_t id : grid.spec_sessions) {
+    if (std::find(grid.sessions.begin(), grid.sessions.end(), id) == grid.sessions.end())
+      throw ConfigError("", "--spec-sessions chooses among the refitted sessions: " +
+                                std::to_string(id) + " is not one of --sessions (with --fit-only)");
+  }
   if (fit_only &&
       (grid.spec_only || grid.no_spec || !grid.spec_batches.empty() || grid.prefill_only ||
        grid.no_prefill || !grid.prefill_tokens.empty() || grid.breaks_only))
@@ -621,6 +629,10 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
         throw ConfigError("", "--sessions takes session ids >= 1, got " + std::to_string(id));
       ProfileHeader h;
       std::vector<CalibrationSample> part = db.calibration_samples(id, &h);
+      if (!grid.spec_sessions.empty() &&
+          std::find(grid.spec_sessions.begin(), grid.spec_sessions.end(), id) ==
+              grid.spec_sessions.end())
+        std::erase_if(part, [](const CalibrationSample& x) { return x.kind == "spec_graph"; });
       if (!header.gpu.empty() && h.gpu != header.gpu) {
         throw ConfigError("", "calibration session " + std::to_string(id) + " measured '" + h.gpu +
                                   "', the sessions before it '" + header.gpu +
@@ -925,6 +937,11 @@ int main(int argc, char** argv) {
   calibrate
       ->add_option("--sessions", cal_grid.sessions,
                    "with --fit-only: stored sessions fitted together (default: the latest)")
+      ->delimiter(',');
+  calibrate
+      ->add_option("--spec-sessions", cal_grid.spec_sessions,
+                   "with --fit-only --sessions: only these of them give the speculative graphs "
+                   "(spec_graph samples; default: all of them)")
       ->delimiter(',');
   calibrate->add_option("--evaluate-db", cal_grid.evaluate_db,
                         "after the fit, price the kernel and step samples of this database's "

@@ -730,9 +730,12 @@ class InSitu {
 // and largest context of the decode grid, per batch and verify width W, rounds of draft(W − 1),
 // verify(W), extend(W) as a policy launches them, each graph bracketed by its own event pair;
 // then draft(W − 1) alone with device stops and early exit (conditional IF nodes), threshold 0 so
-// that no row stops and every step runs. Two untimed rounds first (they capture the graphs);
-// the context of a point is the mean per request before its middle round, read from the verify
-// output entries (verify commits a device-decided count; draft and extend commit nothing).
+// that no row stops and every step runs. Two untimed rounds first (they capture the graphs).
+// Every round starts from the prompt's context (Engine::rewind_context), so the engine's capacity
+// is the context's plus one round, as a run's is its prompt's plus its output: the attention's
+// partition follows the capacity (kernels/attention.h), and a capacity grown by every round of
+// every width priced a batch-8 verify at 8K up to 3 % high. The verify output entries are checked
+// to start there (verify commits a device-decided count; draft and extend commit nothing).
 void spec_graphs(const CalibrateOptions& o, const std::string& name,
                  std::vector<CalibrationSample>& out) {
   const LlamaConfig full = llama_config_from_spec(model_preset(name));
@@ -772,10 +775,6 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
   constexpr int kWarm = 2;
   const int reps = o.quick ? 6 : 20;
   static_assert(2 * (kWarm + 20) <= kOutputRing);
-  int64_t growth = 16;  // a verify's width of margin
-  for (size_t b = 0; b < batches.size(); ++b) {
-    for (const int w : widths) growth += int64_t(kWarm + reps) * w;  // every draft accepted
-  }
   const auto sample_of = [&](const char* graph, double ns, int batch, int64_t ctx, int positions) {
     CalibrationSample x = sample("spec_graph", ns);
     x.name = graph;
@@ -790,7 +789,8 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     const int max_batch = *std::max_element(batches.begin(), batches.end());
     EngineOptions eo;
     eo.max_slots = max_batch;
-    eo.capacity_tokens = int32_t(((ctx + 15) / 16 * 16 + growth + 63) / 64 * 64);
+    // One round's tokens past the prompt (every draft accepted) and a verify's width of margin.
+    eo.capacity_tokens = int32_t(((ctx + 15) / 16 * 16 + max_width + 16 + 63) / 64 * 64);
     eo.draft = true;
     eo.draft_early_exit = early_exit;  // used by drafts with device stops only
     eo.tp.size = o.tp;                 // a shard measured alone: no communicator
@@ -812,7 +812,6 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     Events ev(size_t(6 * reps));
     for (const int batch : batches) {
       const std::span<const int32_t> batch_slots(slots.data(), size_t(batch));
-      int64_t ctx_of_batch = ctx;  // per request, after the batch's last width
       for (const int width : widths) {
         DraftControl plain;
         plain.steps = width - 1;
@@ -825,6 +824,7 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
           auto mark = [&](int k) {
             if (timed) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(6 * r + k)], stream));
           };
+          engine->rewind_context(batch_slots, ctx);
           mark(0);
           engine->enqueue_draft(batch_slots, plain, GraphMode::kCudaGraph);
           mark(1);
@@ -839,28 +839,22 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
           if (timed) verify_seqs.push_back(seq);
         }
         TS_CUDA_CHECK(cudaStreamSynchronize(stream));
-        // Per timed round, the mean context per request before it: ctx after the verify less
-        // the committed accepted + 1.
-        std::vector<double> ctx_before;
-        double ctx_after_last = 0;
+        // Every timed round started at the prompt's context: the verify committed accepted + 1
+        // tokens past it.
         for (const int64_t seq : verify_seqs) {
           const OutputRow* rows = engine->host_outputs(seq);
-          double before = 0;
-          ctx_after_last = 0;
           for (int i = 0; i < batch; ++i) {
-            if (rows[i].accepted < 0 || rows[i].accepted > width - 1 || rows[i].ctx < ctx) {
+            if (rows[i].accepted < 0 || rows[i].accepted > width - 1 ||
+                rows[i].ctx != ctx + rows[i].accepted + 1) {
               throw Error("calibrate: verify output entry " + std::to_string(seq) + " row " +
                           std::to_string(i) + " has ctx " + std::to_string(rows[i].ctx) +
                           ", accepted " + std::to_string(rows[i].accepted) + " (width " +
-                          std::to_string(width) + ", prompt " + std::to_string(ctx) + ")");
+                          std::to_string(width) + ", rounds from context " + std::to_string(ctx) +
+                          ")");
             }
-            before += double(rows[i].ctx - rows[i].accepted - 1);
-            ctx_after_last += double(rows[i].ctx);
           }
-          ctx_before.push_back(before / batch);
-          ctx_after_last /= batch;
         }
-        const int64_t ctx_mid = std::llround(ctx_before[size_t(reps / 2)]);
+        const int64_t ctx_mid = ctx;
         std::vector<double> draft_ns, verify_ns, extend_ns, early_ns;
         for (int r = 0; r < reps; ++r) {
           draft_ns.push_back(ev.elapsed_ns(size_t(6 * r), size_t(6 * r + 1)));
@@ -870,8 +864,9 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
           sample_of("verify", verify_ns.back(), batch, ctx_mid, width);
           sample_of("extend", extend_ns.back(), batch, ctx_mid, width);
         }
-        ctx_of_batch = std::llround(ctx_after_last);
-        // The early-exit draft from the state the last round left (drafts commit nothing).
+        // The early-exit draft from the prompt's context with the last round's draft state
+        // (drafts commit nothing).
+        engine->rewind_context(batch_slots, ctx);
         for (int r = -kWarm; early_exit && r < reps; ++r) {
           if (r >= 0) TS_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], stream));
           engine->enqueue_draft(batch_slots, early, GraphMode::kCudaGraph);
@@ -880,8 +875,7 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
         TS_CUDA_CHECK(cudaStreamSynchronize(stream));
         for (int r = 0; early_exit && r < reps; ++r) {
           early_ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
-          sample_of("draft_early_exit", early_ns.back(), batch, std::llround(ctx_after_last),
-                    width - 1);
+          sample_of("draft_early_exit", early_ns.back(), batch, ctx, width - 1);
         }
         const std::string early_text =
             early_exit ? ", with early exit " + std::to_string(median(early_ns) / 1e6) + " ms"
@@ -912,7 +906,7 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
         std::vector<double> skip_ns;
         for (int r = 0; r < reps; ++r) {
           skip_ns.push_back(ev.elapsed_ns(size_t(2 * r), size_t(2 * r + 1)));
-          sample_of(kEarlyExitSkipSample, skip_ns.back(), batch, ctx_of_batch, steps);
+          sample_of(kEarlyExitSkipSample, skip_ns.back(), batch, ctx, steps);
         }
         std::fprintf(o.log,
                      "calibrate: %s batch %d: early-exit draft of %d steps stopping after 1: %.3f "

@@ -716,6 +716,27 @@ void Engine::upload_batch(std::span<const int32_t> slots, int bucket) {
   uploaded_slots_ = std::move(list);
 }
 
+void Engine::rewind_context(std::span<const int32_t> slots, int32_t ctx) {
+  if (ctx < 1 || ctx > options_.capacity_tokens)
+    throw Error("engine: rewind to context " + std::to_string(ctx) + " outside [1, " +
+                std::to_string(options_.capacity_tokens) + "]");
+  if (slots.size() * sizeof(int32_t) > b_->meta_bytes)
+    throw Error("engine: rewind of " + std::to_string(slots.size()) + " slots");
+  for (const int32_t slot : slots) {
+    if (slot < 0 || slot >= options_.max_slots)
+      throw Error("engine: rewind of slot " + std::to_string(slot) + " outside [0, " +
+                  std::to_string(options_.max_slots) + ")");
+  }
+  const int e = int(b_->staging_next % kStagingRing);
+  int32_t* host = static_cast<int32_t*>(staging(0));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    host[i] = ctx;
+    TS_CUDA_CHECK(cudaMemcpyAsync(b_->ctx + slots[i], host + i, sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, compute_));
+  }
+  TS_CUDA_CHECK(cudaEventRecord(b_->staging_done[size_t(e)], compute_));
+}
+
 void Engine::warm_prefill_gemms() {
   if (prefill_gemms_warm_ || prefill_gemm_gemv_) return;
   prefill_gemms_warm_ = true;

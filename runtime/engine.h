@@ -209,6 +209,13 @@ class Engine {
   int64_t enqueue_verify(std::span<const int32_t> slots, int32_t width, float threshold,
                          GraphMode mode);
   void enqueue_extend(std::span<const int32_t> slots, int32_t width, GraphMode mode);
+  // Sets the context length of each of `slots` to `ctx` on the compute stream, after the work
+  // already issued: the next launch decodes from there (the KV cache past it stays and is
+  // overwritten). Calibration only (runtime/calibrate.cc): speculative rounds timed again and
+  // again from one context, so the engine's capacity (which sets the attention's partition) can
+  // be the context's plus one round. Throws Error for a slot outside [0, max_slots) or ctx
+  // outside [1, capacity_tokens].
+  void rewind_context(std::span<const int32_t> slots, int32_t ctx);
   // Captures the speculative graphs `spec` can use for every bucket up to max_batch (no-op for
   // eager). Not timed work: call before a run.
   void prepare_spec(GraphMode mode, int max_batch, const SpecSpec& spec);

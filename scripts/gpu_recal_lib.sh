@@ -51,9 +51,11 @@ run_cal() {
 }
 # recal_refit SESSIONS: the profile of those sessions of OUT/cal.db with the committed collective
 # tables (2 GPUs of 583eee2, 4 GPUs of 631b9bd) -> OUT/h200-calibrated.yaml (logs/refit.log).
+# RECAL_SPEC_SESSIONS: the ones among them whose speculative graphs are fitted (--spec-sessions).
 recal_refit() {
-  step "refit: sessions $1"
+  step "refit: sessions $1${RECAL_SPEC_SESSIONS:+, speculative graphs of $RECAL_SPEC_SESSIONS}"
   "$ts" --db "$out/cal.db" calibrate --fit-only --sessions "$1" \
+    ${RECAL_SPEC_SESSIONS:+--spec-sessions "$RECAL_SPEC_SESSIONS"} \
     --collectives-from "$root/results/h200/nccl_profile_583eee2.yaml" \
     --collectives-from "$root/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
     --out "$out/h200-calibrated.yaml" >"$logs/refit.log" 2>&1 || status=1

@@ -7,7 +7,8 @@
 # one database, then the comparisons.
 #   scripts/gpu_spec_suite.sh OUT_DIR
 # Writes OUT_DIR/{sim_vs_real.txt, accept.txt, spec_suite.db.xz, logs.tar.xz}.
-# Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS.
+# Env: TWINSTEP_BUILD_DIR (default build), TWINSTEP_CMAKE_ARGS; SPEC_SUITE_TRACE=1 also runs
+# h200_spec_trace.yaml into the database and writes OUT_DIR/spec_rounds.txt.
 set -uo pipefail
 source "$(dirname "$0")/gpu_recal_lib.sh"
 recal_init "${1:?usage: scripts/gpu_spec_suite.sh OUT_DIR}"
@@ -25,5 +26,11 @@ step compare
   status=1
 grep -E "tpot_ms_mean|accept_len_mean" "$out/sim_vs_real.txt" | cut -c1-150
 "$ts" --db "$db" compare --experiment h200-spec-suite --accept >"$out/accept.txt" 2>&1 || status=1
+if [ "${SPEC_SUITE_TRACE:-0}" = 1 ]; then  # the batch-1 rounds launch by launch, same database
+  step h200_spec_trace
+  "$ts" --db "$db" run -q experiments/validation/h200_spec_trace.yaml >"$logs/h200_spec_trace.log" 2>&1 ||
+    { status=1; tail -5 "$logs/h200_spec_trace.log"; }
+  python3 scripts/spec_rounds.py "$db" h200-spec-trace >"$out/spec_rounds.txt" 2>&1 || status=1
+fi
 step "done, status $status"
 recal_finish spec_suite

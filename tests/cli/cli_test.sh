@@ -235,6 +235,10 @@ check "sessions 21-23 give the shards' break gaps" grep -q '^  "qwen3-30b-a3b@tp
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,8 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions.err"
 check "a missing session is refused by number" grep -q "has no calibration session 8" "$work/sessions.err"
 check "and no profile is written" test ! -e "$work/bad.yaml"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,29,35 --spec-sessions 36 --out "$work/bad.yaml" >/dev/null 2>"$work/specs.err"
+check "--spec-sessions outside --sessions is refused" grep -q "36 is not one of --sessions" "$work/specs.err"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,29,35 --spec-sessions 35 --out "$work/spec35.yaml" >/dev/null 2>&1
+check "--spec-sessions keeps the speculative graphs of those sessions only (35: 1, 4, 32 requests)" test "$(grep -c '{model: "llama-3-8b", graph: "verify"' "$work/spec35.yaml")" = 3
 "$bin" --db "$cdb" calibrate --sessions 1 --out "$work/bad.yaml" >/dev/null 2>"$work/sessions2.err"
 check "--sessions without --fit-only is refused" grep -q "give it with --fit-only" "$work/sessions2.err"
 "$bin" --db "$cdb" calibrate --fit-only --spec-only --out "$work/bad.yaml" >/dev/null 2>"$work/spec.err"

@@ -200,6 +200,37 @@ TEST(SpecTiny, VerifyAcceptanceMatchesCpuReference) {
   EXPECT_GT(rejected_rounds, 0);
 }
 
+// Engine::rewind_context (calibrate's rounds from one context): after rounds that grew the
+// context, each round after a rewind to the prompt's length commits accepted + 1 tokens past it;
+// bad slots and contexts are refused.
+TEST(SpecTiny, RoundsAfterARewindStartAtTheRewoundContext) {
+  SKIP_WITHOUT_GPU();
+  const LlamaConfig c = llama_config_from_spec(tiny_runtime_spec());
+  EngineOptions eo;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  auto engine = Engine::create_synthetic(c, 11, eo, 0.6);
+  const std::vector<int32_t> prompt = prompt_of(0, 40, c.vocab);
+  int32_t first = 0;
+  const std::vector<OutputRow> grown = direct_rounds(*engine, prompt, 3, chain_control(6), &first);
+  ASSERT_GT(grown.back().ctx, 40 + 3);  // three rounds committed at least a token each
+  const std::vector<int32_t> slot = {0};
+  cudaStream_t s = engine->compute_stream();
+  for (int i = 0; i < 4; ++i) {
+    engine->rewind_context(slot, 40);
+    engine->enqueue_draft(slot, chain_control(6), GraphMode::kCudaGraph);
+    const int64_t v = engine->enqueue_verify(slot, 7, 0.0f, GraphMode::kCudaGraph);
+    engine->enqueue_extend(slot, 7, GraphMode::kCudaGraph);
+    engine->enqueue_output_copy(v, 1, s);
+    TS_CUDA_CHECK(cudaStreamSynchronize(s));
+    const OutputRow& row = engine->host_outputs(v)[0];
+    EXPECT_EQ(row.ctx, 40 + row.accepted + 1) << "round " << i;
+  }
+  EXPECT_THROW(engine->rewind_context(slot, 0), Error);
+  EXPECT_THROW(engine->rewind_context(slot, 513), Error);
+  EXPECT_THROW(engine->rewind_context(std::vector<int32_t>{1}, 40), Error);  // max_slots 1
+}
+
 // The device's draft-length decision is policies/spec_rules.h's (the simulator's): draft_len and
 // conf_len of every round recomputed on the host from the row's confidences.
 TEST(SpecTiny, DeviceDraftLengthFollowsTheSharedRule) {
