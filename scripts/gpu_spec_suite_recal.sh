@@ -2,9 +2,11 @@
 # The speculative suite on the machine that calibrates it, in one call (docs/calibration.md
 # "Speculative suite"): Llama-3-8B's speculative graphs measured again on this machine at 1, 4, 8,
 # 16 and 32 requests (contexts 128 and 8192, with the early-exit drafts that skip steps) and at a
-# 1K context (batch 1), into a copy of results/h200/calibration_6d90284.db.xz (sessions 37, 38:
-# they stand for 29's speculative graphs and 34-36); the profile refitted with them (sessions 2, 4,
-# 12, 15, 21-23, 29-33, 37, 38; the speculative graphs of 12, 15, 31, 33, 37, 38 only) and
+# 1K context (batch 1), into a copy of the committed calibration (8cf36ca ran it on sessions 1-36,
+# making 37 and 38 of results/h200/calibration_8cf36ca.db.xz: they stand for 29's speculative
+# graphs and 34-36; on that file it adds 39 and 40); the profile refitted with them (sessions 2, 4,
+# 12, 15, 21-23, 29-33 and the two new ones; the speculative graphs of 12, 15, 31, 33 and the new
+# ones only) and
 # installed as results/profiles/h200-calibrated.yaml in this checkout; then
 # scripts/gpu_spec_suite.sh into OUT/suite against it, and h200_spec_trace.yaml into its database.
 #   scripts/gpu_spec_suite_recal.sh OUT_DIR
@@ -16,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
   source "$here/gpu_recal_lib.sh"
   recal_init "$out/cal"
   recal_build twinstep || recal_finish cal
-  recal_base_db "$root/results/h200/calibration_6d90284.db.xz" 37
+  recal_base_db "$root/results/h200/calibration_8cf36ca.db.xz" 39
   step "speculative graphs of this machine"
   run_cal spec_all --spec-only --models llama-3-8b --spec-batches 1,4,8,16,32
   run_cal spec_1k --spec-only --models llama-3-8b --contexts 1024 --spec-batches 1

@@ -215,17 +215,20 @@ check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'comma
 # stand for 28 and 24-27, measured again under the one-wave attention split
 # (scripts/gpu_attention_wave.sh); 34 of 735cee4, Llama-3-8B's speculative graphs at 8, 16 and 32
 # requests (scripts/gpu_spec_batches.sh); 35 and 36 of 6d90284, its speculative graphs with the
-# early-exit drafts that skip steps, and at a 1K context (scripts/gpu_spec_skip.sh). The
+# early-exit drafts that skip steps, and at a 1K context (scripts/gpu_spec_skip.sh); 37 and 38 of
+# 8cf36ca, the same with every round from the prompt's context (scripts/gpu_spec_suite_recal.sh):
+# the profile's speculative graphs are those of 12, 15, 31, 33, 37 and 38 (--spec-sessions). The
 # collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as group r4.
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_6d90284.db.xz" >"$cdb6"
-"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,29,30,31,32,33,34,35,36 \
+xz -dc "$src/results/h200/calibration_8cf36ca.db.xz" >"$cdb6"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,29,30,31,32,33,37,38 \
+  --spec-sessions 12,15,31,33,37,38 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" \
   --collectives-from "$src/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
   --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
 check "the committed profile is the refit of the committed sessions" test "$(grep -v 'command:' "$work/h200-calibrated.yaml")" = "$(grep -v 'command:' "$src/results/profiles/h200-calibrated.yaml")"
 check "session 29's speculative graphs give residuals" grep -q '^spec_graph_residuals:' "$work/h200-calibrated.yaml"
-check "session 35's stopped early-exit drafts give a cost per skipped step" grep -q 'graph: "draft_early_exit", mode: "graph", batch: 1, .*ns_per_skipped_step: [1-9]' "$work/h200-calibrated.yaml"
+check "session 37's stopped early-exit drafts give a cost per skipped step" grep -q 'graph: "draft_early_exit", mode: "graph", batch: 1, .*ns_per_skipped_step: [1-9]' "$work/h200-calibrated.yaml"
 check "session 2's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
 check "the 4-GPU collectives are group r4" grep -q '"nccl.r4.all_reduce.graph.8K.median_ns"' "$work/h200-calibrated.yaml"
 check "the grids' eager steps give eager gaps per model and rows" grep -q '^  "llama-3-8b": {1: 1878, ' <(sed -n '/^eager_node_gap_by_rows:/,/^[a-z]/p' "$work/h200-calibrated.yaml")
