@@ -51,7 +51,8 @@ class AcceptanceModel {
   // The row covering `text_offset` of `request`, or -1 (no such request, or past its text).
   int64_t aligned_row(int32_t request, int32_t text_offset) const;
   // Calibrated: [q] = the table's P(accepted >= q | accepted >= q - 1), q = 1 .. draft_len: how
-  // an aligned round decides a token no source round drafted (a fully accepted round's bonus).
+  // an aligned round decides a token no source round drafted (a fully accepted round's bonus)
+  // where no source round follows it.
   std::vector<double> agree_at_depth_;
 };
 
