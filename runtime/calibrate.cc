@@ -733,9 +733,10 @@ class InSitu {
 // that no row stops and every step runs. Two untimed rounds first (they capture the graphs).
 // Every round starts from the prompt's context (Engine::rewind_context), so the engine's capacity
 // is the context's plus one round, as a run's is its prompt's plus its output: the attention's
-// partition follows the capacity (kernels/attention.h), and a capacity grown by every round of
-// every width priced a batch-8 verify at 8K up to 3 % high. The verify output entries are checked
-// to start there (verify commits a device-decided count; draft and extend commit nothing).
+// partition follows the capacity (split_tokens_for, kernels/attention.cu), and a capacity grown
+// by every round of every width priced a batch-8 verify at 8K up to 3 % high. The verify output
+// entries are checked to start there (verify commits a device-decided count; draft and extend
+// commit nothing).
 void spec_graphs(const CalibrateOptions& o, const std::string& name,
                  std::vector<CalibrationSample>& out) {
   const LlamaConfig full = llama_config_from_spec(model_preset(name));

@@ -317,11 +317,10 @@ std::vector<HardwareSpec::SpecGraphResidual> fit_spec_graph_residuals(
     // One point, or residuals all equal: R² is 1 where the fit reproduces them (to rounding).
     f.r2 = ss_tot > 0 ? 1 - ss_res / ss_tot : (ss_res <= double(m) ? 1.0 : 0.0);
     f.points = m;
-    // The corrections (points come ordered by positions, then ctx), then each point priced
-    // with the others' only.
-    // Points of one width whose contexts are within kSameContext of the first of them (the
-    // same grid context measured by several sessions) make one correction: their mean,
-    // weighted by samples, at their mean context.
+    // The corrections (points come ordered by positions, then ctx): points of one width whose
+    // contexts are within same_context() of the first of them (one grid context measured by
+    // several sessions) make one, their mean weighted by samples at their mean context. Then
+    // each point priced without its own (max_rel_err_loo).
     std::vector<HardwareSpec::SpecGraphResidual::Correction> corrections;
     std::vector<size_t> correction_of(pts.size());
     for (size_t i = 0; i < pts.size();) {
