@@ -764,9 +764,11 @@ LayoutSpec parse_layout_node(const Context& ctx, const Node& node, const ModelSp
   return l;
 }
 
-// acceptance.calibrated: {experiment, variant} or {run}, optional db.
+// acceptance.calibrated: {experiment, variant} or {run}, optional db, align and (with align:
+// position) bonus_from: {experiment, variant}.
 std::shared_ptr<const AcceptanceSource> parse_calibrated(const Context& ctx, const Node& node) {
-  MapReader m(ctx, node, "acceptance.calibrated", {"experiment", "variant", "run", "db", "align"});
+  MapReader m(ctx, node, "acceptance.calibrated",
+              {"experiment", "variant", "run", "db", "align", "bonus_from"});
   auto s = std::make_shared<AcceptanceSource>();
   s->where = yaml::where(ctx.source, node.mark);
   if (m.has("run") == m.has("experiment")) {
@@ -795,6 +797,21 @@ std::shared_ptr<const AcceptanceSource> parse_calibrated(const Context& ctx, con
                             "\"; expected round (replay the source's rounds in order) or position "
                             "(the round covering the same output position of the same request)");
     s->align_position = align == "position";
+  }
+  if (const Node* n = m.get("bonus_from")) {
+    if (!s->align_position) {
+      ctx.fail(m.key_mark("bonus_from"),
+               "acceptance.calibrated.bonus_from needs align: position (its tokens stand in by "
+               "output position)");
+    }
+    MapReader b(ctx, *n, "acceptance.calibrated.bonus_from", {"experiment", "variant"});
+    const Node* e = b.get("experiment");
+    if (e == nullptr) ctx.fail(n->mark, "acceptance.calibrated.bonus_from needs experiment");
+    s->bonus_experiment = read_string(ctx, *e, "acceptance.calibrated.bonus_from.experiment");
+    if (s->bonus_experiment.empty())
+      ctx.fail(e->mark, "acceptance.calibrated.bonus_from.experiment is empty");
+    if (const Node* v = b.get("variant"))
+      s->bonus_variant = read_string(ctx, *v, "acceptance.calibrated.bonus_from.variant");
   }
   return s;
 }

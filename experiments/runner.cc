@@ -153,14 +153,15 @@ void resolve_calibrated_acceptance(Experiment& e, const std::string& db_path) {
     return;
   }
   // One load per distinct source.
-  std::map<std::tuple<std::string, std::string, std::string, int64_t>,
+  std::map<std::tuple<std::string, std::string, std::string, int64_t, std::string, std::string>,
            std::shared_ptr<const AcceptanceTable>>
       loaded;
   for (Variant& v : e.variants) {
     const AcceptanceSource* s = v.acceptance.calibrated_from.get();
     if (s == nullptr || v.acceptance.calibrated) continue;
     const std::string path = s->db.empty() ? db_path : s->db;
-    auto& table = loaded[{path, s->experiment, s->variant, s->run_id}];
+    auto& table =
+        loaded[{path, s->experiment, s->variant, s->run_id, s->bonus_experiment, s->bonus_variant}];
     if (!table) {
       if (path != ":memory:" && !std::filesystem::exists(path)) {
         throw Error(s->where + ": calibrated acceptance: results database " + path +

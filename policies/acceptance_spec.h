@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace twinstep {
@@ -32,6 +33,18 @@ struct AcceptanceTable {
   std::vector<int32_t> request;
   std::vector<int32_t> start;
   std::string source;  // where the rounds came from (for messages and reports)
+  // AcceptanceSource::bonus_experiment's tokens, keyed by drafted_key(request, output
+  // position): tokens the rounds above never drafted (the bonus token of a round accepted
+  // whole) as another chain run of the same texts drafted them, up to and including its miss.
+  struct Drafted {
+    bool agrees = false;
+    float confidence = 0;
+  };
+  std::unordered_map<uint64_t, Drafted> drafted;
+  std::string drafted_source;  // where those came from
+  static uint64_t drafted_key(int32_t request, int32_t position) {
+    return (uint64_t(uint32_t(request)) << 32) | uint32_t(position);
+  }
 
   size_t rounds() const { return accepted.size(); }
   // Mean tokens committed per verify of a draft of `draft` tokens (<= draft_len):
@@ -56,6 +69,12 @@ struct AcceptanceSource {
   // (a 15-token chain spends few rounds where drafts agree, a 5-token chain more). Rounds past
   // the source's text for that request fall back to the order replay.
   bool align_position = false;
+  // bonus_from (with align: position): another chain run of the same texts, with rounds of
+  // another length, whose tokens stand in where the source drafted nothing (the bonus token
+  // of a round it accepted whole): measured agreement and confidence at that output position
+  // instead of a stand-in (simulator/acceptance_model.cc).
+  std::string bonus_experiment;
+  std::string bonus_variant;
   std::string where;
 };
 

@@ -114,16 +114,48 @@ AcceptanceTable acceptance_table(const std::vector<DraftRound>& rounds, const st
   return t;
 }
 
-AcceptanceTable load_acceptance_table(ResultsDb& db, const AcceptanceSource& source) {
-  const int64_t run = resolve_acceptance_run(db, source);
+void add_drafted_tokens(const std::vector<DraftRound>& rounds, const std::string& source,
+                        AcceptanceTable& t) {
+  std::unordered_map<int32_t, int32_t> committed_by_request;
+  for (const DraftRound& d : rounds) {
+    int32_t& start = committed_by_request[d.request];
+    // Positions 1 .. accepted drafted the text; accepted + 1 is the miss (below the draft
+    // length); past it the draft went on from its own wrong token, not the text.
+    for (int32_t q = 1; q <= std::min(d.draft_len, d.accepted + 1); ++q) {
+      t.drafted[AcceptanceTable::drafted_key(d.request, start + q - 1)] = {
+          q <= d.accepted, d.confidence[size_t(q - 1)]};
+    }
+    start += d.accepted + 1;
+  }
+  t.drafted_source = source;
+}
+
+namespace {
+
+std::string run_name(ResultsDb& db, int64_t run) {
   const QueryResult info = db.query_params(
       "SELECT e.name, r.variant_label FROM run r JOIN experiment e ON e.id = r.experiment_id "
       "WHERE r.id = ?1",
       {run});
-  const std::string name = "run " + std::to_string(run) + " (experiment " +
-                           cell_text(info.rows[0][0], "experiment.name") + ", variant " +
-                           cell_text(info.rows[0][1], "run.variant_label") + ") in " + db.path();
-  return acceptance_table(load_draft_rounds(db, run), name);
+  return "run " + std::to_string(run) + " (experiment " +
+         cell_text(info.rows[0][0], "experiment.name") + ", variant " +
+         cell_text(info.rows[0][1], "run.variant_label") + ") in " + db.path();
+}
+
+}  // namespace
+
+AcceptanceTable load_acceptance_table(ResultsDb& db, const AcceptanceSource& source) {
+  const int64_t run = resolve_acceptance_run(db, source);
+  AcceptanceTable t = acceptance_table(load_draft_rounds(db, run), run_name(db, run));
+  if (!source.bonus_experiment.empty()) {
+    AcceptanceSource bonus;
+    bonus.experiment = source.bonus_experiment;
+    bonus.variant = source.bonus_variant;
+    bonus.where = source.where.empty() ? "bonus_from" : source.where + " (bonus_from)";
+    const int64_t b = resolve_acceptance_run(db, bonus);
+    add_drafted_tokens(load_draft_rounds(db, b), run_name(db, b), t);
+  }
+  return t;
 }
 
 int64_t AcceptHistogram::rounds() const {

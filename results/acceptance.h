@@ -27,8 +27,15 @@ int64_t resolve_acceptance_run(ResultsDb& db, const AcceptanceSource& source);
 // its rounds say nothing about the positions it never drafted).
 AcceptanceTable acceptance_table(const std::vector<DraftRound>& rounds, const std::string& source);
 
+// Adds to t.drafted the text tokens `rounds` (another chain run of the same texts, any length)
+// drafted: per request in round order, positions 1 .. min(draft_len, accepted + 1) of each
+// round at its output position (agreed up to accepted, the miss after).
+void add_drafted_tokens(const std::vector<DraftRound>& rounds, const std::string& source,
+                        AcceptanceTable& t);
+
 // Resolves source (resolve_acceptance_run) and builds its table; `source` of the result reads
-// "run N (experiment E, variant V) in DB".
+// "run N (experiment E, variant V) in DB". With source.bonus_experiment, also that experiment's
+// newest complete real run (variant bonus_variant when given) into t.drafted.
 AcceptanceTable load_acceptance_table(ResultsDb& db, const AcceptanceSource& source);
 
 // Tokens committed per verify round: count[k] rounds committed k + 1 tokens.

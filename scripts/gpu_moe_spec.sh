@@ -4,7 +4,8 @@
 # select no expert), the speculative tests (tiny MoE and Qwen3-30B-A3B greedy output equal to
 # plain greedy in every mode, the dense tiny and 8B ones; drafts loaded from checkpoints), then
 # experiments/validation/h200_moe_spec_calibration.yaml (a chain of 7, real only: the verify
-# rounds the simulator replays) and h200_moe_spec.yaml (none, chain(5), confidence on the device;
+# rounds the simulator replays), h200_moe_spec_calibration_offset.yaml (a chain of 6: the bonus
+# tokens the chain of 7 never drafts) and h200_moe_spec.yaml (none, chain(5), confidence on the device;
 # measured and simulated with the profile named in it) into OUT/moe_spec.db, then the comparisons.
 #   scripts/gpu_moe_spec.sh OUT_DIR
 # Writes OUT_DIR/{moe_kernel_tests,spec_tests,calibration,run}.log, sim_vs_real.txt, accept.txt, metrics.csv and
@@ -38,6 +39,9 @@ rm -f "$db"
 step "calibration runs (chain of 7)"
 timeout 300 "$build/twinstep" --db "$db" run -q experiments/validation/h200_moe_spec_calibration.yaml \
   >"$out/calibration.log" 2>&1 || { status=1; tail -5 "$out/calibration.log"; }
+step "calibration runs (chain of 6: the bonus tokens)"
+timeout 300 "$build/twinstep" --db "$db" run -q experiments/validation/h200_moe_spec_calibration_offset.yaml \
+  >"$out/calibration_offset.log" 2>&1 || { status=1; tail -5 "$out/calibration_offset.log"; }
 step "validation runs"
 timeout 400 "$build/twinstep" --db "$db" run -q experiments/validation/h200_moe_spec.yaml \
   >"$out/run.log" 2>&1 || status=1

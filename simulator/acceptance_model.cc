@@ -108,14 +108,17 @@ AcceptanceModel::Draw AcceptanceModel::draw(int32_t request, int64_t round, int3
     const int32_t a = t->accepted[size_t(row)];
     const size_t base = size_t(row) * size_t(t->draft_len);
     if (q > t->draft_len) {
-      // The bonus token: the text's next drafted token (the first of the source round that
-      // starts after it) stands in, its agreement and confidence: a round accepted whole sits in
+      // The bonus token: measured where a second calibration run drafted it (bonus_from); else
+      // the text's next drafted token (the first of the source round that starts after it)
+      // stands in, its agreement and confidence: a round accepted whole sits in
       // an easy stretch (scripts/spec_replay_check.py on h200_spec: the round after one agreed
       // at its first draft in 18 of 18 at fidelity 0.55 and 422 of 428 at 0.87; the real rounds
       // that drafted those bonus tokens agreed in 38 of 38 and 347 of 357, their confidence
       // there near the stand-in's, far from the source round's last at 0.55: 0.71-0.79 against
       // 0.59-0.79 and 0.19-0.30). At the end of the text: the table's rate at this round's own
       // depth (a seeded draw), the source round's last confidence.
+      const auto d = t->drafted.find(AcceptanceTable::drafted_key(request, x));
+      if (d != t->drafted.end()) return {d->second.confidence, d->second.agrees};
       const int64_t next = aligned_row(request, x + 1);
       if (next >= 0 && t->start[size_t(next)] == x + 1) {
         return {t->confidence[size_t(next) * size_t(t->draft_len)], t->accepted[size_t(next)] >= 1};

@@ -340,6 +340,44 @@ TEST(ExperimentGood, CalibratedAcceptanceSource) {
   EXPECT_DOUBLE_EQ(by_id.variants[0].acceptance.draft_fidelity, 0.9);  // the default
 }
 
+// acceptance.calibrated.bonus_from: {experiment, variant}, with align: position only.
+TEST(ExperimentGood, CalibratedAcceptanceBonusFrom) {
+  auto load = [](const std::string& tail) {
+    return load_experiment_text(
+        std::string(kMinimal) + "acceptance:\n  calibrated: {experiment: calib" + tail + "}\n",
+        "c.yaml");
+  };
+  const Experiment e =
+      load(", align: position, bonus_from: {experiment: offset, variant: \"chain6\"}");
+  const AcceptanceSource& s = *e.variants[0].acceptance.calibrated_from;
+  EXPECT_EQ(s.bonus_experiment, "offset");
+  EXPECT_EQ(s.bonus_variant, "chain6");
+  EXPECT_EQ(load(", align: position, bonus_from: {experiment: offset}")
+                .variants[0]
+                .acceptance.calibrated_from->bonus_variant,
+            "");
+  auto error_of = [&](const std::string& tail) {
+    try {
+      load(tail);
+    } catch (const ConfigError& x) {
+      return std::string(x.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error_of(", bonus_from: {experiment: offset}")
+                .find("c.yaml:6:35: acceptance.calibrated.bonus_from needs align: position"),
+            std::string::npos)
+      << error_of(", bonus_from: {experiment: offset}");
+  EXPECT_NE(error_of(", align: position, bonus_from: {variant: x}")
+                .find("acceptance.calibrated.bonus_from needs experiment"),
+            std::string::npos);
+  EXPECT_NE(error_of(", align: position, bonus_from: {experiment: offset, run: 3}")
+                .find("c.yaml:6:85: unknown key 'run' in acceptance.calibrated.bonus_from; "
+                      "allowed: experiment, variant"),
+            std::string::npos)
+      << error_of(", align: position, bonus_from: {experiment: offset, run: 3}");
+}
+
 // acceptance.calibrated.align: position or round (the default); anything else is refused at its
 // position.
 TEST(ExperimentGood, CalibratedAcceptanceAlign) {

@@ -124,6 +124,49 @@ TEST(Acceptance, TableRoundsKnowTheirRequestAndOutputPosition) {
   EXPECT_EQ(t.start, (std::vector<int32_t>{0, 0, 1, 4, 3}));
 }
 
+// The tokens another chain run drafted (bonus_from), by hand: chain_rounds(2, {2, 0, 1}) gives
+// request 0 a round at 0 (accepted 2 of 2: tokens 0, 1 agreed, confidence 0.50) and one at 3
+// (accepted 1: token 3 agreed, token 4 the miss, 0.52), request 1 a round at 0 that missed at once
+// (token 0, 0.51). A bonus token (0's 2) and positions past a miss are not drafted text: none.
+TEST(Acceptance, DraftedTokensOfAnotherChainRun) {
+  AcceptanceTable t;
+  add_drafted_tokens(chain_rounds(2, {2, 0, 1}), "run 5", t);
+  auto at = [&](int32_t request, int32_t position) {
+    const auto it = t.drafted.find(AcceptanceTable::drafted_key(request, position));
+    return it == t.drafted.end() ? std::string("none")
+                                 : std::string(it->second.agrees ? "agrees " : "misses ") +
+                                       std::to_string(it->second.confidence).substr(0, 4);
+  };
+  EXPECT_EQ(at(0, 0), "agrees 0.50");
+  EXPECT_EQ(at(0, 1), "agrees 0.50");
+  EXPECT_EQ(at(0, 2), "none");  // round 0's bonus token: not drafted
+  EXPECT_EQ(at(0, 3), "agrees 0.52");
+  EXPECT_EQ(at(0, 4), "misses 0.52");
+  EXPECT_EQ(at(1, 0), "misses 0.51");
+  EXPECT_EQ(at(1, 1), "none");  // past the miss
+  EXPECT_EQ(t.drafted.size(), 5u);
+  EXPECT_EQ(t.drafted_source, "run 5");
+  // Loaded beside the source: acceptance.calibrated.bonus_from names the second experiment.
+  auto db = ResultsDb::open(":memory:");
+  store(db, info("calib", "a", 0, "real"), chain_rounds(3, {3, 1}));
+  store(db, info("offset", "b", 0, "real"), chain_rounds(2, {2, 0, 1}));
+  AcceptanceSource s;
+  s.experiment = "calib";
+  s.align_position = true;
+  s.bonus_experiment = "offset";
+  const AcceptanceTable loaded = load_acceptance_table(db, s);
+  EXPECT_EQ(loaded.draft_len, 3);
+  EXPECT_EQ(loaded.drafted.size(), 5u);
+  EXPECT_NE(loaded.drafted_source.find("experiment offset"), std::string::npos);
+  s.bonus_experiment = "missing";
+  s.where = "x.yaml:3:5";
+  const std::string e = error_of([&] { load_acceptance_table(db, s); });
+  EXPECT_EQ(e.find("x.yaml:3:5 (bonus_from): calibrated acceptance: no complete real run of "
+                   "experiment \"missing\""),
+            0u)
+      << e;
+}
+
 TEST(Acceptance, HistogramMeanAndTotalVariation) {
   // Tokens per verify 1, 2, 2, 4 and 1, 1, 2, 3.
   const AcceptHistogram a = accept_histogram(chain_rounds(3, {0, 1, 1, 3}));

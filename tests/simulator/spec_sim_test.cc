@@ -290,6 +290,24 @@ TEST(SpecSim, AlignedReplayDrawsALastBonusTokenAtTheTablesRate) {
   for (int64_t k = 0; k < 50; ++k) EXPECT_FALSE(full.draw(0, k, 2, 6).agrees);
 }
 
+// bonus_from's measured tokens come first at a bonus token: token 7 (round 1's bonus) drafted by
+// a second run as agreeing with confidence 0.9; token 8 stays round 2's (the source drafted it).
+TEST(SpecSim, AlignedReplayTakesABonusTokenFromTheSecondRun) {
+  AcceptanceSpec a = one_text_table();
+  auto t = std::make_shared<AcceptanceTable>(*a.calibrated);
+  t->drafted[AcceptanceTable::drafted_key(0, 7)] = {true, 0.9f};
+  t->drafted[AcceptanceTable::drafted_key(0, 8)] = {true, 0.8f};
+  a.calibrated = t;
+  AcceptanceModel m(a, 1);
+  EXPECT_TRUE(m.draw(0, 0, 1, 7).agrees);
+  EXPECT_FLOAT_EQ(m.draw(0, 0, 1, 7).confidence, 0.9f);
+  EXPECT_FALSE(m.draw(0, 0, 2, 7).agrees);  // token 8: round 2's miss
+  EXPECT_FLOAT_EQ(m.draw(0, 0, 2, 7).confidence, 0.21f);
+  // Without it, round 2's first draft stands in for token 7 (a miss).
+  AcceptanceModel plain(one_text_table(), 1);
+  EXPECT_FALSE(plain.draw(0, 0, 1, 7).agrees);
+}
+
 // Without align the same table replays its rows in order, ignoring the offset.
 TEST(SpecSim, UnalignedReplayIgnoresTheOffset) {
   AcceptanceSpec a = one_text_table();
