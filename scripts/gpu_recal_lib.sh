@@ -35,10 +35,21 @@ recal_bench() {
     --commit "${TWINSTEP_COMMIT:-unknown}" >"$logs/bench.log" 2>&1 || status=1
   grep -E "^(floor|$1)" "$logs/bench.log" | cut -c1-170
 }
-# recal_base_db COMMITTED_DB_XZ FALLBACK_ID: OUT/cal.db from it; first = its next session id
-# (FALLBACK_ID where the sqlite3 shell is missing).
+# recal_base_db COMMITTED_DB_XZ FALLBACK_ID [LAST]: OUT/cal.db from it, cut to sessions 1..LAST
+# when given (the committed calibration is cumulative: its first sessions are what an earlier
+# file held); first = its next session id (FALLBACK_ID where the sqlite3 shell is missing).
 recal_base_db() {
   xz -dc "$1" >"$out/cal.db"
+  if [ -n "${3:-}" ]; then
+    python3 - "$out/cal.db" "$3" <<'PY' || status=1
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+last = int(sys.argv[2])
+db.execute("DELETE FROM calibration_sample WHERE session_id > ?", (last,))
+db.execute("DELETE FROM calibration_session WHERE id > ?", (last,))
+db.commit()
+PY
+  fi
   first=$(sqlite3 "$out/cal.db" "select max(id) + 1 from calibration_session" 2>/dev/null || echo "$2")
 }
 # run_cal NAME ARGS...: twinstep calibrate ARGS into OUT/cal.db (logs/NAME.{yaml,log}).
