@@ -110,8 +110,8 @@ AcceptanceModel::Draw AcceptanceModel::draw(int32_t request, int64_t round, int3
     if (q > t->draft_len) {
       // The bonus token: measured where a second calibration run drafted it (bonus_from); else
       // the text's next drafted token (the first of the source round that starts after it)
-      // stands in, its agreement and confidence: a round accepted whole sits in
-      // an easy stretch (scripts/spec_replay_check.py on h200_spec: the round after one agreed
+      // stands in, its agreement and confidence: a round accepted whole sits in an easy
+      // stretch (scripts/spec_replay_check.py on h200_spec: the round after one agreed
       // at its first draft in 18 of 18 at fidelity 0.55 and 422 of 428 at 0.87; the real rounds
       // that drafted those bonus tokens agreed in 38 of 38 and 347 of 357, their confidence
       // there near the stand-in's, far from the source round's last at 0.55: 0.71-0.79 against
