@@ -179,11 +179,8 @@ Engine::~Engine() {
   if (copy_) cudaStreamDestroy(copy_);
 }
 
-int Engine::bucket_for(int batch) {
-  int b = 1;
-  while (b < batch) b *= 2;
-  return b;
-}
+// The one bucket rule the simulator prices too (policies/step_kernels.h).
+int Engine::bucket_for(int batch) { return batch_bucket(batch); }
 
 void Engine::allocate() {
   const LlamaConfig& c = config_;

@@ -104,6 +104,16 @@ std::vector<int32_t> prompt_of(int32_t request, int32_t len, int64_t vocab) {
   return p;
 }
 
+// The options of the speculative engines here: a 512-token cache and the draft module.
+EngineOptions draft_options(int32_t max_slots = 1, bool early_exit = false) {
+  EngineOptions eo;
+  eo.max_slots = max_slots;
+  eo.capacity_tokens = 512;
+  eo.draft = true;
+  eo.draft_early_exit = early_exit;
+  return eo;
+}
+
 // Drives one request through the engine directly: prefill, then rounds of draft / verify /
 // extend (drafts of ctl), reading each round's rows. Returns the verify rows.
 DraftControl chain_control(int steps) {
@@ -143,9 +153,7 @@ TEST(SpecTiny, VerifyAcceptanceMatchesCpuReference) {
   SKIP_WITHOUT_GPU();
   const LlamaConfig c = llama_config_from_spec(tiny_runtime_spec());
   constexpr double kFidelity = 0.6;  // a mix of accepted and rejected drafts (CPU: ~0.8 agree)
-  EngineOptions eo;
-  eo.capacity_tokens = 512;
-  eo.draft = true;
+  const EngineOptions eo = draft_options();
   auto engine = Engine::create_synthetic(c, 11, eo, kFidelity);
   const std::vector<int32_t> prompt = prompt_of(0, 40, c.vocab);
   int32_t first = 0;
@@ -206,9 +214,7 @@ TEST(SpecTiny, VerifyAcceptanceMatchesCpuReference) {
 TEST(SpecTiny, RoundsAfterARewindStartAtTheRewoundContext) {
   SKIP_WITHOUT_GPU();
   const LlamaConfig c = llama_config_from_spec(tiny_runtime_spec());
-  EngineOptions eo;
-  eo.capacity_tokens = 512;
-  eo.draft = true;
+  const EngineOptions eo = draft_options();
   auto engine = Engine::create_synthetic(c, 11, eo, 0.6);
   const std::vector<int32_t> prompt = prompt_of(0, 40, c.vocab);
   int32_t first = 0;
@@ -236,9 +242,7 @@ TEST(SpecTiny, RoundsAfterARewindStartAtTheRewoundContext) {
 TEST(SpecTiny, DeviceDraftLengthFollowsTheSharedRule) {
   SKIP_WITHOUT_GPU();
   const LlamaConfig c = llama_config_from_spec(tiny_runtime_spec());
-  EngineOptions eo;
-  eo.capacity_tokens = 512;
-  eo.draft = true;
+  const EngineOptions eo = draft_options();
   auto engine = Engine::create_synthetic(c, 13, eo, 0.8);
   const SpecSpec spec = confidence(DraftMode::kDevice, 0.5, 2, 8);
   int32_t first = 0;
@@ -265,10 +269,7 @@ class TinySpec : public ::testing::Test {
   void SetUp() override {
     SKIP_WITHOUT_GPU();
     spec_ = tiny_runtime_spec();
-    EngineOptions eo;
-    eo.max_slots = 2;
-    eo.capacity_tokens = 512;
-    eo.draft = true;
+    const EngineOptions eo = draft_options(2);
     engine_ = Engine::create_synthetic(llama_config_from_spec(spec_), 5, eo, 0.85);
     w_.input_len = {40, 40};
     w_.output_len = {300, 300};
@@ -340,11 +341,7 @@ TEST_F(TinySpec, ConcurrentRequestsMatchPlainGreedy) {
 // confidence/device with the draft's later steps behind conditional IF nodes (skipped once every
 // request stopped): the same drafts, so the same tokens and accept lengths as without.
 TEST_F(TinySpec, DeviceEarlyExitChangesNothingButTime) {
-  EngineOptions eo;
-  eo.max_slots = 2;
-  eo.capacity_tokens = 512;
-  eo.draft = true;
-  eo.draft_early_exit = true;
+  const EngineOptions eo = draft_options(2, true);
   auto early = Engine::create_synthetic(llama_config_from_spec(spec_), 5, eo, 0.85);
   const SpecSpec s = confidence(DraftMode::kDevice);
   const SpecRun with = run(*early, spec_, w_, s);
@@ -487,9 +484,7 @@ void expect_lossless_at_full_size(const char* preset, size_t free_gb,
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
   if (free_bytes < (free_gb << 30)) GTEST_SKIP() << "needs " << free_gb << " GB of free GPU memory";
   const ModelSpec& spec = model_preset(preset);
-  EngineOptions eo;
-  eo.capacity_tokens = 512;
-  eo.draft = true;
+  const EngineOptions eo = draft_options();
   auto engine = Engine::create_synthetic(llama_config_from_spec(spec), 1, eo, 0.9);
   WorkloadSpec w;
   w.input_len = {128, 128};
@@ -522,11 +517,7 @@ TEST(Spec8B, GreedySpeculativeOutputEqualsPlainGreedy) {
 TEST(SpecMoe, TinyGreedySpeculativeOutputEqualsPlainGreedy) {
   SKIP_WITHOUT_GPU();
   const ModelSpec spec = tiny_moe_runtime_spec(true);
-  EngineOptions eo;
-  eo.max_slots = 2;
-  eo.capacity_tokens = 512;
-  eo.draft = true;
-  eo.draft_early_exit = true;
+  const EngineOptions eo = draft_options(2, true);
   auto engine = Engine::create_synthetic(llama_config_from_spec(spec), 5, eo, 0.85);
   for (const int32_t concurrency : {1, 2}) {
     WorkloadSpec w;
@@ -563,10 +554,7 @@ TEST(SpecMoe, RecordedRoutingCoversVerifyLaunches) {
   SKIP_WITHOUT_GPU();
   const ModelSpec spec = tiny_moe_runtime_spec(true);
   const LlamaConfig config = llama_config_from_spec(spec);
-  EngineOptions eo;
-  eo.max_slots = 2;
-  eo.capacity_tokens = 512;
-  eo.draft = true;
+  EngineOptions eo = draft_options(2);
   auto quiet = Engine::create_synthetic(config, 5, eo, 0.85);
   eo.record_routing = true;
   auto recording = Engine::create_synthetic(config, 5, eo, 0.85);
@@ -616,9 +604,7 @@ TEST(SpecCheckpoint, DraftModuleLoadsLikeTheInMemorySynthetic) {
     write_synthetic_checkpoint(spec, dir.string(), 9, 1 << 20, 0.75);
     auto ck = Checkpoint::open(dir.string());
     ASSERT_TRUE(ck->has_draft()) << spec.name;
-    EngineOptions eo;
-    eo.capacity_tokens = 512;
-    eo.draft = true;
+    const EngineOptions eo = draft_options();
     auto from_file = Engine::create_from_checkpoint(*ck, eo);
     auto in_memory = Engine::create_synthetic(llama_config_from_spec(spec), 9, eo, 0.75);
     for (const WeightDesc& d : synthetic_weight_list(ck->config(), true, 0.75))
