@@ -726,8 +726,10 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   detail::AttentionTuning ring2 = defaults;  // the refilled ring of 2: a next block fits beside
   ring2.split_stages = 2;
   ring2.split_full_ring = false;
+  detail::AttentionTuning ring2_cps3 = ring2;  // three blocks per SM resident: 3-tile splits
+  ring2_cps3.ctas_per_sm = 3;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {ring2, pair, pair_drv, pair_opt})
+  for (const auto& t : {ring2, ring2_cps3, pair, pair_drv, pair_opt})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
@@ -927,11 +929,12 @@ void bench_attention_batch() {
       shape.num_q_heads = num_q_heads;
       const double bytes = 2.0 * requests * (ctx + 1) * kv_heads * kHeadDim * 2;
       std::printf("attention_batch requests=%2d ctx=%5d capacity=%5d:", requests, ctx, ctx + 128);
-      for (const int v : {0, 1, 2}) {  // one wave, rounded up, one wave with the ring of 2
+      for (const int v : {0, 1, 2, 3}) {  // one wave, rounded up; ring of 2 at 2 and 3 per SM
         const bool one_wave = v != 1;
         tuning = defaults;
         tuning.splits_within_one_wave = one_wave;
-        if (v == 2) tuning.split_stages = 2;
+        if (v >= 2) tuning.split_stages = 2;
+        if (v == 3) tuning.ctas_per_sm = 3;
         const int splits = attention_num_splits(shape, kv.cache);
         const int split_tokens = (kv.cache.capacity_tokens + splits - 1) / splits;
         const int used = std::min(splits, (ctx + 1 + split_tokens - 1) / split_tokens);
@@ -943,7 +946,10 @@ void bench_attention_batch() {
                           }) /
                           layers;
         TS_CUDA_CHECK(cudaFree(ws));
-        const char* name = v == 0 ? "one_wave" : v == 1 ? "round_up" : "one_wave_ring2";
+        const char* name = v == 0   ? "one_wave"
+                           : v == 1 ? "round_up"
+                           : v == 2 ? "one_wave_ring2"
+                                    : "one_wave_ring2_cps3";
         std::printf("  %s %3d blocks %7.2f us (%5.1f%%)", name, requests * kv_heads * used, us,
                     100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
         Row row;

@@ -36,6 +36,7 @@ const Variant kVariants[] = {
     // The refilled ring of 2 tiles (three blocks per SM fit).
     {"two_launch_q_smem_ring2", 2, false, true, true, 2},
     {"two_launch_ring2", 2, false, false, true, 2},
+    {"two_launch_q_smem_ring2_cps3", 3, false, true, true, 2},  // three blocks per SM
 };
 
 // Sets the tuning for one test, restores the defaults after.
