@@ -88,16 +88,10 @@ struct SplitView {
 // memory (rows padded to 16 with zeros) and re-read per tile instead of held in 32 registers per
 // thread, which removes the 128-register spill of 8- and 16-warp blocks. Neither changes a bit
 // of the result.
-// kStages 2 (AttentionTuning::split_stages): a ring of 2 tiles refilled as soon as every warp has
-// consumed a tile (two barriers per tile), 68 KB per one-row-tile block instead of 100 KB, with
-// at most 128 registers there, so three blocks fit on an SM: under PDL the next launch's first
-// block can be resident beside a running launch's two (and the combine beside them) and stream its
-// older K/V while they finish. Same tiles, same order, same bits as kStages 3.
-template <int kRowTiles, bool kQSmem, int kStages>
-__global__ void __launch_bounds__(kSplitThreads* kRowTiles,
-                                  kRowTiles <= 2 ? (kStages == 2 && kRowTiles == 1 ? 4 : 2) : 1)
+template <int kRowTiles, bool kQSmem>
+__global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
     attention_split_kernel(const SplitParams p) {
-  static_assert(kStages == 2 || kStages == 3, "ring of 2 or 3 tiles");
+  constexpr int kStages = 3;
   constexpr int kThreads = kSplitThreads * kRowTiles;
   constexpr int kRows = kRowTiles * 16;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -121,8 +115,8 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles,
   // Prologue: `prologue` commit groups (tiles 0 .. prologue - 1; empty past the split). Tiles made
   // only of tokens older than this step go before the dependency wait (the preceding kernel
   // appends tokens >= ctx only).
-  const bool full = kStages == 3 && p.full_ring;
-  const int prologue = full || kStages == 2 ? kStages : kStages - 1;
+  const bool full = p.full_ring;
+  const int prologue = full ? kStages : kStages - 1;
   int issued = 0;
   while (issued < min(num_tiles, prologue) && t_begin + (issued + 1) * kTileTokens <= ctx) {
     issue_tile(issued++);
@@ -161,28 +155,6 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles,
   WarpAcc acc;
   warp_acc_init(acc);
   for (int tile = 0; tile < num_tiles; ++tile) {
-    if constexpr (kStages == 2) {
-      // Groups 0, 1 in the prologue, group t + 2 committed at the end of iteration t: one may
-      // stay pending at each wait.
-      detail::cp_async_wait<1>();
-      __syncthreads();  // tile visible to all warps
-      if (!p.skip_math) {
-        if constexpr (kQSmem) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            qa[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_a, 4 * c + tq));
-            qb[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_b, 4 * c + tq));
-          }
-        }
-        const bf16* k_smem = smem + (tile % kStages) * 2 * kTileElems;
-        attend_tile(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
-                    t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
-      }
-      __syncthreads();  // every warp is done with the stage: refill it
-      if (tile + kStages < num_tiles) issue_tile(tile + kStages);
-      detail::cp_async_commit();
-      continue;
-    }
     // Tile t is commit group t. 179ce97 ring: groups 0, 1 in the prologue, group t + 2 committed
     // at iteration t, so one group may stay pending. Full ring: groups 0 .. 2 in the prologue,
     // group t + 2 at iteration t >= 1, so two may stay pending at t = 0 and one after.
@@ -447,21 +419,22 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-template <bool kQSmem, int kStages>
+template <bool kQSmem>
 void run_split(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
-  const size_t ring = size_t{kStages} * kTileBytes +
-                      (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
+  const size_t ring =
+      size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
   const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
-  void (*kernels[4])(SplitParams) = {
-      attention_split_kernel<1, kQSmem, kStages>, attention_split_kernel<2, kQSmem, kStages>,
-      attention_split_kernel<3, kQSmem, kStages>, attention_split_kernel<4, kQSmem, kStages>};
-  static const bool configured = [&kernels] {
-    for (auto kernel : kernels)
+  static const bool configured = [] {
+    for (auto kernel : {attention_split_kernel<1, kQSmem>, attention_split_kernel<2, kQSmem>,
+                        attention_split_kernel<3, kQSmem>, attention_split_kernel<4, kQSmem>})
       TS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
+  void (*kernels[4])(SplitParams) = {
+      attention_split_kernel<1, kQSmem>, attention_split_kernel<2, kQSmem>,
+      attention_split_kernel<3, kQSmem>, attention_split_kernel<4, kQSmem>};
   launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
                    static_cast<int>(grid.z) * p.q_len, p);
 }
@@ -470,13 +443,10 @@ void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, bf16* out, c
                     bool pdl) {
   const detail::AttentionTuning& tuning = detail::attention_tuning();
   if (tuning.launch_split) {
-    const bool ring2 = tuning.split_stages == 2;
     if (tuning.split_q_smem)
-      ring2 ? run_split<true, 2>(p, row_tiles, grid, stream, pdl)
-            : run_split<true, 3>(p, row_tiles, grid, stream, pdl);
+      run_split<true>(p, row_tiles, grid, stream, pdl);
     else
-      ring2 ? run_split<false, 2>(p, row_tiles, grid, stream, pdl)
-            : run_split<false, 3>(p, row_tiles, grid, stream, pdl);
+      run_split<false>(p, row_tiles, grid, stream, pdl);
   }
   if (tuning.launch_combine) {
     const bool parts = tuning.combine_parts && p.num_splits >= tuning.combine_parts_min_splits;

@@ -75,10 +75,6 @@ struct AttentionTuning {
   // 25.47, both 15.68 / 23.38: q_smem alone is the default.
   bool split_full_ring = false;
   bool split_q_smem = true;
-  // The split kernel's K/V ring: 3 tiles (2 in flight while one is consumed; 100 KB per one-row-
-  // tile block, two blocks per SM) or 2 refilled as soon as consumed (68 KB, three blocks fit, so
-  // under PDL the next launch's first block streams beside a running launch). Same bits.
-  int split_stages = 3;
   // Measured and not kept (session 15, docs/kernels.md round 8; ctx 8192, q_len 1, against
   // 14.67 us): the split triggering its dependent before its wait (14.70 us), one block per SM
   // (17.14 us; 15.83 with the early trigger), a bulk L2 prefetch of the split's older K/V before

@@ -712,8 +712,8 @@ void free_kv(KvSetup& kv) {
 // alone, and the floor kernel over one layer's K/V per launch.
 std::string attention_label(const detail::AttentionTuning& t) {
   return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
-         (t.split_q_smem ? "_qsmem" : "") + (t.split_stages == 2 ? "_ring2" : "") +
-         (t.carveout_max_shared ? "" : "_carvedrv") + (t.skip_math ? "_nomath" : "");
+         (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
+         (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -723,13 +723,8 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   pair_opt.split_full_ring = pair_opt.split_q_smem = true;
   detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
   pair_drv.carveout_max_shared = false;
-  detail::AttentionTuning ring2 = defaults;  // the refilled ring of 2: a next block fits beside
-  ring2.split_stages = 2;
-  ring2.split_full_ring = false;
-  detail::AttentionTuning ring2_cps3 = ring2;  // three blocks per SM resident: 3-tile splits
-  ring2_cps3.ctas_per_sm = 3;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {ring2, ring2_cps3, pair, pair_drv, pair_opt})
+  for (const auto& t : {pair, pair_drv, pair_opt})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
@@ -929,12 +924,9 @@ void bench_attention_batch() {
       shape.num_q_heads = num_q_heads;
       const double bytes = 2.0 * requests * (ctx + 1) * kv_heads * kHeadDim * 2;
       std::printf("attention_batch requests=%2d ctx=%5d capacity=%5d:", requests, ctx, ctx + 128);
-      for (const int v : {0, 1, 2, 3}) {  // one wave, rounded up; ring of 2 at 2 and 3 per SM
-        const bool one_wave = v != 1;
+      for (const bool one_wave : {true, false}) {
         tuning = defaults;
         tuning.splits_within_one_wave = one_wave;
-        if (v >= 2) tuning.split_stages = 2;
-        if (v == 3) tuning.ctas_per_sm = 3;
         const int splits = attention_num_splits(shape, kv.cache);
         const int split_tokens = (kv.cache.capacity_tokens + splits - 1) / splits;
         const int used = std::min(splits, (ctx + 1 + split_tokens - 1) / split_tokens);
@@ -946,10 +938,7 @@ void bench_attention_batch() {
                           }) /
                           layers;
         TS_CUDA_CHECK(cudaFree(ws));
-        const char* name = v == 0   ? "one_wave"
-                           : v == 1 ? "round_up"
-                           : v == 2 ? "one_wave_ring2"
-                                    : "one_wave_ring2_cps3";
+        const char* name = one_wave ? "one_wave" : "round_up";
         std::printf("  %s %3d blocks %7.2f us (%5.1f%%)", name, requests * kv_heads * used, us,
                     100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
         Row row;

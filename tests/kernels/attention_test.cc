@@ -25,7 +25,6 @@ struct Variant {
   int ctas_per_sm;
   bool split_full_ring = false, split_q_smem = false;
   bool splits_within_one_wave = true;
-  int split_stages = 3;
 };
 const Variant kVariants[] = {
     {"two_launch", 2},  // the 179ce97 pair: Q in registers, 2-tile prologue
@@ -33,10 +32,6 @@ const Variant kVariants[] = {
     {"two_launch_q_smem", 2, false, true},  // the shipped default
     // The split count rounded up (before the one-wave rule): more splits at 2-32 requests.
     {"two_launch_q_smem_round_up", 2, false, true, false},
-    // The refilled ring of 2 tiles (three blocks per SM fit).
-    {"two_launch_q_smem_ring2", 2, false, true, true, 2},
-    {"two_launch_ring2", 2, false, false, true, 2},
-    {"two_launch_q_smem_ring2_cps3", 3, false, true, true, 2},  // three blocks per SM
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -48,7 +43,6 @@ class TuningScope {
     t.split_full_ring = v.split_full_ring;
     t.split_q_smem = v.split_q_smem;
     t.splits_within_one_wave = v.splits_within_one_wave;
-    t.split_stages = v.split_stages;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
@@ -282,52 +276,6 @@ TEST_P(AttentionVariants, VerifyRowsMatchPlainDecodeBitForBit) {
       for (size_t i = 0; i < row_elems; ++i)
         ASSERT_EQ(bits1[i], bits6[j * row_elems + i])
             << "ctx " << ctx << " row " << j << " element " << i;
-    }
-  }
-}
-
-// The refilled ring of 2 tiles (AttentionTuning::split_stages) reads the same tiles into the same
-// math in the same order as the ring of 3: equal bits, Q in registers or in shared memory, for one
-// and several row tiles and requests of different lengths.
-TEST(Attention, RingOfTwoMatchesRingOfThreeBitForBit) {
-  TS_SKIP_WITHOUT_GPU();
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  KvCache cache;
-  cache.num_layers = 2;
-  cache.num_kv_heads = 8;
-  cache.capacity_tokens = 4096;
-  const std::vector<int> ctx = {3000, 17, 4000 - 16};
-  std::vector<RequestKv> kvs;
-  std::vector<bf16*> bases;
-  for (int c : ctx) {
-    kvs.push_back(make_request_kv(cache, 1, c + 16, rng));
-    bases.push_back(kvs.back().device->get());
-  }
-  DeviceBuffer<bf16*> dbases(bases.size());
-  dbases.upload(bases);
-  cache.request_base = dbases.get();
-  DeviceBuffer<int> dctx(ctx.size());
-  dctx.upload(ctx);
-  for (const int q_len : {1, 2, 6}) {
-    AttentionShape shape;
-    shape.num_requests = static_cast<int>(ctx.size());
-    shape.q_len = q_len;
-    const size_t elems = static_cast<size_t>(shape.num_requests) * q_len * 32 * kHeadDim;
-    auto dq = test::to_device(test::random_bf16(elems, rng));
-    auto ws = make_workspace({shape}, cache);
-    for (const bool q_smem : {false, true}) {
-      std::vector<std::vector<uint16_t>> bits;
-      for (const int stages : {3, 2}) {
-        TuningScope tuning(Variant{"ring", 2, false, q_smem, true, stages});
-        DeviceBuffer<bf16> out(elems);
-        out.poison();
-        decode_attention(dq.get(), cache, 1, dctx.get(), out.get(), shape, ws.get(), nullptr);
-        bits.push_back(out.download<uint16_t>());
-      }
-      EXPECT_EQ(std::count(bits[1].begin(), bits[1].end(), uint16_t{0xFFFF}), 0);
-      EXPECT_EQ(bits[0], bits[1]) << "q_len " << q_len << " q_smem " << q_smem;
     }
   }
 }
