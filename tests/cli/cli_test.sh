@@ -216,13 +216,15 @@ check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'comma
 # (scripts/gpu_attention_wave.sh); 34 of 735cee4, Llama-3-8B's speculative graphs at 8, 16 and 32
 # requests (scripts/gpu_spec_batches.sh); 35 and 36 of 6d90284, its speculative graphs with the
 # early-exit drafts that skip steps, and at a 1K context (scripts/gpu_spec_skip.sh); 37 and 38 of
-# 8cf36ca, the same with every round from the prompt's context (scripts/gpu_spec_suite_recal.sh):
-# the profile's speculative graphs are those of 12, 15, 31, 33, 37 and 38 (--spec-sessions). The
+# 8cf36ca, the same with every round from the prompt's context (scripts/gpu_spec_suite_recal.sh);
+# 39 of a7acc12 stands for 31, Qwen3-30B-A3B's speculative graphs measured so too
+# (scripts/gpu_moe_spec_recal.sh): the profile's speculative graphs are those of 12, 15, 33, 37,
+# 38 and 39 (--spec-sessions). The
 # collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as group r4.
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_8cf36ca.db.xz" >"$cdb6"
-"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,29,30,31,32,33,37,38 \
-  --spec-sessions 12,15,31,33,37,38 \
+xz -dc "$src/results/h200/calibration_a7acc12.db.xz" >"$cdb6"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,29,30,32,33,37,38,39 \
+  --spec-sessions 12,15,33,37,38,39 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" \
   --collectives-from "$src/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
   --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
