@@ -197,139 +197,6 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   }
 }
 
-// Persistent form of the split kernel for launches of 3 row tiles (AttentionTuning::
-// split_persistent; Q in shared memory). A block of 3 row tiles holds 144 registers x 384 threads,
-// so one fits an SM and a grid of one block per split runs in waves (Llama-3-8B heads, one request
-// at 8K: 264 blocks, two waves). Here one block per SM walks items (split, kv head, request) b,
-// b + gridDim.x, ... and its ring streams their tiles as one sequence, so the next item's first
-// tiles are in flight while the current item finishes, its merge and its partials. Each item is
-// computed exactly as attention_split_kernel computes its block (same tiles, warps, merge order):
-// same partials, same bits. The warps' partials have their own shared memory (not the ring's).
-template <int kRowTiles>
-__host__ __device__ constexpr size_t persistent_smem_bytes() {
-  return size_t{3} * kTileBytes + size_t{kRowTiles} * 16 * kHeadDim * sizeof(bf16) +
-         warp_partials_bytes(kRowTiles);
-}
-
-template <int kRowTiles>
-__global__ void __launch_bounds__(kSplitThreads* kRowTiles, 1)
-    attention_split_persistent_kernel(const SplitParams p, int num_requests) {
-  constexpr int kStages = 3;
-  constexpr int kThreads = kSplitThreads * kRowTiles;
-  constexpr int kRows = kRowTiles * 16;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* ring = reinterpret_cast<bf16*>(smem_raw);
-  bf16* q_smem = ring + kStages * 2 * kTileElems;  // [kRows][128], swizzled like K
-  float* o_smem = reinterpret_cast<float*>(q_smem + kRows * kHeadDim);  // [warp][16][128]
-  float2* ml_smem = reinterpret_cast<float2*>(o_smem + kRowTiles * kWarpsPerTile * 16 * kHeadDim);
-
-  const int heads = p.cache.num_kv_heads, splits = p.num_splits;
-  const int items = splits * heads * num_requests;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int gid = lane / 4, tq = lane % 4;
-  auto view_of = [&](int item) {
-    return SplitView(p, item % splits, (item / splits) % heads, item / (splits * heads));
-  };
-  // A cursor over this block's tile sequence: item, its view and a tile of it (items with no
-  // tile are skipped; item >= items: the sequence has ended).
-  struct Cursor {
-    int item, tile;
-    SplitView view;
-  };
-  auto first_from = [&](int item) {
-    for (; item < items; item += gridDim.x) {
-      const SplitView v = view_of(item);
-      if (v.num_tiles > 0) return Cursor{item, 0, v};
-    }
-    return Cursor{items, 0, view_of(0)};
-  };
-  auto advance = [&](Cursor& c) {
-    if (++c.tile < c.view.num_tiles) return;
-    c = first_from(c.item + gridDim.x);
-  };
-  auto issue = [&](const Cursor& c, int stream_index) {
-    c.view.issue_tile<kThreads>(ring + (stream_index % kStages) * 2 * kTileElems, c.tile);
-  };
-
-  // Prologue: stream tiles 0 and 1 (commit groups 0, 1); tiles made only of tokens older than
-  // their request's step go before the dependency wait, as in attention_split_kernel.
-  Cursor ahead = first_from(blockIdx.x);
-  Cursor cur = ahead;
-  int issued = 0;
-  while (issued < kStages - 1 && ahead.item < items &&
-         ahead.view.t_begin + (ahead.tile + 1) * kTileTokens <= ahead.view.ctx) {
-    issue(ahead, issued++);
-    detail::cp_async_commit();
-    advance(ahead);
-  }
-  detail::pdl_wait_and_trigger();
-  for (; issued < kStages - 1; ++issued) {
-    if (ahead.item < items) {
-      issue(ahead, issued);
-      advance(ahead);
-    }
-    detail::cp_async_commit();
-  }
-
-  const int row_tile = warp / kWarpsPerTile, sub = warp % kWarpsPerTile;
-  const int row_a = row_tile * 16 + gid, row_b = row_a + 8;
-  const int tok_base = sub * kWarpTokens;
-  int limit_a = 0, limit_b = 0;
-  WarpAcc acc;
-  uint4 qa[4], qb[4];
-  for (int consumed = 0; cur.item < items; ++consumed) {
-    const int split = cur.item % splits, head = (cur.item / splits) % heads;
-    const int request = cur.item / (splits * heads);
-    if (cur.tile == 0) {  // a new item: its Q rows (padded to 16 with zeros), masks, state
-      for (int i = threadIdx.x; i < kRows * 16; i += kThreads) {
-        const int row = i / 16, u = i % 16;
-        const uint4 v = row < p.rows
-                            ? detail::load_16(p.q + q_offset(p, request, head, row) + u * 8)
-                            : make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(q_smem + smem_index(row, u)) = v;
-      }
-      limit_a = cur.view.key_limit(p, row_a);
-      limit_b = cur.view.key_limit(p, row_b);
-      warp_acc_init(acc);
-    }
-    // Stream tile `consumed` is commit group `consumed`; group consumed + 1 may stay pending.
-    detail::cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile (and a new item's Q) visible; stage (consumed - 1) % 3 consumed by all
-    if (ahead.item < items) {
-      issue(ahead, consumed + kStages - 1);
-      advance(ahead);
-    }
-    detail::cp_async_commit();
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      qa[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_a, 4 * c + tq));
-      qb[c] = *reinterpret_cast<const uint4*>(q_smem + smem_index(row_b, 4 * c + tq));
-    }
-    const bf16* k_smem = ring + (consumed % kStages) * 2 * kTileElems;
-    attend_tile(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
-                cur.view.t_begin + cur.tile * kTileTokens + tok_base, limit_a, limit_b,
-                p.scale_log2);
-    if (cur.tile + 1 < cur.view.num_tiles) {
-      ++cur.tile;
-      continue;
-    }
-    // The item's last tile: merge the warps of each row tile in warp order, write its partial.
-    store_warp_partial(acc, o_smem, ml_smem);
-    __syncthreads();  // every warp's partial stored (and every warp done with the tile and Q)
-    const int d = threadIdx.x % kHeadDim;
-    for (int row = threadIdx.x / kHeadDim; row < p.rows; row += kRowTiles) {
-      const RowPartial r = merge_warps(o_smem, ml_smem, row, d);
-      const size_t slot =
-          ((static_cast<size_t>(request) * heads + head) * splits + split) * p.rows + row;
-      p.part_o[slot * kHeadDim + d] = r.o;
-      if (d == 0) p.part_ml[slot] = make_float2(r.m, r.l);
-    }
-    // The next item's partial is stored after at least one more barrier at its tile's wait.
-    cur = first_from(cur.item + gridDim.x);
-  }
-  detail::cp_async_wait<0>();
-}
-
 // Block = (row, kv head, request), thread = dimension: merges the splits in split order. All
 // loads (split maxima/sums and the first kCombineBatch partial outputs) are issued before any is
 // used; splits beyond those cost one dependent load each. Splits with no visible key are skipped,
@@ -572,29 +439,10 @@ void run_split(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stre
                    static_cast<int>(grid.z) * p.q_len, p);
 }
 
-// The persistent split (AttentionTuning::split_persistent) of a 3-row-tile launch: one block per SM
-// at most, each walking its items.
-void run_split_persistent(const SplitParams& p, dim3 grid, cudaStream_t stream, bool pdl) {
-  constexpr size_t smem = persistent_smem_bytes<3>();
-  static const bool configured = [] {
-    TS_CUDA_CHECK(cudaFuncSetAttribute(attention_split_persistent_kernel<3>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
-    return true;
-  }();
-  (void)configured;
-  const int items = static_cast<int>(grid.x * grid.y * grid.z);
-  launch_attention(attention_split_persistent_kernel<3>, dim3(std::min(items, num_sms())),
-                   dim3(kSplitThreads * 3), smem, stream, pdl, static_cast<int>(grid.z) * p.q_len,
-                   p, static_cast<int>(grid.z));
-}
-
 void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, bf16* out, cudaStream_t stream,
                     bool pdl) {
   const detail::AttentionTuning& tuning = detail::attention_tuning();
-  if (tuning.launch_split && tuning.split_persistent && row_tiles == 3 && !p.skip_math) {
-    run_split_persistent(p, grid, stream, pdl);
-  } else if (tuning.launch_split) {
+  if (tuning.launch_split) {
     if (tuning.split_q_smem)
       run_split<true>(p, row_tiles, grid, stream, pdl);
     else

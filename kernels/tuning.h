@@ -75,10 +75,6 @@ struct AttentionTuning {
   // 25.47, both 15.68 / 23.38: q_smem alone is the default.
   bool split_full_ring = false;
   bool split_q_smem = true;
-  // Launches of 3 row tiles (17-48 query rows per KV head: a verify of 3-6 positions at group 8)
-  // run the persistent split (attention.cu): one block per SM walking its splits with one ring,
-  // instead of one block per split in waves. Same bits.
-  bool split_persistent = false;
   // Measured and not kept (session 15, docs/kernels.md round 8; ctx 8192, q_len 1, against
   // 14.67 us): the split triggering its dependent before its wait (14.70 us), one block per SM
   // (17.14 us; 15.83 with the early trigger), a bulk L2 prefetch of the split's older K/V before

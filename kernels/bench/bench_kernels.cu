@@ -705,16 +705,15 @@ void free_kv(KvSetup& kv) {
 
 // Attention (Llama-3-8B heads: 32 q / 8 kv, 128 dims) over 32 layers of KV back to back in one
 // captured graph (cold: 32 x the layer's KV bytes >> L2). Bytes = the K and V rows read,
-// 2 x (ctx + q_len) x 8 heads x 256 B. Per context 1024 / 8192 / 32768 and q_len 1 / 6 / 12 / 16
-// (12: 48 rows per KV head, the 3 row tiles the persistent split takes): the default tuning
-// (section `attention`), the persistent split, the pair with the driver's carveout and the pair
-// with both split options (full ring prologue, Q in shared memory), PDL on and off. At ctx 8192,
-// q_len 1 and 6: each split option alone, stream-only runs (tile math skipped), the split and
-// combine kernels alone, and the floor kernel over one layer's K/V per launch.
+// 2 x (ctx + q_len) x 8 heads x 256 B. Per context 1024 / 8192 / 32768 and q_len 1 / 6 / 16: the
+// default tuning (section `attention`), the pair with the driver's carveout and the pair with both
+// split options (full ring prologue, Q in shared memory), PDL on and off. At ctx 8192, q_len 1 and
+// 6: each split option alone, stream-only runs (tile math skipped), the split and combine kernels
+// alone, and the floor kernel over one layer's K/V per launch.
 std::string attention_label(const detail::AttentionTuning& t) {
   return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
-         (t.split_q_smem ? "_qsmem" : "") + (t.split_persistent ? "_persist" : "") +
-         (t.carveout_max_shared ? "" : "_carvedrv") + (t.skip_math ? "_nomath" : "");
+         (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
+         (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -724,10 +723,8 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   pair_opt.split_full_ring = pair_opt.split_q_smem = true;
   detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
   pair_drv.carveout_max_shared = false;
-  detail::AttentionTuning persist = defaults;  // 3 row tiles: one block per SM walking its splits
-  persist.split_persistent = true;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {persist, pair, pair_drv, pair_opt})
+  for (const auto& t : {pair, pair_drv, pair_opt})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
@@ -788,7 +785,7 @@ void bench_attention() {
   const std::vector<detail::AttentionTuning> contenders = attention_contenders(defaults);
   for (const int ctx : {1024, 8192, 32768}) {
     KvSetup kv = make_kv(layers, ctx, ctx + 16);
-    for (const int q_len : {1, 6, 12, 16})
+    for (const int q_len : {1, 6, 16})
       for (size_t i = 0; i < contenders.size(); ++i)
         measure(kv, ctx, q_len, contenders[i], i == 0 ? "attention" : "attention_variant", true);
     if (ctx == 8192) {

@@ -25,7 +25,6 @@ struct Variant {
   int ctas_per_sm;
   bool split_full_ring = false, split_q_smem = false;
   bool splits_within_one_wave = true;
-  bool split_persistent = false;
 };
 const Variant kVariants[] = {
     {"two_launch", 2},  // the 179ce97 pair: Q in registers, 2-tile prologue
@@ -33,8 +32,6 @@ const Variant kVariants[] = {
     {"two_launch_q_smem", 2, false, true},  // the shipped default
     // The split count rounded up (before the one-wave rule): more splits at 2-32 requests.
     {"two_launch_q_smem_round_up", 2, false, true, false},
-    // Launches of 3 row tiles by the persistent split (one block per SM walking its splits).
-    {"two_launch_q_smem_persistent", 2, false, true, true, true},
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -46,7 +43,6 @@ class TuningScope {
     t.split_full_ring = v.split_full_ring;
     t.split_q_smem = v.split_q_smem;
     t.splits_within_one_wave = v.splits_within_one_wave;
-    t.split_persistent = v.split_persistent;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
@@ -280,59 +276,6 @@ TEST_P(AttentionVariants, VerifyRowsMatchPlainDecodeBitForBit) {
       for (size_t i = 0; i < row_elems; ++i)
         ASSERT_EQ(bits1[i], bits6[j * row_elems + i])
             << "ctx " << ctx << " row " << j << " element " << i;
-    }
-  }
-}
-
-// The persistent split of 3-row-tile launches computes every split as the one-block-per-split
-// kernel does: equal bits for 17-48 rows per KV head (q_len 3-6 at group 8, 5 at group 4 with
-// 12-row padding), requests of different lengths (short ones leave empty splits to skip), more
-// splits than SMs and fewer.
-TEST(Attention, PersistentSplitMatchesOneBlockPerSplitBitForBit) {
-  TS_SKIP_WITHOUT_GPU();
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  for (const auto& [num_q_heads, num_kv_heads, capacity, ctx] :
-       {std::tuple{32, 8, 8208, std::vector<int>{8000}},
-        std::tuple{32, 8, 4096, std::vector<int>{3000, 17, 4070, 0}},
-        std::tuple{16, 4, 1024, std::vector<int>{900, 300}}}) {
-    KvCache cache;
-    cache.num_layers = 1;
-    cache.num_kv_heads = num_kv_heads;
-    cache.capacity_tokens = capacity;
-    std::vector<RequestKv> kvs;
-    std::vector<bf16*> bases;
-    for (int c : ctx) {
-      kvs.push_back(make_request_kv(cache, 0, std::min(c + 16, capacity), rng));
-      bases.push_back(kvs.back().device->get());
-    }
-    DeviceBuffer<bf16*> dbases(bases.size());
-    dbases.upload(bases);
-    cache.request_base = dbases.get();
-    DeviceBuffer<int> dctx(ctx.size());
-    dctx.upload(ctx);
-    const int group = num_q_heads / num_kv_heads;
-    for (int q_len = 1; q_len <= 6; ++q_len) {
-      if ((group * q_len + 15) / 16 != 3) continue;  // the persistent form takes 3 row tiles
-      AttentionShape shape;
-      shape.num_requests = static_cast<int>(ctx.size());
-      shape.q_len = q_len;
-      shape.num_q_heads = num_q_heads;
-      const size_t elems = static_cast<size_t>(shape.num_requests) * q_len * num_q_heads * kHeadDim;
-      auto dq = test::to_device(test::random_bf16(elems, rng));
-      auto ws = make_workspace({shape}, cache);
-      std::vector<std::vector<uint16_t>> bits;
-      for (const bool persistent : {false, true}) {
-        TuningScope tuning(Variant{"p", 2, false, true, true, persistent});
-        DeviceBuffer<bf16> out(elems);
-        out.poison();
-        decode_attention(dq.get(), cache, 0, dctx.get(), out.get(), shape, ws.get(), nullptr);
-        bits.push_back(out.download<uint16_t>());
-      }
-      EXPECT_EQ(std::count(bits[1].begin(), bits[1].end(), uint16_t{0xFFFF}), 0);
-      EXPECT_EQ(bits[0], bits[1]) << "kv heads " << num_kv_heads << " requests " << ctx.size()
-                                  << " q_len " << q_len;
     }
   }
 }
