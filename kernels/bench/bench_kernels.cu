@@ -493,13 +493,15 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
       // through the 2-slot refilled ring (large_m_stages = 2) without and with PDL.
       auto& tuning = detail::gemv_tuning();
       const detail::GemvTuning saved = tuning;
-      // Then smaller carveouts for the register path PDL-launched: 0-14 % ask for at most the
-      // 32 KB configuration (its two blocks' 16 KB of partial sums each), ~224 KB of L1, room for
-      // the 128 KB of 16 activation rows at k = 4096.
+      // Then other carveouts, PDL-launched: for the register path 0 and 14 % (the 32 KB
+      // configuration at most: its two blocks' 16 KB of partial sums each) and 25 %; for the ring
+      // (two blocks of 64 + 16 KB) 0 and 14 % (the smallest configuration that holds them, 164 KB,
+      // L1 ~92 KB), 30 and 45 % (the driver rounds up to a configuration that fits).
       for (const auto [pdl_rows, carveout, large_m_stages] :
            {std::tuple{16, -1, 0}, std::tuple{8, 15, 0}, std::tuple{16, 15, 0},
-            std::tuple{8, -1, 2}, std::tuple{16, -1, 2}, std::tuple{16, 0, 0}, std::tuple{16, 7, 0},
-            std::tuple{16, 14, 0}, std::tuple{16, 14, 2}}) {
+            std::tuple{8, -1, 2}, std::tuple{16, -1, 2}, std::tuple{16, 0, 0},
+            std::tuple{16, 14, 0}, std::tuple{16, 25, 0}, std::tuple{16, 0, 2},
+            std::tuple{16, 14, 2}, std::tuple{16, 30, 2}, std::tuple{16, 45, 2}}) {
         tuning.pdl_max_rows = pdl_rows;
         tuning.large_m_carveout_percent = carveout;
         tuning.large_m_stages = large_m_stages;
