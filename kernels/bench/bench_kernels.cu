@@ -1140,18 +1140,20 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
   const RopeTable rope = llama3_rope_table();
   // mask bit i: PDL on for the i-th launcher of the layer (norm1, qkv, rope, attention, o,
-  // norm2, gate_up, down).
-  auto forward = [&](cudaStream_t s, unsigned mask) {
+  // norm2, gate_up, down); skip bit i: that launcher left out (a diagnostic: what its launch
+  // costs the chain, the bound on what fusing it into a neighbour could gain; wrong numerics).
+  auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0) {
     auto on = [&](int i) { return ((mask >> i) & 1u) != 0; };
+    auto run = [&](int i) { return ((skip >> i) & 1u) == 0; };
     for (int l = 0; l < layers; ++l) {
-      rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
-      gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
-      rope_kv_append(qkv, kv.ctx, kv.cache, l, q, requests, q_len, 32, rope, s, on(2));
-      decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, on(3));
-      gemv(w[l].o, attn, delta, m, hidden, hidden, s, on(4));
-      rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, on(5));
-      gemv_swiglu(w[l].gate_up, normed, act, m, inter, hidden, s, on(6));
-      gemv(w[l].down, act, delta, m, hidden, inter, s, on(7));
+      if (run(0)) rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
+      if (run(1)) gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
+      if (run(2)) rope_kv_append(qkv, kv.ctx, kv.cache, l, q, requests, q_len, 32, rope, s, on(2));
+      if (run(3)) decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, on(3));
+      if (run(4)) gemv(w[l].o, attn, delta, m, hidden, hidden, s, on(4));
+      if (run(5)) rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, on(5));
+      if (run(6)) gemv_swiglu(w[l].gate_up, normed, act, m, inter, hidden, s, on(6));
+      if (run(7)) gemv(w[l].down, act, delta, m, hidden, inter, s, on(7));
     }
   };
   const double weight_bytes = 2.0 * (2.0 * hidden + static_cast<double>(qkv_n) * hidden +
@@ -1207,6 +1209,18 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
       tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
       b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
 
+  if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
+    for (const auto& [label, skip] :
+         {std::pair{"norm1+norm2", 0x21u}, std::pair{"rope", 0x04u},
+          std::pair{"norm1+rope+norm2", 0x25u}, std::pair{"attention", 0x08u}}) {
+      const double us = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, skip); }, 5) / layers;
+      std::printf("  layer chain %s without %-17s: pdl on %7.2f us (%.3fx of the full floor)\n",
+                  tag.c_str(), label, us, us / floor_us);
+      Row row;
+      row.s("section", "layer_chain_left_out").n("m", m).s("left_out", label);
+      add_row(row, bytes, us);
+    }
+  }
   if (diagnose) {  // PDL off for one launcher at a time, and early triggers off
     const char* names[8] = {"norm1", "qkv", "rope", "attention", "o", "norm2", "gate_up", "down"};
     for (int i = 0; i < 8; ++i) {
