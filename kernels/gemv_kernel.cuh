@@ -83,6 +83,11 @@ struct GemvParams {
   float eps;
 };
 
+// Shared memory one block may hold on sm_90 (static + dynamic), and what the split kernel of m <= 8
+// rows declares statically (its partial sums and gemv_rmsnorm's warp sums), rounded up.
+constexpr size_t kMaxBlockSmemBytes = 227 * 1024;
+constexpr size_t kNormStaticSmemBytes = 8 * 1024 + 256;
+
 // Row stride of the activation rows gemv_rmsnorm keeps in shared memory: k + 8 elements, so the
 // rows of one 16-byte fragment load fall on different banks.
 __host__ __device__ constexpr int norm_x_stride(int k) { return k + 8; }
@@ -942,9 +947,13 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
   const size_t ring = static_cast<size_t>(kStages) * 32 * 1024;
   const size_t smem = ring + (kNorm ? norm_x_bytes(p.m, p.k) : 0);
   static const int ring_per_sm = [&] {
+    // The most a block may take beside its static shared memory (227 KB in all on sm_90).
+    cudaFuncAttributes attributes = {};
+    TS_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
     if (kNorm || ring > 48 * 1024)
-      TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kNorm ? 227 * 1024 : ring)));
+      TS_CUDA_CHECK(cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+          static_cast<int>(kNorm ? kMaxBlockSmemBytes - attributes.sharedSizeBytes : ring)));
     int blocks = 0;
     TS_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kRegThreads, ring));
@@ -1018,7 +1027,8 @@ void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t st
   int stages = t.stages;
   if (stages < 0) stages = split > 1 ? 3 : gemv_auto_stages(tiles, num_sms());
   if (p.m > 8 && t.large_m_registers) stages = t.large_m_stages;
-  if (kNorm && stages >= 6 && size_t{6} * 32 * 1024 + norm_x_bytes(p.m, p.k) > 227 * 1024)
+  if (kNorm && stages >= 6 &&
+      size_t{6} * 32 * 1024 + norm_x_bytes(p.m, p.k) + kNormStaticSmemBytes > kMaxBlockSmemBytes)
     stages = 3;
   if (stages >= 6)
     launch_gemv_split_s<kEpilogue, 6, kNorm>(p, split, stream, pdl);
