@@ -26,20 +26,4 @@ void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStre
 void gemv_swiglu(const bf16* w_gate_up, const bf16* x, bf16* out, int m, int n, int k,
                  cudaStream_t stream, bool pdl = false);
 
-// RMSNorm fused before the GEMV (the pair rmsnorm_residual + gemv / gemv_swiglu in one launch):
-// r = residual_in + delta (delta may be null: r = residual_in), x = r / sqrt(mean(r^2) + eps) *
-// norm_weight, out = x . w^T (gemv_swiglu_rmsnorm: silu(g) * u as gemv_swiglu). x and r are
-// rounded to bf16 exactly as rmsnorm_residual rounds them, so out is bit-identical to that pair's;
-// r goes to residual_out (rmsnorm_residual updates its residual in place; here every block reads
-// residual_in, so residual_out must be another buffer). k is the hidden size; 1 <= m <= 8; needs
-// the default split-K GEMV (GemvTuning::fill 3). Each block recomputes the m rows' norms (m x k
-// x 4 bytes read per block, from L2).
-constexpr int kGemvNormMaxRows = 8;
-void gemv_rmsnorm(const bf16* w, const bf16* delta, const bf16* residual_in, bf16* residual_out,
-                  const bf16* norm_weight, bf16* out, int m, int n, int k, float eps,
-                  cudaStream_t stream, bool pdl = false);
-void gemv_swiglu_rmsnorm(const bf16* w_gate_up, const bf16* delta, const bf16* residual_in,
-                         bf16* residual_out, const bf16* norm_weight, bf16* out, int m, int n,
-                         int k, float eps, cudaStream_t stream, bool pdl = false);
-
 }  // namespace twinstep::kernels

@@ -73,27 +73,7 @@ struct GemvParams {
   int stage_rows;  // x_rows + weight rows per pass (<= 64)
   int fill;        // 0: cp.async.bulk per row, 1: 16-byte cp.async (GemvTuning::fill)
   int split;       // fill 3: CTAs of a cluster splitting each tile's K range (1, 2, 4)
-  // gemv_rmsnorm (fill 3, kNorm): x is not read; each block computes the activation rows as
-  // rmsnorm_residual does, r = res_in + delta (delta may be null), x = r / rms(r) * norm_w, into
-  // shared memory (after its ring), and block 0 stores r to res_out.
-  const bf16* res_in;
-  const bf16* delta;
-  bf16* res_out;
-  const bf16* norm_w;
-  float eps;
 };
-
-// Shared memory one block may hold on sm_90 (static + dynamic), and what the split kernel of m <= 8
-// rows declares statically (its partial sums and gemv_rmsnorm's warp sums), rounded up.
-constexpr size_t kMaxBlockSmemBytes = 227 * 1024;
-constexpr size_t kNormStaticSmemBytes = 8 * 1024 + 256;
-
-// Row stride of the activation rows gemv_rmsnorm keeps in shared memory: k + 8 elements, so the
-// rows of one 16-byte fragment load fall on different banks.
-__host__ __device__ constexpr int norm_x_stride(int k) { return k + 8; }
-__host__ __device__ constexpr size_t norm_x_bytes(int m, int k) {
-  return static_cast<size_t>(m) * norm_x_stride(k) * 2;
-}
 
 template <GemvEpilogue kEpilogue>
 __device__ __forceinline__ constexpr int out_cols_per_tile() {
@@ -617,11 +597,7 @@ __global__ void __launch_bounds__(kRegThreads, 2) gemv_regpipe_kernel(const Gemv
 //    by the mma), not one step later: 2 batches in flight at each wait from 64 KB per block, as
 //    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8.
 // With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
-// kNorm: the activation rows are gemv_rmsnorm's, computed by each block after its dependency wait
-// exactly as rmsnorm_residual_kernel computes them (256 threads, the same per-thread order and
-// tree for the sum of squares, the same roundings), so the products are those of rmsnorm_residual
-// followed by the plain kernel, bit for bit.
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kNorm = false>
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
   constexpr int kBatch = 4;
@@ -648,13 +624,11 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   };
   const bf16* x_row[kNTiles];
   bool x_valid[kNTiles];
-  bf16* x_smem = reinterpret_cast<bf16*>(gemv_ring + kStages * kBatch * 2 * kRegThreads);
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
     const int m = nt * 8 + gid;
     x_valid[nt] = m < p.m;
-    x_row[nt] = kNorm ? x_smem + (x_valid[nt] ? m : 0) * norm_x_stride(p.k) + tq * 8
-                      : p.x + static_cast<size_t>(x_valid[nt] ? m : 0) * p.k + tq * 8;
+    x_row[nt] = p.x + static_cast<size_t>(x_valid[nt] ? m : 0) * p.k + tq * 8;
   }
 
   // One step = one batch of <= kBatch chunks of one tile; a warp's steps walk its K piece of the
@@ -710,61 +684,6 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     }
   }
   pdl_wait_and_trigger();
-  if constexpr (kNorm) {
-    // rmsnorm_residual_kernel's arithmetic, row by row: r = res_in + delta (one bf16 rounding),
-    // its sum of squares per thread over units t, t + 256, ..., then the warps' xor tree and the
-    // warp sums in order; x = r * inv_rms * norm_w (one rounding). r waits in x_smem meanwhile.
-    __shared__ float warp_sums[kRegWarps];
-    const int units = p.k / 8, stride = norm_x_stride(p.k);
-    for (int row = 0; row < p.m; ++row) {
-      const size_t g = static_cast<size_t>(row) * p.k;
-      float sum_sq = 0.0f;
-      for (int u = threadIdx.x; u < units; u += kRegThreads) {
-        uint4 r = *reinterpret_cast<const uint4*>(p.res_in + g + u * 8);
-        uint32_t* rw = &r.x;
-        if (p.delta != nullptr) {
-          const uint4 d = *reinterpret_cast<const uint4*>(p.delta + g + u * 8);
-          const uint32_t* dw = &d.x;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 a = unpack_bf16x2(rw[e]), b = unpack_bf16x2(dw[e]);
-            rw[e] = pack_bf16x2(a.x + b.x, a.y + b.y);
-          }
-        }
-        if (blockIdx.x == 0) *reinterpret_cast<uint4*>(p.res_out + g + u * 8) = r;
-        *reinterpret_cast<uint4*>(x_smem + row * stride + u * 8) = r;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 a = unpack_bf16x2(rw[e]);
-          sum_sq += a.x * a.x + a.y * a.y;
-        }
-      }
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2)
-        sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
-      if (lane == 0) warp_sums[warp] = sum_sq;
-      __syncthreads();
-      float total = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kRegWarps; ++w) total += warp_sums[w];
-      const float inv_rms = rsqrtf(total / p.k + p.eps);
-      for (int u = threadIdx.x; u < units; u += kRegThreads) {
-        uint4* xp = reinterpret_cast<uint4*>(x_smem + row * stride + u * 8);
-        const uint4 r = *xp;  // this thread's own store above
-        const uint4 w = *reinterpret_cast<const uint4*>(p.norm_w + u * 8);
-        uint4 y;
-        const uint32_t *rw = &r.x, *ww = &w.x;
-        uint32_t* yw = &y.x;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 a = unpack_bf16x2(rw[e]), gw = unpack_bf16x2(ww[e]);
-          yw[e] = pack_bf16x2(a.x * inv_rms * gw.x, a.y * inv_rms * gw.y);
-        }
-        *xp = y;
-      }
-      __syncthreads();  // warp_sums reused by the next row; x rows complete before the mma loop
-    }
-  }
 
   float acc[kNTiles][4];
 #pragma unroll
@@ -777,9 +696,8 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
       if (u < step.count)
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
-          xv[u][nt] = !x_valid[nt] ? make_uint4(0, 0, 0, 0)
-                      : kNorm ? *reinterpret_cast<const uint4*>(x_row[nt] + (step.chunk + u) * 32)
-                              : load_16(x_row[nt] + (step.chunk + u) * 32);
+          xv[u][nt] =
+              x_valid[nt] ? load_16(x_row[nt] + (step.chunk + u) * 32) : make_uint4(0, 0, 0, 0);
     const Step following = next_step(step);
     if constexpr (kStages == 0) {
       if (following.count > 0) load_regs(nxt, following);
@@ -941,28 +859,19 @@ inline int choose_split(int tiles, int k, int forced) {
   return gemv_choose_split(tiles, k, num_sms(), forced);
 }
 
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kNorm = false>
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bool pdl) {
-  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages, kNorm>;
-  const size_t ring = static_cast<size_t>(kStages) * 32 * 1024;
-  const size_t smem = ring + (kNorm ? norm_x_bytes(p.m, p.k) : 0);
-  static const int ring_per_sm = [&] {
-    // The most a block may take beside its static shared memory (227 KB in all on sm_90).
-    cudaFuncAttributes attributes = {};
-    TS_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    if (kNorm || ring > 48 * 1024)
-      TS_CUDA_CHECK(cudaFuncSetAttribute(
-          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-          static_cast<int>(kNorm ? kMaxBlockSmemBytes - attributes.sharedSizeBytes : ring)));
+  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages>;
+  const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
+  static const int per_sm = [&] {
+    if (smem > 48 * 1024)
+      TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
     int blocks = 0;
     TS_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kRegThreads, ring));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kRegThreads, smem));
     return blocks;
   }();
-  int per_sm = ring_per_sm;  // gemv_rmsnorm's activation rows may leave room for fewer blocks
-  if (kNorm)
-    TS_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRegThreads, smem));
   // Clusters of p.split CTAs on one GPC: size the persistent grid by the resident clusters.
   const int clusters = std::max(1, std::min(tiles, per_sm * num_sms() / p.split));
   cudaLaunchConfig_t config = {};
@@ -1001,13 +910,11 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-template <GemvEpilogue kEpilogue, int kStages, bool kNorm = false>
+template <GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
   p.split = choose_split(tiles, p.k, split);
-  if constexpr (kNorm)  // gemv_rmsnorm takes m <= 8
-    launch_gemv_split_t<1, kEpilogue, kStages, true>(p, tiles, stream, pdl);
-  else if (p.m <= 8)
+  if (p.m <= 8)
     launch_gemv_split_t<1, kEpilogue, kStages>(p, tiles, stream, pdl);
   else
     launch_gemv_split_t<2, kEpilogue, kStages>(p, tiles, stream, pdl);
@@ -1018,26 +925,21 @@ void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl)
 // e.g. qkv's 384 tiles = 2.9 rounds of 132; else 3). m > 8 with `large_m_registers`: the
 // register path with the same S (same bits), because the rings take the L1 that the 16
 // activation rows are re-read from.
-// kNorm (gemv_rmsnorm): the same choice; a ring of 6 whose block would not hold the activation
-// rows beside it (227 KB) takes the ring of 3 (the ring never changes a bit).
-template <GemvEpilogue kEpilogue, bool kNorm = false>
+template <GemvEpilogue kEpilogue>
 void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
   const int split = choose_split(tiles, p.k, t.split);  // never depends on m
   int stages = t.stages;
   if (stages < 0) stages = split > 1 ? 3 : gemv_auto_stages(tiles, num_sms());
   if (p.m > 8 && t.large_m_registers) stages = t.large_m_stages;
-  if (kNorm && stages >= 6 &&
-      size_t{6} * 32 * 1024 + norm_x_bytes(p.m, p.k) + kNormStaticSmemBytes > kMaxBlockSmemBytes)
-    stages = 3;
   if (stages >= 6)
-    launch_gemv_split_s<kEpilogue, 6, kNorm>(p, split, stream, pdl);
+    launch_gemv_split_s<kEpilogue, 6>(p, split, stream, pdl);
   else if (stages >= 3)
-    launch_gemv_split_s<kEpilogue, 3, kNorm>(p, split, stream, pdl);
+    launch_gemv_split_s<kEpilogue, 3>(p, split, stream, pdl);
   else if (stages == 2)
-    launch_gemv_split_s<kEpilogue, 2, kNorm>(p, split, stream, pdl);
+    launch_gemv_split_s<kEpilogue, 2>(p, split, stream, pdl);
   else
-    launch_gemv_split_s<kEpilogue, 0, kNorm>(p, split, stream, pdl);
+    launch_gemv_split_s<kEpilogue, 0>(p, split, stream, pdl);
 }
 
 // Launches gemv_kernel: one block per SM (at most one per tile; grouped mode: one per SM, the

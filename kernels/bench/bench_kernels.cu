@@ -1209,41 +1209,6 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
       tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
       b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
 
-  if (m <= kGemvNormMaxRows) {   // the norms fused into the GEMVs after them (gemv_rmsnorm)
-    bf16* residual_b = nullptr;  // the fused norms ping-pong between residual and this
-    TS_CUDA_CHECK(cudaMalloc(&residual_b, static_cast<size_t>(m) * hidden * 2));
-    auto fused = [&](cudaStream_t s, bool pdl) {
-      for (int l = 0; l < layers; ++l) {
-        gemv_rmsnorm(w[l].qkv, delta, residual, residual_b, w[l].norm1, qkv, m, qkv_n, hidden,
-                     1e-5f, s, pdl);
-        rope_kv_append(qkv, kv.ctx, kv.cache, l, q, requests, q_len, 32, rope, s, pdl);
-        decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, pdl);
-        gemv(w[l].o, attn, delta, m, hidden, hidden, s, pdl);
-        gemv_swiglu_rmsnorm(w[l].gate_up, delta, residual_b, residual, w[l].norm2, act, m, inter,
-                            hidden, 1e-5f, s, pdl);
-        gemv(w[l].down, act, delta, m, hidden, inter, s, pdl);
-      }
-    };
-    double us[2];
-    for (int pdl = 0; pdl < 2; ++pdl)
-      us[pdl] = time_graph_us([&](cudaStream_t s) { fused(s, pdl == 1); }, 7) / layers;
-    std::printf(
-        "  layer chain %s norms fused into qkv and gate_up (7 kernels): pdl off %7.2f us, pdl on "
-        "%7.2f us (%.3fx / %.3fx of floor)\n",
-        tag.c_str(), us[0], us[1], us[0] / floor_us, us[1] / floor_us);
-    for (int pdl = 0; pdl < 2; ++pdl) {
-      Row row;
-      row.s("section", "layer_chain_fused_norms")
-          .n("m", m)
-          .n("requests", requests)
-          .n("ctx_tokens", ctx)
-          .b("cold", true)
-          .b("pdl", pdl == 1)
-          .n("time_over_floor", us[pdl] / floor_us);
-      add_row(row, bytes, us[pdl]);
-    }
-    TS_CUDA_CHECK(cudaFree(residual_b));
-  }
   if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
     for (const auto& [label, skip] :
          {std::pair{"norm1+norm2", 0x21u}, std::pair{"rope", 0x04u},

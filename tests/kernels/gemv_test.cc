@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "kernels/gemv.h"
-#include "kernels/norm.h"
 #include "kernels/tuning.h"
 #include "tests/kernels/test_util.h"
 
@@ -196,78 +195,6 @@ TEST(Gemv, SplitKOverSeveralRoundsMatchesCpuReference) {
       ASSERT_EQ(first, row0);
     }
   }
-  detail::gemv_tuning() = saved;
-}
-
-// gemv_rmsnorm / gemv_swiglu_rmsnorm against rmsnorm_residual followed by gemv / gemv_swiglu:
-// the same output bits and the same residual, for 1-8 rows, with and without delta, under every
-// ring (registers, 2, 3, 6 and the automatic choice, which takes 6 for 384 tiles) and split.
-TEST(Gemv, RmsnormFusedMatchesNormThenGemvBitForBit) {
-  TS_SKIP_WITHOUT_GPU();
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  const float eps = 1e-5f;
-  const detail::GemvTuning saved = detail::gemv_tuning();
-  for (const auto& [n, k] : {std::pair{6144, 4096}, std::pair{512, 1024}, std::pair{1536, 2048}})
-    for (const int m : {1, 3, 8})
-      for (const bool swiglu : {false, true})
-        for (const bool with_delta : {true, false}) {
-          const int w_rows = swiglu ? 2 * n : n;
-          auto dw = test::to_device(test::random_bf16(static_cast<size_t>(w_rows) * k, rng));
-          auto dres = test::to_device(test::random_bf16(static_cast<size_t>(m) * k, rng));
-          auto ddelta = test::to_device(test::random_bf16(static_cast<size_t>(m) * k, rng));
-          auto dnorm = test::to_device(test::random_bf16(static_cast<size_t>(k), rng));
-          const bf16* delta = with_delta ? ddelta.get() : nullptr;
-          // Reference: the pair, on a copy of the residual (rmsnorm_residual updates it in place).
-          DeviceBuffer<bf16> res_ref(static_cast<size_t>(m) * k), normed(res_ref.size());
-          TS_CUDA_CHECK(cudaMemcpy(res_ref.get(), dres.get(), res_ref.size() * sizeof(bf16),
-                                   cudaMemcpyDeviceToDevice));
-          DeviceBuffer<bf16> out_ref(static_cast<size_t>(m) * n), out(out_ref.size());
-          rmsnorm_residual(delta, res_ref.get(), dnorm.get(), normed.get(), m, k, eps, nullptr);
-          if (swiglu)
-            gemv_swiglu(dw.get(), normed.get(), out_ref.get(), m, n, k, nullptr);
-          else
-            gemv(dw.get(), normed.get(), out_ref.get(), m, n, k, nullptr);
-          const auto want = out_ref.download<uint16_t>();
-          const auto want_res = res_ref.download<uint16_t>();
-          const auto res_before = dres.download<uint16_t>();
-          for (const auto& [split, stages] : {std::pair{0, -1}, std::pair{0, 0}, std::pair{0, 2},
-                                              std::pair{0, 3}, std::pair{0, 6}, std::pair{2, 3}}) {
-            detail::gemv_tuning().split = split;
-            detail::gemv_tuning().stages = stages;
-            DeviceBuffer<bf16> res_out(res_ref.size());
-            res_out.poison();
-            out.poison();
-            if (swiglu)
-              gemv_swiglu_rmsnorm(dw.get(), delta, dres.get(), res_out.get(), dnorm.get(),
-                                  out.get(), m, n, k, eps, nullptr);
-            else
-              gemv_rmsnorm(dw.get(), delta, dres.get(), res_out.get(), dnorm.get(), out.get(), m, n,
-                           k, eps, nullptr);
-            const std::string where =
-                "n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m) +
-                " swiglu=" + std::to_string(swiglu) + " delta=" + std::to_string(with_delta) +
-                " split=" + std::to_string(split) + " stages=" + std::to_string(stages);
-            EXPECT_EQ(out.download<uint16_t>(), want) << where;
-            EXPECT_EQ(res_out.download<uint16_t>(), want_res) << where;
-            EXPECT_EQ(dres.download<uint16_t>(), res_before) << where << " (residual_in kept)";
-          }
-          detail::gemv_tuning() = saved;
-        }
-  // Refused: more than 8 rows, residual_out aliasing residual_in, another fill.
-  auto buf = test::to_device(test::random_bf16(size_t{16} * 1024, rng));
-  DeviceBuffer<bf16> o(size_t{16} * 1024), r(size_t{16} * 1024);
-  EXPECT_THROW(gemv_rmsnorm(buf.get(), nullptr, buf.get(), r.get(), buf.get(), o.get(), 9, 64, 64,
-                            eps, nullptr),
-               std::invalid_argument);
-  EXPECT_THROW(gemv_rmsnorm(buf.get(), nullptr, r.get(), r.get(), buf.get(), o.get(), 1, 64, 64,
-                            eps, nullptr),
-               std::invalid_argument);
-  detail::gemv_tuning().fill = 2;
-  EXPECT_THROW(gemv_rmsnorm(buf.get(), nullptr, buf.get(), r.get(), buf.get(), o.get(), 1, 64, 64,
-                            eps, nullptr),
-               std::invalid_argument);
   detail::gemv_tuning() = saved;
 }
 
