@@ -101,11 +101,12 @@ struct AttentionTuning {
   // (attention pair 25.7 / 9.5 us at one KV head, q_len 1; attention_kv_heads_eca5783.json).
   // First set at 97 (eca5783), now 66: the TP2 shard's launches at 8K (2 KV heads, 67-73 splits of
   // 128 tokens at the runtime's capacities 8512-9280) ran the serial form, and its attention took
-  // 16.3 us at batch 1 against 12.1 priced from the shard's 1K grid (calibration_eca5783 session
-  // 13). 65 splits or fewer (every shape with 4 or more KV heads per GPU at 8K) keep the serial
-  // form the calibration profile and the one-GPU validation runs measured (at 65: 7.3 / 3.9 us,
-  // not switched). The choice depends on the launch's split count (capacity, KV heads, requests),
-  // so verify and plain decode rows still match bit for bit.
+  // 16.3 us at batch 1 against 12.1 priced from the shard's 1K grid (session 13 of
+  // results/h200/calibration_a7acc12.db.xz, measured at eca5783). 65 splits or fewer (every shape
+  // with 4 or more KV heads per GPU at 8K) keep the serial form the calibration profile and the
+  // one-GPU validation runs measured (at 65: 7.3 / 3.9 us, not switched). The choice depends on the
+  // launch's split count (capacity, KV heads, requests), so verify and plain decode rows still
+  // match bit for bit.
   bool combine_parts = true;
   int combine_parts_min_splits = 66;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone

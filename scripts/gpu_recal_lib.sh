@@ -39,17 +39,7 @@ recal_bench() {
 # when given (the committed calibration is cumulative: its first sessions are what an earlier
 # file held); first = its next session id (FALLBACK_ID where the sqlite3 shell is missing).
 recal_base_db() {
-  xz -dc "$1" >"$out/cal.db"
-  if [ -n "${3:-}" ]; then
-    python3 - "$out/cal.db" "$3" <<'PY' || status=1
-import sqlite3, sys
-db = sqlite3.connect(sys.argv[1])
-last = int(sys.argv[2])
-db.execute("DELETE FROM calibration_sample WHERE session_id > ?", (last,))
-db.execute("DELETE FROM calibration_session WHERE id > ?", (last,))
-db.commit()
-PY
-  fi
+  python3 "$root/scripts/cut_calibration.py" "$1" "$out/cal.db" ${3:+"$3"} || status=1
   first=$(sqlite3 "$out/cal.db" "select max(id) + 1 from calibration_session" 2>/dev/null || echo "$2")
 }
 # run_cal NAME ARGS...: twinstep calibrate ARGS into OUT/cal.db (logs/NAME.{yaml,log}).

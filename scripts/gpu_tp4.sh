@@ -14,9 +14,10 @@
 #   scripts/gpu_tp4.sh OUT_DIR
 # Writes OUT_DIR/{kernels_test,bench,calibrate_tp2,calibrate_tp4,calibrate_grid8k_tp*}.log,
 # bench.json, cal.db and
-# OUT_DIR/tp4/, OUT_DIR/ep2/ (gpu_tp.sh's files). Env: CAL_DB (default
-# results/h200/calibration_969770c.db.xz); STEPS (default "kernels calibrate tp4 ep2"); CAL_TPS
-# (default "2 4": the shards calibrated).
+# OUT_DIR/tp4/, OUT_DIR/ep2/ (gpu_tp.sh's files). Env: CAL_DB and CAL_LAST (default sessions
+# 1-10 of results/h200/calibration_a7acc12.db.xz, what calibration_969770c.db.xz held; CAL_LAST
+# empty: all of CAL_DB); STEPS (default "kernels calibrate tp4 ep2"); CAL_TPS (default "2 4": the
+# shards calibrated).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_tp4.sh OUT_DIR}
 mkdir -p "$out"
@@ -49,11 +50,9 @@ if has kernels; then
 fi
 
 if has calibrate; then
-  cal=${CAL_DB:-$root/results/h200/calibration_969770c.db.xz}
-  case $cal in
-    *.xz) xz -dc "$cal" >"$out/cal.db" ;;
-    *) cp "$cal" "$out/cal.db" ;;
-  esac
+  cal=${CAL_DB:-$root/results/h200/calibration_a7acc12.db.xz}
+  last=${CAL_LAST-10}
+  python3 "$root/scripts/cut_calibration.py" "$cal" "$out/cal.db" $last || status=1
   for tp in ${CAL_TPS:-2 4}; do
     step "calibrate --spec-only --tp $tp (GPU 0)"
     CUDA_VISIBLE_DEVICES=0 timeout 300 "$build/twinstep" --db "$out/cal.db" calibrate \
