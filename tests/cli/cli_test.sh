@@ -198,6 +198,12 @@ check "compare --accept-tolerance says by how much" grep -q "mean accept length 
 # with its speculative graphs).
 cdb=$work/calib.db
 python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_a7acc12.db.xz" "$cdb" 5
+check "the cut keeps sessions 1-5" test "$(q "$cdb" 'SELECT max(id) FROM calibration_session')" = 5
+if python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_a7acc12.db.xz" \
+  "$work/cut99.db" 99 2>"$work/cut.err"; then bad "a cut to a missing session fails"; else
+  ok "a cut to a missing session fails"; fi
+check "... saying which" grep -q "no session 99 (sessions 1..39)" "$work/cut.err"
+check "... and writes nothing" test ! -e "$work/cut99.db" -a ! -e "$work/cut99.db.part"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 5 --out "$work/s1.yaml" >/dev/null 2>&1
 check "fit-only of session 5 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --out "$work/latest.yaml" >/dev/null 2>&1
