@@ -155,6 +155,12 @@ __device__ __forceinline__ uint4 load_stream_16(const void* ptr) {
   return v;
 }
 
+// Asks L2 to fetch [ptr, ptr + bytes) from HBM (bytes % 16 == 0, ptr 16-byte aligned); no
+// completion, nothing lands in this SM. For data a later kernel reads (the next GEMV's weights).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
+}
+
 // 16-byte global load through L1 (activations, re-read by neighbouring blocks).
 __device__ __forceinline__ uint4 load_16(const void* ptr) {
   return __ldg(reinterpret_cast<const uint4*>(ptr));

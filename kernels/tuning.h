@@ -51,6 +51,10 @@ struct GemvTuning {
   // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
   // of shared memory per block). Same bits either way (the split is chosen before).
   int large_m_stages = 0;
+  // Dense GEMV launches given the GEMV that follows them (gemv.h GemvNext) prefetch its head into
+  // L2 once their own weight loads are issued: this many batches of 4 chunks (256 bytes of each
+  // weight row) per warp of the next launch's first tile per cluster. 0 = no prefetch.
+  int prefetch_next_steps = 0;
 };
 GemvTuning& gemv_tuning();
 

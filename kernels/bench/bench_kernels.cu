@@ -486,6 +486,42 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
           .b("faster_than_cublas", t[1][1] < t_cublas);
     add_row(row, bytes, t[1][1]);
     total_us += t[1][1];
+    if (full) {
+      // Each launch given the next one's weight (GemvNext): its head prefetched into L2 once the
+      // launch's own loads are issued (GemvTuning::prefetch_next_steps), graph + PDL, cold.
+      auto& tuning = detail::gemv_tuning();
+      const int saved_steps = tuning.prefetch_next_steps;
+      for (int steps : {1, 2, 4, 8}) {
+        tuning.prefetch_next_steps = steps;
+        const double us =
+            time_graph_us([&](cudaStream_t s) {
+              for (int i = 0; i < launches; ++i) {
+                const GemvNext next{w[(i + 1) % copies], m, shape.swiglu ? shape.n / 2 : shape.n,
+                                    shape.k, shape.swiglu};
+                if (shape.swiglu)
+                  gemv_swiglu(w[i % copies], x, out, m, shape.n / 2, shape.k, s, true, next);
+                else
+                  gemv(w[i % copies], x, out, m, shape.n, shape.k, s, true, next);
+              }
+            }) /
+            launches;
+        std::printf("gemv prefetch %-14s m=%2d next head %d steps: graph+pdl %7.2f us (%5.1f%%)\n",
+                    shape.name, m, steps, us, 100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
+        Row r;
+        r.s("section", "gemv_prefetch_next")
+            .s("variant", gemv_variant())
+            .s("shape", shape.name)
+            .n("m", m)
+            .n("n", shape.n)
+            .n("k", shape.k)
+            .n("prefetch_next_steps", steps)
+            .b("cold", true)
+            .b("pdl", true)
+            .n("default_time_us", t[1][1]);
+        add_row(r, bytes, us);
+      }
+      tuning.prefetch_next_steps = saved_steps;
+    }
     if (full && m > 8) {
       // The m > 8 path side by side: launched with PDL (GemvTuning::pdl_max_rows = 16, as m <= 8
       // always is), with a small shared-memory carveout (large_m_carveout_percent = 15: the
@@ -1142,18 +1178,33 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   // mask bit i: PDL on for the i-th launcher of the layer (norm1, qkv, rope, attention, o,
   // norm2, gate_up, down); skip bit i: that launcher left out (a diagnostic: what its launch
   // costs the chain, the bound on what fusing it into a neighbour could gain; wrong numerics).
-  auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0) {
+  // next bit i: the GEMV launcher i (qkv 1, o 4, gate_up 6, down 7) is given the GEMV after it
+  // (o, gate_up, down, the next layer's qkv) to prefetch (GemvTuning::prefetch_next_steps).
+  auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0, unsigned next = 0) {
     auto on = [&](int i) { return ((mask >> i) & 1u) != 0; };
     auto run = [&](int i) { return ((skip >> i) & 1u) == 0; };
+    auto after = [&](int i, const bf16* nw, int nn, int nk, bool swiglu) {
+      return ((next >> i) & 1u) != 0 ? GemvNext{nw, m, nn, nk, swiglu} : GemvNext{};
+    };
     for (int l = 0; l < layers; ++l) {
-      if (run(0)) rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
-      if (run(1)) gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
+      const Layer& lw = w[l];
+      const Layer& next_layer = w[(l + 1) % layers];
+      if (run(0)) rmsnorm_residual(delta, residual, lw.norm1, normed, m, hidden, 1e-5f, s, on(0));
+      if (run(1))
+        gemv(lw.qkv, normed, qkv, m, qkv_n, hidden, s, on(1),
+             after(1, lw.o, hidden, hidden, false));
       if (run(2)) rope_kv_append(qkv, kv.ctx, kv.cache, l, q, requests, q_len, 32, rope, s, on(2));
       if (run(3)) decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, on(3));
-      if (run(4)) gemv(w[l].o, attn, delta, m, hidden, hidden, s, on(4));
-      if (run(5)) rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, on(5));
-      if (run(6)) gemv_swiglu(w[l].gate_up, normed, act, m, inter, hidden, s, on(6));
-      if (run(7)) gemv(w[l].down, act, delta, m, hidden, inter, s, on(7));
+      if (run(4))
+        gemv(lw.o, attn, delta, m, hidden, hidden, s, on(4),
+             after(4, lw.gate_up, inter, hidden, true));
+      if (run(5)) rmsnorm_residual(delta, residual, lw.norm2, normed, m, hidden, 1e-5f, s, on(5));
+      if (run(6))
+        gemv_swiglu(lw.gate_up, normed, act, m, inter, hidden, s, on(6),
+                    after(6, lw.down, hidden, inter, false));
+      if (run(7))
+        gemv(lw.down, act, delta, m, hidden, inter, s, on(7),
+             after(7, next_layer.qkv, qkv_n, hidden, false));
     }
   };
   const double weight_bytes = 2.0 * (2.0 * hidden + static_cast<double>(qkv_n) * hidden +
@@ -1208,6 +1259,42 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
       "AttentionTuning: split_full_ring %d, split_q_smem %d, carveout_max_shared %d)\n",
       tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
       b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
+
+  {  // each GEMV prefetching the next one's head (PDL on), side by side with the default
+    auto& gt = detail::gemv_tuning();
+    const int saved_steps = gt.prefetch_next_steps;
+    struct Prefetching {
+      const char* label;
+      int steps;
+      unsigned next;
+    };
+    for (const Prefetching v :
+         {Prefetching{"all four", 1, 0xD2u}, Prefetching{"all four", 2, 0xD2u},
+          Prefetching{"all four", 4, 0xD2u}, Prefetching{"all but qkv->o", 2, 0xD0u},
+          Prefetching{"all but qkv->o", 4, 0xD0u}}) {
+      const char* label = v.label;
+      const int steps = v.steps;
+      gt.prefetch_next_steps = steps;
+      const double us =
+          time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, v.next); }, 7) / layers;
+      std::printf(
+          "  layer chain %s next-GEMV prefetch %-15s %d steps: pdl on %7.2f us (%.3fx of floor; "
+          "default %7.2f)\n",
+          tag.c_str(), label, steps, us, us / floor_us, t[1]);
+      Row row;
+      row.s("section", "layer_chain_prefetch_next")
+          .n("m", m)
+          .n("requests", requests)
+          .n("ctx_tokens", ctx)
+          .s("prefetching", label)
+          .n("prefetch_next_steps", steps)
+          .b("pdl", true)
+          .n("default_time_us", t[1])
+          .n("time_over_floor", us / floor_us);
+      add_row(row, bytes, us);
+    }
+    gt.prefetch_next_steps = saved_steps;
+  }
 
   if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
     for (const auto& [label, skip] :
