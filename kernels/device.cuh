@@ -160,6 +160,10 @@ __device__ __forceinline__ uint4 load_stream_16(const void* ptr) {
 __device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
 }
+// The same for the 128-byte line holding ptr, issued by this thread's load/store unit.
+__device__ __forceinline__ void prefetch_l2_line(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
+}
 
 // 16-byte global load through L1 (activations, re-read by neighbouring blocks).
 __device__ __forceinline__ uint4 load_16(const void* ptr) {

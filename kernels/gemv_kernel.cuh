@@ -59,6 +59,7 @@ struct GemvGroup {
 struct GemvHead {
   const bf16* w;
   GemvHeadShape shape;
+  bool lines;  // one prefetch.global.L2 per 128-byte line instead of one bulk prefetch per segment
 };
 
 // Worker `worker` of `workers` issues its share of h's bulk L2 prefetches.
@@ -68,7 +69,12 @@ __device__ __forceinline__ void prefetch_gemv_head(const GemvHead& h, int worker
   const char* base = reinterpret_cast<const char*>(h.w);
   for (int s = worker; s < total; s += workers) {
     const GemvHeadSegment seg = gemv_head_segment(h.shape, s);
-    if (seg.bytes > 0) prefetch_l2_bulk(base + seg.offset_bytes, seg.bytes);
+    if (!h.lines) {
+      if (seg.bytes > 0) prefetch_l2_bulk(base + seg.offset_bytes, seg.bytes);
+    } else {
+      for (size_t a = seg.offset_bytes & ~size_t{127}; a < seg.offset_bytes + seg.bytes; a += 128)
+        prefetch_l2_line(base + a);
+    }
   }
 }
 
@@ -1007,6 +1013,7 @@ GemvHead gemv_split_head(const GemvParams& p, const GemvTuning& t) {
   h.shape.pieces = kRegWarps * split;
   h.shape.steps = t.prefetch_next_steps;
   h.shape.swiglu = kSwiglu;
+  h.lines = t.prefetch_next_lines;
   return h;
 }
 

@@ -55,6 +55,9 @@ struct GemvTuning {
   // L2 once their own weight loads are issued: this many batches of 4 chunks (256 bytes of each
   // weight row) per warp of the next launch's first tile per cluster. 0 = no prefetch.
   int prefetch_next_steps = 0;
+  // How: false = one cp.async.bulk.prefetch.L2 per weight-row segment (issued through the SM's
+  // bulk-copy unit), true = one prefetch.global.L2 per 128-byte line.
+  bool prefetch_next_lines = false;
 };
 GemvTuning& gemv_tuning();
 

@@ -333,6 +333,92 @@ double measure_floor() {
   return best;
 }
 
+// Section "l2_prefetch": does a prefetch into L2 issued by one kernel serve a later kernel's
+// reads, and what does issuing it cost? Per trial (eager, one stream): a 512 MB read evicts L2,
+// then the prefetch kernel (132 x 256 threads) over a region of `bytes`, a 20 us spin, then a
+// streaming read of the region, timed alone; beside it the read with no prefetch (cold) and after
+// a full read of the region (warm). Median of 9 trials.
+__global__ void l2_prefetch_kernel(const char* p, size_t bytes, uint32_t seg_bytes, bool lines) {
+  const size_t workers = size_t{gridDim.x} * blockDim.x;
+  const size_t id = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  if (!lines) {
+    for (size_t off = id * seg_bytes; off < bytes; off += workers * seg_bytes)
+      detail::prefetch_l2_bulk(p + off, static_cast<uint32_t>(min(size_t{seg_bytes}, bytes - off)));
+  } else {
+    for (size_t off = id * 128; off < bytes; off += workers * 128)
+      detail::prefetch_l2_line(p + off);
+  }
+}
+
+__global__ void spin_kernel(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
+void bench_l2_prefetch() {
+  const size_t flush_bytes = size_t{512} << 20;
+  const size_t region_max = size_t{32} << 20;
+  uint4 *flush = nullptr, *region = nullptr;
+  unsigned* sink = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&flush, flush_bytes));
+  TS_CUDA_CHECK(cudaMalloc(&region, region_max));
+  TS_CUDA_CHECK(cudaMalloc(&sink, sizeof(unsigned)));
+  TS_CUDA_CHECK(cudaMemset(flush, 1, flush_bytes));
+  TS_CUDA_CHECK(cudaMemset(region, 2, region_max));
+  int sms = 0, clock_khz = 0;
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  cudaEvent_t e[4];
+  for (auto& ev : e) TS_CUDA_CHECK(cudaEventCreate(&ev));
+  struct Mode {
+    const char* name;
+    int kind;  // 0 cold, 1 warm, 2 bulk, 3 lines
+    uint32_t seg_bytes;
+  };
+  for (const size_t bytes : {size_t{8} << 20, size_t{32} << 20})
+    for (const Mode mode :
+         {Mode{"cold", 0, 0}, Mode{"warm", 1, 0}, Mode{"bulk 256 B", 2, 256},
+          Mode{"bulk 4 KB", 2, 4096}, Mode{"bulk 64 KB", 2, 65536}, Mode{"lines", 3, 128}}) {
+      std::vector<float> read_us, issue_us;
+      for (int trial = 0; trial < 9; ++trial) {
+        stream_read_kernel<8, true><<<2 * sms, 512, 0, g_stream>>>(flush, flush_bytes / 16, sink);
+        TS_CUDA_CHECK(cudaEventRecord(e[0], g_stream));
+        if (mode.kind == 1)
+          stream_read_kernel<8, true><<<2 * sms, 512, 0, g_stream>>>(region, bytes / 16, sink);
+        else if (mode.kind >= 2)
+          l2_prefetch_kernel<<<sms, 256, 0, g_stream>>>(reinterpret_cast<const char*>(region),
+                                                        bytes, mode.seg_bytes, mode.kind == 3);
+        TS_CUDA_CHECK(cudaEventRecord(e[1], g_stream));
+        spin_kernel<<<1, 32, 0, g_stream>>>(static_cast<long long>(clock_khz) * 20 / 1000);
+        TS_CUDA_CHECK(cudaEventRecord(e[2], g_stream));
+        stream_read_kernel<8, true><<<2 * sms, 512, 0, g_stream>>>(region, bytes / 16, sink);
+        TS_CUDA_CHECK(cudaEventRecord(e[3], g_stream));
+        TS_CUDA_CHECK(cudaGetLastError());
+        TS_CUDA_CHECK(cudaEventSynchronize(e[3]));
+        float a = 0, b = 0;
+        TS_CUDA_CHECK(cudaEventElapsedTime(&a, e[0], e[1]));
+        TS_CUDA_CHECK(cudaEventElapsedTime(&b, e[2], e[3]));
+        issue_us.push_back(a * 1e3f);
+        read_us.push_back(b * 1e3f);
+      }
+      std::sort(read_us.begin(), read_us.end());
+      std::sort(issue_us.begin(), issue_us.end());
+      std::printf("l2 prefetch %2zu MB %-11s: prefetch kernel %7.2f us, then read %7.2f us\n",
+                  bytes >> 20, mode.name, issue_us[4], read_us[4]);
+      Row r;
+      r.s("section", "l2_prefetch")
+          .s("mode", mode.name)
+          .n("region_bytes", static_cast<double>(bytes))
+          .n("prefetch_kernel_us", issue_us[4]);
+      add_row(r, static_cast<double>(bytes), read_us[4]);
+    }
+  for (auto& ev : e) TS_CUDA_CHECK(cudaEventDestroy(ev));
+  TS_CUDA_CHECK(cudaFree(flush));
+  TS_CUDA_CHECK(cudaFree(region));
+  TS_CUDA_CHECK(cudaFree(sink));
+}
+
 // Section "access": the steady streaming rate of the GEMV's weight access pattern against the
 // same bytes read as row runs, by loads and by cp.async, with and without the .L2::128B hint
 // (kernels/device.cuh), over 2 GiB of 8 KB rows; each beside the floor.
@@ -490,9 +576,17 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
       // Each launch given the next one's weight (GemvNext): its head prefetched into L2 once the
       // launch's own loads are issued (GemvTuning::prefetch_next_steps), graph + PDL, cold.
       auto& tuning = detail::gemv_tuning();
-      const int saved_steps = tuning.prefetch_next_steps;
-      for (int steps : {1, 2, 4, 8}) {
+      const detail::GemvTuning saved_tuning = tuning;
+      struct Prefetching {
+        bool lines;
+        int steps;
+      };
+      for (const Prefetching v : {Prefetching{false, 1}, Prefetching{true, 1}, Prefetching{true, 2},
+                                  Prefetching{true, 4}}) {
+        const bool lines = v.lines;
+        const int steps = v.steps;
         tuning.prefetch_next_steps = steps;
+        tuning.prefetch_next_lines = lines;
         const double us =
             time_graph_us([&](cudaStream_t s) {
               for (int i = 0; i < launches; ++i) {
@@ -505,8 +599,10 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
               }
             }) /
             launches;
-        std::printf("gemv prefetch %-14s m=%2d next head %d steps: graph+pdl %7.2f us (%5.1f%%)\n",
-                    shape.name, m, steps, us, 100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
+        std::printf(
+            "gemv prefetch %-14s m=%2d next head %d steps by %-5s: graph+pdl %7.2f us (%5.1f%%)\n",
+            shape.name, m, steps, lines ? "lines" : "bulk", us,
+            100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
         Row r;
         r.s("section", "gemv_prefetch_next")
             .s("variant", gemv_variant())
@@ -515,12 +611,13 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
             .n("n", shape.n)
             .n("k", shape.k)
             .n("prefetch_next_steps", steps)
+            .b("prefetch_next_lines", lines)
             .b("cold", true)
             .b("pdl", true)
             .n("default_time_us", t[1][1]);
         add_row(r, bytes, us);
       }
-      tuning.prefetch_next_steps = saved_steps;
+      tuning = saved_tuning;
     }
     if (full && m > 8) {
       // The m > 8 path side by side: launched with PDL (GemvTuning::pdl_max_rows = 16, as m <= 8
@@ -1262,25 +1359,27 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
 
   {  // each GEMV prefetching the next one's head (PDL on), side by side with the default
     auto& gt = detail::gemv_tuning();
-    const int saved_steps = gt.prefetch_next_steps;
+    const detail::GemvTuning saved_tuning = gt;
     struct Prefetching {
       const char* label;
       int steps;
+      bool lines;
       unsigned next;
     };
     for (const Prefetching v :
-         {Prefetching{"all four", 1, 0xD2u}, Prefetching{"all four", 2, 0xD2u},
-          Prefetching{"all four", 4, 0xD2u}, Prefetching{"all but qkv->o", 2, 0xD0u},
-          Prefetching{"all but qkv->o", 4, 0xD0u}}) {
+         {Prefetching{"all four", 1, false, 0xD2u}, Prefetching{"all four", 1, true, 0xD2u},
+          Prefetching{"all four", 2, true, 0xD2u}, Prefetching{"all four", 4, true, 0xD2u},
+          Prefetching{"all but qkv->o", 2, true, 0xD0u}}) {
       const char* label = v.label;
       const int steps = v.steps;
       gt.prefetch_next_steps = steps;
+      gt.prefetch_next_lines = v.lines;
       const double us =
           time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, v.next); }, 7) / layers;
       std::printf(
-          "  layer chain %s next-GEMV prefetch %-15s %d steps: pdl on %7.2f us (%.3fx of floor; "
-          "default %7.2f)\n",
-          tag.c_str(), label, steps, us, us / floor_us, t[1]);
+          "  layer chain %s next-GEMV prefetch %-15s %d steps by %-5s: pdl on %7.2f us (%.3fx of "
+          "floor; default %7.2f)\n",
+          tag.c_str(), label, steps, v.lines ? "lines" : "bulk", us, us / floor_us, t[1]);
       Row row;
       row.s("section", "layer_chain_prefetch_next")
           .n("m", m)
@@ -1288,12 +1387,13 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
           .n("ctx_tokens", ctx)
           .s("prefetching", label)
           .n("prefetch_next_steps", steps)
+          .b("prefetch_next_lines", v.lines)
           .b("pdl", true)
           .n("default_time_us", t[1])
           .n("time_over_floor", us / floor_us);
       add_row(row, bytes, us);
     }
-    gt.prefetch_next_steps = saved_steps;
+    gt = saved_tuning;
   }
 
   if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
@@ -1614,6 +1714,7 @@ int main(int argc, char** argv) {
   }
   if (want("gemv_split")) bench_gemv_split();
   if (want("access")) bench_access();
+  if (want("l2_prefetch")) bench_l2_prefetch();
   if (want("attention")) bench_attention();
   if (want("attention_kv_heads")) bench_attention_kv_heads();
   if (want("attention_batch")) bench_attention_batch();
