@@ -60,14 +60,16 @@ struct GemvHead {
   const bf16* w;
   GemvHeadShape shape;
   bool lines;  // one prefetch.global.L2 per 128-byte line instead of one bulk prefetch per segment
+  bool by_tile;  // see prefetch_gemv_head
 };
 
-// Worker `worker` of `workers` issues its share of h's bulk L2 prefetches.
-__device__ __forceinline__ void prefetch_gemv_head(const GemvHead& h, int worker, int workers) {
+// This thread's share of h's L2 prefetches. by_tile: block b takes the head's tiles b, b + grid,
+// ... (the next launch's block b, likely on this SM when the grids match), its threads their
+// segments; else segment s goes to thread s % (grid x threads), spread over every block.
+__device__ __forceinline__ void prefetch_gemv_head(const GemvHead& h) {
   if (h.w == nullptr) return;
-  const int total = gemv_head_segments(h.shape);
   const char* base = reinterpret_cast<const char*>(h.w);
-  for (int s = worker; s < total; s += workers) {
+  auto issue = [&](int s) {
     const GemvHeadSegment seg = gemv_head_segment(h.shape, s);
     if (!h.lines) {
       if (seg.bytes > 0) prefetch_l2_bulk(base + seg.offset_bytes, seg.bytes);
@@ -75,6 +77,14 @@ __device__ __forceinline__ void prefetch_gemv_head(const GemvHead& h, int worker
       for (size_t a = seg.offset_bytes & ~size_t{127}; a < seg.offset_bytes + seg.bytes; a += 128)
         prefetch_l2_line(base + a);
     }
+  };
+  const int per_tile = 16 * h.shape.pieces;
+  if (h.by_tile) {
+    for (int t = blockIdx.x; t < h.shape.tiles; t += gridDim.x)
+      for (int j = threadIdx.x; j < per_tile; j += blockDim.x) issue(t * per_tile + j);
+  } else {
+    const int total = gemv_head_segments(h.shape), workers = gridDim.x * blockDim.x;
+    for (int s = threadIdx.x * gridDim.x + blockIdx.x; s < total; s += workers) issue(s);
   }
 }
 
@@ -750,7 +760,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     // the next launch's head.
     if (!head_issued && (kStages == 0 ? following : ahead).tile >= tiles) {
       head_issued = true;
-      prefetch_gemv_head(p.next, threadIdx.x * gridDim.x + blockIdx.x, gridDim.x * kRegThreads);
+      prefetch_gemv_head(p.next);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
@@ -1014,6 +1024,7 @@ GemvHead gemv_split_head(const GemvParams& p, const GemvTuning& t) {
   h.shape.steps = t.prefetch_next_steps;
   h.shape.swiglu = kSwiglu;
   h.lines = t.prefetch_next_lines;
+  h.by_tile = t.prefetch_next_by_tile;
   return h;
 }
 

@@ -58,6 +58,9 @@ struct GemvTuning {
   // How: false = one cp.async.bulk.prefetch.L2 per weight-row segment (issued through the SM's
   // bulk-copy unit), true = one prefetch.global.L2 per 128-byte line.
   bool prefetch_next_lines = false;
+  // Who issues them: true = block b the next launch's tile b (its block b, likely on the same
+  // SM); false = spread over every thread of the grid.
+  bool prefetch_next_by_tile = false;
 };
 GemvTuning& gemv_tuning();
 

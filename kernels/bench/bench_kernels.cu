@@ -350,6 +350,15 @@ __global__ void l2_prefetch_kernel(const char* p, size_t bytes, uint32_t seg_byt
   }
 }
 
+// The lines stream_read_kernel<8, ...> with the same launch shape will read, each prefetched by
+// the thread that will read it.
+__global__ void l2_prefetch_as_reader_kernel(const uint4* p, size_t n) {
+  const size_t stride = size_t{gridDim.x} * blockDim.x;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += stride)
+    if (i % 8 == 0 || i == blockIdx.x * size_t{blockDim.x} + threadIdx.x)
+      detail::prefetch_l2_line(p + i);
+}
+
 __global__ void spin_kernel(long long cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
@@ -373,19 +382,21 @@ void bench_l2_prefetch() {
   for (auto& ev : e) TS_CUDA_CHECK(cudaEventCreate(&ev));
   struct Mode {
     const char* name;
-    int kind;  // 0 cold, 1 warm, 2 bulk, 3 lines
+    int kind;  // 0 cold, 1 warm, 2 bulk, 3 lines, 4 lines by the reading thread
     uint32_t seg_bytes;
   };
   for (const size_t bytes : {size_t{8} << 20, size_t{32} << 20})
-    for (const Mode mode :
-         {Mode{"cold", 0, 0}, Mode{"warm", 1, 0}, Mode{"bulk 256 B", 2, 256},
-          Mode{"bulk 4 KB", 2, 4096}, Mode{"bulk 64 KB", 2, 65536}, Mode{"lines", 3, 128}}) {
+    for (const Mode mode : {Mode{"cold", 0, 0}, Mode{"warm", 1, 0}, Mode{"bulk 256 B", 2, 256},
+                            Mode{"bulk 4 KB", 2, 4096}, Mode{"bulk 64 KB", 2, 65536},
+                            Mode{"lines", 3, 128}, Mode{"lines as reader", 4, 128}}) {
       std::vector<float> read_us, issue_us;
       for (int trial = 0; trial < 9; ++trial) {
         stream_read_kernel<8, true><<<2 * sms, 512, 0, g_stream>>>(flush, flush_bytes / 16, sink);
         TS_CUDA_CHECK(cudaEventRecord(e[0], g_stream));
         if (mode.kind == 1)
           stream_read_kernel<8, true><<<2 * sms, 512, 0, g_stream>>>(region, bytes / 16, sink);
+        else if (mode.kind == 4)
+          l2_prefetch_as_reader_kernel<<<2 * sms, 512, 0, g_stream>>>(region, bytes / 16);
         else if (mode.kind >= 2)
           l2_prefetch_kernel<<<sms, 256, 0, g_stream>>>(reinterpret_cast<const char*>(region),
                                                         bytes, mode.seg_bytes, mode.kind == 3);
@@ -580,12 +591,14 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
       struct Prefetching {
         bool lines;
         int steps;
+        bool by_tile;
       };
-      for (const Prefetching v : {Prefetching{false, 1}, Prefetching{true, 1}, Prefetching{true, 2},
-                                  Prefetching{true, 4}}) {
+      for (const Prefetching v : {Prefetching{true, 1, false}, Prefetching{true, 1, true},
+                                  Prefetching{false, 1, true}, Prefetching{true, 2, true}}) {
         const bool lines = v.lines;
         const int steps = v.steps;
         tuning.prefetch_next_steps = steps;
+        tuning.prefetch_next_by_tile = v.by_tile;
         tuning.prefetch_next_lines = lines;
         const double us =
             time_graph_us([&](cudaStream_t s) {
@@ -600,8 +613,9 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
             }) /
             launches;
         std::printf(
-            "gemv prefetch %-14s m=%2d next head %d steps by %-5s: graph+pdl %7.2f us (%5.1f%%)\n",
-            shape.name, m, steps, lines ? "lines" : "bulk", us,
+            "gemv prefetch %-14s m=%2d next head %d steps by %-5s%s: graph+pdl %7.2f us "
+            "(%5.1f%%)\n",
+            shape.name, m, steps, lines ? "lines" : "bulk", v.by_tile ? " by tile" : "", us,
             100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
         Row r;
         r.s("section", "gemv_prefetch_next")
@@ -612,6 +626,7 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
             .n("k", shape.k)
             .n("prefetch_next_steps", steps)
             .b("prefetch_next_lines", lines)
+            .b("prefetch_next_by_tile", v.by_tile)
             .b("cold", true)
             .b("pdl", true)
             .n("default_time_us", t[1][1]);
@@ -1363,23 +1378,26 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
     struct Prefetching {
       const char* label;
       int steps;
-      bool lines;
+      bool lines, by_tile;
       unsigned next;
     };
-    for (const Prefetching v :
-         {Prefetching{"all four", 1, false, 0xD2u}, Prefetching{"all four", 1, true, 0xD2u},
-          Prefetching{"all four", 2, true, 0xD2u}, Prefetching{"all four", 4, true, 0xD2u},
-          Prefetching{"all but qkv->o", 2, true, 0xD0u}}) {
+    for (const Prefetching v : {Prefetching{"all four", 1, true, false, 0xD2u},
+                                Prefetching{"all four", 1, true, true, 0xD2u},
+                                Prefetching{"all four", 1, false, true, 0xD2u},
+                                Prefetching{"all four", 2, true, true, 0xD2u},
+                                Prefetching{"all but qkv->o", 1, true, true, 0xD0u}}) {
       const char* label = v.label;
       const int steps = v.steps;
       gt.prefetch_next_steps = steps;
+      gt.prefetch_next_by_tile = v.by_tile;
       gt.prefetch_next_lines = v.lines;
       const double us =
           time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, v.next); }, 7) / layers;
       std::printf(
-          "  layer chain %s next-GEMV prefetch %-15s %d steps by %-5s: pdl on %7.2f us (%.3fx of "
-          "floor; default %7.2f)\n",
-          tag.c_str(), label, steps, v.lines ? "lines" : "bulk", us, us / floor_us, t[1]);
+          "  layer chain %s next-GEMV prefetch %-15s %d steps by %-5s%s: pdl on %7.2f us (%.3fx "
+          "of floor; default %7.2f)\n",
+          tag.c_str(), label, steps, v.lines ? "lines" : "bulk", v.by_tile ? " by tile" : "", us,
+          us / floor_us, t[1]);
       Row row;
       row.s("section", "layer_chain_prefetch_next")
           .n("m", m)
@@ -1388,6 +1406,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
           .s("prefetching", label)
           .n("prefetch_next_steps", steps)
           .b("prefetch_next_lines", v.lines)
+          .b("prefetch_next_by_tile", v.by_tile)
           .b("pdl", true)
           .n("default_time_us", t[1])
           .n("time_over_floor", us / floor_us);

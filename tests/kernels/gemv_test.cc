@@ -282,15 +282,17 @@ TEST(Gemv, PrefetchingTheNextHeadLeavesResultsUnchanged) {
         run(plain.get(), {});
         const auto plain_bits = plain.download<uint16_t>();
         ASSERT_EQ(std::count(plain_bits.begin(), plain_bits.end(), uint16_t{0xFFFF}), 0);
-        for (const bool lines : {false, true})
-          for (const int steps : {1, 4, 64}) {
-            detail::gemv_tuning().prefetch_next_steps = steps;
-            detail::gemv_tuning().prefetch_next_lines = lines;
-            with.poison();
-            run(with.get(), GemvNext{dw_next.get(), m, next_n, next_k, !fused});
-            ASSERT_EQ(with.download<uint16_t>(), plain_bits)
-                << "steps " << steps << " lines " << lines;
-          }
+        for (const bool by_tile : {false, true})
+          for (const bool lines : {false, true})
+            for (const int steps : {1, 4, 64}) {
+              detail::gemv_tuning().prefetch_next_steps = steps;
+              detail::gemv_tuning().prefetch_next_lines = lines;
+              detail::gemv_tuning().prefetch_next_by_tile = by_tile;
+              with.poison();
+              run(with.get(), GemvNext{dw_next.get(), m, next_n, next_k, !fused});
+              ASSERT_EQ(with.download<uint16_t>(), plain_bits)
+                  << "steps " << steps << " lines " << lines << " by tile " << by_tile;
+            }
       }
   detail::gemv_tuning() = saved;
 }
