@@ -59,7 +59,7 @@ struct GemvGroup {
 struct GemvHead {
   const bf16* w;
   GemvHeadShape shape;
-  bool lines;  // one prefetch.global.L2 per 128-byte line instead of one bulk prefetch per segment
+  int how;       // GemvTuning::prefetch_next_how
   bool by_tile;  // see prefetch_gemv_head
 };
 
@@ -71,11 +71,14 @@ __device__ __forceinline__ void prefetch_gemv_head(const GemvHead& h) {
   const char* base = reinterpret_cast<const char*>(h.w);
   auto issue = [&](int s) {
     const GemvHeadSegment seg = gemv_head_segment(h.shape, s);
-    if (!h.lines) {
+    if (h.how == 0) {
       if (seg.bytes > 0) prefetch_l2_bulk(base + seg.offset_bytes, seg.bytes);
     } else {
       for (size_t a = seg.offset_bytes & ~size_t{127}; a < seg.offset_bytes + seg.bytes; a += 128)
-        prefetch_l2_line(base + a);
+        if (h.how == 1)
+          prefetch_l2_line(base + a);
+        else
+          load_line_l2(base + a);
     }
   };
   const int per_tile = 16 * h.shape.pieces;
@@ -1023,7 +1026,7 @@ GemvHead gemv_split_head(const GemvParams& p, const GemvTuning& t) {
   h.shape.pieces = kRegWarps * split;
   h.shape.steps = t.prefetch_next_steps;
   h.shape.swiglu = kSwiglu;
-  h.lines = t.prefetch_next_lines;
+  h.how = t.prefetch_next_how;
   h.by_tile = t.prefetch_next_by_tile;
   return h;
 }

@@ -338,16 +338,40 @@ double measure_floor() {
 // then the prefetch kernel (132 x 256 threads) over a region of `bytes`, a 20 us spin, then a
 // streaming read of the region, timed alone; beside it the read with no prefetch (cold) and after
 // a full read of the region (warm). Median of 9 trials.
-__global__ void l2_prefetch_kernel(const char* p, size_t bytes, uint32_t seg_bytes, bool lines) {
+// how: 0 bulk prefetches of seg_bytes, 1 prefetch.global.L2 per line, 2 bulk prefetches with an
+// L2::evict_last cache policy, 3 prefetch.global.L2::evict_last per line, 4 one 16-byte load per
+// line (.L2::128B: the whole line), 5 one per 256 bytes (.L2::256B), both xor-ed into `sink`.
+__global__ void l2_prefetch_kernel(const char* p, size_t bytes, uint32_t seg_bytes, int how,
+                                   unsigned* sink) {
   const size_t workers = size_t{gridDim.x} * blockDim.x;
   const size_t id = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
-  if (!lines) {
-    for (size_t off = id * seg_bytes; off < bytes; off += workers * seg_bytes)
-      detail::prefetch_l2_bulk(p + off, static_cast<uint32_t>(min(size_t{seg_bytes}, bytes - off)));
-  } else {
-    for (size_t off = id * 128; off < bytes; off += workers * 128)
-      detail::prefetch_l2_line(p + off);
+  uint64_t policy = 0;
+  if (how == 2)
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  uint32_t acc = 0;
+  const uint32_t step = how == 0 || how == 2 ? seg_bytes : how == 5 ? 256 : 128;
+  for (size_t off = id * step; off < bytes; off += workers * step) {
+    const char* a = p + off;
+    if (how == 0) {
+      detail::prefetch_l2_bulk(a, static_cast<uint32_t>(min(size_t{seg_bytes}, bytes - off)));
+    } else if (how == 1) {
+      detail::prefetch_l2_line(a);
+    } else if (how == 2) {
+      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(a),
+                   "r"(static_cast<uint32_t>(min(size_t{seg_bytes}, bytes - off))), "l"(policy)
+                   : "memory");
+    } else if (how == 3) {
+      asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(a));
+    } else {
+      uint32_t v;
+      if (how == 4)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.u32 %0, [%1];\n" : "=r"(v) : "l"(a));
+      else
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(a));
+      acc ^= v;
+    }
   }
+  if (acc == 0x9E3779B9u) sink[0] = acc;
 }
 
 // The lines stream_read_kernel<8, ...> with the same launch shape will read, each prefetched by
@@ -382,13 +406,15 @@ void bench_l2_prefetch() {
   for (auto& ev : e) TS_CUDA_CHECK(cudaEventCreate(&ev));
   struct Mode {
     const char* name;
-    int kind;  // 0 cold, 1 warm, 2 bulk, 3 lines, 4 lines by the reading thread
+    int kind;  // 0 cold, 1 warm, 2 bulk, 3 lines, 4 lines by the reading thread, 5-8 how 2-5
     uint32_t seg_bytes;
   };
   for (const size_t bytes : {size_t{8} << 20, size_t{32} << 20})
     for (const Mode mode : {Mode{"cold", 0, 0}, Mode{"warm", 1, 0}, Mode{"bulk 256 B", 2, 256},
                             Mode{"bulk 4 KB", 2, 4096}, Mode{"bulk 64 KB", 2, 65536},
-                            Mode{"lines", 3, 128}, Mode{"lines as reader", 4, 128}}) {
+                            Mode{"lines", 3, 128}, Mode{"lines as reader", 4, 128},
+                            Mode{"bulk 256 B evict_last", 5, 256}, Mode{"lines evict_last", 6, 128},
+                            Mode{"loads 128 B", 7, 128}, Mode{"loads 256 B", 8, 256}}) {
       std::vector<float> read_us, issue_us;
       for (int trial = 0; trial < 9; ++trial) {
         stream_read_kernel<8, true><<<2 * sms, 512, 0, g_stream>>>(flush, flush_bytes / 16, sink);
@@ -399,7 +425,11 @@ void bench_l2_prefetch() {
           l2_prefetch_as_reader_kernel<<<2 * sms, 512, 0, g_stream>>>(region, bytes / 16);
         else if (mode.kind >= 2)
           l2_prefetch_kernel<<<sms, 256, 0, g_stream>>>(reinterpret_cast<const char*>(region),
-                                                        bytes, mode.seg_bytes, mode.kind == 3);
+                                                        bytes, mode.seg_bytes,
+                                                        mode.kind == 2   ? 0
+                                                        : mode.kind == 3 ? 1
+                                                                         : mode.kind - 3,
+                                                        sink);
         TS_CUDA_CHECK(cudaEventRecord(e[1], g_stream));
         spin_kernel<<<1, 32, 0, g_stream>>>(static_cast<long long>(clock_khz) * 20 / 1000);
         TS_CUDA_CHECK(cudaEventRecord(e[2], g_stream));
@@ -415,7 +445,7 @@ void bench_l2_prefetch() {
       }
       std::sort(read_us.begin(), read_us.end());
       std::sort(issue_us.begin(), issue_us.end());
-      std::printf("l2 prefetch %2zu MB %-11s: prefetch kernel %7.2f us, then read %7.2f us\n",
+      std::printf("l2 prefetch %2zu MB %-21s: prefetch kernel %7.2f us, then read %7.2f us\n",
                   bytes >> 20, mode.name, issue_us[4], read_us[4]);
       Row r;
       r.s("section", "l2_prefetch")
@@ -500,6 +530,9 @@ std::string gemv_variant() {
   return std::string(t.fill == 0 ? "bulk" : "cpasync") + "_kc" + std::to_string(t.kc) + "_smem" +
          std::to_string(t.smem_budget_bytes / 1024) + "k";
 }
+
+// GemvTuning::prefetch_next_how, as printed.
+const char* const kPrefetchHow[3] = {"bulk", "lines", "loads"};
 
 // Copies of a random weight matrix of `elems` bf16 (seeds seed0, seed0 + 1, ...), at least two
 // and together >= kColdBytes, for launches that rotate over them (cold: beyond L2).
@@ -589,17 +622,17 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
       auto& tuning = detail::gemv_tuning();
       const detail::GemvTuning saved_tuning = tuning;
       struct Prefetching {
-        bool lines;
+        int how;
         int steps;
         bool by_tile;
       };
-      for (const Prefetching v : {Prefetching{true, 1, false}, Prefetching{true, 1, true},
-                                  Prefetching{false, 1, true}, Prefetching{true, 2, true}}) {
-        const bool lines = v.lines;
+      for (const Prefetching v : {Prefetching{1, 1, false}, Prefetching{2, 1, true},
+                                  Prefetching{2, 2, true}, Prefetching{2, 1, false}}) {
+        const int how = v.how;
         const int steps = v.steps;
         tuning.prefetch_next_steps = steps;
         tuning.prefetch_next_by_tile = v.by_tile;
-        tuning.prefetch_next_lines = lines;
+        tuning.prefetch_next_how = how;
         const double us =
             time_graph_us([&](cudaStream_t s) {
               for (int i = 0; i < launches; ++i) {
@@ -615,7 +648,7 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
         std::printf(
             "gemv prefetch %-14s m=%2d next head %d steps by %-5s%s: graph+pdl %7.2f us "
             "(%5.1f%%)\n",
-            shape.name, m, steps, lines ? "lines" : "bulk", v.by_tile ? " by tile" : "", us,
+            shape.name, m, steps, kPrefetchHow[how], v.by_tile ? " by tile" : "", us,
             100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
         Row r;
         r.s("section", "gemv_prefetch_next")
@@ -625,7 +658,7 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
             .n("n", shape.n)
             .n("k", shape.k)
             .n("prefetch_next_steps", steps)
-            .b("prefetch_next_lines", lines)
+            .n("prefetch_next_how", how)
             .b("prefetch_next_by_tile", v.by_tile)
             .b("cold", true)
             .b("pdl", true)
@@ -1378,25 +1411,25 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
     struct Prefetching {
       const char* label;
       int steps;
-      bool lines, by_tile;
+      int how;
+      bool by_tile;
       unsigned next;
     };
-    for (const Prefetching v : {Prefetching{"all four", 1, true, false, 0xD2u},
-                                Prefetching{"all four", 1, true, true, 0xD2u},
-                                Prefetching{"all four", 1, false, true, 0xD2u},
-                                Prefetching{"all four", 2, true, true, 0xD2u},
-                                Prefetching{"all but qkv->o", 1, true, true, 0xD0u}}) {
+    for (const Prefetching v :
+         {Prefetching{"all four", 1, 1, false, 0xD2u}, Prefetching{"all four", 1, 2, true, 0xD2u},
+          Prefetching{"all four", 2, 2, true, 0xD2u}, Prefetching{"all four", 1, 2, false, 0xD2u},
+          Prefetching{"all but qkv->o", 1, 2, true, 0xD0u}}) {
       const char* label = v.label;
       const int steps = v.steps;
       gt.prefetch_next_steps = steps;
       gt.prefetch_next_by_tile = v.by_tile;
-      gt.prefetch_next_lines = v.lines;
+      gt.prefetch_next_how = v.how;
       const double us =
           time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, v.next); }, 7) / layers;
       std::printf(
           "  layer chain %s next-GEMV prefetch %-15s %d steps by %-5s%s: pdl on %7.2f us (%.3fx "
           "of floor; default %7.2f)\n",
-          tag.c_str(), label, steps, v.lines ? "lines" : "bulk", v.by_tile ? " by tile" : "", us,
+          tag.c_str(), label, steps, kPrefetchHow[v.how], v.by_tile ? " by tile" : "", us,
           us / floor_us, t[1]);
       Row row;
       row.s("section", "layer_chain_prefetch_next")
@@ -1405,7 +1438,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
           .n("ctx_tokens", ctx)
           .s("prefetching", label)
           .n("prefetch_next_steps", steps)
-          .b("prefetch_next_lines", v.lines)
+          .n("prefetch_next_how", v.how)
           .b("prefetch_next_by_tile", v.by_tile)
           .b("pdl", true)
           .n("default_time_us", t[1])

@@ -247,8 +247,8 @@ TEST(GemvHead, SegmentsAreTheFirstBatchesOfEveryPiece) {
 }
 
 // Prefetching the next GEMV's head (GemvNext, GemvTuning::prefetch_next_steps, by bulk
-// prefetches or by lines) never changes a bit: each launcher variant, plain and SwiGLU, m = 1 / 6
-// / 16, the next launch of another shape and kind, heads longer than a piece.
+// prefetches, by lines or by loads) never changes a bit: each launcher variant, plain and SwiGLU, m
+// = 1 / 6 / 16, the next launch of another shape and kind, heads longer than a piece.
 TEST(Gemv, PrefetchingTheNextHeadLeavesResultsUnchanged) {
   TS_SKIP_WITHOUT_GPU();
   const uint64_t seed = test::fresh_seed();
@@ -283,15 +283,15 @@ TEST(Gemv, PrefetchingTheNextHeadLeavesResultsUnchanged) {
         const auto plain_bits = plain.download<uint16_t>();
         ASSERT_EQ(std::count(plain_bits.begin(), plain_bits.end(), uint16_t{0xFFFF}), 0);
         for (const bool by_tile : {false, true})
-          for (const bool lines : {false, true})
+          for (const int how : {0, 1, 2})
             for (const int steps : {1, 4, 64}) {
               detail::gemv_tuning().prefetch_next_steps = steps;
-              detail::gemv_tuning().prefetch_next_lines = lines;
+              detail::gemv_tuning().prefetch_next_how = how;
               detail::gemv_tuning().prefetch_next_by_tile = by_tile;
               with.poison();
               run(with.get(), GemvNext{dw_next.get(), m, next_n, next_k, !fused});
               ASSERT_EQ(with.download<uint16_t>(), plain_bits)
-                  << "steps " << steps << " lines " << lines << " by tile " << by_tile;
+                  << "steps " << steps << " how " << how << " by tile " << by_tile;
             }
       }
   detail::gemv_tuning() = saved;
