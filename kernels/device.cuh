@@ -155,22 +155,6 @@ __device__ __forceinline__ uint4 load_stream_16(const void* ptr) {
   return v;
 }
 
-// Asks L2 to fetch [ptr, ptr + bytes) from HBM (bytes % 16 == 0, ptr 16-byte aligned); no
-// completion, nothing lands in this SM. For data a later kernel reads (the next GEMV's weights).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
-}
-// The same for the 128-byte line holding ptr, issued by this thread's load/store unit.
-__device__ __forceinline__ void prefetch_l2_line(const void* ptr) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
-}
-// A 4-byte load whose value is dropped, asking L2 for the whole 128-byte line (.L2::128B): brings
-// the line into L2 as an ordinary read does; the warp keeps it in flight until it lands.
-__device__ __forceinline__ void load_line_l2(const void* ptr) {
-  uint32_t v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.u32 %0, [%1];\n" : "=r"(v) : "l"(ptr));
-}
-
 // 16-byte global load through L1 (activations, re-read by neighbouring blocks).
 __device__ __forceinline__ uint4 load_16(const void* ptr) {
   return __ldg(reinterpret_cast<const uint4*>(ptr));

@@ -21,25 +21,6 @@ void check_shape(const char* launcher, const void* w, const void* x, const void*
                            "k = " + std::to_string(k) + " is not a positive multiple of 64");
 }
 
-// The device-side head of `next` (none under the tuning's prefetch_next_steps = 0).
-detail::GemvHead next_head(const char* launcher, const GemvNext& next) {
-  if (next.w == nullptr) return {};
-  if (next.m < 1 || next.m > kGemvMaxRows || next.n <= 0 || next.n % 64 != 0 || next.k <= 0 ||
-      next.k % 64 != 0)
-    throw_invalid_argument(launcher, "next GEMV shape m = " + std::to_string(next.m) +
-                                         ", n = " + std::to_string(next.n) +
-                                         ", k = " + std::to_string(next.k) +
-                                         " (m in [1, 16], n and k positive multiples of 64)");
-  detail::GemvParams q = {};
-  q.w = next.w;
-  q.m = next.m;
-  q.n = next.n;
-  q.k = next.k;
-  const detail::GemvTuning& t = detail::gemv_tuning();
-  return next.swiglu ? detail::gemv_split_head<detail::GemvEpilogue::kSwiglu>(q, t)
-                     : detail::gemv_split_head<detail::GemvEpilogue::kStore>(q, t);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -65,10 +46,9 @@ int num_sms() {
 }  // namespace detail
 
 void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStream_t stream,
-          bool pdl, const GemvNext& next) {
+          bool pdl) {
   check_shape(__func__, w, x, out, m, n, k);
   detail::GemvParams p = {};
-  p.next = next_head(__func__, next);
   p.w = w;
   p.x = x;
   p.m = m;
@@ -80,10 +60,9 @@ void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStre
 }
 
 void gemv_swiglu(const bf16* w_gate_up, const bf16* x, bf16* out, int m, int n, int k,
-                 cudaStream_t stream, bool pdl, const GemvNext& next) {
+                 cudaStream_t stream, bool pdl) {
   check_shape(__func__, w_gate_up, x, out, m, n, k);
   detail::GemvParams p = {};
-  p.next = next_head(__func__, next);
   p.w = w_gate_up;
   p.x = x;
   p.m = m;

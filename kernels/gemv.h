@@ -14,26 +14,16 @@ namespace twinstep::kernels {
 
 constexpr int kGemvMaxRows = 16;
 
-// The GEMV launched after this one in a chain (gemv, or gemv_swiglu with n = intermediate size),
-// whose weight no kernel writes: under GemvTuning::prefetch_next_steps > 0 this launch prefetches
-// the first bytes that launch reads into L2 once its own weight loads are issued. Same shape
-// rules as the launchers; w == nullptr: none. Never changes a result.
-struct GemvNext {
-  const bf16* w = nullptr;
-  int m = 0, n = 0, k = 0;
-  bool swiglu = false;
-};
-
 // pdl: launch with programmatic dependent launch where the tuning allows it (GemvTuning::
 // pdl_max_rows: over 8 rows the launch waits for its predecessor, measured faster).
 void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStream_t stream,
-          bool pdl = false, const GemvNext& next = {});
+          bool pdl = false);
 
 // Gate/up projection with SwiGLU fused into the epilogue:
 // out[m][i] = silu(g) * u, g = sum_k x[m][k] w[i][k], u = sum_k x[m][k] w[n + i][k].
 // w_gate_up is row-major [2n][k]: the n gate rows, then the n up rows. g and u stay fp32 until the
 // single bf16 rounding of the product. Shapes as gemv (n = intermediate size).
 void gemv_swiglu(const bf16* w_gate_up, const bf16* x, bf16* out, int m, int n, int k,
-                 cudaStream_t stream, bool pdl = false, const GemvNext& next = {});
+                 cudaStream_t stream, bool pdl = false);
 
 }  // namespace twinstep::kernels

@@ -54,43 +54,6 @@ struct GemvGroup {
   float* y = nullptr;          // [m][top_k + 1][hidden] fp32: down output (slot top_k = shared)
 };
 
-// The head of a dense GEMV launch (GemvHeadShape, gemv_split.h) with its weight; w == nullptr:
-// none.
-struct GemvHead {
-  const bf16* w;
-  GemvHeadShape shape;
-  int how;       // GemvTuning::prefetch_next_how
-  bool by_tile;  // see prefetch_gemv_head
-};
-
-// This thread's share of h's L2 prefetches. by_tile: block b takes the head's tiles b, b + grid,
-// ... (the next launch's block b, likely on this SM when the grids match), its threads their
-// segments; else segment s goes to thread s % (grid x threads), spread over every block.
-__device__ __forceinline__ void prefetch_gemv_head(const GemvHead& h) {
-  if (h.w == nullptr) return;
-  const char* base = reinterpret_cast<const char*>(h.w);
-  auto issue = [&](int s) {
-    const GemvHeadSegment seg = gemv_head_segment(h.shape, s);
-    if (h.how == 0) {
-      if (seg.bytes > 0) prefetch_l2_bulk(base + seg.offset_bytes, seg.bytes);
-    } else {
-      for (size_t a = seg.offset_bytes & ~size_t{127}; a < seg.offset_bytes + seg.bytes; a += 128)
-        if (h.how == 1)
-          prefetch_l2_line(base + a);
-        else
-          load_line_l2(base + a);
-    }
-  };
-  const int per_tile = 16 * h.shape.pieces;
-  if (h.by_tile) {
-    for (int t = blockIdx.x; t < h.shape.tiles; t += gridDim.x)
-      for (int j = threadIdx.x; j < per_tile; j += blockDim.x) issue(t * per_tile + j);
-  } else {
-    const int total = gemv_head_segments(h.shape), workers = gridDim.x * blockDim.x;
-    for (int s = threadIdx.x * gridDim.x + blockIdx.x; s < total; s += workers) issue(s);
-  }
-}
-
 struct GemvParams {
   const bf16* w;
   const bf16* x;
@@ -110,7 +73,6 @@ struct GemvParams {
   int stage_rows;  // x_rows + weight rows per pass (<= 64)
   int fill;        // 0: cp.async.bulk per row, 1: 16-byte cp.async (GemvTuning::fill)
   int split;       // fill 3: CTAs of a cluster splitting each tile's K range (1, 2, 4)
-  GemvHead next;   // fill 3: prefetched into L2 once this launch's weight loads are issued
 };
 
 template <GemvEpilogue kEpilogue>
@@ -727,7 +689,6 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   int slot = 0, tile_iter = 0;
-  bool head_issued = false;
   while (step.tile < tiles) {
     uint4 xv[kBatch][kNTiles];
 #pragma unroll
@@ -758,12 +719,6 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
           cur[u][0] = *ring_at(slot, u, 0);
           cur[u][1] = *ring_at(slot, u, 1);
         }
-    }
-    // Once every weight load of this thread is issued (kStages 2: by the previous step's refill),
-    // the next launch's head.
-    if (!head_issued && (kStages == 0 ? following : ahead).tile >= tiles) {
-      head_issued = true;
-      prefetch_gemv_head(p.next);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
@@ -904,12 +859,11 @@ inline int choose_split(int tiles, int k, int forced) {
   return gemv_choose_split(tiles, k, num_sms(), forced);
 }
 
-// Resident blocks per SM of one gemv_split_kernel instantiation (opts its ring in first).
 template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
-int split_blocks_per_sm() {
-  static const int per_sm = [] {
-    auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages>;
-    const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
+void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bool pdl) {
+  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages>;
+  const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
+  static const int per_sm = [&] {
     if (smem > 48 * 1024)
       TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem)));
@@ -918,22 +872,6 @@ int split_blocks_per_sm() {
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kRegThreads, smem));
     return blocks;
   }();
-  return per_sm;
-}
-
-template <int kNTiles, GemvEpilogue kEpilogue>
-int split_blocks_per_sm(int stages) {  // stages as launch_gemv_split dispatches them
-  return stages >= 6   ? split_blocks_per_sm<kNTiles, kEpilogue, 6>()
-         : stages >= 3 ? split_blocks_per_sm<kNTiles, kEpilogue, 3>()
-         : stages == 2 ? split_blocks_per_sm<kNTiles, kEpilogue, 2>()
-                       : split_blocks_per_sm<kNTiles, kEpilogue, 0>();
-}
-
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
-void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bool pdl) {
-  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages>;
-  const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
-  const int per_sm = split_blocks_per_sm<kNTiles, kEpilogue, kStages>();
   // Clusters of p.split CTAs on one GPC: size the persistent grid by the resident clusters.
   const int clusters = std::max(1, std::min(tiles, per_sm * num_sms() / p.split));
   cudaLaunchConfig_t config = {};
@@ -1002,33 +940,6 @@ void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t st
     launch_gemv_split_s<kEpilogue, 2>(p, split, stream, pdl);
   else
     launch_gemv_split_s<kEpilogue, 0>(p, split, stream, pdl);
-}
-
-// The head (GemvHead) of the launch launch_gemv_split would make for p under tuning t, with
-// t.prefetch_next_steps batches per piece; none where that is 0. The tile count is the launch's
-// cluster count before the cluster-occupancy cap (a larger head only prefetches more).
-template <GemvEpilogue kEpilogue>
-GemvHead gemv_split_head(const GemvParams& p, const GemvTuning& t) {
-  GemvHead h = {};
-  if (p.w == nullptr || t.prefetch_next_steps <= 0 || t.fill != 3) return h;
-  constexpr bool kSwiglu = kEpilogue == GemvEpilogue::kSwiglu;
-  const int tiles = p.n / (kSwiglu ? 8 : 16);
-  const int split = choose_split(tiles, p.k, t.split);
-  int stages = t.stages;
-  if (stages < 0) stages = split > 1 ? 3 : gemv_auto_stages(tiles, num_sms());
-  if (p.m > 8 && t.large_m_registers) stages = t.large_m_stages;
-  const int blocks = p.m <= 8 ? split_blocks_per_sm<1, kEpilogue>(stages)
-                              : split_blocks_per_sm<2, kEpilogue>(stages);
-  h.w = p.w;
-  h.shape.n = p.n;
-  h.shape.k = p.k;
-  h.shape.tiles = std::max(1, std::min(tiles, blocks * num_sms() / split));
-  h.shape.pieces = kRegWarps * split;
-  h.shape.steps = t.prefetch_next_steps;
-  h.shape.swiglu = kSwiglu;
-  h.how = t.prefetch_next_how;
-  h.by_tile = t.prefetch_next_by_tile;
-  return h;
 }
 
 // Launches gemv_kernel: one block per SM (at most one per tile; grouped mode: one per SM, the

@@ -4,11 +4,6 @@
 // No CUDA: usable from policies/ and simulator/.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-
-#include "kernels/philox.h"  // TS_HOST_DEVICE
-
 namespace twinstep::kernels {
 
 // stages < 0 (auto) resolved for `tiles` output tiles of an S = 1 launch (like the split, fixed
@@ -50,41 +45,6 @@ inline int gemv_default_split(long long weight_rows, long long k, int sms) {
   if (weight_rows <= 0 || k <= 0 || sms <= 0 || weight_rows % 16 != 0) return 0;
   const int tiles = static_cast<int>(weight_rows / 16);
   return gemv_choose_split(tiles, static_cast<int>(k), sms);
-}
-
-// The head of a dense GEMV launch (gemv_split_kernel): what its warps read first. Warp w of CTA
-// rank q in cluster c reads K piece q * 8 + w of tile c, in batches of 4 chunks of 32 elements
-// (256 bytes of each of the tile's 16 weight rows); the head is the first `steps` batches of
-// every piece of tiles 0 .. tiles - 1 (one per cluster). A kernel that runs before the launch
-// prefetches the head into L2 (GemvTuning::prefetch_next_steps).
-struct GemvHeadShape {
-  int n = 0, k = 0;     // the launch's (SwiGLU: n = gate rows = output columns)
-  int tiles = 0;        // the launch's clusters (at most its tiles)
-  int pieces = 0;       // 8 warps x split
-  int steps = 0;        // batches per piece
-  bool swiglu = false;  // tile t = gate rows 8t .. 8t + 7 and up rows n + 8t .. n + 8t + 7
-};
-
-// One bulk prefetch: a weight row's run of a piece's first batches.
-struct GemvHeadSegment {
-  size_t offset_bytes;  // from the weight's first byte
-  uint32_t bytes;       // multiple of 64; 0 = nothing (an empty piece)
-};
-
-TS_HOST_DEVICE inline int gemv_head_segments(const GemvHeadShape& h) {
-  return h.tiles * 16 * h.pieces;
-}
-
-// Segment s in [0, gemv_head_segments(h)): piece s % pieces of row (s / pieces) % 16 of tile
-// s / (16 pieces).
-TS_HOST_DEVICE inline GemvHeadSegment gemv_head_segment(const GemvHeadShape& h, int s) {
-  const int chunks = h.k / 32;
-  const int q = s % h.pieces, r = (s / h.pieces) % 16, t = s / (16 * h.pieces);
-  const int row = h.swiglu ? (r / 8) * h.n + t * 8 + r % 8 : t * 16 + r;
-  const int c0 = q * chunks / h.pieces, c1 = (q + 1) * chunks / h.pieces;
-  const int count = c1 - c0 < h.steps * 4 ? c1 - c0 : h.steps * 4;
-  return {(static_cast<size_t>(row) * h.k + static_cast<size_t>(c0) * 32) * 2,
-          static_cast<uint32_t>(count > 0 ? count : 0) * 64};
 }
 
 }  // namespace twinstep::kernels

@@ -51,16 +51,6 @@ struct GemvTuning {
   // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
   // of shared memory per block). Same bits either way (the split is chosen before).
   int large_m_stages = 0;
-  // Dense GEMV launches given the GEMV that follows them (gemv.h GemvNext) prefetch its head into
-  // L2 once their own weight loads are issued: this many batches of 4 chunks (256 bytes of each
-  // weight row) per warp of the next launch's first tile per cluster. 0 = no prefetch.
-  int prefetch_next_steps = 0;
-  // How: 0 = one cp.async.bulk.prefetch.L2 per weight-row segment (through the SM's bulk-copy
-  // unit), 1 = one prefetch.global.L2 per 128-byte line, 2 = one dropped 4-byte load per line.
-  int prefetch_next_how = 0;
-  // Who issues them: true = block b the next launch's tile b (its block b, likely on the same
-  // SM); false = spread over every thread of the grid.
-  bool prefetch_next_by_tile = false;
 };
 GemvTuning& gemv_tuning();
 

@@ -3,9 +3,9 @@
 //
 //   twinstep_kernels_bench --out results.json [--commit SHA] [--only SECTION ...]
 //
-// SECTION: gemv, gemv_split, access, attention, attention_kv_heads, attention_batch, layer_chain,
-// moe, lm_head (default: all; the floor always runs); ncu (by name only: one untimed launch per
-// kernel for Nsight Compute, scripts/gpu_ncu.sh).
+// SECTION: gemv, gemv_split, access, l2_prefetch, attention, attention_kv_heads, attention_batch,
+// layer_chain, moe, lm_head (default: all; the floor always runs); ncu (by name only: one untimed
+// launch per kernel for Nsight Compute, scripts/gpu_ncu.sh).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -334,12 +334,23 @@ double measure_floor() {
 }
 
 // Section "l2_prefetch": does a prefetch into L2 issued by one kernel serve a later kernel's
-// reads, and what does issuing it cost? Per trial (eager, one stream): a 512 MB read evicts L2,
-// then the prefetch kernel (132 x 256 threads) over a region of `bytes`, a 20 us spin, then a
-// streaming read of the region, timed alone; beside it the read with no prefetch (cold) and after
-// a full read of the region (warm). Median of 9 trials.
+// reads? (Round 16 of docs/kernels.md: the next GEMV's first bytes prefetched by the kernel before
+// it, withdrawn.) The prefetch forms: a bulk prefetch through the SM's bulk-copy unit, a
+// prefetch.global.L2 per 128-byte line, and an ordinary load per line whose value is dropped.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(ptr), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void prefetch_l2_line(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
+}
+
+// Per trial (eager, one stream): a 512 MB read evicts L2, then the prefetch kernel (132 x 256
+// threads; "as reader": the read's own launch shape, each line prefetched by the thread that will
+// read it) over a region of `bytes`, a 20 us spin, then a streaming read of the region, timed
+// alone; beside it the read with no prefetch (cold) and after a full read of the region (warm).
+// Median of 9 trials. Results: results/h200/gemv_prefetch_next_2c97d15.json.
 // how: 0 bulk prefetches of seg_bytes, 1 prefetch.global.L2 per line, 2 bulk prefetches with an
-// L2::evict_last cache policy, 3 prefetch.global.L2::evict_last per line, 4 one 16-byte load per
+// L2::evict_last cache policy, 3 prefetch.global.L2::evict_last per line, 4 one 4-byte load per
 // line (.L2::128B: the whole line), 5 one per 256 bytes (.L2::256B), both xor-ed into `sink`.
 __global__ void l2_prefetch_kernel(const char* p, size_t bytes, uint32_t seg_bytes, int how,
                                    unsigned* sink) {
@@ -353,9 +364,9 @@ __global__ void l2_prefetch_kernel(const char* p, size_t bytes, uint32_t seg_byt
   for (size_t off = id * step; off < bytes; off += workers * step) {
     const char* a = p + off;
     if (how == 0) {
-      detail::prefetch_l2_bulk(a, static_cast<uint32_t>(min(size_t{seg_bytes}, bytes - off)));
+      prefetch_l2_bulk(a, static_cast<uint32_t>(min(size_t{seg_bytes}, bytes - off)));
     } else if (how == 1) {
-      detail::prefetch_l2_line(a);
+      prefetch_l2_line(a);
     } else if (how == 2) {
       asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(a),
                    "r"(static_cast<uint32_t>(min(size_t{seg_bytes}, bytes - off))), "l"(policy)
@@ -379,8 +390,7 @@ __global__ void l2_prefetch_kernel(const char* p, size_t bytes, uint32_t seg_byt
 __global__ void l2_prefetch_as_reader_kernel(const uint4* p, size_t n) {
   const size_t stride = size_t{gridDim.x} * blockDim.x;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += stride)
-    if (i % 8 == 0 || i == blockIdx.x * size_t{blockDim.x} + threadIdx.x)
-      detail::prefetch_l2_line(p + i);
+    if (i % 8 == 0 || i == blockIdx.x * size_t{blockDim.x} + threadIdx.x) prefetch_l2_line(p + i);
 }
 
 __global__ void spin_kernel(long long cycles) {
@@ -531,9 +541,6 @@ std::string gemv_variant() {
          std::to_string(t.smem_budget_bytes / 1024) + "k";
 }
 
-// GemvTuning::prefetch_next_how, as printed.
-const char* const kPrefetchHow[3] = {"bulk", "lines", "loads"};
-
 // Copies of a random weight matrix of `elems` bf16 (seeds seed0, seed0 + 1, ...), at least two
 // and together >= kColdBytes, for launches that rotate over them (cold: beyond L2).
 std::vector<bf16*> cold_weight_copies(size_t elems, uint64_t seed0) {
@@ -616,57 +623,6 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
           .b("faster_than_cublas", t[1][1] < t_cublas);
     add_row(row, bytes, t[1][1]);
     total_us += t[1][1];
-    if (full) {
-      // Each launch given the next one's weight (GemvNext): its head prefetched into L2 once the
-      // launch's own loads are issued (GemvTuning::prefetch_next_steps), graph + PDL, cold.
-      auto& tuning = detail::gemv_tuning();
-      const detail::GemvTuning saved_tuning = tuning;
-      struct Prefetching {
-        int how;
-        int steps;
-        bool by_tile;
-      };
-      for (const Prefetching v : {Prefetching{1, 1, false}, Prefetching{2, 1, true},
-                                  Prefetching{2, 2, true}, Prefetching{2, 1, false}}) {
-        const int how = v.how;
-        const int steps = v.steps;
-        tuning.prefetch_next_steps = steps;
-        tuning.prefetch_next_by_tile = v.by_tile;
-        tuning.prefetch_next_how = how;
-        const double us =
-            time_graph_us([&](cudaStream_t s) {
-              for (int i = 0; i < launches; ++i) {
-                const GemvNext next{w[(i + 1) % copies], m, shape.swiglu ? shape.n / 2 : shape.n,
-                                    shape.k, shape.swiglu};
-                if (shape.swiglu)
-                  gemv_swiglu(w[i % copies], x, out, m, shape.n / 2, shape.k, s, true, next);
-                else
-                  gemv(w[i % copies], x, out, m, shape.n, shape.k, s, true, next);
-              }
-            }) /
-            launches;
-        std::printf(
-            "gemv prefetch %-14s m=%2d next head %d steps by %-5s%s: graph+pdl %7.2f us "
-            "(%5.1f%%)\n",
-            shape.name, m, steps, kPrefetchHow[how], v.by_tile ? " by tile" : "", us,
-            100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
-        Row r;
-        r.s("section", "gemv_prefetch_next")
-            .s("variant", gemv_variant())
-            .s("shape", shape.name)
-            .n("m", m)
-            .n("n", shape.n)
-            .n("k", shape.k)
-            .n("prefetch_next_steps", steps)
-            .n("prefetch_next_how", how)
-            .b("prefetch_next_by_tile", v.by_tile)
-            .b("cold", true)
-            .b("pdl", true)
-            .n("default_time_us", t[1][1]);
-        add_row(r, bytes, us);
-      }
-      tuning = saved_tuning;
-    }
     if (full && m > 8) {
       // The m > 8 path side by side: launched with PDL (GemvTuning::pdl_max_rows = 16, as m <= 8
       // always is), with a small shared-memory carveout (large_m_carveout_percent = 15: the
@@ -1323,33 +1279,18 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   // mask bit i: PDL on for the i-th launcher of the layer (norm1, qkv, rope, attention, o,
   // norm2, gate_up, down); skip bit i: that launcher left out (a diagnostic: what its launch
   // costs the chain, the bound on what fusing it into a neighbour could gain; wrong numerics).
-  // next bit i: the GEMV launcher i (qkv 1, o 4, gate_up 6, down 7) is given the GEMV after it
-  // (o, gate_up, down, the next layer's qkv) to prefetch (GemvTuning::prefetch_next_steps).
-  auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0, unsigned next = 0) {
+  auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0) {
     auto on = [&](int i) { return ((mask >> i) & 1u) != 0; };
     auto run = [&](int i) { return ((skip >> i) & 1u) == 0; };
-    auto after = [&](int i, const bf16* nw, int nn, int nk, bool swiglu) {
-      return ((next >> i) & 1u) != 0 ? GemvNext{nw, m, nn, nk, swiglu} : GemvNext{};
-    };
     for (int l = 0; l < layers; ++l) {
-      const Layer& lw = w[l];
-      const Layer& next_layer = w[(l + 1) % layers];
-      if (run(0)) rmsnorm_residual(delta, residual, lw.norm1, normed, m, hidden, 1e-5f, s, on(0));
-      if (run(1))
-        gemv(lw.qkv, normed, qkv, m, qkv_n, hidden, s, on(1),
-             after(1, lw.o, hidden, hidden, false));
+      if (run(0)) rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
+      if (run(1)) gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
       if (run(2)) rope_kv_append(qkv, kv.ctx, kv.cache, l, q, requests, q_len, 32, rope, s, on(2));
       if (run(3)) decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, on(3));
-      if (run(4))
-        gemv(lw.o, attn, delta, m, hidden, hidden, s, on(4),
-             after(4, lw.gate_up, inter, hidden, true));
-      if (run(5)) rmsnorm_residual(delta, residual, lw.norm2, normed, m, hidden, 1e-5f, s, on(5));
-      if (run(6))
-        gemv_swiglu(lw.gate_up, normed, act, m, inter, hidden, s, on(6),
-                    after(6, lw.down, hidden, inter, false));
-      if (run(7))
-        gemv(lw.down, act, delta, m, hidden, inter, s, on(7),
-             after(7, next_layer.qkv, qkv_n, hidden, false));
+      if (run(4)) gemv(w[l].o, attn, delta, m, hidden, hidden, s, on(4));
+      if (run(5)) rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, on(5));
+      if (run(6)) gemv_swiglu(w[l].gate_up, normed, act, m, inter, hidden, s, on(6));
+      if (run(7)) gemv(w[l].down, act, delta, m, hidden, inter, s, on(7));
     }
   };
   const double weight_bytes = 2.0 * (2.0 * hidden + static_cast<double>(qkv_n) * hidden +
@@ -1404,49 +1345,6 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
       "AttentionTuning: split_full_ring %d, split_q_smem %d, carveout_max_shared %d)\n",
       tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
       b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
-
-  {  // each GEMV prefetching the next one's head (PDL on), side by side with the default
-    auto& gt = detail::gemv_tuning();
-    const detail::GemvTuning saved_tuning = gt;
-    struct Prefetching {
-      const char* label;
-      int steps;
-      int how;
-      bool by_tile;
-      unsigned next;
-    };
-    for (const Prefetching v :
-         {Prefetching{"all four", 1, 1, false, 0xD2u}, Prefetching{"all four", 1, 2, true, 0xD2u},
-          Prefetching{"all four", 2, 2, true, 0xD2u}, Prefetching{"all four", 1, 2, false, 0xD2u},
-          Prefetching{"all but qkv->o", 1, 2, true, 0xD0u}}) {
-      const char* label = v.label;
-      const int steps = v.steps;
-      gt.prefetch_next_steps = steps;
-      gt.prefetch_next_by_tile = v.by_tile;
-      gt.prefetch_next_how = v.how;
-      const double us =
-          time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, v.next); }, 7) / layers;
-      std::printf(
-          "  layer chain %s next-GEMV prefetch %-15s %d steps by %-5s%s: pdl on %7.2f us (%.3fx "
-          "of floor; default %7.2f)\n",
-          tag.c_str(), label, steps, kPrefetchHow[v.how], v.by_tile ? " by tile" : "", us,
-          us / floor_us, t[1]);
-      Row row;
-      row.s("section", "layer_chain_prefetch_next")
-          .n("m", m)
-          .n("requests", requests)
-          .n("ctx_tokens", ctx)
-          .s("prefetching", label)
-          .n("prefetch_next_steps", steps)
-          .n("prefetch_next_how", v.how)
-          .b("prefetch_next_by_tile", v.by_tile)
-          .b("pdl", true)
-          .n("default_time_us", t[1])
-          .n("time_over_floor", us / floor_us);
-      add_row(row, bytes, us);
-    }
-    gt = saved_tuning;
-  }
 
   if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
     for (const auto& [label, skip] :

@@ -1,6 +1,5 @@
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <stdexcept>
@@ -9,7 +8,6 @@
 #include <vector>
 
 #include "kernels/gemv.h"
-#include "kernels/gemv_split.h"
 #include "kernels/tuning.h"
 #include "tests/kernels/test_util.h"
 
@@ -200,103 +198,6 @@ TEST(Gemv, SplitKOverSeveralRoundsMatchesCpuReference) {
   detail::gemv_tuning() = saved;
 }
 
-// The head a launch prefetches for the GEMV after it (gemv_split.h): for each of the first
-// `tiles` tiles, each of its 16 weight rows (SwiGLU: 8 gate rows, then the matching 8 up rows)
-// and each of the 8 x split K pieces (piece q = chunks [q C / P, (q + 1) C / P) of C = k / 32),
-// the piece's first min(4 steps, piece) chunks: listed here loop by loop and compared with the
-// segments, which must also stay inside the weight and be 16-byte aligned.
-TEST(GemvHead, SegmentsAreTheFirstBatchesOfEveryPiece) {
-  struct Case {
-    int n, k, tiles, pieces, steps;
-    bool swiglu;
-  };
-  for (const Case c : {Case{6144, 4096, 132, 8, 1, false}, Case{4096, 4096, 256, 8, 2, false},
-                       Case{14336, 4096, 264, 8, 4, true}, Case{4096, 14336, 256, 8, 8, false},
-                       Case{1536, 4096, 66, 16, 2, false}, Case{256, 1344, 16, 8, 2, false},
-                       Case{64, 64, 4, 8, 8, false}}) {
-    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " steps " +
-                 std::to_string(c.steps));
-    const GemvHeadShape h{c.n, c.k, c.tiles, c.pieces, c.steps, c.swiglu};
-    const size_t weight_rows = c.swiglu ? 2 * static_cast<size_t>(c.n) : c.n;
-    const size_t weight_bytes = weight_rows * c.k * 2;
-    std::vector<std::pair<size_t, uint32_t>> expected, got;
-    const int chunks = c.k / 32;
-    for (int t = 0; t < c.tiles; ++t)
-      for (int half = 0; half < 2; ++half)
-        for (int i = 0; i < 8; ++i) {
-          const size_t row = c.swiglu ? static_cast<size_t>(half) * c.n + 8 * t + i
-                                      : static_cast<size_t>(16) * t + 8 * half + i;
-          for (int q = 0; q < c.pieces; ++q) {
-            const int first = q * chunks / c.pieces, end = (q + 1) * chunks / c.pieces;
-            const int taken = std::min(end - first, 4 * c.steps);
-            if (taken > 0)
-              expected.emplace_back(row * c.k * 2 + static_cast<size_t>(first) * 64, taken * 64);
-          }
-        }
-    for (int s = 0; s < gemv_head_segments(h); ++s) {
-      const GemvHeadSegment seg = gemv_head_segment(h, s);
-      if (seg.bytes == 0) continue;
-      EXPECT_EQ(seg.offset_bytes % 16, 0u);
-      EXPECT_LE(seg.offset_bytes + seg.bytes, weight_bytes);
-      got.emplace_back(seg.offset_bytes, seg.bytes);
-    }
-    std::sort(expected.begin(), expected.end());
-    std::sort(got.begin(), got.end());
-    EXPECT_EQ(got, expected);
-  }
-}
-
-// Prefetching the next GEMV's head (GemvNext, GemvTuning::prefetch_next_steps, by bulk
-// prefetches, by lines or by loads) never changes a bit: each launcher variant, plain and SwiGLU, m
-// = 1 / 6 / 16, the next launch of another shape and kind, heads longer than a piece.
-TEST(Gemv, PrefetchingTheNextHeadLeavesResultsUnchanged) {
-  TS_SKIP_WITHOUT_GPU();
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  const int n = 1536, k = 4096, next_n = 2048, next_k = 1344;
-  const Bf16Host w = test::random_bf16(static_cast<size_t>(2 * n) * k, rng);
-  const Bf16Host x = test::random_bf16(static_cast<size_t>(16) * k, rng);
-  const Bf16Host w_next = test::random_bf16(static_cast<size_t>(2 * next_n) * next_k, rng);
-  auto dw = test::to_device(w);
-  auto dx = test::to_device(x);
-  auto dw_next = test::to_device(w_next);
-  const detail::GemvTuning saved = detail::gemv_tuning();
-  for (const auto& [split, stages] : std::vector<std::array<int, 2>>{
-           {saved.split, saved.stages}, {1, 0}, {1, 2}, {1, 3}, {1, 6}, {2, 3}, {4, 0}})
-    for (const bool fused : {false, true})
-      for (const int m : {1, 6, 16}) {
-        SCOPED_TRACE("split " + std::to_string(split) + " stages " + std::to_string(stages) +
-                     " fused " + std::to_string(fused) + " m " + std::to_string(m));
-        detail::gemv_tuning() = saved;
-        detail::gemv_tuning().split = split;
-        detail::gemv_tuning().stages = stages;
-        DeviceBuffer<bf16> plain(static_cast<size_t>(m) * n), with(static_cast<size_t>(m) * n);
-        auto run = [&](bf16* out, const GemvNext& next) {
-          if (fused)
-            gemv_swiglu(dw.get(), dx.get(), out, m, n, k, nullptr, false, next);
-          else
-            gemv(dw.get(), dx.get(), out, m, n, k, nullptr, false, next);
-        };
-        plain.poison();
-        run(plain.get(), {});
-        const auto plain_bits = plain.download<uint16_t>();
-        ASSERT_EQ(std::count(plain_bits.begin(), plain_bits.end(), uint16_t{0xFFFF}), 0);
-        for (const bool by_tile : {false, true})
-          for (const int how : {0, 1, 2})
-            for (const int steps : {1, 4, 64}) {
-              detail::gemv_tuning().prefetch_next_steps = steps;
-              detail::gemv_tuning().prefetch_next_how = how;
-              detail::gemv_tuning().prefetch_next_by_tile = by_tile;
-              with.poison();
-              run(with.get(), GemvNext{dw_next.get(), m, next_n, next_k, !fused});
-              ASSERT_EQ(with.download<uint16_t>(), plain_bits)
-                  << "steps " << steps << " how " << how << " by tile " << by_tile;
-            }
-      }
-  detail::gemv_tuning() = saved;
-}
-
 TEST(Gemv, RejectsInvalidShapes) {
   // Validation happens before any CUDA call: runs with or without a GPU.
   const bf16* p = reinterpret_cast<const bf16*>(0x100);
@@ -311,19 +212,6 @@ TEST(Gemv, RejectsInvalidShapes) {
     gemv(p, p, o, 1, 64, 100, nullptr);
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("k = 100"), std::string::npos) << e.what();
-  }
-  // The next GEMV's shape (GemvNext), checked by the same rules.
-  EXPECT_THROW(gemv(p, p, o, 1, 64, 64, nullptr, false, GemvNext{p, 1, 100, 64, false}),
-               std::invalid_argument);
-  EXPECT_THROW(gemv_swiglu(p, p, o, 1, 64, 64, nullptr, false, GemvNext{p, 17, 64, 64, true}),
-               std::invalid_argument);
-  try {
-    gemv(p, p, o, 1, 64, 64, nullptr, false, GemvNext{p, 1, 64, 32, false});
-    ADD_FAILURE() << "a next GEMV with k = 32 was accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("next GEMV shape m = 1, n = 64, k = 32"),
-              std::string::npos)
-        << e.what();
   }
 }
 
