@@ -73,6 +73,9 @@ struct GemvParams {
   int stage_rows;  // x_rows + weight rows per pass (<= 64)
   int fill;        // 0: cp.async.bulk per row, 1: 16-byte cp.async (GemvTuning::fill)
   int split;       // fill 3: CTAs of a cluster splitting each tile's K range (1, 2, 4)
+  // fill 3, benchmark only (GemvTuning::trace): per block {entry, past the dependency wait, exit
+  // (all warps done), SM id}, ns of %globaltimer; null = none.
+  uint64_t* trace;
 };
 
 template <GemvEpilogue kEpilogue>
@@ -671,6 +674,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     cp_async_commit();
   };
 
+  const uint64_t t_entry = p.trace != nullptr ? globaltimer_ns() : 0;
   Step step = make_step(cluster, chunk_begin);
   Step ahead = step;  // kStages > 0: next step to issue
   if constexpr (kStages == 0) {
@@ -684,6 +688,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     }
   }
   pdl_wait_and_trigger();
+  const uint64_t t_waited = p.trace != nullptr ? globaltimer_ns() : 0;
 
   float acc[kNTiles][4];
 #pragma unroll
@@ -823,6 +828,18 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   if constexpr (kStages > 0) cp_async_wait<0>();
   // Rank 0 reads the other CTAs' shared memory until its last epilogue: keep them resident.
   if (split > 1) cooperative_groups::this_cluster().sync();
+  if (p.trace != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      uint64_t* t = p.trace + static_cast<size_t>(blockIdx.x) * 4;
+      t[0] = t_entry;
+      t[1] = t_waited;
+      t[2] = globaltimer_ns();
+      t[3] = sm;
+    }
+  }
 }
 
 template <int kNTiles, GemvEpilogue kEpilogue>

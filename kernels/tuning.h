@@ -3,6 +3,8 @@
 // globals, read by the launchers at launch time (so a captured graph keeps the values it saw).
 #pragma once
 
+#include <cstdint>
+
 namespace twinstep::kernels::detail {
 
 struct KernelTuning {
@@ -51,6 +53,9 @@ struct GemvTuning {
   // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
   // of shared memory per block). Same bits either way (the split is chosen before).
   int large_m_stages = 0;
+  // Benchmark only: fill-3 launches write a per-block timeline here (GemvParams::trace; 4 words
+  // per block of the launch's grid, at most 2 x SMs blocks). Null: none.
+  uint64_t* trace = nullptr;
 };
 GemvTuning& gemv_tuning();
 
