@@ -56,6 +56,9 @@ struct GemvTuning {
   // Benchmark only: fill-3 launches write a per-block timeline here (GemvParams::trace; 4 words
   // per block of the launch's grid, at most 2 x SMs blocks). Null: none.
   uint64_t* trace = nullptr;
+  // Benchmark only: 4 device ints, zero, for tiles handed out by completion (GemvParams::queue)
+  // in launches of S = 1 and m <= 8; the launches leave them zero. Null: the static order.
+  int* tile_queue = nullptr;
 };
 GemvTuning& gemv_tuning();
 

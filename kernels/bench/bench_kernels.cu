@@ -541,6 +541,9 @@ std::string gemv_variant() {
          std::to_string(t.smem_budget_bytes / 1024) + "k";
 }
 
+// 4 device ints at zero for GemvTuning::tile_queue (set up in main).
+int* g_tile_queue = nullptr;
+
 // Copies of a random weight matrix of `elems` bf16 (seeds seed0, seed0 + 1, ...), at least two
 // and together >= kColdBytes, for launches that rotate over them (cold: beyond L2).
 std::vector<bf16*> cold_weight_copies(size_t elems, uint64_t seed0) {
@@ -623,6 +626,30 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
           .b("faster_than_cublas", t[1][1] < t_cublas);
     add_row(row, bytes, t[1][1]);
     total_us += t[1][1];
+    if (full && m <= 8) {
+      // Tiles handed out by completion (GemvTuning::tile_queue, same bits), graph + PDL, cold.
+      auto& tuning = detail::gemv_tuning();
+      tuning.tile_queue = g_tile_queue;
+      const double us = time_graph_us([&](cudaStream_t s) {
+                          for (int i = 0; i < launches; ++i) ours(s, w[i % copies], true);
+                        }) /
+                        launches;
+      tuning.tile_queue = nullptr;
+      std::printf(
+          "gemv tiles by completion %-14s m=%2d: graph+pdl %7.2f us (%5.1f%%; static %7.2f)\n",
+          shape.name, m, us, 100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps, t[1][1]);
+      Row r;
+      r.s("section", "gemv_tile_queue")
+          .s("variant", gemv_variant())
+          .s("shape", shape.name)
+          .n("m", m)
+          .n("n", shape.n)
+          .n("k", shape.k)
+          .b("cold", true)
+          .b("pdl", true)
+          .n("static_time_us", t[1][1]);
+      add_row(r, bytes, us);
+    }
     if (full && m > 8) {
       // The m > 8 path side by side: launched with PDL (GemvTuning::pdl_max_rows = 16, as m <= 8
       // always is), with a small shared-memory carveout (large_m_carveout_percent = 15: the
@@ -707,9 +734,11 @@ void bench_gemv_trace() {
         TraceShape{"gate_up_swiglu", 28672, 4096, true}, TraceShape{"down", 4096, 14336, false}}) {
     const std::vector<bf16*> w = cold_weight_copies(static_cast<size_t>(shape.n) * shape.k, 100);
     const int copies = static_cast<int>(w.size());
-    for (const int stages : {-1, 3}) {
+    for (const auto& [stages, dynamic] :
+         {std::pair{-1, false}, std::pair{3, false}, std::pair{-1, true}}) {
       tuning = detail::GemvTuning{};
       tuning.stages = stages;
+      tuning.tile_queue = dynamic ? g_tile_queue : nullptr;
       TS_CUDA_CHECK(cudaMemset(trace, 0, sizeof(uint64_t) * 4 * max_blocks * launches));
       const double us =
           time_graph_us(
@@ -763,17 +792,18 @@ void bench_gemv_trace() {
       };
       const double bytes = 2.0 * shape.n * shape.k;
       std::printf(
-          "gemv trace %-14s stages %2d (%d blocks): %6.2f us per launch (%5.1f%%); period %6.2f, "
+          "gemv trace %-14s stages %2d%s (%d blocks): %6.2f us per launch (%5.1f%%); period %6.2f, "
           "exit spread %5.2f, release after previous %5.2f, first / last entry %5.2f / %5.2f "
           "before it, last block past its wait %6.2f us\n",
-          shape.name, stages, L[1].blocks, us, 100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps,
-          median_us(period), median_us(spread), median_us(release), median_us(first_entry),
-          median_us(last_entry), median_us(after_wait));
+          shape.name, stages, dynamic ? " by completion" : "", L[1].blocks, us,
+          100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps, median_us(period), median_us(spread),
+          median_us(release), median_us(first_entry), median_us(last_entry), median_us(after_wait));
       Row r;
       r.s("section", "gemv_trace")
           .s("shape", shape.name)
           .n("m", 1)
           .n("stages", stages)
+          .b("tiles_by_completion", dynamic)
           .n("blocks", L[1].blocks)
           .n("period_us", median_us(period))
           .n("exit_spread_us", median_us(spread))
@@ -1458,6 +1488,26 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
       tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
       b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
 
+  if (m <= 8) {  // the GEMVs' tiles handed out by completion (GemvTuning::tile_queue), PDL on
+    auto& gt = detail::gemv_tuning();
+    gt.tile_queue = g_tile_queue;
+    const double us = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu); }, 7) / layers;
+    gt.tile_queue = nullptr;
+    std::printf(
+        "  layer chain %s GEMV tiles by completion: pdl on %7.2f us (%.3fx of floor; static "
+        "%7.2f)\n",
+        tag.c_str(), us, us / floor_us, t[1]);
+    Row row;
+    row.s("section", "layer_chain_tile_queue")
+        .n("m", m)
+        .n("requests", requests)
+        .n("ctx_tokens", ctx)
+        .b("pdl", true)
+        .n("static_time_us", t[1])
+        .n("time_over_floor", us / floor_us);
+    add_row(row, bytes, us);
+  }
+
   if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
     for (const auto& [label, skip] :
          {std::pair{"norm1+norm2", 0x21u}, std::pair{"rope", 0x04u},
@@ -1737,6 +1787,8 @@ int main(int argc, char** argv) {
     g_rows.push_back(r);
   }
 
+  TS_CUDA_CHECK(cudaMalloc(&g_tile_queue, 4 * sizeof(int)));
+  TS_CUDA_CHECK(cudaMemset(g_tile_queue, 0, 4 * sizeof(int)));
   cublasHandle_t cublas;
   CUBLAS_CHECK(cublasCreate(&cublas));
   void* cublas_ws = nullptr;
