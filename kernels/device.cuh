@@ -155,13 +155,6 @@ __device__ __forceinline__ uint4 load_stream_16(const void* ptr) {
   return v;
 }
 
-// The GPU's global nanosecond timer (benchmark traces).
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // 16-byte global load through L1 (activations, re-read by neighbouring blocks).
 __device__ __forceinline__ uint4 load_16(const void* ptr) {
   return __ldg(reinterpret_cast<const uint4*>(ptr));

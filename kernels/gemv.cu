@@ -55,8 +55,6 @@ void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStre
   p.n = n;
   p.k = k;
   p.out = out;
-  p.trace = detail::gemv_tuning().trace;
-  p.queue = detail::gemv_tuning().tile_queue;
   detail::launch_gemv<detail::GemvEpilogue::kStore>(p, stream,
                                                     pdl && m <= detail::gemv_tuning().pdl_max_rows);
 }
@@ -71,8 +69,6 @@ void gemv_swiglu(const bf16* w_gate_up, const bf16* x, bf16* out, int m, int n, 
   p.n = n;
   p.k = k;
   p.out = out;
-  p.trace = detail::gemv_tuning().trace;
-  p.queue = detail::gemv_tuning().tile_queue;
   detail::launch_gemv<detail::GemvEpilogue::kSwiglu>(
       p, stream, pdl && m <= detail::gemv_tuning().pdl_max_rows);
 }

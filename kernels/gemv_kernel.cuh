@@ -73,14 +73,6 @@ struct GemvParams {
   int stage_rows;  // x_rows + weight rows per pass (<= 64)
   int fill;        // 0: cp.async.bulk per row, 1: 16-byte cp.async (GemvTuning::fill)
   int split;       // fill 3: CTAs of a cluster splitting each tile's K range (1, 2, 4)
-  // fill 3, benchmark only (GemvTuning::trace): per block {entry, past the dependency wait, exit
-  // (all warps done), SM id}, ns of %globaltimer; null = none.
-  uint64_t* trace;
-  // fill 3, S = 1, benchmark only (GemvTuning::tile_queue): tiles handed out by completion from
-  // the counter pair queue[2 set, 2 set + 1] (next tile, blocks done), zero at launch and left
-  // zero by the launch's last block; consecutive launches alternate sets. Null: tile c, c + grid.
-  int* queue;
-  int queue_set;
 };
 
 template <GemvEpilogue kEpilogue>
@@ -605,11 +597,7 @@ __global__ void __launch_bounds__(kRegThreads, 2) gemv_regpipe_kernel(const Gemv
 //    by the mma), not one step later: 2 batches in flight at each wait from 64 KB per block, as
 //    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8.
 // With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
-//  - kDynamic (S = 1): the block's tiles come from GemvParams::queue in the order blocks ask
-//    (thread 0 takes the block's next tile when its step enters the current one, or when a ring
-//    issue needs it first; the other threads read it from shared memory). A tile's arithmetic is
-//    the same whichever block runs it, so the bits are those of the static order.
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kDynamic = false>
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
   constexpr int kBatch = 4;
@@ -647,51 +635,13 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   // cluster's tiles in order (an empty piece is one step of count 0 per tile).
   struct Step {
     int tile, chunk, count;
-    int j;  // the block's j-th tile
   };
-  // kDynamic: slot j % 8 holds (j << 32) | tile once thread 0 has taken the block's j-th tile.
-  __shared__ unsigned long long tile_of[kDynamic ? 8 : 1];
-  // Thread 0: tiles 0 .. taken published; `requested`: the atomic for tile taken + 1 is issued
-  // and its result (`pending`) not yet used, so its latency passes while the warp streams.
-  int taken = -1, pending = 0;
-  bool requested = false;
-  auto request = [&]() {
-    if (!requested) pending = atomicAdd(p.queue + 2 * p.queue_set, 1);
-    requested = true;
-  };
-  auto publish = [&]() {
-    if (!requested) return;
-    ++taken;
-    *reinterpret_cast<volatile unsigned long long*>(&tile_of[taken % 8]) =
-        (static_cast<unsigned long long>(taken) << 32) | static_cast<unsigned>(pending);
-    requested = false;
-  };
-  auto take_through = [&](int j) {  // thread 0
-    while (taken < j) {
-      request();
-      publish();
-    }
-  };
-  auto tile_at = [&](int j) -> int {
-    if constexpr (!kDynamic) {
-      return cluster + j * clusters;
-    } else {
-      if (threadIdx.x == 0) take_through(j);
-      const volatile unsigned long long* slot = &tile_of[j % 8];
-      unsigned long long v;
-      while (((v = *slot) >> 32) != static_cast<unsigned long long>(j)) {
-      }
-      return static_cast<int>(v & 0xffffffffu);
-    }
-  };
-  auto make_step = [&](int tile, int chunk, int j) {
-    return Step{tile, chunk, tile < tiles ? min(kBatch, chunk_end - chunk) : 0, j};
+  auto make_step = [&](int tile, int chunk) {
+    return Step{tile, chunk, tile < tiles ? min(kBatch, chunk_end - chunk) : 0};
   };
   auto next_step = [&](const Step& s) {
     const int c = s.chunk + s.count;
-    if (s.tile >= tiles) return s;  // past the block's last tile
-    return c >= chunk_end ? make_step(tile_at(s.j + 1), chunk_begin, s.j + 1)
-                          : make_step(s.tile, c, s.j);
+    return c >= chunk_end ? make_step(s.tile + clusters, chunk_begin) : make_step(s.tile, c);
   };
   uint4 cur[kBatch][2], nxt[kBatch][2];
   auto load_regs = [&](uint4(&buf)[kBatch][2], const Step& s) {
@@ -721,15 +671,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     cp_async_commit();
   };
 
-  const uint64_t t_entry = p.trace != nullptr ? globaltimer_ns() : 0;
-  if constexpr (kDynamic) {
-    if (threadIdx.x == 0) {
-      for (int i = 0; i < 8; ++i) tile_of[i] = ~0ull;
-      take_through(0);
-    }
-    __syncthreads();
-  }
-  Step step = make_step(tile_at(0), chunk_begin, 0);
+  Step step = make_step(cluster, chunk_begin);
   Step ahead = step;  // kStages > 0: next step to issue
   if constexpr (kStages == 0) {
     if (step.count > 0) load_regs(cur, step);  // weights never depend on the previous kernel
@@ -742,19 +684,12 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     }
   }
   pdl_wait_and_trigger();
-  const uint64_t t_waited = p.trace != nullptr ? globaltimer_ns() : 0;
 
   float acc[kNTiles][4];
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   int slot = 0, tile_iter = 0;
   while (step.tile < tiles) {
-    if constexpr (kDynamic) {
-      if (threadIdx.x == 0) {  // publish what arrived; ask for the next tile one tile ahead
-        publish();
-        if (taken == step.j) request();
-      }
-    }
     uint4 xv[kBatch][kNTiles];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
@@ -888,29 +823,6 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   if constexpr (kStages > 0) cp_async_wait<0>();
   // Rank 0 reads the other CTAs' shared memory until its last epilogue: keep them resident.
   if (split > 1) cooperative_groups::this_cluster().sync();
-  if constexpr (kDynamic) {  // the last block out leaves the counter pair at zero
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int* q = p.queue + 2 * p.queue_set;
-      __threadfence();
-      if (atomicAdd(q + 1, 1) == static_cast<int>(gridDim.x) - 1) {
-        atomicExch(q, 0);
-        atomicExch(q + 1, 0);
-      }
-    }
-  }
-  if (p.trace != nullptr) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      uint32_t sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      uint64_t* t = p.trace + static_cast<size_t>(blockIdx.x) * 4;
-      t[0] = t_entry;
-      t[1] = t_waited;
-      t[2] = globaltimer_ns();
-      t[3] = sm;
-    }
-  }
 }
 
 template <int kNTiles, GemvEpilogue kEpilogue>
@@ -947,9 +859,9 @@ inline int choose_split(int tiles, int k, int forced) {
   return gemv_choose_split(tiles, k, num_sms(), forced);
 }
 
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kDynamic = false>
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bool pdl) {
-  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages, kDynamic>;
+  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages>;
   const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
   static const int per_sm = [&] {
     if (smem > 48 * 1024)
@@ -1002,16 +914,6 @@ template <GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
   p.split = choose_split(tiles, p.k, split);
-  constexpr bool kDynamicOk =
-      kEpilogue == GemvEpilogue::kStore || kEpilogue == GemvEpilogue::kSwiglu;
-  if constexpr (kDynamicOk) {
-    if (p.queue != nullptr && p.split == 1 && p.m <= 8) {
-      static int launches = 0;  // consecutive launches alternate counter pairs
-      p.queue_set = launches++ % 2;
-      return launch_gemv_split_t<1, kEpilogue, kStages, true>(p, tiles, stream, pdl);
-    }
-  }
-  p.queue = nullptr;
   if (p.m <= 8)
     launch_gemv_split_t<1, kEpilogue, kStages>(p, tiles, stream, pdl);
   else

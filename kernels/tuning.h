@@ -3,8 +3,6 @@
 // globals, read by the launchers at launch time (so a captured graph keeps the values it saw).
 #pragma once
 
-#include <cstdint>
-
 namespace twinstep::kernels::detail {
 
 struct KernelTuning {
@@ -53,12 +51,6 @@ struct GemvTuning {
   // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
   // of shared memory per block). Same bits either way (the split is chosen before).
   int large_m_stages = 0;
-  // Benchmark only: fill-3 launches write a per-block timeline here (GemvParams::trace; 4 words
-  // per block of the launch's grid, at most 2 x SMs blocks). Null: none.
-  uint64_t* trace = nullptr;
-  // Benchmark only: 4 device ints, zero, for tiles handed out by completion (GemvParams::queue)
-  // in launches of S = 1 and m <= 8; the launches leave them zero. Null: the static order.
-  int* tile_queue = nullptr;
 };
 GemvTuning& gemv_tuning();
 

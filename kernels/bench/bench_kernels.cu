@@ -3,7 +3,7 @@
 //
 //   twinstep_kernels_bench --out results.json [--commit SHA] [--only SECTION ...]
 //
-// SECTION: gemv, gemv_split, gemv_trace, access, l2_prefetch, attention, attention_kv_heads,
+// SECTION: gemv, gemv_split, access, l2_prefetch, attention, attention_kv_heads,
 // attention_batch, layer_chain, moe, lm_head (default: all; the floor always runs); ncu (by name
 // only: one untimed launch per kernel for Nsight Compute, scripts/gpu_ncu.sh).
 //
@@ -541,9 +541,6 @@ std::string gemv_variant() {
          std::to_string(t.smem_budget_bytes / 1024) + "k";
 }
 
-// 4 device ints at zero for GemvTuning::tile_queue (set up in main).
-int* g_tile_queue = nullptr;
-
 // Copies of a random weight matrix of `elems` bf16 (seeds seed0, seed0 + 1, ...), at least two
 // and together >= kColdBytes, for launches that rotate over them (cold: beyond L2).
 std::vector<bf16*> cold_weight_copies(size_t elems, uint64_t seed0) {
@@ -626,30 +623,6 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
           .b("faster_than_cublas", t[1][1] < t_cublas);
     add_row(row, bytes, t[1][1]);
     total_us += t[1][1];
-    if (full && m <= 8) {
-      // Tiles handed out by completion (GemvTuning::tile_queue, same bits), graph + PDL, cold.
-      auto& tuning = detail::gemv_tuning();
-      tuning.tile_queue = g_tile_queue;
-      const double us = time_graph_us([&](cudaStream_t s) {
-                          for (int i = 0; i < launches; ++i) ours(s, w[i % copies], true);
-                        }) /
-                        launches;
-      tuning.tile_queue = nullptr;
-      std::printf(
-          "gemv tiles by completion %-14s m=%2d: graph+pdl %7.2f us (%5.1f%%; static %7.2f)\n",
-          shape.name, m, us, 100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps, t[1][1]);
-      Row r;
-      r.s("section", "gemv_tile_queue")
-          .s("variant", gemv_variant())
-          .s("shape", shape.name)
-          .n("m", m)
-          .n("n", shape.n)
-          .n("k", shape.k)
-          .b("cold", true)
-          .b("pdl", true)
-          .n("static_time_us", t[1][1]);
-      add_row(r, bytes, us);
-    }
     if (full && m > 8) {
       // The m > 8 path side by side: launched with PDL (GemvTuning::pdl_max_rows = 16, as m <= 8
       // always is), with a small shared-memory carveout (large_m_carveout_percent = 15: the
@@ -704,121 +677,6 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
   TS_CUDA_CHECK(cudaFree(out));
   TS_CUDA_CHECK(cudaFree(tmp));
   return total_us;
-}
-
-// Section `gemv_trace`: where a GEMV's time goes in a PDL chain. 24 launches of one shape (m = 1,
-// cold copies rotated, graph + PDL) each write a per-block timeline (GemvTuning::trace: entry,
-// past the dependency wait, exit, SM); from the last of 5 replays, per launch i >= 1 (medians over
-// launches): its period (last exit of i - last exit of i - 1), the spread of its blocks' exits,
-// how long after i - 1's last exit its first block passed the wait (the dependency release), how
-// long before that exit its first and last blocks entered, and how long its last block ran past
-// the wait. Under the runtime's default tuning and with the ring of 3 (qkv's rule takes 6).
-void bench_gemv_trace() {
-  struct TraceShape {
-    const char* name;
-    int n, k;
-    bool swiglu;
-  };
-  int sms = 0;
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int launches = 24, max_blocks = 2 * sms;
-  uint64_t* trace = nullptr;
-  TS_CUDA_CHECK(cudaMalloc(&trace, sizeof(uint64_t) * 4 * max_blocks * launches));
-  bf16* x = alloc_bf16(4096 * 4, 3, 1.0f);  // k <= 14336 elements: 4 rows of 4096 cover one
-  bf16* out = nullptr;
-  TS_CUDA_CHECK(cudaMalloc(&out, size_t{28672} * sizeof(bf16)));
-  auto& tuning = detail::gemv_tuning();
-  const detail::GemvTuning saved = tuning;
-  for (const TraceShape shape :
-       {TraceShape{"qkv", 6144, 4096, false}, TraceShape{"o", 4096, 4096, false},
-        TraceShape{"gate_up_swiglu", 28672, 4096, true}, TraceShape{"down", 4096, 14336, false}}) {
-    const std::vector<bf16*> w = cold_weight_copies(static_cast<size_t>(shape.n) * shape.k, 100);
-    const int copies = static_cast<int>(w.size());
-    for (const auto& [stages, dynamic] :
-         {std::pair{-1, false}, std::pair{3, false}, std::pair{-1, true}}) {
-      tuning = detail::GemvTuning{};
-      tuning.stages = stages;
-      tuning.tile_queue = dynamic ? g_tile_queue : nullptr;
-      TS_CUDA_CHECK(cudaMemset(trace, 0, sizeof(uint64_t) * 4 * max_blocks * launches));
-      const double us =
-          time_graph_us(
-              [&](cudaStream_t s) {
-                for (int i = 0; i < launches; ++i) {
-                  tuning.trace = trace + static_cast<size_t>(i) * 4 * max_blocks;
-                  if (shape.swiglu)
-                    gemv_swiglu(w[i % copies], x, out, 1, shape.n / 2, shape.k, s, true);
-                  else
-                    gemv(w[i % copies], x, out, 1, shape.n, shape.k, s, true);
-                }
-                tuning.trace = nullptr;
-              },
-              5) /
-          launches;
-      std::vector<uint64_t> h(static_cast<size_t>(4) * max_blocks * launches);
-      TS_CUDA_CHECK(
-          cudaMemcpy(h.data(), trace, h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-      struct Launch {
-        double entry_min = 1e30, entry_max = 0, wait_min = 1e30, wait_max = 0, exit_min = 1e30,
-               exit_max = 0;
-        int blocks = 0;
-      };
-      std::vector<Launch> L(launches);
-      for (int i = 0; i < launches; ++i)
-        for (int b = 0; b < max_blocks; ++b) {
-          const uint64_t* t = &h[(static_cast<size_t>(i) * max_blocks + b) * 4];
-          if (t[2] == 0) continue;  // no such block in this launch's grid
-          Launch& l = L[i];
-          ++l.blocks;
-          l.entry_min = std::min(l.entry_min, double(t[0]));
-          l.entry_max = std::max(l.entry_max, double(t[0]));
-          l.wait_min = std::min(l.wait_min, double(t[1]));
-          l.wait_max = std::max(l.wait_max, double(t[1]));
-          l.exit_min = std::min(l.exit_min, double(t[2]));
-          l.exit_max = std::max(l.exit_max, double(t[2]));
-        }
-      std::vector<double> period, spread, release, first_entry, last_entry, after_wait;
-      for (int i = 1; i < launches; ++i) {
-        const Launch &a = L[i - 1], &b = L[i];
-        period.push_back(b.exit_max - a.exit_max);
-        spread.push_back(b.exit_max - b.exit_min);
-        release.push_back(b.wait_min - a.exit_max);
-        first_entry.push_back(a.exit_max - b.entry_min);
-        last_entry.push_back(a.exit_max - b.entry_max);
-        after_wait.push_back(b.exit_max - b.wait_max);
-      }
-      auto median_us = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2] * 1e-3;
-      };
-      const double bytes = 2.0 * shape.n * shape.k;
-      std::printf(
-          "gemv trace %-14s stages %2d%s (%d blocks): %6.2f us per launch (%5.1f%%); period %6.2f, "
-          "exit spread %5.2f, release after previous %5.2f, first / last entry %5.2f / %5.2f "
-          "before it, last block past its wait %6.2f us\n",
-          shape.name, stages, dynamic ? " by completion" : "", L[1].blocks, us,
-          100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps, median_us(period), median_us(spread),
-          median_us(release), median_us(first_entry), median_us(last_entry), median_us(after_wait));
-      Row r;
-      r.s("section", "gemv_trace")
-          .s("shape", shape.name)
-          .n("m", 1)
-          .n("stages", stages)
-          .b("tiles_by_completion", dynamic)
-          .n("blocks", L[1].blocks)
-          .n("period_us", median_us(period))
-          .n("exit_spread_us", median_us(spread))
-          .n("release_after_previous_us", median_us(release))
-          .n("first_entry_before_previous_exit_us", median_us(first_entry))
-          .n("last_entry_before_previous_exit_us", median_us(last_entry))
-          .n("last_block_past_wait_us", median_us(after_wait));
-      add_row(r, bytes, us);
-    }
-    for (bf16* p : w) TS_CUDA_CHECK(cudaFree(p));
-  }
-  tuning = saved;
-  TS_CUDA_CHECK(cudaFree(trace));
-  TS_CUDA_CHECK(cudaFree(x));
-  TS_CUDA_CHECK(cudaFree(out));
 }
 
 // Section `gemv_split`: the GEMV shapes the split rule (kernels/gemv_split.h) gave S > 1 on the
@@ -1488,26 +1346,6 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
       tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
       b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
 
-  if (m <= 8) {  // the GEMVs' tiles handed out by completion (GemvTuning::tile_queue), PDL on
-    auto& gt = detail::gemv_tuning();
-    gt.tile_queue = g_tile_queue;
-    const double us = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu); }, 7) / layers;
-    gt.tile_queue = nullptr;
-    std::printf(
-        "  layer chain %s GEMV tiles by completion: pdl on %7.2f us (%.3fx of floor; static "
-        "%7.2f)\n",
-        tag.c_str(), us, us / floor_us, t[1]);
-    Row row;
-    row.s("section", "layer_chain_tile_queue")
-        .n("m", m)
-        .n("requests", requests)
-        .n("ctx_tokens", ctx)
-        .b("pdl", true)
-        .n("static_time_us", t[1])
-        .n("time_over_floor", us / floor_us);
-    add_row(row, bytes, us);
-  }
-
   if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
     for (const auto& [label, skip] :
          {std::pair{"norm1+norm2", 0x21u}, std::pair{"rope", 0x04u},
@@ -1787,8 +1625,6 @@ int main(int argc, char** argv) {
     g_rows.push_back(r);
   }
 
-  TS_CUDA_CHECK(cudaMalloc(&g_tile_queue, 4 * sizeof(int)));
-  TS_CUDA_CHECK(cudaMemset(g_tile_queue, 0, 4 * sizeof(int)));
   cublasHandle_t cublas;
   CUBLAS_CHECK(cublasCreate(&cublas));
   void* cublas_ws = nullptr;
@@ -1827,7 +1663,6 @@ int main(int argc, char** argv) {
     for (const Shape& s : shapes) bench_gemv(cublas, s, {1, 6, 16}, true);
   }
   if (want("gemv_split")) bench_gemv_split();
-  if (want("gemv_trace")) bench_gemv_trace();
   if (want("access")) bench_access();
   if (want("l2_prefetch")) bench_l2_prefetch();
   if (want("attention")) bench_attention();

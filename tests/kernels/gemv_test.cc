@@ -1,6 +1,5 @@
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <stdexcept>
@@ -196,61 +195,6 @@ TEST(Gemv, SplitKOverSeveralRoundsMatchesCpuReference) {
       ASSERT_EQ(first, row0);
     }
   }
-  detail::gemv_tuning() = saved;
-}
-
-// Tiles handed out by completion (GemvTuning::tile_queue, benchmark only) run each tile's
-// arithmetic unchanged: the same bits as the static order, for each ring, plain and SwiGLU,
-// m = 1 and 6, over five launches in a row on one stream (alternating counter pairs), after which
-// the counters are back at zero.
-TEST(Gemv, TilesHandedOutByCompletionKeepTheBits) {
-  TS_SKIP_WITHOUT_GPU();
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  const detail::GemvTuning saved = detail::gemv_tuning();
-  DeviceBuffer<int> queue(4);
-  TS_CUDA_CHECK(cudaMemset(queue.get(), 0, 4 * sizeof(int)));
-  struct Case {
-    int n, k;
-  };
-  for (const Case c : {Case{4096, 4096}, Case{6144, 1344}, Case{1024, 14336}})
-    for (const int stages : {0, 2, 3, 6})
-      for (const bool fused : {false, true})
-        for (const int m : {1, 6}) {
-          SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " stages " +
-                       std::to_string(stages) + " fused " + std::to_string(fused) + " m " +
-                       std::to_string(m));
-          const int out_cols = fused ? c.n / 2 : c.n;
-          const Bf16Host w = test::random_bf16(static_cast<size_t>(c.n) * c.k, rng);
-          const Bf16Host x = test::random_bf16(static_cast<size_t>(m) * c.k, rng);
-          auto dw = test::to_device(w);
-          auto dx = test::to_device(x);
-          auto run = [&](bf16* out) {
-            if (fused)
-              gemv_swiglu(dw.get(), dx.get(), out, m, out_cols, c.k, nullptr, true);
-            else
-              gemv(dw.get(), dx.get(), out, m, out_cols, c.k, nullptr, true);
-          };
-          detail::gemv_tuning() = saved;
-          detail::gemv_tuning().split = 1;
-          detail::gemv_tuning().stages = stages;
-          DeviceBuffer<bf16> plain(static_cast<size_t>(m) * out_cols);
-          plain.poison();
-          run(plain.get());
-          const auto plain_bits = plain.download<uint16_t>();
-          ASSERT_EQ(std::count(plain_bits.begin(), plain_bits.end(), uint16_t{0xFFFF}), 0);
-          detail::gemv_tuning().tile_queue = queue.get();
-          std::vector<DeviceBuffer<bf16>> outs;
-          for (int i = 0; i < 5; ++i) {
-            outs.emplace_back(static_cast<size_t>(m) * out_cols);
-            outs.back().poison();
-          }
-          for (auto& out : outs) run(out.get());
-          for (int i = 0; i < 5; ++i)
-            ASSERT_EQ(outs[i].download<uint16_t>(), plain_bits) << "launch " << i;
-          EXPECT_EQ(queue.download<int>(), std::vector<int>(4, 0));
-        }
   detail::gemv_tuning() = saved;
 }
 
