@@ -5,6 +5,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_tile.cuh"
 #include "kernels/device.cuh"
+#include "kernels/rope_math.cuh"
 #include "kernels/tuning.h"
 
 namespace twinstep::kernels {
@@ -34,7 +35,25 @@ struct SplitParams {
   float2* part_ml;
   bool skip_math;  // benchmark diagnostic: stream K/V, skip the tile math
   bool full_ring;  // all 3 stages in the prologue (AttentionTuning::split_full_ring)
+  // decode_attention_rope: the qkv projection output (q unused) and rope_kv_append's table.
+  const bf16* qkv;
+  RopeTable rope;
 };
+
+// decode_attention_rope: 8 pairs (dims 8u + e, 64 + 8u + e) of one head's row `in` rotated as
+// rope_kv_append rotates them, into the 16-byte units u and u + 8 of the output.
+__device__ __forceinline__ void rope_rotate_unit(const SplitParams& p, const bf16* in, int u,
+                                                 int position, uint4* lo, uint4* hi) {
+  const uint4 a = detail::load_16(in + u * 8), b = detail::load_16(in + kHeadDim / 2 + u * 8);
+  const bf16* x1 = reinterpret_cast<const bf16*>(&a);
+  const bf16* x2 = reinterpret_cast<const bf16*>(&b);
+  bf16* y1 = reinterpret_cast<bf16*>(lo);
+  bf16* y2 = reinterpret_cast<bf16*>(hi);
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    detail::rope_rotate_pair(__bfloat162float(x1[e]), __bfloat162float(x2[e]), position,
+                             p.rope.inv_freq[u * 8 + e], &y1[e], &y2[e]);
+}
 
 // Q row `row` (= j * group + g) of kv head `head`.
 __device__ __forceinline__ size_t q_offset(const SplitParams& p, int request, int head, int row) {
@@ -88,9 +107,13 @@ struct SplitView {
 // memory (rows padded to 16 with zeros) and re-read per tile instead of held in 32 registers per
 // thread, which removes the 128-register spill of 8- and 16-warp blocks. Neither changes a bit
 // of the result.
-template <int kRowTiles, bool kQSmem>
+// kRope (decode_attention_rope, with kQSmem): Q rotated from p.qkv into shared memory, and the
+// new tokens of this split (positions >= ctx) rotated / copied from p.qkv into the cache right
+// after the dependency wait, before any tile holding them is issued (rope_kv_append's work).
+template <int kRowTiles, bool kQSmem, bool kRope = false>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
     attention_split_kernel(const SplitParams p) {
+  static_assert(!kRope || kQSmem, "the fused rope writes Q into shared memory");
   constexpr int kStages = 3;
   constexpr int kThreads = kSplitThreads * kRowTiles;
   constexpr int kRows = kRowTiles * 16;
@@ -123,6 +146,33 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
     detail::cp_async_commit();
   }
   detail::pdl_wait_and_trigger();
+  if constexpr (kRope) {
+    const int qkv_stride = (p.num_q_heads + 2 * p.cache.num_kv_heads) * kHeadDim;
+    // This split's new tokens: k rotated (8 units of pairs) and v copied (16 units) per token,
+    // written to the cache; the block's own cp.async copies of those rows come after the barrier.
+    const int first_new = max(ctx, t_begin), count = max(0, view.t_end - first_new);
+    bf16* base = p.cache.request_base[request];
+    bf16* k_dst = base + kv_offset(p.cache, p.layer, 0, head);
+    bf16* v_dst = base + kv_offset(p.cache, p.layer, 1, head);
+    for (int i = threadIdx.x; i < count * 24; i += kThreads) {
+      const int t = first_new + i / 24, u = i % 24;
+      if (t >= p.cache.capacity_tokens) continue;
+      const bf16* row = p.qkv + (static_cast<size_t>(request) * p.q_len + (t - ctx)) * qkv_stride;
+      bf16* k_row = k_dst + static_cast<size_t>(t) * kHeadDim;
+      if (u < 8) {
+        uint4 lo, hi;
+        rope_rotate_unit(p, row + (p.num_q_heads + head) * kHeadDim, u, t, &lo, &hi);
+        *reinterpret_cast<uint4*>(k_row + u * 8) = lo;
+        *reinterpret_cast<uint4*>(k_row + kHeadDim / 2 + u * 8) = hi;
+      } else {
+        const int w = u - 8;
+        *reinterpret_cast<uint4*>(v_dst + static_cast<size_t>(t) * kHeadDim + w * 8) =
+            detail::load_16(row + (p.num_q_heads + p.cache.num_kv_heads + head) * kHeadDim + w * 8);
+      }
+    }
+    __threadfence_block();
+    __syncthreads();
+  }
   for (; issued < prologue; ++issued) {
     if (issued < num_tiles) issue_tile(issued);
     detail::cp_async_commit();
@@ -132,7 +182,22 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   const int row_tile = warp / kWarpsPerTile, sub = warp % kWarpsPerTile;
   const int row_a = row_tile * 16 + gid, row_b = row_a + 8;
   uint4 qa[4], qb[4];
-  if constexpr (kQSmem) {
+  if constexpr (kRope) {
+    const int qkv_stride = (p.num_q_heads + 2 * p.cache.num_kv_heads) * kHeadDim;
+    for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {  // 8 pairs per thread
+      const int row = i / 8, u = i % 8;
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (row < p.rows) {
+        const int j = row / p.group, g = row % p.group;
+        rope_rotate_unit(p,
+                         p.qkv + (static_cast<size_t>(request) * p.q_len + j) * qkv_stride +
+                             (head * p.group + g) * kHeadDim,
+                         u, ctx + j, &lo, &hi);
+      }
+      *reinterpret_cast<uint4*>(q_smem + smem_index(row, u)) = lo;
+      *reinterpret_cast<uint4*>(q_smem + smem_index(row, u + 8)) = hi;
+    }
+  } else if constexpr (kQSmem) {
     for (int i = threadIdx.x; i < kRows * 16; i += kThreads) {  // 16 bytes per thread
       const int row = i / 16, u = i % 16;
       const uint4 v = row < p.rows ? detail::load_16(p.q + q_offset(p, request, head, row) + u * 8)
@@ -419,22 +484,23 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-template <bool kQSmem>
+template <bool kQSmem, bool kRope = false>
 void run_split(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
   const size_t ring =
       size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
   const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
   static const bool configured = [] {
-    for (auto kernel : {attention_split_kernel<1, kQSmem>, attention_split_kernel<2, kQSmem>,
-                        attention_split_kernel<3, kQSmem>, attention_split_kernel<4, kQSmem>})
+    for (auto kernel :
+         {attention_split_kernel<1, kQSmem, kRope>, attention_split_kernel<2, kQSmem, kRope>,
+          attention_split_kernel<3, kQSmem, kRope>, attention_split_kernel<4, kQSmem, kRope>})
       TS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
   void (*kernels[4])(SplitParams) = {
-      attention_split_kernel<1, kQSmem>, attention_split_kernel<2, kQSmem>,
-      attention_split_kernel<3, kQSmem>, attention_split_kernel<4, kQSmem>};
+      attention_split_kernel<1, kQSmem, kRope>, attention_split_kernel<2, kQSmem, kRope>,
+      attention_split_kernel<3, kQSmem, kRope>, attention_split_kernel<4, kQSmem, kRope>};
   launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
                    static_cast<int>(grid.z) * p.q_len, p);
 }
@@ -443,7 +509,9 @@ void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, bf16* out, c
                     bool pdl) {
   const detail::AttentionTuning& tuning = detail::attention_tuning();
   if (tuning.launch_split) {
-    if (tuning.split_q_smem)
+    if (p.qkv != nullptr)
+      run_split<true, true>(p, row_tiles, grid, stream, pdl);
+    else if (tuning.split_q_smem)
       run_split<true>(p, row_tiles, grid, stream, pdl);
     else
       run_split<false>(p, row_tiles, grid, stream, pdl);
@@ -473,30 +541,43 @@ int attention_num_splits(const AttentionShape& shape, const KvCache& cache) {
   return (cache.capacity_tokens + split_tokens - 1) / split_tokens;
 }
 
-void decode_attention(const bf16* q, const KvCache& cache, int layer, const int* ctx_lens,
-                      bf16* out, const AttentionShape& shape, void* workspace, cudaStream_t stream,
-                      bool pdl) {
-  TS_REQUIRE(q != nullptr && out != nullptr && ctx_lens != nullptr && workspace != nullptr &&
-                 cache.request_base != nullptr,
-             "null q, out, ctx_lens, workspace or cache.request_base");
-  TS_REQUIRE(shape.num_requests >= 1, "num_requests must be >= 1");
-  TS_REQUIRE(shape.q_len >= 1 && shape.q_len <= 16,
-             "q_len = " + std::to_string(shape.q_len) + " outside [1, 16]");
-  TS_REQUIRE(cache.num_kv_heads >= 1 && shape.num_q_heads % cache.num_kv_heads == 0,
-             "num_q_heads = " + std::to_string(shape.num_q_heads) +
-                 " is not a multiple of num_kv_heads = " + std::to_string(cache.num_kv_heads));
+namespace {
+
+// decode_attention (q) or decode_attention_rope (qkv and rope; q null).
+void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qkv,
+                             const RopeTable* rope, const KvCache& cache, int layer,
+                             const int* ctx_lens, bf16* out, const AttentionShape& shape,
+                             void* workspace, cudaStream_t stream, bool pdl) {
+  auto require = [&](bool ok, const std::string& message) {
+    if (!ok) throw_invalid_argument(launcher, message);
+  };
+  const bool fused = rope != nullptr;
+  require((fused ? qkv : q) != nullptr && out != nullptr && ctx_lens != nullptr &&
+              workspace != nullptr && cache.request_base != nullptr,
+          std::string(fused ? "null qkv" : "null q") +
+              ", out, ctx_lens, workspace or cache.request_base");
+  require(!fused || detail::attention_tuning().split_q_smem,
+          "needs AttentionTuning::split_q_smem (the fused rope writes Q into shared memory)");
+  require(shape.num_requests >= 1, "num_requests must be >= 1");
+  require(shape.q_len >= 1 && shape.q_len <= 16,
+          "q_len = " + std::to_string(shape.q_len) + " outside [1, 16]");
+  require(cache.num_kv_heads >= 1 && shape.num_q_heads % cache.num_kv_heads == 0,
+          "num_q_heads = " + std::to_string(shape.num_q_heads) +
+              " is not a multiple of num_kv_heads = " + std::to_string(cache.num_kv_heads));
   const int group = shape.num_q_heads / cache.num_kv_heads;
-  TS_REQUIRE(group * shape.q_len <= kMaxRows,
-             "group * q_len = " + std::to_string(group * shape.q_len) + " exceeds 64");
-  TS_REQUIRE(layer >= 0 && layer < cache.num_layers, "layer out of range");
-  TS_REQUIRE(cache.capacity_tokens >= shape.q_len, "capacity_tokens < q_len");
+  require(group * shape.q_len <= kMaxRows,
+          "group * q_len = " + std::to_string(group * shape.q_len) + " exceeds 64");
+  require(layer >= 0 && layer < cache.num_layers, "layer out of range");
+  require(cache.capacity_tokens >= shape.q_len, "capacity_tokens < q_len");
   const detail::AttentionTuning& tuning = detail::attention_tuning();
-  TS_REQUIRE(
+  require(
       split_tokens_for(shape, cache) * static_cast<int64_t>(kMaxSplits) >= cache.capacity_tokens,
       "capacity_tokens too large for 1024 splits");
 
   SplitParams p = {};
   p.q = q;
+  p.qkv = qkv;
+  if (rope != nullptr) p.rope = *rope;
   p.cache = cache;
   p.layer = layer;
   p.ctx_lens = ctx_lens;
@@ -517,6 +598,22 @@ void decode_attention(const bf16* q, const KvCache& cache, int layer, const int*
   p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(slots * kHeadDim * 4));
   run_two_launch(p, row_tiles, dim3(p.num_splits, cache.num_kv_heads, shape.num_requests), out,
                  stream, pdl);
+}
+
+}  // namespace
+
+void decode_attention(const bf16* q, const KvCache& cache, int layer, const int* ctx_lens,
+                      bf16* out, const AttentionShape& shape, void* workspace, cudaStream_t stream,
+                      bool pdl) {
+  launch_decode_attention(__func__, q, nullptr, nullptr, cache, layer, ctx_lens, out, shape,
+                          workspace, stream, pdl);
+}
+
+void decode_attention_rope(const bf16* qkv, const KvCache& cache, int layer, const int* ctx_lens,
+                           const RopeTable& rope, bf16* out, const AttentionShape& shape,
+                           void* workspace, cudaStream_t stream, bool pdl) {
+  launch_decode_attention(__func__, nullptr, qkv, &rope, cache, layer, ctx_lens, out, shape,
+                          workspace, stream, pdl);
 }
 
 namespace detail {

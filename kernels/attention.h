@@ -24,6 +24,7 @@
 
 #include "kernels/common.h"
 #include "kernels/kv_cache.h"
+#include "kernels/rope.h"
 
 namespace twinstep::kernels {
 
@@ -44,5 +45,16 @@ int attention_num_splits(const AttentionShape& shape, const KvCache& cache);
 void decode_attention(const bf16* q, const KvCache& cache, int layer, const int* ctx_lens,
                       bf16* out, const AttentionShape& shape, void* workspace, cudaStream_t stream,
                       bool pdl = false);
+
+// rope_kv_append (rope.h) and decode_attention in one pair of launches: each split block rotates
+// its query rows from qkv (rope_kv_append's input) into shared memory, and the blocks whose split
+// holds positions ctx .. ctx + q_len - 1 rotate those tokens' k and append k and v to the cache
+// (after the dependency wait, before reading them). out and the cache are bit-identical to
+// rope_kv_append then decode_attention; no q_out is written. Same shapes and workspace as
+// decode_attention; needs AttentionTuning::split_q_smem (the default). PDL: the prologue reads
+// what decode_attention's does; qkv is read after the wait.
+void decode_attention_rope(const bf16* qkv, const KvCache& cache, int layer, const int* ctx_lens,
+                           const RopeTable& rope, bf16* out, const AttentionShape& shape,
+                           void* workspace, cudaStream_t stream, bool pdl = false);
 
 }  // namespace twinstep::kernels

@@ -3,6 +3,7 @@
 
 #include "kernels/device.cuh"
 #include "kernels/rope.h"
+#include "kernels/rope_math.cuh"
 #include "kernels/tuning.h"
 
 namespace twinstep::kernels {
@@ -43,15 +44,10 @@ __global__ void __launch_bounds__(kHalf)
     return;
   }
   const int i = threadIdx.x;
-  const float x1 = __bfloat162float(in[head * kHeadDim + i]);
-  const float x2 = __bfloat162float(in[head * kHeadDim + i + kHalf]);
-  // Angle in double, reduced to [0, 2 pi) before the float sincos: accurate at any position.
-  const double angle = static_cast<double>(position) * rope.inv_freq[i];
-  const double two_pi = 6.283185307179586;
-  float s, c;
-  sincosf(static_cast<float>(angle - floor(angle / two_pi) * two_pi), &s, &c);
-  const bf16 y1 = __float2bfloat16(x1 * c - x2 * s);
-  const bf16 y2 = __float2bfloat16(x2 * c + x1 * s);
+  bf16 y1, y2;
+  detail::rope_rotate_pair(__bfloat162float(in[head * kHeadDim + i]),
+                           __bfloat162float(in[head * kHeadDim + i + kHalf]), position,
+                           rope.inv_freq[i], &y1, &y2);
   bf16* dst;
   if (head < num_q_heads) {
     dst = q_out + (static_cast<size_t>(token) * num_q_heads + head) * kHeadDim;

@@ -1279,14 +1279,22 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   // mask bit i: PDL on for the i-th launcher of the layer (norm1, qkv, rope, attention, o,
   // norm2, gate_up, down); skip bit i: that launcher left out (a diagnostic: what its launch
   // costs the chain, the bound on what fusing it into a neighbour could gain; wrong numerics).
-  auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0) {
+  // fused_rope: rope_kv_append and decode_attention as decode_attention_rope (launcher 3; 2 then
+  // stands for nothing).
+  auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0, bool fused_rope = false) {
     auto on = [&](int i) { return ((mask >> i) & 1u) != 0; };
     auto run = [&](int i) { return ((skip >> i) & 1u) == 0; };
     for (int l = 0; l < layers; ++l) {
       if (run(0)) rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
       if (run(1)) gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
-      if (run(2)) rope_kv_append(qkv, kv.ctx, kv.cache, l, q, requests, q_len, 32, rope, s, on(2));
-      if (run(3)) decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, on(3));
+      if (fused_rope) {
+        if (run(3))
+          decode_attention_rope(qkv, kv.cache, l, kv.ctx, rope, attn, shape, ws, s, on(3));
+      } else {
+        if (run(2))
+          rope_kv_append(qkv, kv.ctx, kv.cache, l, q, requests, q_len, 32, rope, s, on(2));
+        if (run(3)) decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, on(3));
+      }
       if (run(4)) gemv(w[l].o, attn, delta, m, hidden, hidden, s, on(4));
       if (run(5)) rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, on(5));
       if (run(6)) gemv_swiglu(w[l].gate_up, normed, act, m, inter, hidden, s, on(6));
@@ -1345,6 +1353,24 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
       "AttentionTuning: split_full_ring %d, split_q_smem %d, carveout_max_shared %d)\n",
       tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
       b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
+
+  {  // rope_kv_append fused into the attention's split kernel (decode_attention_rope), PDL on
+    const double us =
+        time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, true); }, 7) / layers;
+    std::printf(
+        "  layer chain %s rope fused into attention (8 kernels): pdl on %7.2f us (%.3fx of floor; "
+        "separate %7.2f)\n",
+        tag.c_str(), us, us / floor_us, t[1]);
+    Row row;
+    row.s("section", "layer_chain_fused_rope")
+        .n("m", m)
+        .n("requests", requests)
+        .n("ctx_tokens", ctx)
+        .b("pdl", true)
+        .n("separate_time_us", t[1])
+        .n("time_over_floor", us / floor_us);
+    add_row(row, bytes, us);
+  }
 
   if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
     for (const auto& [label, skip] :

@@ -402,6 +402,111 @@ TEST_P(AttentionVariants, CombineFormsAgree) {
 INSTANTIATE_TEST_SUITE_P(Variants, AttentionVariants, ::testing::ValuesIn(kVariants),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// decode_attention_rope against rope_kv_append then decode_attention on a copy of the same cache:
+// out and the whole cache bit for bit. Cases: one query at a long context, new tokens straddling a
+// split boundary (splits are 64 tokens for one request of 8 KV heads at capacity 1024, 128 for
+// three requests; 256 for two requests of 2 KV heads), group 8, 16 queries ending at capacity.
+TEST(Attention, FusedRopeMatchesRopeThenAttentionBitForBit) {
+  TS_SKIP_WITHOUT_GPU();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  struct FusedCase {
+    int num_q_heads, num_kv_heads, q_len;
+    std::vector<int> ctx_lens;
+  };
+  const RopeTable rope = llama3_rope_table();
+  for (const FusedCase& c :
+       {FusedCase{32, 8, 1, {1000}}, FusedCase{32, 8, 8, {60}}, FusedCase{32, 8, 6, {0, 125, 700}},
+        FusedCase{16, 2, 8, {250, 5}}, FusedCase{32, 8, 16, {1008}}}) {
+    SCOPED_TRACE("heads " + std::to_string(c.num_q_heads) + "/" + std::to_string(c.num_kv_heads) +
+                 " q_len " + std::to_string(c.q_len) + " requests " +
+                 std::to_string(c.ctx_lens.size()));
+    const int requests = static_cast<int>(c.ctx_lens.size()), layer = 1;
+    KvCache cache;
+    cache.num_layers = 2;
+    cache.num_kv_heads = c.num_kv_heads;
+    cache.capacity_tokens = 1024;
+    const size_t per_request = kv_cache_bytes_per_request(cache) / sizeof(bf16);
+    std::vector<std::unique_ptr<DeviceBuffer<bf16>>> kv[2];
+    std::vector<bf16*> bases[2];
+    for (int r = 0; r < requests; ++r) {
+      const Bf16Host contents = test::random_bf16(per_request, rng);
+      for (int path = 0; path < 2; ++path) {
+        kv[path].push_back(std::make_unique<DeviceBuffer<bf16>>(per_request));
+        kv[path].back()->upload(contents.bits);
+        bases[path].push_back(kv[path].back()->get());
+      }
+    }
+    const int width = (c.num_q_heads + 2 * c.num_kv_heads) * kHeadDim;
+    const Bf16Host qkv = test::random_bf16(static_cast<size_t>(requests) * c.q_len * width, rng);
+    auto dqkv = test::to_device(qkv);
+    DeviceBuffer<int> dctx(requests);
+    dctx.upload(c.ctx_lens);
+    AttentionShape shape;
+    shape.num_requests = requests;
+    shape.q_len = c.q_len;
+    shape.num_q_heads = c.num_q_heads;
+    const size_t out_elems = static_cast<size_t>(requests) * c.q_len * c.num_q_heads * kHeadDim;
+    DeviceBuffer<bf16> q_out(out_elems),
+        out[2] = {DeviceBuffer<bf16>(out_elems), DeviceBuffer<bf16>(out_elems)};
+    auto ws = make_workspace({shape}, cache);
+    KvCache caches[2] = {cache, cache};
+    DeviceBuffer<bf16*> dbases[2] = {DeviceBuffer<bf16*>(requests), DeviceBuffer<bf16*>(requests)};
+    for (int path = 0; path < 2; ++path) {
+      dbases[path].upload(bases[path]);
+      caches[path].request_base = dbases[path].get();
+      out[path].poison();
+    }
+    cudaStream_t stream;  // PDL launches, as the runtime's chain makes them
+    TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    rope_kv_append(dqkv.get(), dctx.get(), caches[0], layer, q_out.get(), requests, c.q_len,
+                   c.num_q_heads, rope, stream, true);
+    decode_attention(q_out.get(), caches[0], layer, dctx.get(), out[0].get(), shape, ws.get(),
+                     stream, true);
+    decode_attention_rope(dqkv.get(), caches[1], layer, dctx.get(), rope, out[1].get(), shape,
+                          ws.get(), stream, true);
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    TS_CUDA_CHECK(cudaStreamDestroy(stream));
+    const auto want = out[0].download<uint16_t>(), got = out[1].download<uint16_t>();
+    ASSERT_EQ(std::count(want.begin(), want.end(), uint16_t{0xFFFF}), 0);
+    EXPECT_EQ(mismatches(got, want), 0u) << describe_mismatches(got, want);
+    for (int r = 0; r < requests; ++r)
+      EXPECT_EQ(kv[1][r]->download<uint16_t>(), kv[0][r]->download<uint16_t>())
+          << "cache of request " << r;
+  }
+}
+
+TEST(Attention, FusedRopeRejectsWhatItCannotDo) {
+  // Validation happens before any CUDA call: runs with or without a GPU.
+  KvCache cache;
+  cache.request_base = reinterpret_cast<bf16* const*>(0x100);
+  cache.num_layers = 1;
+  cache.num_kv_heads = 8;
+  cache.capacity_tokens = 128;
+  const bf16* qkv = reinterpret_cast<const bf16*>(0x100);
+  bf16* out = reinterpret_cast<bf16*>(0x100);
+  const int* ctx = reinterpret_cast<const int*>(0x100);
+  void* ws = reinterpret_cast<void*>(0x100);
+  const RopeTable rope = llama3_rope_table();
+  AttentionShape shape;
+  try {
+    decode_attention_rope(nullptr, cache, 0, ctx, rope, out, shape, ws, nullptr);
+    ADD_FAILURE() << "a null qkv was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("decode_attention_rope: null qkv"), std::string::npos)
+        << e.what();
+  }
+  Variant registers = kVariants[0];  // Q in registers
+  TuningScope scope(registers);
+  try {
+    decode_attention_rope(qkv, cache, 0, ctx, rope, out, shape, ws, nullptr);
+    ADD_FAILURE() << "accepted without split_q_smem";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("split_q_smem"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Attention, RejectsInvalidShapes) {
   KvCache cache;
   cache.request_base = reinterpret_cast<bf16* const*>(0x100);
