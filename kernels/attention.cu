@@ -40,21 +40,6 @@ struct SplitParams {
   RopeTable rope;
 };
 
-// decode_attention_rope: 8 pairs (dims 8u + e, 64 + 8u + e) of one head's row `in` rotated as
-// rope_kv_append rotates them, into the 16-byte units u and u + 8 of the output.
-__device__ __forceinline__ void rope_rotate_unit(const SplitParams& p, const bf16* in, int u,
-                                                 int position, uint4* lo, uint4* hi) {
-  const uint4 a = detail::load_16(in + u * 8), b = detail::load_16(in + kHeadDim / 2 + u * 8);
-  const bf16* x1 = reinterpret_cast<const bf16*>(&a);
-  const bf16* x2 = reinterpret_cast<const bf16*>(&b);
-  bf16* y1 = reinterpret_cast<bf16*>(lo);
-  bf16* y2 = reinterpret_cast<bf16*>(hi);
-#pragma unroll
-  for (int e = 0; e < 8; ++e)
-    detail::rope_rotate_pair(__bfloat162float(x1[e]), __bfloat162float(x2[e]), position,
-                             p.rope.inv_freq[u * 8 + e], &y1[e], &y2[e]);
-}
-
 // Q row `row` (= j * group + g) of kv head `head`.
 __device__ __forceinline__ size_t q_offset(const SplitParams& p, int request, int head, int row) {
   const int j = row / p.group, g = row % p.group;
@@ -147,29 +132,51 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   }
   detail::pdl_wait_and_trigger();
   if constexpr (kRope) {
+    // rope_kv_append's work for this block, one pair (i, i + 64) per item, spread over the
+    // threads: the query rows of this KV head rotated into shared memory (padding rows zero),
+    // and this split's new tokens (positions >= ctx): k rotated and v copied into the cache, which
+    // the block's own cp.async copies of those rows read after the barrier.
     const int qkv_stride = (p.num_q_heads + 2 * p.cache.num_kv_heads) * kHeadDim;
-    // This split's new tokens: k rotated (8 units of pairs) and v copied (16 units) per token,
-    // written to the cache; the block's own cp.async copies of those rows come after the barrier.
-    const int first_new = max(ctx, t_begin), count = max(0, view.t_end - first_new);
+    const bf16* in_rows = p.qkv + static_cast<size_t>(request) * p.q_len * qkv_stride;
+    const int first_new = max(ctx, t_begin), new_tokens = max(0, view.t_end - first_new);
     bf16* base = p.cache.request_base[request];
     bf16* k_dst = base + kv_offset(p.cache, p.layer, 0, head);
     bf16* v_dst = base + kv_offset(p.cache, p.layer, 1, head);
-    for (int i = threadIdx.x; i < count * 24; i += kThreads) {
-      const int t = first_new + i / 24, u = i % 24;
-      if (t >= p.cache.capacity_tokens) continue;
-      const bf16* row = p.qkv + (static_cast<size_t>(request) * p.q_len + (t - ctx)) * qkv_stride;
-      bf16* k_row = k_dst + static_cast<size_t>(t) * kHeadDim;
-      if (u < 8) {
-        uint4 lo, hi;
-        rope_rotate_unit(p, row + (p.num_q_heads + head) * kHeadDim, u, t, &lo, &hi);
-        *reinterpret_cast<uint4*>(k_row + u * 8) = lo;
-        *reinterpret_cast<uint4*>(k_row + kHeadDim / 2 + u * 8) = hi;
+    const int q_items = p.rows * 64, k_items = new_tokens * 64, v_items = new_tokens * 16;
+    for (int i = threadIdx.x; i < q_items + k_items + v_items; i += kThreads) {
+      if (i < q_items + k_items) {
+        const int pr = i % 64;
+        const bf16* x;
+        bf16* dst;
+        int position;
+        if (i < q_items) {
+          const int row = i / 64, j = row / p.group, g = row % p.group;
+          x = in_rows + j * qkv_stride + (head * p.group + g) * kHeadDim;
+          dst = q_smem + smem_index(row, pr / 8) + pr % 8;
+          position = ctx + j;
+        } else {
+          position = first_new + (i - q_items) / 64;
+          if (position >= p.cache.capacity_tokens) continue;
+          x = in_rows + (position - ctx) * qkv_stride + (p.num_q_heads + head) * kHeadDim;
+          dst = k_dst + static_cast<size_t>(position) * kHeadDim + pr;
+        }
+        bf16 y1, y2;
+        detail::rope_rotate_pair(__bfloat162float(x[pr]), __bfloat162float(x[pr + 64]), position,
+                                 p.rope.inv_freq[pr], &y1, &y2);
+        // Dim pr + 64 is 64 elements on, in the cache row and in the swizzled Q row alike (unit
+        // u + 8 sits at (u ^ swizzle) + 8: the swizzle leaves bit 3 alone).
+        dst[0] = y1;
+        dst[64] = y2;
       } else {
-        const int w = u - 8;
-        *reinterpret_cast<uint4*>(v_dst + static_cast<size_t>(t) * kHeadDim + w * 8) =
-            detail::load_16(row + (p.num_q_heads + p.cache.num_kv_heads + head) * kHeadDim + w * 8);
+        const int item = i - q_items - k_items, position = first_new + item / 16, u = item % 16;
+        if (position >= p.cache.capacity_tokens) continue;
+        *reinterpret_cast<uint4*>(v_dst + static_cast<size_t>(position) * kHeadDim + u * 8) =
+            detail::load_16(in_rows + (position - ctx) * qkv_stride +
+                            (p.num_q_heads + p.cache.num_kv_heads + head) * kHeadDim + u * 8);
       }
     }
+    for (int i = p.rows * 16 + threadIdx.x; i < kRows * 16; i += kThreads)
+      *reinterpret_cast<uint4*>(q_smem + smem_index(i / 16, i % 16)) = make_uint4(0, 0, 0, 0);
     __threadfence_block();
     __syncthreads();
   }
@@ -183,20 +190,7 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   const int row_a = row_tile * 16 + gid, row_b = row_a + 8;
   uint4 qa[4], qb[4];
   if constexpr (kRope) {
-    const int qkv_stride = (p.num_q_heads + 2 * p.cache.num_kv_heads) * kHeadDim;
-    for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {  // 8 pairs per thread
-      const int row = i / 8, u = i % 8;
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (row < p.rows) {
-        const int j = row / p.group, g = row % p.group;
-        rope_rotate_unit(p,
-                         p.qkv + (static_cast<size_t>(request) * p.q_len + j) * qkv_stride +
-                             (head * p.group + g) * kHeadDim,
-                         u, ctx + j, &lo, &hi);
-      }
-      *reinterpret_cast<uint4*>(q_smem + smem_index(row, u)) = lo;
-      *reinterpret_cast<uint4*>(q_smem + smem_index(row, u + 8)) = hi;
-    }
+    // Q is in shared memory already (above).
   } else if constexpr (kQSmem) {
     for (int i = threadIdx.x; i < kRows * 16; i += kThreads) {  // 16 bytes per thread
       const int row = i / 16, u = i % 16;
