@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/attention.h"
@@ -132,49 +133,69 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   }
   detail::pdl_wait_and_trigger();
   if constexpr (kRope) {
-    // rope_kv_append's work for this block, one pair (i, i + 64) per item, spread over the
-    // threads: the query rows of this KV head rotated into shared memory (padding rows zero),
-    // and this split's new tokens (positions >= ctx): k rotated and v copied into the cache, which
-    // the block's own cp.async copies of those rows read after the barrier.
+    // rope_kv_append's work for this block, in items of P pairs (i, i + 64) spread over the
+    // threads: the query rows of this KV head rotated into shared memory (padding rows zero), and
+    // this split's new tokens (positions >= ctx): k rotated and v copied into the cache, which the
+    // block's own cp.async copies of those rows read after the barrier. P = 2 where the rows give
+    // under 4 pairs per thread (e.g. one query of group 4: the rotation's latency per thread is
+    // what the step waits for), else 8 (16-byte loads and stores).
     const int qkv_stride = (p.num_q_heads + 2 * p.cache.num_kv_heads) * kHeadDim;
     const bf16* in_rows = p.qkv + static_cast<size_t>(request) * p.q_len * qkv_stride;
     const int first_new = max(ctx, t_begin), new_tokens = max(0, view.t_end - first_new);
     bf16* base = p.cache.request_base[request];
     bf16* k_dst = base + kv_offset(p.cache, p.layer, 0, head);
     bf16* v_dst = base + kv_offset(p.cache, p.layer, 1, head);
-    const int q_items = p.rows * 64, k_items = new_tokens * 64, v_items = new_tokens * 16;
-    for (int i = threadIdx.x; i < q_items + k_items + v_items; i += kThreads) {
-      if (i < q_items + k_items) {
-        const int pr = i % 64;
-        const bf16* x;
-        bf16* dst;
-        int position;
-        if (i < q_items) {
-          const int row = i / 64, j = row / p.group, g = row % p.group;
-          x = in_rows + j * qkv_stride + (head * p.group + g) * kHeadDim;
-          dst = q_smem + smem_index(row, pr / 8) + pr % 8;
-          position = ctx + j;
+    auto rotate_all = [&](auto pairs) {
+      constexpr int P = decltype(pairs)::value;
+      using Vec = std::conditional_t<P == 8, uint4, unsigned>;
+      static_assert(sizeof(Vec) == 2 * P);
+      constexpr int kChunks = 64 / P;  // items per row
+      const int q_items = p.rows * kChunks, k_items = new_tokens * kChunks;
+      const int v_items = new_tokens * 16;
+      for (int i = threadIdx.x; i < q_items + k_items + v_items; i += kThreads) {
+        if (i < q_items + k_items) {
+          const int pr = i % kChunks * P;
+          const bf16* x;
+          bf16* dst;
+          int position;
+          if (i < q_items) {
+            const int row = i / kChunks, j = row / p.group, g = row % p.group;
+            x = in_rows + j * qkv_stride + (head * p.group + g) * kHeadDim;
+            dst = q_smem + smem_index(row, pr / 8) + pr % 8;
+            position = ctx + j;
+          } else {
+            position = first_new + (i - q_items) / kChunks;
+            if (position >= p.cache.capacity_tokens) continue;
+            x = in_rows + (position - ctx) * qkv_stride + (p.num_q_heads + head) * kHeadDim;
+            dst = k_dst + static_cast<size_t>(position) * kHeadDim + pr;
+          }
+          const Vec a = __ldg(reinterpret_cast<const Vec*>(x + pr));
+          const Vec b = __ldg(reinterpret_cast<const Vec*>(x + pr + 64));
+          Vec lo, hi;
+          const bf16* x1 = reinterpret_cast<const bf16*>(&a);
+          const bf16* x2 = reinterpret_cast<const bf16*>(&b);
+#pragma unroll
+          for (int e = 0; e < P; ++e)
+            detail::rope_rotate_pair(__bfloat162float(x1[e]), __bfloat162float(x2[e]), position,
+                                     p.rope.inv_freq[pr + e], reinterpret_cast<bf16*>(&lo) + e,
+                                     reinterpret_cast<bf16*>(&hi) + e);
+          // Dim pr + 64 is 64 elements on, in the cache row and in the swizzled Q row alike
+          // (unit u + 8 sits at (u ^ swizzle) + 8: the swizzle leaves bit 3 alone).
+          *reinterpret_cast<Vec*>(dst) = lo;
+          *reinterpret_cast<Vec*>(dst + 64) = hi;
         } else {
-          position = first_new + (i - q_items) / 64;
+          const int item = i - q_items - k_items, position = first_new + item / 16, u = item % 16;
           if (position >= p.cache.capacity_tokens) continue;
-          x = in_rows + (position - ctx) * qkv_stride + (p.num_q_heads + head) * kHeadDim;
-          dst = k_dst + static_cast<size_t>(position) * kHeadDim + pr;
+          *reinterpret_cast<uint4*>(v_dst + static_cast<size_t>(position) * kHeadDim + u * 8) =
+              detail::load_16(in_rows + (position - ctx) * qkv_stride +
+                              (p.num_q_heads + p.cache.num_kv_heads + head) * kHeadDim + u * 8);
         }
-        bf16 y1, y2;
-        detail::rope_rotate_pair(__bfloat162float(x[pr]), __bfloat162float(x[pr + 64]), position,
-                                 p.rope.inv_freq[pr], &y1, &y2);
-        // Dim pr + 64 is 64 elements on, in the cache row and in the swizzled Q row alike (unit
-        // u + 8 sits at (u ^ swizzle) + 8: the swizzle leaves bit 3 alone).
-        dst[0] = y1;
-        dst[64] = y2;
-      } else {
-        const int item = i - q_items - k_items, position = first_new + item / 16, u = item % 16;
-        if (position >= p.cache.capacity_tokens) continue;
-        *reinterpret_cast<uint4*>(v_dst + static_cast<size_t>(position) * kHeadDim + u * 8) =
-            detail::load_16(in_rows + (position - ctx) * qkv_stride +
-                            (p.num_q_heads + p.cache.num_kv_heads + head) * kHeadDim + u * 8);
       }
-    }
+    };
+    if (p.rows * 64 >= 4 * kThreads)
+      rotate_all(std::integral_constant<int, 8>{});
+    else
+      rotate_all(std::integral_constant<int, 2>{});
     for (int i = p.rows * 16 + threadIdx.x; i < kRows * 16; i += kThreads)
       *reinterpret_cast<uint4*>(q_smem + smem_index(i / 16, i % 16)) = make_uint4(0, 0, 0, 0);
     __threadfence_block();
