@@ -61,6 +61,14 @@ DeviceBuffer<unsigned char> make_workspace(const std::vector<AttentionShape>& sh
   return ws;
 }
 
+AttentionShape shape_of(int num_requests, int q_len, int num_q_heads) {
+  AttentionShape shape;
+  shape.num_requests = num_requests;
+  shape.q_len = q_len;
+  shape.num_q_heads = num_q_heads;
+  return shape;
+}
+
 // One request's KV buffer: valid tokens [0, valid) random; every other element (other layers,
 // tokens past the window) NaN, so a stray read poisons the result.
 struct RequestKv {
@@ -177,10 +185,7 @@ TEST_P(AttentionCases, MatchesCpuReference) {
   DeviceBuffer<int> dctx(num_requests);
   dctx.upload(c.ctx_lens);
 
-  AttentionShape shape;
-  shape.num_requests = num_requests;
-  shape.q_len = c.q_len;
-  shape.num_q_heads = c.num_q_heads;
+  const AttentionShape shape = shape_of(num_requests, c.q_len, c.num_q_heads);
   const size_t q_elems = static_cast<size_t>(num_requests) * c.q_len * c.num_q_heads * kHeadDim;
   const Bf16Host q = test::random_bf16(q_elems, rng);
   auto dq = test::to_device(q);
@@ -309,9 +314,7 @@ TEST_P(AttentionVariants, GraphReplaysAreBitIdentical) {
   cache.request_base = dbases.get();
   DeviceBuffer<int> dctx(2);
   dctx.upload(ctx_lens);
-  AttentionShape shape;
-  shape.num_requests = 2;
-  shape.q_len = 6;
+  const AttentionShape shape = shape_of(2, 6, 32);
   const size_t elems = 2 * 6 * 32 * kHeadDim;
   auto dq = test::to_device(test::random_bf16(elems, rng));
   auto ws = make_workspace({shape}, cache);
@@ -374,10 +377,7 @@ TEST_P(AttentionVariants, CombineFormsAgree) {
     DeviceBuffer<int> dctx(2);
     dctx.upload(ctx_lens);
     for (const int q_len : {1, 8}) {
-      AttentionShape shape;
-      shape.num_requests = 2;
-      shape.q_len = q_len;
-      shape.num_q_heads = 8;
+      const AttentionShape shape = shape_of(2, q_len, 8);
       const size_t elems = size_t{2} * q_len * 8 * kHeadDim;
       auto dq = test::to_device(test::random_bf16(elems, rng));
       auto ws = make_workspace({shape}, cache);
@@ -443,10 +443,7 @@ TEST(Attention, FusedRopeMatchesRopeThenAttentionBitForBit) {
     auto dqkv = test::to_device(qkv);
     DeviceBuffer<int> dctx(requests);
     dctx.upload(c.ctx_lens);
-    AttentionShape shape;
-    shape.num_requests = requests;
-    shape.q_len = c.q_len;
-    shape.num_q_heads = c.num_q_heads;
+    const AttentionShape shape = shape_of(requests, c.q_len, c.num_q_heads);
     const size_t out_elems = static_cast<size_t>(requests) * c.q_len * c.num_q_heads * kHeadDim;
     DeviceBuffer<bf16> q_out(out_elems),
         out[2] = {DeviceBuffer<bf16>(out_elems), DeviceBuffer<bf16>(out_elems)};
@@ -477,17 +474,29 @@ TEST(Attention, FusedRopeMatchesRopeThenAttentionBitForBit) {
   }
 }
 
-TEST(Attention, FusedRopeRejectsWhatItCannotDo) {
-  // Validation happens before any CUDA call: runs with or without a GPU.
+// Placeholder device pointers for launches that must throw before any CUDA call (validation
+// first): they run with or without a GPU.
+struct UnlaunchedArgs {
   KvCache cache;
-  cache.request_base = reinterpret_cast<bf16* const*>(0x100);
-  cache.num_layers = 1;
-  cache.num_kv_heads = 8;
-  cache.capacity_tokens = 128;
-  const bf16* qkv = reinterpret_cast<const bf16*>(0x100);
+  const bf16* in = reinterpret_cast<const bf16*>(0x100);
   bf16* out = reinterpret_cast<bf16*>(0x100);
   const int* ctx = reinterpret_cast<const int*>(0x100);
   void* ws = reinterpret_cast<void*>(0x100);
+  explicit UnlaunchedArgs(int num_kv_heads) {
+    cache.request_base = reinterpret_cast<bf16* const*>(0x100);
+    cache.num_layers = 1;
+    cache.num_kv_heads = num_kv_heads;
+    cache.capacity_tokens = 128;
+  }
+};
+
+TEST(Attention, FusedRopeRejectsWhatItCannotDo) {
+  UnlaunchedArgs a(8);
+  const KvCache& cache = a.cache;
+  const bf16* qkv = a.in;
+  bf16* out = a.out;
+  const int* ctx = a.ctx;
+  void* ws = a.ws;
   const RopeTable rope = llama3_rope_table();
   AttentionShape shape;
   try {
@@ -508,15 +517,12 @@ TEST(Attention, FusedRopeRejectsWhatItCannotDo) {
 }
 
 TEST(Attention, RejectsInvalidShapes) {
-  KvCache cache;
-  cache.request_base = reinterpret_cast<bf16* const*>(0x100);
-  cache.num_layers = 1;
-  cache.num_kv_heads = 4;
-  cache.capacity_tokens = 128;
-  const bf16* q = reinterpret_cast<const bf16*>(0x100);
-  bf16* out = reinterpret_cast<bf16*>(0x100);
-  const int* ctx = reinterpret_cast<const int*>(0x100);
-  void* ws = reinterpret_cast<void*>(0x100);
+  UnlaunchedArgs a(4);
+  KvCache& cache = a.cache;
+  const bf16* q = a.in;
+  bf16* out = a.out;
+  const int* ctx = a.ctx;
+  void* ws = a.ws;
   AttentionShape shape;
   shape.num_q_heads = 32;
   shape.q_len = 16;  // group 8 * 16 = 128 rows > 64
