@@ -36,7 +36,11 @@ struct SplitParams {
   float2* part_ml;
   bool skip_math;  // benchmark diagnostic: stream K/V, skip the tile math
   bool full_ring;  // all 3 stages in the prologue (AttentionTuning::split_full_ring)
-  // decode_attention_rope: the qkv projection output (q unused) and rope_kv_append's table.
+};
+
+// The split kernel's parameters in decode_attention_rope (q unused): the qkv projection's output
+// and rope_kv_append's table. A separate type, so the other kernels' parameters stay as they were.
+struct RopeSplitParams : SplitParams {
   const bf16* qkv;
   RopeTable rope;
 };
@@ -98,7 +102,7 @@ struct SplitView {
 // after the dependency wait, before any tile holding them is issued (rope_kv_append's work).
 template <int kRowTiles, bool kQSmem, bool kRope = false>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
-    attention_split_kernel(const SplitParams p) {
+    attention_split_kernel(const std::conditional_t<kRope, RopeSplitParams, SplitParams> p) {
   static_assert(!kRope || kQSmem, "the fused rope writes Q into shared memory");
   constexpr int kStages = 3;
   constexpr int kThreads = kSplitThreads * kRowTiles;
@@ -500,7 +504,8 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
 }
 
 template <bool kQSmem, bool kRope = false>
-void run_split(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
+void run_split(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p, int row_tiles,
+               dim3 grid, cudaStream_t stream, bool pdl) {
   const size_t ring =
       size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
   const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
@@ -513,19 +518,20 @@ void run_split(const SplitParams& p, int row_tiles, dim3 grid, cudaStream_t stre
     return true;
   }();
   (void)configured;
-  void (*kernels[4])(SplitParams) = {
+  void (*kernels[4])(std::conditional_t<kRope, RopeSplitParams, SplitParams>) = {
       attention_split_kernel<1, kQSmem, kRope>, attention_split_kernel<2, kQSmem, kRope>,
       attention_split_kernel<3, kQSmem, kRope>, attention_split_kernel<4, kQSmem, kRope>};
   launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
                    static_cast<int>(grid.z) * p.q_len, p);
 }
 
-void run_two_launch(const SplitParams& p, int row_tiles, dim3 grid, bf16* out, cudaStream_t stream,
-                    bool pdl) {
+// rope: decode_attention_rope's split parameters (p and the rope fields), else null.
+void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_tiles, dim3 grid,
+                    bf16* out, cudaStream_t stream, bool pdl) {
   const detail::AttentionTuning& tuning = detail::attention_tuning();
   if (tuning.launch_split) {
-    if (p.qkv != nullptr)
-      run_split<true, true>(p, row_tiles, grid, stream, pdl);
+    if (rope != nullptr)
+      run_split<true, true>(*rope, row_tiles, grid, stream, pdl);
     else if (tuning.split_q_smem)
       run_split<true>(p, row_tiles, grid, stream, pdl);
     else
@@ -591,8 +597,6 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
 
   SplitParams p = {};
   p.q = q;
-  p.qkv = qkv;
-  if (rope != nullptr) p.rope = *rope;
   p.cache = cache;
   p.layer = layer;
   p.ctx_lens = ctx_lens;
@@ -611,8 +615,14 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   const size_t slots =
       static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_splits * p.rows;
   p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(slots * kHeadDim * 4));
-  run_two_launch(p, row_tiles, dim3(p.num_splits, cache.num_kv_heads, shape.num_requests), out,
-                 stream, pdl);
+  RopeSplitParams rp = {};
+  if (fused) {
+    static_cast<SplitParams&>(rp) = p;
+    rp.qkv = qkv;
+    rp.rope = *rope;
+  }
+  run_two_launch(p, fused ? &rp : nullptr, row_tiles,
+                 dim3(p.num_splits, cache.num_kv_heads, shape.num_requests), out, stream, pdl);
 }
 
 }  // namespace
