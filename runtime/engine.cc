@@ -561,11 +561,17 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
                               B, H, eps, s, pdl);
     node("qkv_proj");
     project(L.w_qkv, b.xn, b.qkv, B, int(c.qkv_dim()), H);
-    node("rope_kv_append");
-    kernels::rope_kv_append(b.qkv, ctx_lens, cache, l, b.q, requests, q_len, c.q_heads, rope_, s,
-                            pdl);
-    node("attention");
-    kernels::decode_attention(b.q, cache, l, ctx_lens, b.attn, shape, attn_ws, s, pdl);
+    if (options_.fused_rope) {
+      node("attention");
+      kernels::decode_attention_rope(b.qkv, cache, l, ctx_lens, rope_, b.attn, shape, attn_ws, s,
+                                     pdl);
+    } else {
+      node("rope_kv_append");
+      kernels::rope_kv_append(b.qkv, ctx_lens, cache, l, b.q, requests, q_len, c.q_heads, rope_, s,
+                              pdl);
+      node("attention");
+      kernels::decode_attention(b.q, cache, l, ctx_lens, b.attn, shape, attn_ws, s, pdl);
+    }
     node("o_proj");
     project_rows(L.w_o, b.attn, b.o, B, H, int(c.q_dim()), row_exact,
                  pdl && !(options_.pdl_drain_after_attention && B > kDrainAfterAttentionRows));

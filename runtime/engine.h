@@ -104,6 +104,11 @@ struct EngineOptions {
   // 9-16 rows together with kernels' GemvTuning::pdl_max_rows = 16 (the other GEMVs keep PDL);
   // off: the kernels' rule alone (GEMVs of more than 8 rows without PDL).
   bool pdl_drain_after_attention = false;
+  // The target model's decode and verify layers run rope_kv_append inside the attention's split
+  // kernel (kernels' decode_attention_rope; docs/kernels.md round 19): one node fewer per layer,
+  // the same tokens and cache bits. A measured option: the simulator's step kernels and the
+  // calibration still price the separate rope node, so it goes default with them.
+  bool fused_rope = false;
   // Tensor parallelism (runtime/tensor_parallel.h): with a communicator, create_synthetic builds
   // this rank's shard of the model it is given and the forwards all-reduce after o_proj and
   // down_proj (MoE: expert parallelism, one all-reduce after the MoE FFN). With a draft: its

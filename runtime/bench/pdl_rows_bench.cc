@@ -5,12 +5,13 @@
 // kernel tuning; for each, the decode graph of batches 8, 12 and 16 (16 shares the bucket of
 // 12), graph and graph+PDL, timed with events around back-to-back replays at a short context
 // (about 200 tokens).
-//   twinstep_pdl_rows_bench [--reps N] [--ctx TOKENS] [--only LABEL_PART ...]
+//   twinstep_pdl_rows_bench [--reps N] [--ctx TOKENS] [--batches 8,12,16] [--only LABEL_PART ...]
 // Prints one line per tuning, batch and mode; the kernel tunings are kernels/tuning.h's.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@ struct Tuning {
   const char* label;
   std::function<void()> apply;         // on top of the defaults
   bool drain_after_attention = false;  // EngineOptions::pdl_drain_after_attention
+  bool fused_rope = false;             // EngineOptions::fused_rope
 };
 
 // Median step time (ms) of `reps` decode replays of `batch` slots in `mode`.
@@ -60,12 +62,22 @@ double time_decode_ms(Engine& engine, int batch, GraphMode mode, int reps) {
 
 int main(int argc, char** argv) {
   int reps = 20, ctx = 192;
+  std::vector<int> batches = {8, 12, 16};  // at most 16 (the engine's slots)
   std::vector<std::string> only;  // tunings whose label contains one of these (default: all)
   for (int i = 1; i + 1 < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--reps") reps = std::max(3, std::atoi(argv[i + 1]));
     if (a == "--ctx") ctx = std::max(1, std::atoi(argv[i + 1]));
     if (a == "--only") only.push_back(argv[i + 1]);
+    if (a == "--batches") {
+      batches.clear();
+      for (size_t pos = 0; pos < std::string(argv[i + 1]).size();) {
+        const std::string list = argv[i + 1];
+        const size_t comma = std::min(list.find(',', pos), list.size());
+        batches.push_back(std::clamp(std::atoi(list.substr(pos, comma - pos).c_str()), 1, 16));
+        pos = comma + 1;
+      }
+    }
   }
   std::string why;
   if (!real_backend_available(&why)) {
@@ -106,6 +118,7 @@ int main(int argc, char** argv) {
            kd::gemv_tuning().pdl_max_rows = 16;
          },
          true},
+        {"rope fused into attention", [] {}, false, true},
     };
     const int slots = 16;
     std::printf("Llama-3-8B synthetic, ctx %d, median of %d replays per point (ms per step)\n", ctx,
@@ -124,6 +137,7 @@ int main(int argc, char** argv) {
       eo.max_slots = slots;
       eo.capacity_tokens = ctx + 320;
       eo.pdl_drain_after_attention = t.drain_after_attention;
+      eo.fused_rope = t.fused_rope;
       auto engine = Engine::create_synthetic(config, 1, eo);
       std::vector<int32_t> ids(slots);
       std::vector<std::vector<int32_t>> prompts(slots, std::vector<int32_t>(size_t(ctx)));
@@ -134,7 +148,7 @@ int main(int argc, char** argv) {
       engine->enqueue_prefill(ids, prompts);
       for (const GraphMode mode : {GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
         engine->prepare(mode, slots);
-      for (const int batch : {8, 12, 16}) {
+      for (const int batch : batches) {
         const double graph_ms = time_decode_ms(*engine, batch, GraphMode::kCudaGraph, reps);
         const double pdl_ms = time_decode_ms(*engine, batch, GraphMode::kCudaGraphPdl, reps);
         std::printf("%-44s batch %2d: graph %6.3f ms, graph+pdl %6.3f ms (pdl/graph %.3f)\n",

@@ -335,43 +335,73 @@ TEST(RealRuntime, SettleGivesItsMemoryBackAndChangesNoToken) {
                        "request " + std::to_string(q.id) + " after settling");
 }
 
-// EngineOptions::pdl_drain_after_attention with the kernels' measured options for 9-16 rows (PDL
-// at every row count, the refilled ring; docs/kernels.md round 8): decode batches of 12 rows give
-// the default engine's tokens in every graph mode and host schedule.
-TEST(RealRuntime, DrainAfterAttentionChangesNothingButTime) {
-  SKIP_WITHOUT_GPU();
+// Runs `w` on the tiny synthetic model with the default engine (run-ahead, graph + PDL), then
+// with `changed` options (after `tune`, which the kernels' tunings are restored from) in every
+// host schedule and graph mode, and expects the same tokens: for options that change time only.
+void expect_tokens_unchanged_by(
+    const EngineOptions& base, const EngineOptions& changed, const WorkloadSpec& w,
+    const RealOptions& ro, const std::function<void()>& tune = [] {}) {
   const ModelSpec spec = tiny_runtime_spec();
   const LlamaConfig config = llama_config_from_spec(spec);
-  WorkloadSpec w;
-  w.input_len = {20, 40};
-  w.output_len = {24, 24};
-  w.num_requests = 12;
-  w.max_concurrency = 12;
-  w.seed = 3;
-  RealOptions ro;
-  ro.prompt_seed = 9;
-  EngineOptions eo;
-  eo.max_slots = 12;
-  eo.capacity_tokens = 128;
   std::vector<std::vector<int32_t>> want;
   {
-    auto engine = Engine::create_synthetic(config, 7, eo);
+    auto engine = Engine::create_synthetic(config, 7, base);
     want =
         run_policy(*engine, spec, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraphPdl), ro)
             .tokens;
   }
-  ASSERT_EQ(want.size(), size_t(12));
-  for (const std::vector<int32_t>& t : want) ASSERT_EQ(t.size(), size_t(24));
+  ASSERT_EQ(want.size(), size_t(w.num_requests));
+  for (const std::vector<int32_t>& t : want) ASSERT_FALSE(t.empty());
   const kernels::detail::GemvTuning saved = kernels::detail::gemv_tuning();
-  kernels::detail::gemv_tuning().pdl_max_rows = 16;
-  kernels::detail::gemv_tuning().large_m_stages = 2;
-  eo.pdl_drain_after_attention = true;
-  auto engine = Engine::create_synthetic(config, 7, eo);
+  tune();
+  auto engine = Engine::create_synthetic(config, 7, changed);
   for (HostSchedule s : {HostSchedule::kLockstep, HostSchedule::kRunahead})
     for (GraphMode m : {GraphMode::kEager, GraphMode::kCudaGraph, GraphMode::kCudaGraphPdl})
       EXPECT_EQ(run_policy(*engine, spec, w, policy(s, m), ro).tokens, want)
           << host_schedule_name(s) << " " << graph_mode_name(m);
   kernels::detail::gemv_tuning() = saved;
+}
+
+// Twelve requests at once on an engine of 12 slots and 128 tokens: decode batches of 1 to 12 rows.
+struct TwelveAtOnce {
+  WorkloadSpec w;
+  RealOptions ro;
+  EngineOptions eo;
+  TwelveAtOnce(std::pair<int, int> input_len, std::pair<int, int> output_len, uint64_t seed,
+               uint64_t prompt_seed) {
+    w.input_len = {input_len.first, input_len.second};
+    w.output_len = {output_len.first, output_len.second};
+    w.num_requests = 12;
+    w.max_concurrency = 12;
+    w.seed = seed;
+    ro.prompt_seed = prompt_seed;
+    eo.max_slots = 12;
+    eo.capacity_tokens = 128;
+  }
+};
+
+// EngineOptions::pdl_drain_after_attention with the kernels' measured options for 9-16 rows (PDL
+// at every row count, the refilled ring; docs/kernels.md round 8): decode batches of 12 rows give
+// the default engine's tokens in every graph mode and host schedule.
+TEST(RealRuntime, DrainAfterAttentionChangesNothingButTime) {
+  SKIP_WITHOUT_GPU();
+  const TwelveAtOnce t({20, 40}, {24, 24}, 3, 9);
+  EngineOptions drain = t.eo;
+  drain.pdl_drain_after_attention = true;
+  expect_tokens_unchanged_by(t.eo, drain, t.w, t.ro, [] {
+    kernels::detail::gemv_tuning().pdl_max_rows = 16;
+    kernels::detail::gemv_tuning().large_m_stages = 2;
+  });
+}
+
+// EngineOptions::fused_rope (decode_attention_rope in the target's layers): the default engine's
+// tokens, prompts of 20-70 tokens.
+TEST(RealRuntime, FusedRopeChangesNothingButTime) {
+  SKIP_WITHOUT_GPU();
+  const TwelveAtOnce t({20, 70}, {16, 24}, 5, 11);
+  EngineOptions fused = t.eo;
+  fused.fused_rope = true;
+  expect_tokens_unchanged_by(t.eo, fused, t.w, t.ro);
 }
 
 TEST_F(TinyEngine, StepSamplesAddUpAndTimelineIsFilled) {
