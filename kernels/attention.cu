@@ -98,9 +98,8 @@ struct SplitView {
 // thread, which removes the 128-register spill of 8- and 16-warp blocks. Neither changes a bit
 // of the result.
 // kRope (decode_attention_rope, with kQSmem): Q rotated from p.qkv into shared memory, and the
-// new tokens of this split (positions >= ctx) rotated / copied from p.qkv into the cache and a
-// shared-memory stash right after the dependency wait (rope_kv_append's work); the tiles holding
-// them take those rows from the stash, the older rows by cp.async as usual.
+// new tokens of this split (positions >= ctx) rotated / copied from p.qkv into the cache right
+// after the dependency wait, before any tile holding them is issued (rope_kv_append's work).
 template <int kRowTiles, bool kQSmem, bool kRope = false>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
     attention_split_kernel(const std::conditional_t<kRope, RopeSplitParams, SplitParams> p) {
@@ -122,29 +121,8 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   }
   const int ctx = view.ctx, t_begin = view.t_begin;
   const int num_tiles = view.num_tiles;
-  // kRope: this split's new tokens (positions first_new .. t_end - 1), k rotated and v, as rows of
-  // 128 in shared memory after Q ([token][k | v]); written after the dependency wait, copied into
-  // the stage of the tile that holds them when that tile is issued.
-  bf16* const stash = q_smem + kRows * kHeadDim;
-  const int first_new = max(ctx, t_begin);
   auto issue_tile = [&](int tile) {
-    bf16* stage = smem + (tile % kStages) * 2 * kTileElems;
-    const int tok0 = t_begin + tile * kTileTokens;
-    if constexpr (kRope) {
-      if (tok0 + kTileTokens > ctx) {  // holds new tokens: those come from the stash
-        issue_kv_tile<kThreads, true>(stage, stage + kTileElems, view.k_base, view.v_base, tok0,
-                                      view.t_end, t_begin, ctx);
-        const int from = max(tok0, first_new), count = max(0, view.t_end - from);
-        for (int i = threadIdx.x; i < count * 32; i += kThreads) {
-          const int t = from + i / 32, part = i % 32 / 16, u = i % 16;
-          *reinterpret_cast<uint4*>(stage + part * kTileElems + smem_index(t - tok0, u)) =
-              *reinterpret_cast<const uint4*>(stash + (t - first_new) * 2 * kHeadDim +
-                                              part * kHeadDim + u * 8);
-        }
-        return;
-      }
-    }
-    view.issue_tile<kThreads>(stage, tile);
+    view.issue_tile<kThreads>(smem + (tile % kStages) * 2 * kTileElems, tile);
   };
 
   // Prologue: `prologue` commit groups (tiles 0 .. prologue - 1; empty past the split). Tiles made
@@ -161,13 +139,13 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   if constexpr (kRope) {
     // rope_kv_append's work for this block, in items of P pairs (i, i + 64) spread over the
     // threads: the query rows of this KV head rotated into shared memory (padding rows zero), and
-    // this split's new tokens (positions >= ctx): k rotated and v copied into the cache and into
-    // the stash, from which issue_tile places them in their stage (no read back from the cache).
-    // P = 2 where the rows give under 4 pairs per thread (e.g. one query of group 4: the
-    // rotation's latency per thread is what the step waits for), else 8 (16-byte loads / stores).
+    // this split's new tokens (positions >= ctx): k rotated and v copied into the cache, which the
+    // block's own cp.async copies of those rows read after the barrier. P = 2 where the rows give
+    // under 4 pairs per thread (e.g. one query of group 4: the rotation's latency per thread is
+    // what the step waits for), else 8 (16-byte loads and stores).
     const int qkv_stride = (p.num_q_heads + 2 * p.cache.num_kv_heads) * kHeadDim;
     const bf16* in_rows = p.qkv + static_cast<size_t>(request) * p.q_len * qkv_stride;
-    const int new_tokens = max(0, view.t_end - first_new);
+    const int first_new = max(ctx, t_begin), new_tokens = max(0, view.t_end - first_new);
     bf16* base = p.cache.request_base[request];
     bf16* k_dst = base + kv_offset(p.cache, p.layer, 0, head);
     bf16* v_dst = base + kv_offset(p.cache, p.layer, 1, head);
@@ -182,8 +160,7 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
         if (i < q_items + k_items) {
           const int pr = i % kChunks * P;
           const bf16* x;
-          bf16* dst;              // Q row in shared memory, or the stash's k row
-          bf16* cache = nullptr;  // the cache's k row (new tokens inside the capacity)
+          bf16* dst;
           int position;
           if (i < q_items) {
             const int row = i / kChunks, j = row / p.group, g = row % p.group;
@@ -192,10 +169,9 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
             position = ctx + j;
           } else {
             position = first_new + (i - q_items) / kChunks;
+            if (position >= p.cache.capacity_tokens) continue;
             x = in_rows + (position - ctx) * qkv_stride + (p.num_q_heads + head) * kHeadDim;
-            dst = stash + (position - first_new) * 2 * kHeadDim + pr;
-            if (position < p.cache.capacity_tokens)
-              cache = k_dst + static_cast<size_t>(position) * kHeadDim + pr;
+            dst = k_dst + static_cast<size_t>(position) * kHeadDim + pr;
           }
           const Vec a = __ldg(reinterpret_cast<const Vec*>(x + pr));
           const Vec b = __ldg(reinterpret_cast<const Vec*>(x + pr + 64));
@@ -211,19 +187,12 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
           // (unit u + 8 sits at (u ^ swizzle) + 8: the swizzle leaves bit 3 alone).
           *reinterpret_cast<Vec*>(dst) = lo;
           *reinterpret_cast<Vec*>(dst + 64) = hi;
-          if (cache != nullptr) {
-            *reinterpret_cast<Vec*>(cache) = lo;
-            *reinterpret_cast<Vec*>(cache + 64) = hi;
-          }
         } else {
           const int item = i - q_items - k_items, position = first_new + item / 16, u = item % 16;
-          const uint4 v =
+          if (position >= p.cache.capacity_tokens) continue;
+          *reinterpret_cast<uint4*>(v_dst + static_cast<size_t>(position) * kHeadDim + u * 8) =
               detail::load_16(in_rows + (position - ctx) * qkv_stride +
                               (p.num_q_heads + p.cache.num_kv_heads + head) * kHeadDim + u * 8);
-          *reinterpret_cast<uint4*>(stash + (position - first_new) * 2 * kHeadDim + kHeadDim +
-                                    u * 8) = v;
-          if (position < p.cache.capacity_tokens)
-            *reinterpret_cast<uint4*>(v_dst + static_cast<size_t>(position) * kHeadDim + u * 8) = v;
         }
       }
     };
@@ -233,7 +202,8 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
       rotate_all(std::integral_constant<int, 2>{});
     for (int i = p.rows * 16 + threadIdx.x; i < kRows * 16; i += kThreads)
       *reinterpret_cast<uint4*>(q_smem + smem_index(i / 16, i % 16)) = make_uint4(0, 0, 0, 0);
-    __syncthreads();  // the stash, before any thread copies it into a stage
+    __threadfence_block();
+    __syncthreads();
   }
   for (; issued < prologue; ++issued) {
     if (issued < num_tiles) issue_tile(issued);
@@ -536,9 +506,8 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
 template <bool kQSmem, bool kRope = false>
 void run_split(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p, int row_tiles,
                dim3 grid, cudaStream_t stream, bool pdl) {
-  const size_t ring = size_t{3} * kTileBytes +
-                      (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0) +
-                      (kRope ? size_t{16} * 2 * kHeadDim * 2 : 0);  // the new tokens' stash
+  const size_t ring =
+      size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
   const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
   static const bool configured = [] {
     for (auto kernel :

@@ -38,19 +38,16 @@ __device__ __forceinline__ int smem_index(int token, int unit) {
 
 // Issues the cp.async copies of one K and one V tile (tokens [tok0, tok0 + 64) of a head) into a
 // stage; tokens >= t_end are zero-filled without reading (src size 0). kThreads threads take part.
-// kSkip: tokens in [skip_begin, t_end) get no copy at all (the caller writes them:
-// decode_attention_rope).
-template <int kThreads, bool kSkip = false>
+template <int kThreads>
 __device__ __forceinline__ void issue_kv_tile(bf16* k_smem, bf16* v_smem, const bf16* k_base,
                                               const bf16* v_base, int tok0, int t_end,
-                                              int fallback_token, int skip_begin = 0) {
+                                              int fallback_token) {
   constexpr int kUnits = kTileElems / 8;  // 1024 (16 bytes each); 384 threads do not divide it
 #pragma unroll
   for (int i = 0; i < (kUnits + kThreads - 1) / kThreads; ++i) {
     const int idx = threadIdx.x + i * kThreads;
     if (kUnits % kThreads != 0 && idx >= kUnits) break;
     const int t = idx / 16, u = idx % 16;
-    if (kSkip && tok0 + t >= skip_begin && tok0 + t < t_end) continue;
     const bool valid = tok0 + t < t_end;
     const size_t src = static_cast<size_t>(valid ? tok0 + t : fallback_token) * kHeadDim + u * 8;
     detail::cp_async_16(k_smem + smem_index(t, u), k_base + src, valid ? 16 : 0);
