@@ -390,7 +390,7 @@ __global__ void l2_prefetch_kernel(const char* p, size_t bytes, uint32_t seg_byt
 __global__ void l2_prefetch_as_reader_kernel(const uint4* p, size_t n) {
   const size_t stride = size_t{gridDim.x} * blockDim.x;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += stride)
-    if (i % 8 == 0 || i == blockIdx.x * size_t{blockDim.x} + threadIdx.x) prefetch_l2_line(p + i);
+    if (i % 8 == 0) prefetch_l2_line(p + i);  // the stride is a multiple of 8: one per line
 }
 
 __global__ void spin_kernel(long long cycles) {
@@ -414,32 +414,30 @@ void bench_l2_prefetch() {
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   cudaEvent_t e[4];
   for (auto& ev : e) TS_CUDA_CHECK(cudaEventCreate(&ev));
+  constexpr int kCold = -1, kWarm = -2, kAsReader = -3;
   struct Mode {
     const char* name;
-    int kind;  // 0 cold, 1 warm, 2 bulk, 3 lines, 4 lines by the reading thread, 5-8 how 2-5
+    int how;  // l2_prefetch_kernel's, or kCold, kWarm, kAsReader
     uint32_t seg_bytes;
   };
   for (const size_t bytes : {size_t{8} << 20, size_t{32} << 20})
-    for (const Mode mode : {Mode{"cold", 0, 0}, Mode{"warm", 1, 0}, Mode{"bulk 256 B", 2, 256},
-                            Mode{"bulk 4 KB", 2, 4096}, Mode{"bulk 64 KB", 2, 65536},
-                            Mode{"lines", 3, 128}, Mode{"lines as reader", 4, 128},
-                            Mode{"bulk 256 B evict_last", 5, 256}, Mode{"lines evict_last", 6, 128},
-                            Mode{"loads 128 B", 7, 128}, Mode{"loads 256 B", 8, 256}}) {
+    for (const Mode mode :
+         {Mode{"cold", kCold, 0}, Mode{"warm", kWarm, 0}, Mode{"bulk 256 B", 0, 256},
+          Mode{"bulk 4 KB", 0, 4096}, Mode{"bulk 64 KB", 0, 65536}, Mode{"lines", 1, 128},
+          Mode{"lines as reader", kAsReader, 128}, Mode{"bulk 256 B evict_last", 2, 256},
+          Mode{"lines evict_last", 3, 128}, Mode{"loads 128 B", 4, 128},
+          Mode{"loads 256 B", 5, 256}}) {
       std::vector<float> read_us, issue_us;
       for (int trial = 0; trial < 9; ++trial) {
         stream_read_kernel<8, true><<<2 * sms, 512, 0, g_stream>>>(flush, flush_bytes / 16, sink);
         TS_CUDA_CHECK(cudaEventRecord(e[0], g_stream));
-        if (mode.kind == 1)
+        if (mode.how == kWarm)
           stream_read_kernel<8, true><<<2 * sms, 512, 0, g_stream>>>(region, bytes / 16, sink);
-        else if (mode.kind == 4)
+        else if (mode.how == kAsReader)
           l2_prefetch_as_reader_kernel<<<2 * sms, 512, 0, g_stream>>>(region, bytes / 16);
-        else if (mode.kind >= 2)
+        else if (mode.how >= 0)
           l2_prefetch_kernel<<<sms, 256, 0, g_stream>>>(reinterpret_cast<const char*>(region),
-                                                        bytes, mode.seg_bytes,
-                                                        mode.kind == 2   ? 0
-                                                        : mode.kind == 3 ? 1
-                                                                         : mode.kind - 3,
-                                                        sink);
+                                                        bytes, mode.seg_bytes, mode.how, sink);
         TS_CUDA_CHECK(cudaEventRecord(e[1], g_stream));
         spin_kernel<<<1, 32, 0, g_stream>>>(static_cast<long long>(clock_khz) * 20 / 1000);
         TS_CUDA_CHECK(cudaEventRecord(e[2], g_stream));

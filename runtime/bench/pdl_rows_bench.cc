@@ -2,9 +2,9 @@
 // (docs/calibration.md: Llama-3-8B, batch 16, graph + PDL 8.1 ms vs 5.2 ms without PDL, while
 // batch 8 and 32 were normal). The cause: the register-path GEMVs of more than 8 rows launched
 // under PDL (kernels/tuning.h GemvTuning::pdl_max_rows). One synthetic Llama-3-8B engine per
-// kernel tuning; for each, the decode graph of batches 8, 12 and 16 (16 shares the bucket of
-// 12), graph and graph+PDL, timed with events around back-to-back replays at a short context
-// (about 200 tokens).
+// kernel tuning (and EngineOptions); for each, the decode graph of batches 8, 12 and 16 (16
+// shares the bucket of 12; --batches for others, up to 16), graph and graph+PDL, timed with events
+// around back-to-back replays at a short context (about 200 tokens).
 //   twinstep_pdl_rows_bench [--reps N] [--ctx TOKENS] [--batches 8,12,16] [--only LABEL_PART ...]
 // Prints one line per tuning, batch and mode; the kernel tunings are kernels/tuning.h's.
 #include <cuda_runtime.h>
@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -69,14 +70,11 @@ int main(int argc, char** argv) {
     if (a == "--reps") reps = std::max(3, std::atoi(argv[i + 1]));
     if (a == "--ctx") ctx = std::max(1, std::atoi(argv[i + 1]));
     if (a == "--only") only.push_back(argv[i + 1]);
-    if (a == "--batches") {
+    if (a == "--batches") {  // comma-separated
       batches.clear();
-      for (size_t pos = 0; pos < std::string(argv[i + 1]).size();) {
-        const std::string list = argv[i + 1];
-        const size_t comma = std::min(list.find(',', pos), list.size());
-        batches.push_back(std::clamp(std::atoi(list.substr(pos, comma - pos).c_str()), 1, 16));
-        pos = comma + 1;
-      }
+      std::istringstream list(argv[i + 1]);
+      for (std::string item; std::getline(list, item, ',');)
+        batches.push_back(std::clamp(std::atoi(item.c_str()), 1, 16));
     }
   }
   std::string why;
