@@ -202,7 +202,8 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
       rotate_all(std::integral_constant<int, 2>{});
     for (int i = p.rows * 16 + threadIdx.x; i < kRows * 16; i += kThreads)
       *reinterpret_cast<uint4*>(q_smem + smem_index(i / 16, i % 16)) = make_uint4(0, 0, 0, 0);
-    __syncthreads();  // the cache rows written above, before this block's cp.async reads them
+    __threadfence_block();
+    __syncthreads();
   }
   for (; issued < prologue; ++issued) {
     if (issued < num_tiles) issue_tile(issued);
