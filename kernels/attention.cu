@@ -38,12 +38,21 @@ struct SplitParams {
   bool full_ring;  // all 3 stages in the prologue (AttentionTuning::split_full_ring)
 };
 
-// The split kernel's parameters in decode_attention_rope (q unused): the qkv projection's output
-// and rope_kv_append's table. A separate type, so the other kernels' parameters stay as they were.
-struct RopeSplitParams : SplitParams {
+// The split kernel's parameters in its fused forms (a separate type, so the other kernels'
+// parameters stay as they were). decode_attention_rope (q unused): the qkv projection's output and
+// rope_kv_append's table. The combine in the split (AttentionTuning::combine_in_split): the output
+// and the workspace's arrival counters, one per (request, kv head).
+struct FusedSplitParams : SplitParams {
   const bf16* qkv;
   RopeTable rope;
+  bf16* out;
+  unsigned* counters;
 };
+
+// Workspace: the arrival counters first (a fixed region, so launches of any shape sharing one
+// workspace never write partials over them), then part_o, then part_ml.
+constexpr int kMaxCounters = 4096;  // requests x kv heads of a launch that combines in its split
+constexpr size_t kCounterBytes = kMaxCounters * sizeof(unsigned);
 
 // Q row `row` (= j * group + g) of kv head `head`.
 __device__ __forceinline__ size_t q_offset(const SplitParams& p, int request, int head, int row) {
@@ -86,6 +95,72 @@ struct SplitView {
   }
 };
 
+// The splits of (request, head) that hold keys: those starting before ctx + q_len.
+__device__ __forceinline__ int live_splits(const SplitParams& p, int ctx) {
+  return min(p.num_splits, (ctx + p.q_len + p.split_tokens - 1) / p.split_tokens);
+}
+
+// Index of (request, head, split 0, row 0) in part_o / part_ml (the (request, head)'s partials are
+// contiguous: [split][row]).
+__device__ __forceinline__ size_t first_slot(const SplitParams& p, int request, int head) {
+  return (static_cast<size_t>(request) * p.cache.num_kv_heads + head) * p.num_splits * p.rows;
+}
+
+// The combine in the split kernel (AttentionTuning::combine_in_split), called by every thread of
+// a split block once its partial is stored. The block counts itself in on its (request, head)'s
+// counter; the last of the live splits to arrive copies every split's partial into its shared
+// memory (the launcher checks they fit) and merges them exactly as attention_combine_kernel does
+// (split order, same expressions, so the same bits), then zeroes the counter for the next launch.
+// Ordering: the cooperative-groups grid barrier's pattern (barrier, fence and atomic by one thread;
+// the last arrival fences again before the block reads what the others stored).
+template <int kThreads>
+__device__ __forceinline__ void combine_in_last_split(const FusedSplitParams& p,
+                                                      const SplitView& view, int head, int request,
+                                                      unsigned char* smem_raw) {
+  __shared__ bool last;
+  const int splits = live_splits(p, view.ctx);
+  __syncthreads();  // the block's partial stored; the warp-partial image in smem no longer read
+  if (threadIdx.x == 0) {
+    unsigned* counter = p.counters + request * p.cache.num_kv_heads + head;
+    __threadfence();
+    last = atomicAdd(counter, 1u) + 1 == static_cast<unsigned>(splits);
+    if (last) {
+      atomicExch(counter, 0u);
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  if (!last) return;
+  const size_t slot0 = first_slot(p, request, head);
+  const int entries = splits * p.rows;                // (split, row) pairs
+  float* o_all = reinterpret_cast<float*>(smem_raw);  // [split][row][128]
+  float2* ml_all = reinterpret_cast<float2*>(o_all + static_cast<size_t>(entries) * kHeadDim);
+  const float* o_src = p.part_o + slot0 * kHeadDim;
+  for (int i = threadIdx.x; i < entries * kHeadDim / 4; i += kThreads)
+    detail::cp_async_16(o_all + 4 * i, o_src + 4 * i, 16);
+  detail::cp_async_commit();
+  for (int i = threadIdx.x; i < entries; i += kThreads) ml_all[i] = __ldcg(p.part_ml + slot0 + i);
+  detail::cp_async_wait<0>();
+  __syncthreads();
+  const int d = threadIdx.x % kHeadDim;
+  for (int row = threadIdx.x / kHeadDim; row < p.rows; row += kThreads / kHeadDim) {
+    float m_max = -INFINITY;
+    for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, ml_all[s * p.rows + row].x);
+    float l_sum = 0.0f, o_sum = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float2 ml = ml_all[s * p.rows + row];
+      if (ml.x == -INFINITY) continue;
+      const float scale = exp2f(ml.x - m_max);
+      l_sum += ml.y * scale;
+      o_sum += o_all[(s * p.rows + row) * kHeadDim + d] * scale;
+    }
+    const int j = row / p.group, g = row % p.group;
+    p.out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
+              kHeadDim +
+          d] = __float2bfloat16(o_sum / l_sum);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // kernels: split + combine (the pair of 179ce97)
 
@@ -100,9 +175,12 @@ struct SplitView {
 // kRope (decode_attention_rope, with kQSmem): Q rotated from p.qkv into shared memory, and the
 // new tokens of this split (positions >= ctx) rotated / copied from p.qkv into the cache right
 // after the dependency wait, before any tile holding them is issued (rope_kv_append's work).
-template <int kRowTiles, bool kQSmem, bool kRope = false>
+// kCombine (AttentionTuning::combine_in_split): the last split block of each (request, kv head) to
+// finish merges the splits (combine_in_last_split), so no combine kernel is launched.
+template <int kRowTiles, bool kQSmem, bool kRope = false, bool kCombine = false>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
-    attention_split_kernel(const std::conditional_t<kRope, RopeSplitParams, SplitParams> p) {
+    attention_split_kernel(
+        const std::conditional_t<kRope || kCombine, FusedSplitParams, SplitParams> p) {
   static_assert(!kRope || kQSmem, "the fused rope writes Q into shared memory");
   constexpr int kStages = 3;
   constexpr int kThreads = kSplitThreads * kRowTiles;
@@ -279,6 +357,7 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
     p.part_o[slot * kHeadDim + d] = r.o;
     if (d == 0) p.part_ml[slot] = make_float2(r.m, r.l);
   }
+  if constexpr (kCombine) combine_in_last_split<kThreads>(p, view, head, request, smem_raw);
 }
 
 // Block = (row, kv head, request), thread = dimension: merges the splits in split order. All
@@ -503,35 +582,69 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-template <bool kQSmem, bool kRope = false>
-void run_split(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p, int row_tiles,
-               dim3 grid, cudaStream_t stream, bool pdl) {
+// The split kernel's dynamic shared memory: its ring (and Q with kQSmem), reused for the warp
+// partials' image and, with the combine in the split, for every split's partial.
+size_t split_smem_bytes(int row_tiles, bool q_smem) {
   const size_t ring =
-      size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
-  const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
+      size_t{3} * kTileBytes + (q_smem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
+  return std::max(ring, warp_partials_bytes(row_tiles));
+}
+
+// Whether a launch merges its splits in the split kernel (AttentionTuning::combine_in_split):
+// only where the result is the pair's bit for bit and nothing else changes, i.e. the pair would
+// use the one-thread-per-dimension combine, the counters fit their region, and every split's
+// partial of one (request, head) fits the shared memory the split kernel has anyway.
+bool combines_in_split(int num_requests, int num_kv_heads, int num_splits, int rows) {
+  const detail::AttentionTuning& tuning = detail::attention_tuning();
+  const int row_tiles = (rows + 15) / 16;
+  return tuning.combine_in_split && tuning.split_q_smem && tuning.launch_split &&
+         tuning.launch_combine &&
+         !(tuning.combine_parts && num_splits >= tuning.combine_parts_min_splits) &&
+         num_requests * num_kv_heads <= kMaxCounters &&
+         static_cast<size_t>(num_splits) * rows * (kHeadDim * sizeof(float) + sizeof(float2)) <=
+             split_smem_bytes(row_tiles, true);
+}
+
+template <bool kQSmem, bool kRope = false, bool kCombine = false>
+void run_split(const std::conditional_t<kRope || kCombine, FusedSplitParams, SplitParams>& p,
+               int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
+  static_assert(!kCombine || kQSmem, "the combine in the split is instantiated with Q in smem");
   static const bool configured = [] {
-    for (auto kernel :
-         {attention_split_kernel<1, kQSmem, kRope>, attention_split_kernel<2, kQSmem, kRope>,
-          attention_split_kernel<3, kQSmem, kRope>, attention_split_kernel<4, kQSmem, kRope>})
+    for (auto kernel : {attention_split_kernel<1, kQSmem, kRope, kCombine>,
+                        attention_split_kernel<2, kQSmem, kRope, kCombine>,
+                        attention_split_kernel<3, kQSmem, kRope, kCombine>,
+                        attention_split_kernel<4, kQSmem, kRope, kCombine>})
       TS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
-  void (*kernels[4])(std::conditional_t<kRope, RopeSplitParams, SplitParams>) = {
-      attention_split_kernel<1, kQSmem, kRope>, attention_split_kernel<2, kQSmem, kRope>,
-      attention_split_kernel<3, kQSmem, kRope>, attention_split_kernel<4, kQSmem, kRope>};
-  launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
+  void (*kernels[4])(std::conditional_t < kRope || kCombine, FusedSplitParams, SplitParams >) = {
+      attention_split_kernel<1, kQSmem, kRope, kCombine>,
+      attention_split_kernel<2, kQSmem, kRope, kCombine>,
+      attention_split_kernel<3, kQSmem, kRope, kCombine>,
+      attention_split_kernel<4, kQSmem, kRope, kCombine>};
+  launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles),
+                   split_smem_bytes(row_tiles, kQSmem), stream, pdl,
                    static_cast<int>(grid.z) * p.q_len, p);
 }
 
-// rope: decode_attention_rope's split parameters (p and the rope fields), else null.
-void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_tiles, dim3 grid,
-                    bf16* out, cudaStream_t stream, bool pdl) {
+// The split kernel (fp: every field; the plain kernels take its SplitParams part; rope:
+// decode_attention_rope's form) and the combine kernel unless the split combines.
+void run_launches(const FusedSplitParams& fp, bool rope, int row_tiles, dim3 grid,
+                  cudaStream_t stream, bool pdl) {
+  const SplitParams& p = fp;
   const detail::AttentionTuning& tuning = detail::attention_tuning();
+  if (combines_in_split(static_cast<int>(grid.z), static_cast<int>(grid.y), p.num_splits, p.rows)) {
+    if (rope)
+      run_split<true, true, true>(fp, row_tiles, grid, stream, pdl);
+    else
+      run_split<true, false, true>(fp, row_tiles, grid, stream, pdl);
+    return;
+  }
   if (tuning.launch_split) {
-    if (rope != nullptr)
-      run_split<true, true>(*rope, row_tiles, grid, stream, pdl);
+    if (rope)
+      run_split<true, true>(fp, row_tiles, grid, stream, pdl);
     else if (tuning.split_q_smem)
       run_split<true>(p, row_tiles, grid, stream, pdl);
     else
@@ -541,7 +654,7 @@ void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_t
     const bool parts = tuning.combine_parts && p.num_splits >= tuning.combine_parts_min_splits;
     launch_attention(parts ? attention_combine_parts_kernel : attention_combine_kernel,
                      dim3(p.rows, grid.y, grid.z), dim3(parts ? kCombineThreads : kHeadDim), 0,
-                     stream, pdl, static_cast<int>(grid.z) * p.q_len, p, out,
+                     stream, pdl, static_cast<int>(grid.z) * p.q_len, p, fp.out,
                      detail::kernel_tuning().early_trigger);
   }
 }
@@ -552,12 +665,23 @@ void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_t
 // launchers
 
 size_t attention_workspace_bytes(const AttentionShape& shape, const KvCache& cache) {
-  return partial_bytes(shape, cache);
+  return kCounterBytes + partial_bytes(shape, cache);
+}
+
+void attention_workspace_init(void* workspace, cudaStream_t stream) {
+  TS_REQUIRE(workspace != nullptr, "null workspace");
+  TS_CUDA_CHECK(cudaMemsetAsync(workspace, 0, kCounterBytes, stream));
+}
+
+bool attention_combines_in_split(const AttentionShape& shape, const KvCache& cache) {
+  const int rows = static_cast<int>(rows_of(shape, cache));
+  return combines_in_split(shape.num_requests, cache.num_kv_heads,
+                           attention_num_splits(shape, cache), rows);
 }
 
 int attention_num_splits(const AttentionShape& shape, const KvCache& cache) {
   TS_REQUIRE(shape.num_requests >= 1 && cache.num_kv_heads >= 1 && cache.capacity_tokens >= 1,
-             "attention_num_splits: num_requests, num_kv_heads and capacity_tokens must be >= 1");
+             "num_requests, num_kv_heads and capacity_tokens must be >= 1");
   const int split_tokens = split_tokens_for(shape, cache);
   return (cache.capacity_tokens + split_tokens - 1) / split_tokens;
 }
@@ -608,21 +732,21 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   p.skip_math = tuning.skip_math;
   p.full_ring = tuning.split_full_ring;
   const int row_tiles = (p.rows + 15) / 16;
-  unsigned char* partials = static_cast<unsigned char*>(workspace);
+  unsigned char* partials = static_cast<unsigned char*>(workspace) + kCounterBytes;
   p.part_o = reinterpret_cast<float*>(partials);
   p.split_tokens = split_tokens_for(shape, cache);
   p.num_splits = (cache.capacity_tokens + p.split_tokens - 1) / p.split_tokens;
   const size_t slots =
       static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_splits * p.rows;
   p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(slots * kHeadDim * 4));
-  RopeSplitParams rp = {};
-  if (fused) {
-    static_cast<SplitParams&>(rp) = p;
-    rp.qkv = qkv;
-    rp.rope = *rope;
-  }
-  run_two_launch(p, fused ? &rp : nullptr, row_tiles,
-                 dim3(p.num_splits, cache.num_kv_heads, shape.num_requests), out, stream, pdl);
+  FusedSplitParams fp = {};
+  static_cast<SplitParams&>(fp) = p;
+  fp.qkv = qkv;
+  if (fused) fp.rope = *rope;
+  fp.out = out;
+  fp.counters = static_cast<unsigned*>(workspace);
+  run_launches(fp, fused, row_tiles, dim3(p.num_splits, cache.num_kv_heads, shape.num_requests),
+               stream, pdl);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ struct Variant {
   int ctas_per_sm;
   bool split_full_ring = false, split_q_smem = false;
   bool splits_within_one_wave = true;
+  bool combine_in_split = false;
 };
 const Variant kVariants[] = {
     {"two_launch", 2},  // the 179ce97 pair: Q in registers, 2-tile prologue
@@ -32,6 +33,8 @@ const Variant kVariants[] = {
     {"two_launch_q_smem", 2, false, true},  // the shipped default
     // The split count rounded up (before the one-wave rule): more splits at 2-32 requests.
     {"two_launch_q_smem_round_up", 2, false, true, false},
+    // The splits merged by the last split block where that applies (one launch), else the pair.
+    {"q_smem_combine_in_split", 2, false, true, true, true},
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -43,6 +46,7 @@ class TuningScope {
     t.split_full_ring = v.split_full_ring;
     t.split_q_smem = v.split_q_smem;
     t.splits_within_one_wave = v.splits_within_one_wave;
+    t.combine_in_split = v.combine_in_split;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
@@ -50,14 +54,16 @@ class TuningScope {
   detail::AttentionTuning saved_;
 };
 
-// Workspace for every shape in `shapes`, poisoned (NaN floats): the header asks for no
-// initialisation, so a launch reading a partial it did not write gives NaN outputs.
+// Workspace for every shape in `shapes`, poisoned (NaN floats) but for what the header asks to
+// initialise (the counters, attention_workspace_init): a launch reading a partial it did not
+// write gives NaN outputs.
 DeviceBuffer<unsigned char> make_workspace(const std::vector<AttentionShape>& shapes,
                                            const KvCache& cache) {
   size_t bytes = 0;
   for (const auto& s : shapes) bytes = std::max(bytes, attention_workspace_bytes(s, cache));
   DeviceBuffer<unsigned char> ws(bytes);
   ws.poison();
+  attention_workspace_init(ws.get(), nullptr);
   return ws;
 }
 
@@ -89,6 +95,37 @@ RequestKv make_request_kv(const KvCache& cache, int layer, int valid, std::mt199
   kv.device = std::make_unique<DeviceBuffer<bf16>>(elems);
   kv.device->upload(kv.host.bits);
   return kv;
+}
+
+// A batch on the device: each request's KV buffer (make_request_kv: ctx + new_tokens valid tokens
+// in `layer`; with copy_layer0, layer 0's copied into every other layer, so launches over any
+// layer read the same), the buffers' bases (the cache points at them) and the context lengths.
+struct DeviceRequests {
+  std::vector<RequestKv> kvs;
+  DeviceBuffer<bf16*> bases;
+  DeviceBuffer<int> ctx;
+};
+DeviceRequests upload_requests(KvCache& cache, const std::vector<int>& ctx_lens, int new_tokens,
+                               int layer, std::mt19937_64& rng, bool copy_layer0 = false) {
+  const int n = static_cast<int>(ctx_lens.size());
+  DeviceRequests batch{{}, DeviceBuffer<bf16*>(n), DeviceBuffer<int>(n)};
+  std::vector<bf16*> bases;
+  for (const int ctx : ctx_lens) {
+    RequestKv kv = make_request_kv(cache, layer, ctx + new_tokens, rng);
+    if (copy_layer0) {
+      const size_t layer_elems = kv_offset(cache, 1, 0, 0);
+      for (int l = 1; l < cache.num_layers; ++l)
+        std::copy(kv.host.bits.begin(), kv.host.bits.begin() + layer_elems,
+                  kv.host.bits.begin() + l * layer_elems);
+      kv.device->upload(kv.host.bits);
+    }
+    bases.push_back(kv.device->get());
+    batch.kvs.push_back(std::move(kv));
+  }
+  batch.bases.upload(bases);
+  cache.request_base = batch.bases.get();
+  batch.ctx.upload(ctx_lens);
+  return batch;
 }
 
 // fp64 reference: softmax(q k^T * scale) v over keys 0 .. ctx + j.
@@ -173,17 +210,9 @@ TEST_P(AttentionCases, MatchesCpuReference) {
   cache.num_layers = 2;
   cache.num_kv_heads = c.num_kv_heads;
   cache.capacity_tokens = capacity;
-  std::vector<RequestKv> kvs;
-  std::vector<bf16*> bases;
-  for (int r = 0; r < num_requests; ++r) {
-    kvs.push_back(make_request_kv(cache, layer, c.ctx_lens[r] + c.q_len, rng));
-    bases.push_back(kvs.back().device->get());
-  }
-  DeviceBuffer<bf16*> dbases(num_requests);
-  dbases.upload(bases);
-  cache.request_base = dbases.get();
-  DeviceBuffer<int> dctx(num_requests);
-  dctx.upload(c.ctx_lens);
+  DeviceRequests batch = upload_requests(cache, c.ctx_lens, c.q_len, layer, rng);
+  const std::vector<RequestKv>& kvs = batch.kvs;
+  DeviceBuffer<int>& dctx = batch.ctx;
 
   const AttentionShape shape = shape_of(num_requests, c.q_len, c.num_q_heads);
   const size_t q_elems = static_cast<size_t>(num_requests) * c.q_len * c.num_q_heads * kHeadDim;
@@ -297,23 +326,9 @@ TEST_P(AttentionVariants, GraphReplaysAreBitIdentical) {
   cache.num_layers = 2;
   cache.num_kv_heads = 8;
   cache.capacity_tokens = 4100;
-  const std::vector<int> ctx_lens = {4000, 1234};
-  std::vector<RequestKv> kvs;
-  std::vector<bf16*> bases;
-  for (int ctx : ctx_lens) {
-    RequestKv kv = make_request_kv(cache, 0, ctx + 6, rng);
-    // Layer 1 gets the same tokens as layer 0 (the graph reads both).
-    std::copy(kv.host.bits.begin(), kv.host.bits.begin() + kv_offset(cache, 1, 0, 0),
-              kv.host.bits.begin() + kv_offset(cache, 1, 0, 0));
-    kv.device->upload(kv.host.bits);
-    bases.push_back(kv.device->get());
-    kvs.push_back(std::move(kv));
-  }
-  DeviceBuffer<bf16*> dbases(2);
-  dbases.upload(bases);
-  cache.request_base = dbases.get();
-  DeviceBuffer<int> dctx(2);
-  dctx.upload(ctx_lens);
+  // Layer 1 gets the same tokens as layer 0 (the graph reads both).
+  DeviceRequests batch = upload_requests(cache, {4000, 1234}, 6, 0, rng, /*copy_layer0=*/true);
+  DeviceBuffer<int>& dctx = batch.ctx;
   const AttentionShape shape = shape_of(2, 6, 32);
   const size_t elems = 2 * 6 * 32 * kHeadDim;
   auto dq = test::to_device(test::random_bf16(elems, rng));
@@ -364,18 +379,8 @@ TEST_P(AttentionVariants, CombineFormsAgree) {
     cache.num_layers = 1;
     cache.num_kv_heads = 1;
     cache.capacity_tokens = ctx + 16;
-    const std::vector<int> ctx_lens = {ctx, ctx / 3};
-    std::vector<RequestKv> kvs;
-    std::vector<bf16*> bases;
-    for (const int c : ctx_lens) {
-      kvs.push_back(make_request_kv(cache, 0, c + 8, rng));
-      bases.push_back(kvs.back().device->get());
-    }
-    DeviceBuffer<bf16*> dbases(2);
-    dbases.upload(bases);
-    cache.request_base = dbases.get();
-    DeviceBuffer<int> dctx(2);
-    dctx.upload(ctx_lens);
+    DeviceRequests batch = upload_requests(cache, {ctx, ctx / 3}, 8, 0, rng);
+    DeviceBuffer<int>& dctx = batch.ctx;
     for (const int q_len : {1, 8}) {
       const AttentionShape shape = shape_of(2, q_len, 8);
       const size_t elems = size_t{2} * q_len * 8 * kHeadDim;
@@ -405,7 +410,8 @@ INSTANTIATE_TEST_SUITE_P(Variants, AttentionVariants, ::testing::ValuesIn(kVaria
 // decode_attention_rope against rope_kv_append then decode_attention on a copy of the same cache:
 // out and the whole cache bit for bit. Cases: one query at a long context, new tokens straddling a
 // split boundary (splits are 64 tokens for one request of 8 KV heads at capacity 1024, 128 for
-// three requests; 256 for two requests of 2 KV heads), group 8, 16 queries ending at capacity.
+// three requests; 256 for two requests of 2 KV heads), group 8, 16 queries ending at capacity;
+// each with the pair's combine and with the combine in the split kernel (the first case).
 TEST(Attention, FusedRopeMatchesRopeThenAttentionBitForBit) {
   TS_SKIP_WITHOUT_GPU();
   const uint64_t seed = test::fresh_seed();
@@ -416,9 +422,10 @@ TEST(Attention, FusedRopeMatchesRopeThenAttentionBitForBit) {
     std::vector<int> ctx_lens;
   };
   const RopeTable rope = llama3_rope_table();
-  for (const FusedCase& c :
-       {FusedCase{32, 8, 1, {1000}}, FusedCase{32, 8, 8, {60}}, FusedCase{32, 8, 6, {0, 125, 700}},
-        FusedCase{16, 2, 8, {250, 5}}, FusedCase{32, 8, 16, {1008}}}) {
+  const FusedCase cases[] = {FusedCase{32, 8, 1, {1000}}, FusedCase{32, 8, 8, {60}},
+                             FusedCase{32, 8, 6, {0, 125, 700}}, FusedCase{16, 2, 8, {250, 5}},
+                             FusedCase{32, 8, 16, {1008}}};
+  for (const FusedCase& c : cases) {
     SCOPED_TRACE("heads " + std::to_string(c.num_q_heads) + "/" + std::to_string(c.num_kv_heads) +
                  " q_len " + std::to_string(c.q_len) + " requests " +
                  std::to_string(c.ctx_lens.size()));
@@ -461,16 +468,110 @@ TEST(Attention, FusedRopeMatchesRopeThenAttentionBitForBit) {
                    c.num_q_heads, rope, stream, true);
     decode_attention(q_out.get(), caches[0], layer, dctx.get(), out[0].get(), shape, ws.get(),
                      stream, true);
-    decode_attention_rope(dqkv.get(), caches[1], layer, dctx.get(), rope, out[1].get(), shape,
-                          ws.get(), stream, true);
-    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
-    TS_CUDA_CHECK(cudaStreamDestroy(stream));
-    const auto want = out[0].download<uint16_t>(), got = out[1].download<uint16_t>();
+    const auto want = out[0].download<uint16_t>();
     ASSERT_EQ(std::count(want.begin(), want.end(), uint16_t{0xFFFF}), 0);
-    EXPECT_EQ(mismatches(got, want), 0u) << describe_mismatches(got, want);
-    for (int r = 0; r < requests; ++r)
-      EXPECT_EQ(kv[1][r]->download<uint16_t>(), kv[0][r]->download<uint16_t>())
-          << "cache of request " << r;
+    // The fused launch with the pair's combine, then with the combine in its split kernel where
+    // that applies (the first case; the others run the pair again). Appending the same tokens
+    // twice leaves the cache as once.
+    for (const bool combine_in_split : {false, true}) {
+      TuningScope scope(kVariants[2]);
+      detail::attention_tuning().combine_in_split = combine_in_split;
+      if (combine_in_split && &c == &cases[0]) {
+        ASSERT_TRUE(attention_combines_in_split(shape, cache));
+      }
+      out[1].poison();
+      decode_attention_rope(dqkv.get(), caches[1], layer, dctx.get(), rope, out[1].get(), shape,
+                            ws.get(), stream, true);
+      TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const auto got = out[1].download<uint16_t>();
+      EXPECT_EQ(mismatches(got, want), 0u)
+          << "combine in split " << combine_in_split << ": " << describe_mismatches(got, want);
+      for (int r = 0; r < requests; ++r)
+        EXPECT_EQ(kv[1][r]->download<uint16_t>(), kv[0][r]->download<uint16_t>())
+            << "cache of request " << r << ", combine in split " << combine_in_split;
+    }
+    TS_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
+}
+
+// The combine in the split kernel (AttentionTuning::combine_in_split) against the pair on the same
+// inputs, bit for bit: eagerly, then a captured graph of three PDL launches (two layers, the first
+// again) replayed three times over one workspace, so each launch finds the counters the previous
+// one left; the counters are zero afterwards. Every case is one where it applies (asserted):
+// Llama-3-8B heads at one request and one query (32 splits); four requests of six queries with
+// ctx 0 and short requests (their trailing splits empty); one KV head of 4 query heads, three
+// requests (32 splits of 64 tokens).
+TEST(Attention, CombineInSplitMatchesThePairBitForBit) {
+  TS_SKIP_WITHOUT_GPU();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  struct SplitCase {
+    int num_q_heads, num_kv_heads, q_len, capacity;
+    std::vector<int> ctx_lens;
+  };
+  for (const SplitCase& c :
+       {SplitCase{32, 8, 1, 8192, {8000}}, SplitCase{32, 8, 6, 2048, {0, 1500, 3, 2040}},
+        SplitCase{4, 1, 1, 2000, {1999, 64, 700}}}) {
+    const int requests = static_cast<int>(c.ctx_lens.size());
+    SCOPED_TRACE("heads " + std::to_string(c.num_q_heads) + "/" + std::to_string(c.num_kv_heads) +
+                 " q_len " + std::to_string(c.q_len) + " requests " + std::to_string(requests));
+    KvCache cache;
+    cache.num_layers = 2;
+    cache.num_kv_heads = c.num_kv_heads;
+    cache.capacity_tokens = c.capacity;
+    // Layer 1 gets layer 0's tokens (the graph reads both).
+    DeviceRequests batch = upload_requests(cache, c.ctx_lens, c.q_len, 0, rng, true);
+    DeviceBuffer<int>& dctx = batch.ctx;
+    const AttentionShape shape = shape_of(requests, c.q_len, c.num_q_heads);
+    const size_t elems = static_cast<size_t>(requests) * c.q_len * c.num_q_heads * kHeadDim;
+    auto dq = test::to_device(test::random_bf16(elems, rng));
+    auto ws = make_workspace({shape}, cache);
+    DeviceBuffer<bf16> pair(elems);
+    pair.poison();
+    decode_attention(dq.get(), cache, 0, dctx.get(), pair.get(), shape, ws.get(), nullptr);
+    const auto want = pair.download<uint16_t>();
+    ASSERT_EQ(std::count(want.begin(), want.end(), uint16_t{0xFFFF}), 0);
+
+    TuningScope scope(kVariants[2]);  // the shipped split options, then the combine in the split
+    detail::attention_tuning().combine_in_split = true;
+    ASSERT_TRUE(attention_combines_in_split(shape, cache));
+    DeviceBuffer<bf16> eager(elems);
+    eager.poison();
+    decode_attention(dq.get(), cache, 0, dctx.get(), eager.get(), shape, ws.get(), nullptr);
+    const auto got = eager.download<uint16_t>();
+    EXPECT_EQ(mismatches(got, want), 0u) << "eager: " << describe_mismatches(got, want);
+
+    cudaStream_t stream;
+    TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    DeviceBuffer<bf16> outs[3] = {DeviceBuffer<bf16>(elems), DeviceBuffer<bf16>(elems),
+                                  DeviceBuffer<bf16>(elems)};
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    TS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < 3; ++i)
+      decode_attention(dq.get(), cache, i % 2, dctx.get(), outs[i].get(), shape, ws.get(), stream,
+                       true);
+    TS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) {
+      for (auto& out : outs) out.poison();
+      TS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+      for (int i = 0; i < 3; ++i) {
+        const auto bits = outs[i].download<uint16_t>();
+        EXPECT_EQ(mismatches(bits, want), 0u)
+            << "replay " << replay << ", launch " << i << ": " << describe_mismatches(bits, want);
+      }
+    }
+    TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    TS_CUDA_CHECK(cudaGraphDestroy(graph));
+    TS_CUDA_CHECK(cudaStreamDestroy(stream));
+    const auto bytes = ws.download();  // the counters: the workspace's first 4-byte words
+    const size_t counter_bytes = size_t{4} * requests * c.num_kv_heads;
+    EXPECT_EQ(static_cast<size_t>(std::count(bytes.begin(), bytes.begin() + counter_bytes, 0)),
+              counter_bytes)
+        << "a counter left non-zero";
   }
 }
 
@@ -536,6 +637,7 @@ TEST(Attention, RejectsInvalidShapes) {
   EXPECT_THROW(decode_attention(q, cache, 1, ctx, out, shape, ws, nullptr), std::invalid_argument);
   cache.capacity_tokens = 0;  // < q_len
   EXPECT_THROW(decode_attention(q, cache, 0, ctx, out, shape, ws, nullptr), std::invalid_argument);
+  EXPECT_THROW(attention_workspace_init(nullptr, nullptr), std::invalid_argument);
 }
 
 }  // namespace
