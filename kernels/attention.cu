@@ -3,6 +3,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <cuda/atomic>
+
 #include "kernels/attention.h"
 #include "kernels/attention_tile.cuh"
 #include "kernels/device.cuh"
@@ -47,6 +49,7 @@ struct FusedSplitParams : SplitParams {
   RopeTable rope;
   bf16* out;
   unsigned* counters;
+  bool skip_merge;  // benchmark diagnostic (AttentionTuning::skip_merge)
 };
 
 // Workspace: the arrival counters first (a fixed region, so launches of any shape sharing one
@@ -106,58 +109,90 @@ __device__ __forceinline__ size_t first_slot(const SplitParams& p, int request, 
   return (static_cast<size_t>(request) * p.cache.num_kv_heads + head) * p.num_splits * p.rows;
 }
 
+// Shared memory the combine in the split kernel needs for `entries` (split, row) pairs of `rows`
+// rows: every partial (o, then (max, sum)), each pair's weight and each row's maximum.
+__host__ __device__ constexpr size_t in_split_combine_bytes(int entries, int rows) {
+  return static_cast<size_t>(entries) *
+             (kHeadDim * sizeof(float) + sizeof(float2) + sizeof(float)) +
+         static_cast<size_t>(rows) * sizeof(float);
+}
+
 // The combine in the split kernel (AttentionTuning::combine_in_split), called by every thread of
 // a split block once its partial is stored. The block counts itself in on its (request, head)'s
-// counter; the last of the live splits to arrive copies every split's partial into its shared
-// memory (the launcher checks they fit) and merges them exactly as attention_combine_kernel does
-// (split order, same expressions, so the same bits), then zeroes the counter for the next launch.
-// Ordering: the cooperative-groups grid barrier's pattern (barrier, fence and atomic by one thread;
-// the last arrival fences again before the block reads what the others stored).
+// counter (one acquire-release atomic by thread 0 between two barriers); the last of the live
+// splits to arrive copies every split's partial into its shared memory (the launcher checks they
+// fit), zeroes the counter for the next launch and merges them with attention_combine_kernel's
+// arithmetic: per row the maximum, per (split, row) the weight exp2(m - max) (-1: split skipped),
+// then per (row, dimension) the weighted sums in split order, the same expressions, so the same
+// bits. The sums run with every row of a thread in flight at once (no serial chain per row).
+// p.skip_merge (benchmark diagnostic): the last block only resets the counter (wrong output).
 template <int kThreads>
 __device__ __forceinline__ void combine_in_last_split(const FusedSplitParams& p,
                                                       const SplitView& view, int head, int request,
                                                       unsigned char* smem_raw) {
+  constexpr int kRowsPerThread = 16;  // rows <= 16 x row tiles, threads = 128 x row tiles
   __shared__ bool last;
   const int splits = live_splits(p, view.ctx);
   __syncthreads();  // the block's partial stored; the warp-partial image in smem no longer read
   if (threadIdx.x == 0) {
-    unsigned* counter = p.counters + request * p.cache.num_kv_heads + head;
-    __threadfence();
-    last = atomicAdd(counter, 1u) + 1 == static_cast<unsigned>(splits);
-    if (last) {
-      atomicExch(counter, 0u);
-      __threadfence();
-    }
+    cuda::atomic_ref<unsigned, cuda::thread_scope_device> counter(
+        p.counters[request * p.cache.num_kv_heads + head]);
+    last = counter.fetch_add(1u, cuda::memory_order_acq_rel) + 1 == static_cast<unsigned>(splits);
+    if (last) counter.store(0u, cuda::memory_order_relaxed);  // the next launch's, after this grid
   }
   __syncthreads();
-  if (!last) return;
+  if (!last || p.skip_merge) return;
   const size_t slot0 = first_slot(p, request, head);
-  const int entries = splits * p.rows;                // (split, row) pairs
+  const int entries = splits * p.rows;                // (split, row) pairs, [split][row]
   float* o_all = reinterpret_cast<float*>(smem_raw);  // [split][row][128]
   float2* ml_all = reinterpret_cast<float2*>(o_all + static_cast<size_t>(entries) * kHeadDim);
+  float* w_all = reinterpret_cast<float*>(ml_all + entries);
+  float* m_row = w_all + entries;
   const float* o_src = p.part_o + slot0 * kHeadDim;
   for (int i = threadIdx.x; i < entries * kHeadDim / 4; i += kThreads)
     detail::cp_async_16(o_all + 4 * i, o_src + 4 * i, 16);
   detail::cp_async_commit();
   for (int i = threadIdx.x; i < entries; i += kThreads) ml_all[i] = __ldcg(p.part_ml + slot0 + i);
+  __syncthreads();
+  for (int row = threadIdx.x; row < p.rows; row += kThreads) {
+    float m_max = -INFINITY;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, ml_all[s * p.rows + row].x);
+    m_row[row] = m_max;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < entries; i += kThreads) {
+    const float m = ml_all[i].x;
+    w_all[i] = m == -INFINITY ? -1.0f : exp2f(m - m_row[i % p.rows]);
+  }
   detail::cp_async_wait<0>();
   __syncthreads();
-  const int d = threadIdx.x % kHeadDim;
-  for (int row = threadIdx.x / kHeadDim; row < p.rows; row += kThreads / kHeadDim) {
-    float m_max = -INFINITY;
-    for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, ml_all[s * p.rows + row].x);
-    float l_sum = 0.0f, o_sum = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float2 ml = ml_all[s * p.rows + row];
-      if (ml.x == -INFINITY) continue;
-      const float scale = exp2f(ml.x - m_max);
-      l_sum += ml.y * scale;
-      o_sum += o_all[(s * p.rows + row) * kHeadDim + d] * scale;
+  const int d = threadIdx.x % kHeadDim, first = threadIdx.x / kHeadDim;
+  constexpr int kStride = kThreads / kHeadDim;
+  float l_sum[kRowsPerThread], o_sum[kRowsPerThread];
+#pragma unroll
+  for (int k = 0; k < kRowsPerThread; ++k) l_sum[k] = o_sum[k] = 0.0f;
+#pragma unroll 2
+  for (int s = 0; s < splits; ++s) {
+#pragma unroll
+    for (int k = 0; k < kRowsPerThread; ++k) {
+      const int row = first + k * kStride;
+      if (row >= p.rows) break;
+      const int e = s * p.rows + row;
+      const float scale = w_all[e];
+      if (scale < 0.0f) continue;
+      l_sum[k] += ml_all[e].y * scale;
+      o_sum[k] += o_all[static_cast<size_t>(e) * kHeadDim + d] * scale;
     }
+  }
+#pragma unroll
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const int row = first + k * kStride;
+    if (row >= p.rows) break;
     const int j = row / p.group, g = row % p.group;
     p.out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
               kHeadDim +
-          d] = __float2bfloat16(o_sum / l_sum);
+          d] = __float2bfloat16(o_sum[k] / l_sum[k]);
   }
 }
 
@@ -601,8 +636,7 @@ bool combines_in_split(int num_requests, int num_kv_heads, int num_splits, int r
          tuning.launch_combine &&
          !(tuning.combine_parts && num_splits >= tuning.combine_parts_min_splits) &&
          num_requests * num_kv_heads <= kMaxCounters &&
-         static_cast<size_t>(num_splits) * rows * (kHeadDim * sizeof(float) + sizeof(float2)) <=
-             split_smem_bytes(row_tiles, true);
+         in_split_combine_bytes(num_splits * rows, rows) <= split_smem_bytes(row_tiles, true);
 }
 
 template <bool kQSmem, bool kRope = false, bool kCombine = false>
@@ -745,6 +779,7 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   if (fused) fp.rope = *rope;
   fp.out = out;
   fp.counters = static_cast<unsigned*>(workspace);
+  fp.skip_merge = tuning.skip_merge;
   run_launches(fp, fused, row_tiles, dim3(p.num_splits, cache.num_kv_heads, shape.num_requests),
                stream, pdl);
 }

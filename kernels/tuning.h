@@ -116,6 +116,9 @@ struct AttentionTuning {
   bool combine_in_split = false;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
+  // benchmark only, with combine_in_split: the last split block merges nothing (wrong output), so
+  // the time says what the counting protocol costs.
+  bool skip_merge = false;
 };
 AttentionTuning& attention_tuning();
 
