@@ -49,7 +49,7 @@ struct FusedSplitParams : SplitParams {
   RopeTable rope;
   bf16* out;
   unsigned* counters;
-  bool skip_merge;  // benchmark diagnostic (AttentionTuning::skip_merge)
+  int merge_diagnostic;  // benchmark only (AttentionTuning::merge_diagnostic)
 };
 
 // Workspace: the arrival counters first (a fixed region, so launches of any shape sharing one
@@ -117,20 +117,63 @@ __host__ __device__ constexpr size_t in_split_combine_bytes(int entries, int row
          static_cast<size_t>(rows) * sizeof(float);
 }
 
+// The weighted sums of the combine in the split for kR rows per thread (rows first, first +
+// stride, ...; rows past p.rows read row p.rows - 1 and are not stored): per split, every row's
+// weight, sum and output element are loaded before any is used, so the rows' chains run side by
+// side. Same expressions as attention_combine_kernel (split order; a negative weight: skipped).
+template <int kR>
+__device__ __forceinline__ void merge_rows(const FusedSplitParams& p, int request, int head,
+                                           int splits, int first, int stride, const float* o_all,
+                                           const float2* ml_all, const float* w_all) {
+  const int d = threadIdx.x % kHeadDim;
+  int rows[kR];
+#pragma unroll
+  for (int k = 0; k < kR; ++k) rows[k] = min(first + k * stride, p.rows - 1);
+  float l_sum[kR], o_sum[kR];
+#pragma unroll
+  for (int k = 0; k < kR; ++k) l_sum[k] = o_sum[k] = 0.0f;
+#pragma unroll 2
+  for (int s = 0; s < splits; ++s) {
+    float scale[kR], y[kR], ov[kR];
+#pragma unroll
+    for (int k = 0; k < kR; ++k) {
+      const int e = s * p.rows + rows[k];
+      scale[k] = w_all[e];
+      y[k] = ml_all[e].y;
+      ov[k] = o_all[static_cast<size_t>(e) * kHeadDim + d];
+    }
+#pragma unroll
+    for (int k = 0; k < kR; ++k) {
+      if (scale[k] >= 0.0f) {
+        l_sum[k] += y[k] * scale[k];
+        o_sum[k] += ov[k] * scale[k];
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kR; ++k) {
+    const int row = first + k * stride;
+    if (row >= p.rows) break;
+    const int j = row / p.group, g = row % p.group;
+    p.out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
+              kHeadDim +
+          d] = __float2bfloat16(o_sum[k] / l_sum[k]);
+  }
+}
+
 // The combine in the split kernel (AttentionTuning::combine_in_split), called by every thread of
 // a split block once its partial is stored. The block counts itself in on its (request, head)'s
 // counter (one acquire-release atomic by thread 0 between two barriers); the last of the live
 // splits to arrive copies every split's partial into its shared memory (the launcher checks they
 // fit), zeroes the counter for the next launch and merges them with attention_combine_kernel's
 // arithmetic: per row the maximum, per (split, row) the weight exp2(m - max) (-1: split skipped),
-// then per (row, dimension) the weighted sums in split order, the same expressions, so the same
-// bits. The sums run with every row of a thread in flight at once (no serial chain per row).
-// p.skip_merge (benchmark diagnostic): the last block only resets the counter (wrong output).
+// then per (row, dimension) the weighted sums in split order (merge_rows), the same expressions,
+// so the same bits. p.merge_diagnostic (benchmark only, wrong output): 1, the last block only
+// resets the counter; 2, it also copies the partials.
 template <int kThreads>
 __device__ __forceinline__ void combine_in_last_split(const FusedSplitParams& p,
                                                       const SplitView& view, int head, int request,
                                                       unsigned char* smem_raw) {
-  constexpr int kRowsPerThread = 16;  // rows <= 16 x row tiles, threads = 128 x row tiles
   __shared__ bool last;
   const int splits = live_splits(p, view.ctx);
   __syncthreads();  // the block's partial stored; the warp-partial image in smem no longer read
@@ -141,7 +184,7 @@ __device__ __forceinline__ void combine_in_last_split(const FusedSplitParams& p,
     if (last) counter.store(0u, cuda::memory_order_relaxed);  // the next launch's, after this grid
   }
   __syncthreads();
-  if (!last || p.skip_merge) return;
+  if (!last || p.merge_diagnostic == 1) return;
   const size_t slot0 = first_slot(p, request, head);
   const int entries = splits * p.rows;                // (split, row) pairs, [split][row]
   float* o_all = reinterpret_cast<float*>(smem_raw);  // [split][row][128]
@@ -167,33 +210,19 @@ __device__ __forceinline__ void combine_in_last_split(const FusedSplitParams& p,
   }
   detail::cp_async_wait<0>();
   __syncthreads();
-  const int d = threadIdx.x % kHeadDim, first = threadIdx.x / kHeadDim;
-  constexpr int kStride = kThreads / kHeadDim;
-  float l_sum[kRowsPerThread], o_sum[kRowsPerThread];
-#pragma unroll
-  for (int k = 0; k < kRowsPerThread; ++k) l_sum[k] = o_sum[k] = 0.0f;
-#pragma unroll 2
-  for (int s = 0; s < splits; ++s) {
-#pragma unroll
-    for (int k = 0; k < kRowsPerThread; ++k) {
-      const int row = first + k * kStride;
-      if (row >= p.rows) break;
-      const int e = s * p.rows + row;
-      const float scale = w_all[e];
-      if (scale < 0.0f) continue;
-      l_sum[k] += ml_all[e].y * scale;
-      o_sum[k] += o_all[static_cast<size_t>(e) * kHeadDim + d] * scale;
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kRowsPerThread; ++k) {
-    const int row = first + k * kStride;
-    if (row >= p.rows) break;
-    const int j = row / p.group, g = row % p.group;
-    p.out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
-              kHeadDim +
-          d] = __float2bfloat16(o_sum[k] / l_sum[k]);
-  }
+  if (p.merge_diagnostic == 2) return;
+  constexpr int kStride = kThreads / kHeadDim;  // rows handled side by side
+  const int first = threadIdx.x / kHeadDim, per_thread = (p.rows + kStride - 1) / kStride;
+  if (per_thread <= 1)
+    merge_rows<1>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
+  else if (per_thread <= 2)
+    merge_rows<2>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
+  else if (per_thread <= 4)
+    merge_rows<4>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
+  else if (per_thread <= 8)
+    merge_rows<8>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
+  else
+    merge_rows<16>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -779,7 +808,7 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   if (fused) fp.rope = *rope;
   fp.out = out;
   fp.counters = static_cast<unsigned*>(workspace);
-  fp.skip_merge = tuning.skip_merge;
+  fp.merge_diagnostic = tuning.merge_diagnostic;
   run_launches(fp, fused, row_tiles, dim3(p.num_splits, cache.num_kv_heads, shape.num_requests),
                stream, pdl);
 }

@@ -116,9 +116,10 @@ struct AttentionTuning {
   bool combine_in_split = false;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
-  // benchmark only, with combine_in_split: the last split block merges nothing (wrong output), so
-  // the time says what the counting protocol costs.
-  bool skip_merge = false;
+  // benchmark only, with combine_in_split (wrong output): 1, the last split block merges nothing,
+  // so the time says what the counting protocol costs; 2, it copies the partials but merges
+  // nothing.
+  int merge_diagnostic = 0;
 };
 AttentionTuning& attention_tuning();
 

@@ -855,7 +855,9 @@ std::string attention_label(const detail::AttentionTuning& t) {
   return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
          (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
          (t.skip_math ? "_nomath" : "") + (t.combine_in_split ? "_combine_in_split" : "") +
-         (t.skip_merge ? "_nomerge" : "");
+         (t.merge_diagnostic == 1   ? "_count_only"
+          : t.merge_diagnostic == 2 ? "_count_copy_only"
+                                    : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -1007,10 +1009,14 @@ void bench_attention() {
       }
       for (const auto& t : sweep)
         for (const int q_len : {1, 6}) measure(kv, ctx, q_len, t, "attention_variant", false);
-      // The combine in the split with the last block merging nothing: the protocol's cost.
-      detail::AttentionTuning nomerge = pair;
-      nomerge.combine_in_split = nomerge.skip_merge = true;
-      measure(kv, ctx, 1, nomerge, "attention_variant", false);
+      // The combine in the split with the last block merging nothing (the protocol's cost), and
+      // copying the partials but merging nothing.
+      for (const int diagnostic : {1, 2}) {
+        detail::AttentionTuning t = pair;
+        t.combine_in_split = true;
+        t.merge_diagnostic = diagnostic;
+        measure(kv, ctx, 1, t, "attention_variant", false);
+      }
       // The pair's kernels alone (no PDL): default split options and both options on.
       for (const bool opt : {false, true}) {
         for (const int q_len : {1, 6}) {
