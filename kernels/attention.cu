@@ -3,8 +3,6 @@
 #include <type_traits>
 #include <utility>
 
-#include <cuda/atomic>
-
 #include "kernels/attention.h"
 #include "kernels/attention_tile.cuh"
 #include "kernels/device.cuh"
@@ -40,22 +38,12 @@ struct SplitParams {
   bool full_ring;  // all 3 stages in the prologue (AttentionTuning::split_full_ring)
 };
 
-// The split kernel's parameters in its fused forms (a separate type, so the other kernels'
-// parameters stay as they were). decode_attention_rope (q unused): the qkv projection's output and
-// rope_kv_append's table. The combine in the split (AttentionTuning::combine_in_split): the output
-// and the workspace's arrival counters, one per (request, kv head).
-struct FusedSplitParams : SplitParams {
+// The split kernel's parameters in decode_attention_rope (q unused): the qkv projection's output
+// and rope_kv_append's table. A separate type, so the other kernels' parameters stay as they were.
+struct RopeSplitParams : SplitParams {
   const bf16* qkv;
   RopeTable rope;
-  bf16* out;
-  unsigned* counters;
-  int merge_diagnostic;  // benchmark only (AttentionTuning::merge_diagnostic)
 };
-
-// Workspace: the arrival counters first (a fixed region, so launches of any shape sharing one
-// workspace never write partials over them), then part_o, then part_ml.
-constexpr int kMaxCounters = 4096;  // requests x kv heads of a launch that combines in its split
-constexpr size_t kCounterBytes = kMaxCounters * sizeof(unsigned);
 
 // Q row `row` (= j * group + g) of kv head `head`.
 __device__ __forceinline__ size_t q_offset(const SplitParams& p, int request, int head, int row) {
@@ -98,133 +86,6 @@ struct SplitView {
   }
 };
 
-// The splits of (request, head) that hold keys: those starting before ctx + q_len.
-__device__ __forceinline__ int live_splits(const SplitParams& p, int ctx) {
-  return min(p.num_splits, (ctx + p.q_len + p.split_tokens - 1) / p.split_tokens);
-}
-
-// Index of (request, head, split 0, row 0) in part_o / part_ml (the (request, head)'s partials are
-// contiguous: [split][row]).
-__device__ __forceinline__ size_t first_slot(const SplitParams& p, int request, int head) {
-  return (static_cast<size_t>(request) * p.cache.num_kv_heads + head) * p.num_splits * p.rows;
-}
-
-// Shared memory the combine in the split kernel needs for `entries` (split, row) pairs of `rows`
-// rows: every partial (o, then (max, sum)), each pair's weight and each row's maximum.
-__host__ __device__ constexpr size_t in_split_combine_bytes(int entries, int rows) {
-  return static_cast<size_t>(entries) *
-             (kHeadDim * sizeof(float) + sizeof(float2) + sizeof(float)) +
-         static_cast<size_t>(rows) * sizeof(float);
-}
-
-// The weighted sums of the combine in the split for kR rows per thread (rows first, first +
-// stride, ...; rows past p.rows read row p.rows - 1 and are not stored): per split, every row's
-// weight, sum and output element are loaded before any is used, so the rows' chains run side by
-// side. Same expressions as attention_combine_kernel (split order; a negative weight: skipped).
-template <int kR>
-__device__ __forceinline__ void merge_rows(const FusedSplitParams& p, int request, int head,
-                                           int splits, int first, int stride, const float* o_all,
-                                           const float2* ml_all, const float* w_all) {
-  const int d = threadIdx.x % kHeadDim;
-  int rows[kR];
-#pragma unroll
-  for (int k = 0; k < kR; ++k) rows[k] = min(first + k * stride, p.rows - 1);
-  float l_sum[kR], o_sum[kR];
-#pragma unroll
-  for (int k = 0; k < kR; ++k) l_sum[k] = o_sum[k] = 0.0f;
-#pragma unroll 2
-  for (int s = 0; s < splits; ++s) {
-    float scale[kR], y[kR], ov[kR];
-#pragma unroll
-    for (int k = 0; k < kR; ++k) {
-      const int e = s * p.rows + rows[k];
-      scale[k] = w_all[e];
-      y[k] = ml_all[e].y;
-      ov[k] = o_all[static_cast<size_t>(e) * kHeadDim + d];
-    }
-#pragma unroll
-    for (int k = 0; k < kR; ++k) {
-      if (scale[k] >= 0.0f) {
-        l_sum[k] += y[k] * scale[k];
-        o_sum[k] += ov[k] * scale[k];
-      }
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kR; ++k) {
-    const int row = first + k * stride;
-    if (row >= p.rows) break;
-    const int j = row / p.group, g = row % p.group;
-    p.out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
-              kHeadDim +
-          d] = __float2bfloat16(o_sum[k] / l_sum[k]);
-  }
-}
-
-// The combine in the split kernel (AttentionTuning::combine_in_split), called by every thread of
-// a split block once its partial is stored. The block counts itself in on its (request, head)'s
-// counter (one acquire-release atomic by thread 0 between two barriers); the last of the live
-// splits to arrive copies every split's partial into its shared memory (the launcher checks they
-// fit), zeroes the counter for the next launch and merges them with attention_combine_kernel's
-// arithmetic: per row the maximum, per (split, row) the weight exp2(m - max) (-1: split skipped),
-// then per (row, dimension) the weighted sums in split order (merge_rows), the same expressions,
-// so the same bits. p.merge_diagnostic (benchmark only, wrong output): 1, the last block only
-// resets the counter; 2, it also copies the partials.
-template <int kThreads>
-__device__ __forceinline__ void combine_in_last_split(const FusedSplitParams& p,
-                                                      const SplitView& view, int head, int request,
-                                                      unsigned char* smem_raw) {
-  __shared__ bool last;
-  const int splits = live_splits(p, view.ctx);
-  __syncthreads();  // the block's partial stored; the warp-partial image in smem no longer read
-  if (threadIdx.x == 0) {
-    cuda::atomic_ref<unsigned, cuda::thread_scope_device> counter(
-        p.counters[request * p.cache.num_kv_heads + head]);
-    last = counter.fetch_add(1u, cuda::memory_order_acq_rel) + 1 == static_cast<unsigned>(splits);
-    if (last) counter.store(0u, cuda::memory_order_relaxed);  // the next launch's, after this grid
-  }
-  __syncthreads();
-  if (!last || p.merge_diagnostic == 1) return;
-  const size_t slot0 = first_slot(p, request, head);
-  const int entries = splits * p.rows;                // (split, row) pairs, [split][row]
-  float* o_all = reinterpret_cast<float*>(smem_raw);  // [split][row][128]
-  float2* ml_all = reinterpret_cast<float2*>(o_all + static_cast<size_t>(entries) * kHeadDim);
-  float* w_all = reinterpret_cast<float*>(ml_all + entries);
-  float* m_row = w_all + entries;
-  const float* o_src = p.part_o + slot0 * kHeadDim;
-  for (int i = threadIdx.x; i < entries * kHeadDim / 4; i += kThreads)
-    detail::cp_async_16(o_all + 4 * i, o_src + 4 * i, 16);
-  detail::cp_async_commit();
-  for (int i = threadIdx.x; i < entries; i += kThreads) ml_all[i] = __ldcg(p.part_ml + slot0 + i);
-  __syncthreads();
-  for (int row = threadIdx.x; row < p.rows; row += kThreads) {
-    float m_max = -INFINITY;
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, ml_all[s * p.rows + row].x);
-    m_row[row] = m_max;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < entries; i += kThreads) {
-    const float m = ml_all[i].x;
-    w_all[i] = m == -INFINITY ? -1.0f : exp2f(m - m_row[i % p.rows]);
-  }
-  detail::cp_async_wait<0>();
-  __syncthreads();
-  if (p.merge_diagnostic == 2) return;
-  constexpr int kStride = kThreads / kHeadDim;  // rows handled side by side
-  const int first = threadIdx.x / kHeadDim, per_thread = (p.rows + kStride - 1) / kStride;
-  if (per_thread <= 1)
-    merge_rows<1>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
-  else if (per_thread <= 2)
-    merge_rows<2>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
-  else if (per_thread <= 4)
-    merge_rows<4>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
-  else if (per_thread <= 8)
-    merge_rows<8>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
-  else
-    merge_rows<16>(p, request, head, splits, first, kStride, o_all, ml_all, w_all);
-}
-
 // ---------------------------------------------------------------------------------------------
 // kernels: split + combine (the pair of 179ce97)
 
@@ -239,12 +100,9 @@ __device__ __forceinline__ void combine_in_last_split(const FusedSplitParams& p,
 // kRope (decode_attention_rope, with kQSmem): Q rotated from p.qkv into shared memory, and the
 // new tokens of this split (positions >= ctx) rotated / copied from p.qkv into the cache right
 // after the dependency wait, before any tile holding them is issued (rope_kv_append's work).
-// kCombine (AttentionTuning::combine_in_split): the last split block of each (request, kv head) to
-// finish merges the splits (combine_in_last_split), so no combine kernel is launched.
-template <int kRowTiles, bool kQSmem, bool kRope = false, bool kCombine = false>
+template <int kRowTiles, bool kQSmem, bool kRope = false>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
-    attention_split_kernel(
-        const std::conditional_t<kRope || kCombine, FusedSplitParams, SplitParams> p) {
+    attention_split_kernel(const std::conditional_t<kRope, RopeSplitParams, SplitParams> p) {
   static_assert(!kRope || kQSmem, "the fused rope writes Q into shared memory");
   constexpr int kStages = 3;
   constexpr int kThreads = kSplitThreads * kRowTiles;
@@ -421,7 +279,6 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
     p.part_o[slot * kHeadDim + d] = r.o;
     if (d == 0) p.part_ml[slot] = make_float2(r.m, r.l);
   }
-  if constexpr (kCombine) combine_in_last_split<kThreads>(p, view, head, request, smem_raw);
 }
 
 // Block = (row, kv head, request), thread = dimension: merges the splits in split order. All
@@ -646,68 +503,35 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-// The split kernel's dynamic shared memory: its ring (and Q with kQSmem), reused for the warp
-// partials' image and, with the combine in the split, for every split's partial.
-size_t split_smem_bytes(int row_tiles, bool q_smem) {
+template <bool kQSmem, bool kRope = false>
+void run_split(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p, int row_tiles,
+               dim3 grid, cudaStream_t stream, bool pdl) {
   const size_t ring =
-      size_t{3} * kTileBytes + (q_smem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
-  return std::max(ring, warp_partials_bytes(row_tiles));
-}
-
-// Whether a launch merges its splits in the split kernel (AttentionTuning::combine_in_split):
-// only where the result is the pair's bit for bit and nothing else changes, i.e. the pair would
-// use the one-thread-per-dimension combine, the counters fit their region, and every split's
-// partial of one (request, head) fits the shared memory the split kernel has anyway.
-bool combines_in_split(int num_requests, int num_kv_heads, int num_splits, int rows) {
-  const detail::AttentionTuning& tuning = detail::attention_tuning();
-  const int row_tiles = (rows + 15) / 16;
-  return tuning.combine_in_split && tuning.split_q_smem && tuning.launch_split &&
-         tuning.launch_combine &&
-         !(tuning.combine_parts && num_splits >= tuning.combine_parts_min_splits) &&
-         num_requests * num_kv_heads <= kMaxCounters &&
-         in_split_combine_bytes(num_splits * rows, rows) <= split_smem_bytes(row_tiles, true);
-}
-
-template <bool kQSmem, bool kRope = false, bool kCombine = false>
-void run_split(const std::conditional_t<kRope || kCombine, FusedSplitParams, SplitParams>& p,
-               int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
-  static_assert(!kCombine || kQSmem, "the combine in the split is instantiated with Q in smem");
+      size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
+  const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
   static const bool configured = [] {
-    for (auto kernel : {attention_split_kernel<1, kQSmem, kRope, kCombine>,
-                        attention_split_kernel<2, kQSmem, kRope, kCombine>,
-                        attention_split_kernel<3, kQSmem, kRope, kCombine>,
-                        attention_split_kernel<4, kQSmem, kRope, kCombine>})
+    for (auto kernel :
+         {attention_split_kernel<1, kQSmem, kRope>, attention_split_kernel<2, kQSmem, kRope>,
+          attention_split_kernel<3, kQSmem, kRope>, attention_split_kernel<4, kQSmem, kRope>})
       TS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
-  void (*kernels[4])(std::conditional_t < kRope || kCombine, FusedSplitParams, SplitParams >) = {
-      attention_split_kernel<1, kQSmem, kRope, kCombine>,
-      attention_split_kernel<2, kQSmem, kRope, kCombine>,
-      attention_split_kernel<3, kQSmem, kRope, kCombine>,
-      attention_split_kernel<4, kQSmem, kRope, kCombine>};
-  launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles),
-                   split_smem_bytes(row_tiles, kQSmem), stream, pdl,
+  void (*kernels[4])(std::conditional_t<kRope, RopeSplitParams, SplitParams>) = {
+      attention_split_kernel<1, kQSmem, kRope>, attention_split_kernel<2, kQSmem, kRope>,
+      attention_split_kernel<3, kQSmem, kRope>, attention_split_kernel<4, kQSmem, kRope>};
+  launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
                    static_cast<int>(grid.z) * p.q_len, p);
 }
 
-// The split kernel (fp: every field; the plain kernels take its SplitParams part; rope:
-// decode_attention_rope's form) and the combine kernel unless the split combines.
-void run_launches(const FusedSplitParams& fp, bool rope, int row_tiles, dim3 grid,
-                  cudaStream_t stream, bool pdl) {
-  const SplitParams& p = fp;
+// rope: decode_attention_rope's split parameters (p and the rope fields), else null.
+void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_tiles, dim3 grid,
+                    bf16* out, cudaStream_t stream, bool pdl) {
   const detail::AttentionTuning& tuning = detail::attention_tuning();
-  if (combines_in_split(static_cast<int>(grid.z), static_cast<int>(grid.y), p.num_splits, p.rows)) {
-    if (rope)
-      run_split<true, true, true>(fp, row_tiles, grid, stream, pdl);
-    else
-      run_split<true, false, true>(fp, row_tiles, grid, stream, pdl);
-    return;
-  }
   if (tuning.launch_split) {
-    if (rope)
-      run_split<true, true>(fp, row_tiles, grid, stream, pdl);
+    if (rope != nullptr)
+      run_split<true, true>(*rope, row_tiles, grid, stream, pdl);
     else if (tuning.split_q_smem)
       run_split<true>(p, row_tiles, grid, stream, pdl);
     else
@@ -717,7 +541,7 @@ void run_launches(const FusedSplitParams& fp, bool rope, int row_tiles, dim3 gri
     const bool parts = tuning.combine_parts && p.num_splits >= tuning.combine_parts_min_splits;
     launch_attention(parts ? attention_combine_parts_kernel : attention_combine_kernel,
                      dim3(p.rows, grid.y, grid.z), dim3(parts ? kCombineThreads : kHeadDim), 0,
-                     stream, pdl, static_cast<int>(grid.z) * p.q_len, p, fp.out,
+                     stream, pdl, static_cast<int>(grid.z) * p.q_len, p, out,
                      detail::kernel_tuning().early_trigger);
   }
 }
@@ -728,18 +552,7 @@ void run_launches(const FusedSplitParams& fp, bool rope, int row_tiles, dim3 gri
 // launchers
 
 size_t attention_workspace_bytes(const AttentionShape& shape, const KvCache& cache) {
-  return kCounterBytes + partial_bytes(shape, cache);
-}
-
-void attention_workspace_init(void* workspace, cudaStream_t stream) {
-  TS_REQUIRE(workspace != nullptr, "null workspace");
-  TS_CUDA_CHECK(cudaMemsetAsync(workspace, 0, kCounterBytes, stream));
-}
-
-bool attention_combines_in_split(const AttentionShape& shape, const KvCache& cache) {
-  const int rows = static_cast<int>(rows_of(shape, cache));
-  return combines_in_split(shape.num_requests, cache.num_kv_heads,
-                           attention_num_splits(shape, cache), rows);
+  return partial_bytes(shape, cache);
 }
 
 int attention_num_splits(const AttentionShape& shape, const KvCache& cache) {
@@ -795,22 +608,21 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   p.skip_math = tuning.skip_math;
   p.full_ring = tuning.split_full_ring;
   const int row_tiles = (p.rows + 15) / 16;
-  unsigned char* partials = static_cast<unsigned char*>(workspace) + kCounterBytes;
+  unsigned char* partials = static_cast<unsigned char*>(workspace);
   p.part_o = reinterpret_cast<float*>(partials);
   p.split_tokens = split_tokens_for(shape, cache);
   p.num_splits = (cache.capacity_tokens + p.split_tokens - 1) / p.split_tokens;
   const size_t slots =
       static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_splits * p.rows;
   p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(slots * kHeadDim * 4));
-  FusedSplitParams fp = {};
-  static_cast<SplitParams&>(fp) = p;
-  fp.qkv = qkv;
-  if (fused) fp.rope = *rope;
-  fp.out = out;
-  fp.counters = static_cast<unsigned*>(workspace);
-  fp.merge_diagnostic = tuning.merge_diagnostic;
-  run_launches(fp, fused, row_tiles, dim3(p.num_splits, cache.num_kv_heads, shape.num_requests),
-               stream, pdl);
+  RopeSplitParams rp = {};
+  if (fused) {
+    static_cast<SplitParams&>(rp) = p;
+    rp.qkv = qkv;
+    rp.rope = *rope;
+  }
+  run_two_launch(p, fused ? &rp : nullptr, row_tiles,
+                 dim3(p.num_splits, cache.num_kv_heads, shape.num_requests), out, stream, pdl);
 }
 
 }  // namespace

@@ -11,18 +11,13 @@
 // Row j of a q_len-query launch equals a 1-query launch at context ctx + j bit for bit (the
 // partition depends on capacity, kv heads and num_requests only).
 //
-// workspace: caller-owned, at least attention_workspace_bytes() for every shape it serves, and
-//   launches of different shapes may share one workspace, serially. It holds the split partials
-//   (no initialisation needed: a launch reads only the partials it wrote) behind a fixed region of
-//   arrival counters, which must be zero before the first launch (attention_workspace_init, once
-//   after allocation) and which every launch leaves zero; only the combine in the split kernel
-//   (AttentionTuning::combine_in_split, attention_combines_in_split()) uses them.
+// workspace: caller-owned, at least attention_workspace_bytes() for every shape it serves; it
+//   needs no initialisation (a launch reads only the partials it wrote), and launches of
+//   different shapes may share one workspace, serially.
 // PDL (pdl = true): the prologue before the dependency wait reads only ctx_lens, request_base
 //   and KV tokens older than ctx, so none of these may be written by the kernel launched just
 //   before; q, the new tokens, the workspace and out are touched after the wait.
-// Two launches: a split kernel (partials to the workspace) and a combine kernel; or, where
-// attention_combines_in_split(), one: the last split block of each (request, kv head) to finish
-// merges the splits, with the combine kernel's arithmetic (same bits).
+// Two launches: a split kernel (partials to the workspace) and a combine kernel.
 #pragma once
 
 #include <cstddef>
@@ -41,15 +36,6 @@ struct AttentionShape {
 };
 
 size_t attention_workspace_bytes(const AttentionShape& shape, const KvCache& cache);
-
-// Zeroes the workspace's counters (stream-ordered); once, before a workspace's first launch.
-void attention_workspace_init(void* workspace, cudaStream_t stream);
-
-// Whether launches of this shape over this cache merge their splits in the split kernel (one
-// launch) under the current AttentionTuning: combine_in_split is on, the combine would be the
-// one-thread-per-dimension form, and every split's partial of one (request, kv head) fits the
-// split kernel's shared memory (e.g. Llama-3-8B heads at one request: q_len 1 only).
-bool attention_combines_in_split(const AttentionShape& shape, const KvCache& cache);
 
 // Context splits per (request, KV head) of a launch of this shape over this cache (the partition
 // above; q_len does not change it); a request of ctx + q_len tokens fills the first

@@ -109,17 +109,8 @@ struct AttentionTuning {
   // match bit for bit.
   bool combine_parts = true;
   int combine_parts_min_splits = 66;
-  // The splits merged by each (request, kv head)'s last split block to finish, in the split kernel
-  // (attention.h attention_combines_in_split: where it gives the pair's bits and fits), instead of
-  // a combine launch: one launch and one dependency release fewer per layer. Off until measured
-  // (docs/kernels.md round 20); needs the workspace's counters zeroed (attention_workspace_init).
-  bool combine_in_split = false;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
-  // benchmark only, with combine_in_split (wrong output): 1, the last split block merges nothing,
-  // so the time says what the counting protocol costs; 2, it copies the partials but merges
-  // nothing.
-  int merge_diagnostic = 0;
 };
 AttentionTuning& attention_tuning();
 

@@ -375,8 +375,6 @@ void Engine::allocate() {
     ws = std::max(ws, kernels::attention_workspace_bytes(
                           {n, b.chunk, c.q_heads, 0.08838834764831845f}, cache));
   b.attn_ws = b.dev<char>(ws, "attention workspace");
-  kernels::attention_workspace_init(b.attn_ws, nullptr);  // its counters zero (attention.h)
-  TS_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   if (c.moe()) {
     // One workspace for moe_forward's widest call (kGemvMaxRows rows: decode, short prefills)
     // and moe_prefill's (moe_prefill_rows rows per call): both run on compute_, in stream order.

@@ -854,10 +854,7 @@ void free_kv(KvSetup& kv) {
 std::string attention_label(const detail::AttentionTuning& t) {
   return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
          (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
-         (t.skip_math ? "_nomath" : "") + (t.combine_in_split ? "_combine_in_split" : "") +
-         (t.merge_diagnostic == 1   ? "_count_only"
-          : t.merge_diagnostic == 2 ? "_count_copy_only"
-                                    : "");
+         (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -867,10 +864,8 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   pair_opt.split_full_ring = pair_opt.split_q_smem = true;
   detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
   pair_drv.carveout_max_shared = false;
-  detail::AttentionTuning in_split = defaults;  // one launch where it applies (round 20)
-  in_split.combine_in_split = true;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {pair, pair_drv, pair_opt, in_split})
+  for (const auto& t : {pair, pair_drv, pair_opt})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
@@ -893,7 +888,6 @@ void bench_attention() {
     const size_t ws_bytes = attention_workspace_bytes(shape, kv.cache);
     void* ws = nullptr;
     TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-    attention_workspace_init(ws, nullptr);
     const double bytes = 2.0 * (ctx + q_len) * 8 * kHeadDim * 2;
     auto timed = [&](bool pdl) {
       return time_graph_us([&](cudaStream_t s) {
@@ -914,7 +908,6 @@ void bench_attention() {
         .n("head_dim", kHeadDim)
         .b("cold", true)
         .b("pdl", true)
-        .b("combines_in_split", attention_combines_in_split(shape, kv.cache))
         .s("timing", "captured graph, 32 layers of KV back to back");
     if (both_pdl) row.n("time_no_pdl_us", t_plain).n("pct_of_floor_no_pdl", pct(t_plain));
     add_row(row, bytes, t_pdl);
@@ -1009,14 +1002,6 @@ void bench_attention() {
       }
       for (const auto& t : sweep)
         for (const int q_len : {1, 6}) measure(kv, ctx, q_len, t, "attention_variant", false);
-      // The combine in the split with the last block merging nothing (the protocol's cost), and
-      // copying the partials but merging nothing.
-      for (const int diagnostic : {1, 2}) {
-        detail::AttentionTuning t = pair;
-        t.combine_in_split = true;
-        t.merge_diagnostic = diagnostic;
-        measure(kv, ctx, 1, t, "attention_variant", false);
-      }
       // The pair's kernels alone (no PDL): default split options and both options on.
       for (const bool opt : {false, true}) {
         for (const int q_len : {1, 6}) {
@@ -1031,7 +1016,6 @@ void bench_attention() {
             void* ws = nullptr;
             const size_t ws_bytes = attention_workspace_bytes(shape, kv.cache);
             TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-            attention_workspace_init(ws, nullptr);
             TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));
             const double us =
                 time_graph_us([&](cudaStream_t s) {
@@ -1065,8 +1049,7 @@ void bench_attention() {
 // context (1024, 2048, 8192) over a run's KV capacity (ctx + 128: 128 decode tokens, sized as the
 // real backend sizes it), 32 layers of KV back to back in a captured graph with PDL (cold), q_len
 // 1: the split count rounded down to one wave of blocks (AttentionTuning::splits_within_one_wave,
-// the default) beside rounded up and beside one wave with the splits merged in the split kernel
-// (AttentionTuning::combine_in_split), in the same run. Bytes = the K and V rows read.
+// the default) beside rounded up, in the same run. Bytes = the K and V rows read.
 void bench_attention_batch() {
   const int layers = 32, num_q_heads = 32, kv_heads = 8, max_requests = 32;
   auto& tuning = detail::attention_tuning();
@@ -1082,25 +1065,21 @@ void bench_attention_batch() {
       shape.num_q_heads = num_q_heads;
       const double bytes = 2.0 * requests * (ctx + 1) * kv_heads * kHeadDim * 2;
       std::printf("attention_batch requests=%2d ctx=%5d capacity=%5d:", requests, ctx, ctx + 128);
-      // one_wave (the default), round_up, and one_wave with the combine in the split kernel.
-      for (const int form : {0, 1, 2}) {
-        const bool one_wave = form != 1;
+      for (const bool one_wave : {true, false}) {
         tuning = defaults;
         tuning.splits_within_one_wave = one_wave;
-        tuning.combine_in_split = form == 2;
         const int splits = attention_num_splits(shape, kv.cache);
         const int split_tokens = (kv.cache.capacity_tokens + splits - 1) / splits;
         const int used = std::min(splits, (ctx + 1 + split_tokens - 1) / split_tokens);
         void* ws = nullptr;
         TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
-        attention_workspace_init(ws, nullptr);
         const double us = time_graph_us([&](cudaStream_t s) {
                             for (int l = 0; l < layers; ++l)
                               decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, true);
                           }) /
                           layers;
         TS_CUDA_CHECK(cudaFree(ws));
-        const char* name = form == 0 ? "one_wave" : form == 1 ? "round_up" : "combine_in_split";
+        const char* name = one_wave ? "one_wave" : "round_up";
         std::printf("  %s %3d blocks %7.2f us (%5.1f%%)", name, requests * kv_heads * used, us,
                     100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps);
         Row row;
@@ -1112,7 +1091,6 @@ void bench_attention_batch() {
             .n("capacity_tokens", kv.cache.capacity_tokens)
             .n("splits", splits)
             .n("blocks", requests * kv_heads * used)
-            .b("combines_in_split", attention_combines_in_split(shape, kv.cache))
             .n("num_q_heads", num_q_heads)
             .n("num_kv_heads", kv_heads)
             .n("head_dim", kHeadDim)
@@ -1156,7 +1134,6 @@ void bench_attention_kv_heads() {
         const size_t ws_bytes = attention_workspace_bytes(shape, kv.cache);
         void* ws = nullptr;
         TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-        attention_workspace_init(ws, nullptr);
         TS_CUDA_CHECK(cudaMemset(ws, 0, ws_bytes));
         const double bytes = 2.0 * (ctx + q_len) * kv_heads * kHeadDim * 2;
         struct Form {
@@ -1240,7 +1217,6 @@ void launch_ncu_targets(const std::vector<Shape>& shapes) {
     shape.num_q_heads = num_q_heads;
     void* ws = nullptr;
     TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
-    attention_workspace_init(ws, nullptr);
     decode_attention(q, kv.cache, 0, kv.ctx, out, shape, ws, g_stream, false);
     TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
     TS_CUDA_CHECK(cudaFree(ws));
@@ -1297,7 +1273,6 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
     detail::attention_tuning() = saved;
   }
   TS_CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
-  attention_workspace_init(ws, nullptr);
   const RopeTable rope = llama3_rope_table();
   // mask bit i: PDL on for the i-th launcher of the layer (norm1, qkv, rope, attention, o,
   // norm2, gate_up, down); skip bit i: that launcher left out (a diagnostic: what its launch
@@ -1377,29 +1352,19 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
       tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
       b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
 
-  // rope_kv_append fused into the attention's split kernel (decode_attention_rope), PDL on; then
-  // with the splits also merged in that kernel where it applies (one launch for rope, append,
-  // attention and combine).
-  for (const bool in_split : {false, true}) {
-    attn_tuning.combine_in_split = in_split;
-    const bool one_launch = attention_combines_in_split(shape, kv.cache);
+  {  // rope_kv_append fused into the attention's split kernel (decode_attention_rope), PDL on
     const double us =
         time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, true); }, 7) / layers;
-    attn_tuning = attn_defaults;
-    const int kernels = one_launch ? 7 : 8;
     std::printf(
-        "  layer chain %s rope fused into attention%s (%d kernels): pdl on %7.2f us (%.3fx of "
-        "floor; separate %7.2f)\n",
-        tag.c_str(), in_split ? ", combine in split" : "", kernels, us, us / floor_us, t[1]);
+        "  layer chain %s rope fused into attention (8 kernels): pdl on %7.2f us (%.3fx of floor; "
+        "separate %7.2f)\n",
+        tag.c_str(), us, us / floor_us, t[1]);
     Row row;
     row.s("section", "layer_chain_fused_rope")
         .n("m", m)
         .n("requests", requests)
         .n("ctx_tokens", ctx)
         .b("pdl", true)
-        .b("combine_in_split", in_split)
-        .b("combines_in_split", one_launch)
-        .n("kernels_per_layer", kernels)
         .n("separate_time_us", t[1])
         .n("time_over_floor", us / floor_us);
     add_row(row, bytes, us);

@@ -25,7 +25,6 @@ struct Variant {
   int ctas_per_sm;
   bool split_full_ring = false, split_q_smem = false;
   bool splits_within_one_wave = true;
-  bool combine_in_split = false;
 };
 const Variant kVariants[] = {
     {"two_launch", 2},  // the 179ce97 pair: Q in registers, 2-tile prologue
@@ -33,8 +32,6 @@ const Variant kVariants[] = {
     {"two_launch_q_smem", 2, false, true},  // the shipped default
     // The split count rounded up (before the one-wave rule): more splits at 2-32 requests.
     {"two_launch_q_smem_round_up", 2, false, true, false},
-    // The splits merged by the last split block where that applies (one launch), else the pair.
-    {"q_smem_combine_in_split", 2, false, true, true, true},
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -46,7 +43,6 @@ class TuningScope {
     t.split_full_ring = v.split_full_ring;
     t.split_q_smem = v.split_q_smem;
     t.splits_within_one_wave = v.splits_within_one_wave;
-    t.combine_in_split = v.combine_in_split;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
@@ -54,16 +50,14 @@ class TuningScope {
   detail::AttentionTuning saved_;
 };
 
-// Workspace for every shape in `shapes`, poisoned (NaN floats) but for what the header asks to
-// initialise (the counters, attention_workspace_init): a launch reading a partial it did not
-// write gives NaN outputs.
+// Workspace for every shape in `shapes`, poisoned (NaN floats): the header asks for no
+// initialisation, so a launch reading a partial it did not write gives NaN outputs.
 DeviceBuffer<unsigned char> make_workspace(const std::vector<AttentionShape>& shapes,
                                            const KvCache& cache) {
   size_t bytes = 0;
   for (const auto& s : shapes) bytes = std::max(bytes, attention_workspace_bytes(s, cache));
   DeviceBuffer<unsigned char> ws(bytes);
   ws.poison();
-  attention_workspace_init(ws.get(), nullptr);
   return ws;
 }
 
@@ -410,8 +404,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, AttentionVariants, ::testing::ValuesIn(kVaria
 // decode_attention_rope against rope_kv_append then decode_attention on a copy of the same cache:
 // out and the whole cache bit for bit. Cases: one query at a long context, new tokens straddling a
 // split boundary (splits are 64 tokens for one request of 8 KV heads at capacity 1024, 128 for
-// three requests; 256 for two requests of 2 KV heads), group 8, 16 queries ending at capacity;
-// each with the pair's combine and with the combine in the split kernel (the first case).
+// three requests; 256 for two requests of 2 KV heads), group 8, 16 queries ending at capacity.
 TEST(Attention, FusedRopeMatchesRopeThenAttentionBitForBit) {
   TS_SKIP_WITHOUT_GPU();
   const uint64_t seed = test::fresh_seed();
@@ -422,10 +415,9 @@ TEST(Attention, FusedRopeMatchesRopeThenAttentionBitForBit) {
     std::vector<int> ctx_lens;
   };
   const RopeTable rope = llama3_rope_table();
-  const FusedCase cases[] = {FusedCase{32, 8, 1, {1000}}, FusedCase{32, 8, 8, {60}},
-                             FusedCase{32, 8, 6, {0, 125, 700}}, FusedCase{16, 2, 8, {250, 5}},
-                             FusedCase{32, 8, 16, {1008}}};
-  for (const FusedCase& c : cases) {
+  for (const FusedCase& c :
+       {FusedCase{32, 8, 1, {1000}}, FusedCase{32, 8, 8, {60}}, FusedCase{32, 8, 6, {0, 125, 700}},
+        FusedCase{16, 2, 8, {250, 5}}, FusedCase{32, 8, 16, {1008}}}) {
     SCOPED_TRACE("heads " + std::to_string(c.num_q_heads) + "/" + std::to_string(c.num_kv_heads) +
                  " q_len " + std::to_string(c.q_len) + " requests " +
                  std::to_string(c.ctx_lens.size()));
@@ -468,110 +460,16 @@ TEST(Attention, FusedRopeMatchesRopeThenAttentionBitForBit) {
                    c.num_q_heads, rope, stream, true);
     decode_attention(q_out.get(), caches[0], layer, dctx.get(), out[0].get(), shape, ws.get(),
                      stream, true);
-    const auto want = out[0].download<uint16_t>();
-    ASSERT_EQ(std::count(want.begin(), want.end(), uint16_t{0xFFFF}), 0);
-    // The fused launch with the pair's combine, then with the combine in its split kernel where
-    // that applies (the first case; the others run the pair again). Appending the same tokens
-    // twice leaves the cache as once.
-    for (const bool combine_in_split : {false, true}) {
-      TuningScope scope(kVariants[2]);
-      detail::attention_tuning().combine_in_split = combine_in_split;
-      if (combine_in_split && &c == &cases[0]) {
-        ASSERT_TRUE(attention_combines_in_split(shape, cache));
-      }
-      out[1].poison();
-      decode_attention_rope(dqkv.get(), caches[1], layer, dctx.get(), rope, out[1].get(), shape,
-                            ws.get(), stream, true);
-      TS_CUDA_CHECK(cudaStreamSynchronize(stream));
-      const auto got = out[1].download<uint16_t>();
-      EXPECT_EQ(mismatches(got, want), 0u)
-          << "combine in split " << combine_in_split << ": " << describe_mismatches(got, want);
-      for (int r = 0; r < requests; ++r)
-        EXPECT_EQ(kv[1][r]->download<uint16_t>(), kv[0][r]->download<uint16_t>())
-            << "cache of request " << r << ", combine in split " << combine_in_split;
-    }
+    decode_attention_rope(dqkv.get(), caches[1], layer, dctx.get(), rope, out[1].get(), shape,
+                          ws.get(), stream, true);
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
     TS_CUDA_CHECK(cudaStreamDestroy(stream));
-  }
-}
-
-// The combine in the split kernel (AttentionTuning::combine_in_split) against the pair on the same
-// inputs, bit for bit: eagerly, then a captured graph of three PDL launches (two layers, the first
-// again) replayed three times over one workspace, so each launch finds the counters the previous
-// one left; the counters are zero afterwards. Every case is one where it applies (asserted):
-// Llama-3-8B heads at one request and one query (32 splits); four requests of six queries with
-// ctx 0 and short requests (their trailing splits empty); one KV head of 4 query heads, three
-// requests (32 splits of 64 tokens).
-TEST(Attention, CombineInSplitMatchesThePairBitForBit) {
-  TS_SKIP_WITHOUT_GPU();
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  struct SplitCase {
-    int num_q_heads, num_kv_heads, q_len, capacity;
-    std::vector<int> ctx_lens;
-  };
-  for (const SplitCase& c :
-       {SplitCase{32, 8, 1, 8192, {8000}}, SplitCase{32, 8, 6, 2048, {0, 1500, 3, 2040}},
-        SplitCase{4, 1, 1, 2000, {1999, 64, 700}}}) {
-    const int requests = static_cast<int>(c.ctx_lens.size());
-    SCOPED_TRACE("heads " + std::to_string(c.num_q_heads) + "/" + std::to_string(c.num_kv_heads) +
-                 " q_len " + std::to_string(c.q_len) + " requests " + std::to_string(requests));
-    KvCache cache;
-    cache.num_layers = 2;
-    cache.num_kv_heads = c.num_kv_heads;
-    cache.capacity_tokens = c.capacity;
-    // Layer 1 gets layer 0's tokens (the graph reads both).
-    DeviceRequests batch = upload_requests(cache, c.ctx_lens, c.q_len, 0, rng, true);
-    DeviceBuffer<int>& dctx = batch.ctx;
-    const AttentionShape shape = shape_of(requests, c.q_len, c.num_q_heads);
-    const size_t elems = static_cast<size_t>(requests) * c.q_len * c.num_q_heads * kHeadDim;
-    auto dq = test::to_device(test::random_bf16(elems, rng));
-    auto ws = make_workspace({shape}, cache);
-    DeviceBuffer<bf16> pair(elems);
-    pair.poison();
-    decode_attention(dq.get(), cache, 0, dctx.get(), pair.get(), shape, ws.get(), nullptr);
-    const auto want = pair.download<uint16_t>();
+    const auto want = out[0].download<uint16_t>(), got = out[1].download<uint16_t>();
     ASSERT_EQ(std::count(want.begin(), want.end(), uint16_t{0xFFFF}), 0);
-
-    TuningScope scope(kVariants[2]);  // the shipped split options, then the combine in the split
-    detail::attention_tuning().combine_in_split = true;
-    ASSERT_TRUE(attention_combines_in_split(shape, cache));
-    DeviceBuffer<bf16> eager(elems);
-    eager.poison();
-    decode_attention(dq.get(), cache, 0, dctx.get(), eager.get(), shape, ws.get(), nullptr);
-    const auto got = eager.download<uint16_t>();
-    EXPECT_EQ(mismatches(got, want), 0u) << "eager: " << describe_mismatches(got, want);
-
-    cudaStream_t stream;
-    TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    DeviceBuffer<bf16> outs[3] = {DeviceBuffer<bf16>(elems), DeviceBuffer<bf16>(elems),
-                                  DeviceBuffer<bf16>(elems)};
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    TS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < 3; ++i)
-      decode_attention(dq.get(), cache, i % 2, dctx.get(), outs[i].get(), shape, ws.get(), stream,
-                       true);
-    TS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    TS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 3; ++replay) {
-      for (auto& out : outs) out.poison();
-      TS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-      TS_CUDA_CHECK(cudaStreamSynchronize(stream));
-      for (int i = 0; i < 3; ++i) {
-        const auto bits = outs[i].download<uint16_t>();
-        EXPECT_EQ(mismatches(bits, want), 0u)
-            << "replay " << replay << ", launch " << i << ": " << describe_mismatches(bits, want);
-      }
-    }
-    TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    TS_CUDA_CHECK(cudaGraphDestroy(graph));
-    TS_CUDA_CHECK(cudaStreamDestroy(stream));
-    const auto bytes = ws.download();  // the counters: the workspace's first 4-byte words
-    const size_t counter_bytes = size_t{4} * requests * c.num_kv_heads;
-    EXPECT_EQ(static_cast<size_t>(std::count(bytes.begin(), bytes.begin() + counter_bytes, 0)),
-              counter_bytes)
-        << "a counter left non-zero";
+    EXPECT_EQ(mismatches(got, want), 0u) << describe_mismatches(got, want);
+    for (int r = 0; r < requests; ++r)
+      EXPECT_EQ(kv[1][r]->download<uint16_t>(), kv[0][r]->download<uint16_t>())
+          << "cache of request " << r;
   }
 }
 
@@ -637,7 +535,14 @@ TEST(Attention, RejectsInvalidShapes) {
   EXPECT_THROW(decode_attention(q, cache, 1, ctx, out, shape, ws, nullptr), std::invalid_argument);
   cache.capacity_tokens = 0;  // < q_len
   EXPECT_THROW(decode_attention(q, cache, 0, ctx, out, shape, ws, nullptr), std::invalid_argument);
-  EXPECT_THROW(attention_workspace_init(nullptr, nullptr), std::invalid_argument);
+  try {  // checked before any CUDA call; the message names the function once
+    attention_num_splits(shape, cache);
+    ADD_FAILURE() << "a zero capacity was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "twinstep::kernels::attention_num_splits: num_requests, num_kv_heads and "
+                 "capacity_tokens must be >= 1");
+  }
 }
 
 }  // namespace
