@@ -348,7 +348,7 @@ __device__ __forceinline__ void prefetch_l2_line(const void* ptr) {
 // threads; "as reader": the read's own launch shape, each line prefetched by the thread that will
 // read it) over a region of `bytes`, a 20 us spin, then a streaming read of the region, timed
 // alone; beside it the read with no prefetch (cold) and after a full read of the region (warm).
-// Median of 9 trials. Results: results/h200/gemv_prefetch_next_2c97d15.json.
+// Median of 9 trials. Results: results/h200/gemv_prefetch_next_2c97d15.json, l2_prefetch_f78322a.json.
 // how: 0 bulk prefetches of seg_bytes, 1 prefetch.global.L2 per line, 2 bulk prefetches with an
 // L2::evict_last cache policy, 3 prefetch.global.L2::evict_last per line, 4 one 4-byte load per
 // line (.L2::128B: the whole line), 5 one per 256 bytes (.L2::256B), both xor-ed into `sink`.
