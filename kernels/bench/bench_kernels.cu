@@ -348,10 +348,11 @@ __device__ __forceinline__ void prefetch_l2_line(const void* ptr) {
 // threads; "as reader": the read's own launch shape, each line prefetched by the thread that will
 // read it) over a region of `bytes`, a 20 us spin, then a streaming read of the region, timed
 // alone; beside it the read with no prefetch (cold) and after a full read of the region (warm).
-// Median of 9 trials. Results: results/h200/gemv_prefetch_next_2c97d15.json, l2_prefetch_f78322a.json.
-// how: 0 bulk prefetches of seg_bytes, 1 prefetch.global.L2 per line, 2 bulk prefetches with an
-// L2::evict_last cache policy, 3 prefetch.global.L2::evict_last per line, 4 one 4-byte load per
-// line (.L2::128B: the whole line), 5 one per 256 bytes (.L2::256B), both xor-ed into `sink`.
+// Median of 9 trials. Results: results/h200/gemv_prefetch_next_2c97d15.json,
+// l2_prefetch_f78322a.json. how: 0 bulk prefetches of seg_bytes, 1 prefetch.global.L2 per line, 2
+// bulk prefetches with an L2::evict_last cache policy, 3 prefetch.global.L2::evict_last per line, 4
+// one 4-byte load per line (.L2::128B: the whole line), 5 one per 256 bytes (.L2::256B), both
+// xor-ed into `sink`.
 __global__ void l2_prefetch_kernel(const char* p, size_t bytes, uint32_t seg_bytes, int how,
                                    unsigned* sink) {
   const size_t workers = size_t{gridDim.x} * blockDim.x;
