@@ -2,6 +2,7 @@
 
 #include "kernels/gemv.h"
 #include "kernels/gemv_kernel.cuh"
+#include "kernels/gemv_norm.h"
 
 namespace twinstep::kernels {
 
@@ -19,6 +20,35 @@ void check_shape(const char* launcher, const void* w, const void* x, const void*
   if (k <= 0 || k % 64 != 0)
     throw_invalid_argument(launcher,
                            "k = " + std::to_string(k) + " is not a positive multiple of 64");
+}
+
+void check_norm_sq(const char* launcher, const void* sq, float eps) {
+  if (sq == nullptr) throw_invalid_argument(launcher, "null sq (the tile sums of squares)");
+  if (!(eps > 0.0f)) throw_invalid_argument(launcher, "eps must be > 0");
+}
+
+constexpr int kNormThreads = 256;
+
+// Block = one row; half-warp h of the block owns tiles h, h + 16, ...: lane i squares column
+// 16 t + i and the half-warp sums with gemv_residual's butterfly (same bits for the same row).
+__global__ void __launch_bounds__(kNormThreads)
+    rms_sq_partials_kernel(const bf16* residual, float* sq, int hidden) {
+  detail::pdl_wait_and_trigger();
+  const int tiles = hidden / 16, lane16 = threadIdx.x % 16;
+  const unsigned mask = 0xFFFFu << (threadIdx.x & 16);
+  const bf16* row = residual + static_cast<size_t>(blockIdx.x) * hidden;
+  for (int t = threadIdx.x / 16; t < tiles; t += kNormThreads / 16) {
+    const float v = __bfloat162float(row[t * 16 + lane16]);
+    const float s = detail::half_warp_sum(__fmul_rn(v, v), mask);
+    if (lane16 == 0) sq[static_cast<size_t>(blockIdx.x) * tiles + t] = s;
+  }
+}
+
+__global__ void fold_norm_weight_kernel(const bf16* w, const bf16* gamma, bf16* out, size_t count,
+                                        int k) {
+  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < count;
+       e += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[e] = __float2bfloat16(__bfloat162float(w[e]) * __bfloat162float(gamma[e % k]));
 }
 
 }  // namespace
@@ -45,9 +75,12 @@ int num_sms() {
 
 }  // namespace detail
 
-void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStream_t stream,
-          bool pdl) {
-  check_shape(__func__, w, x, out, m, n, k);
+namespace {
+
+// The shape checked (errors name `launcher`), the dense-mode parameters filled.
+detail::GemvParams checked_params(const char* launcher, const bf16* w, const bf16* x, bf16* out,
+                                  int m, int n, int k) {
+  check_shape(launcher, w, x, out, m, n, k);
   detail::GemvParams p = {};
   p.w = w;
   p.x = x;
@@ -55,22 +88,83 @@ void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStre
   p.n = n;
   p.k = k;
   p.out = out;
-  detail::launch_gemv<detail::GemvEpilogue::kStore>(p, stream,
-                                                    pdl && m <= detail::gemv_tuning().pdl_max_rows);
+  return p;
+}
+
+// PDL where the tuning allows it for m rows (GemvTuning::pdl_max_rows).
+bool pdl_for_rows(bool pdl, int m) { return pdl && m <= detail::gemv_tuning().pdl_max_rows; }
+
+}  // namespace
+
+void gemv(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, cudaStream_t stream,
+          bool pdl) {
+  const detail::GemvParams p = checked_params(__func__, w, x, out, m, n, k);
+  detail::launch_gemv<detail::GemvEpilogue::kStore>(p, stream, pdl_for_rows(pdl, m));
 }
 
 void gemv_swiglu(const bf16* w_gate_up, const bf16* x, bf16* out, int m, int n, int k,
                  cudaStream_t stream, bool pdl) {
-  check_shape(__func__, w_gate_up, x, out, m, n, k);
-  detail::GemvParams p = {};
-  p.w = w_gate_up;
-  p.x = x;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.out = out;
-  detail::launch_gemv<detail::GemvEpilogue::kSwiglu>(
-      p, stream, pdl && m <= detail::gemv_tuning().pdl_max_rows);
+  const detail::GemvParams p = checked_params(__func__, w_gate_up, x, out, m, n, k);
+  detail::launch_gemv<detail::GemvEpilogue::kSwiglu>(p, stream, pdl_for_rows(pdl, m));
+}
+
+// ---------------------------------------------------------------------------------------------
+// the RMSNorm carried by the GEMVs (gemv_norm.h): the split kernel's epilogues (fill 3) always
+
+void gemv_residual(const bf16* w, const bf16* x, bf16* residual, float* sq, int m, int n, int k,
+                   cudaStream_t stream, bool pdl) {
+  detail::GemvParams p = checked_params(__func__, w, x, residual, m, n, k);
+  check_norm_sq(__func__, sq, 1.0f);
+  p.norm_sq_out = sq;
+  detail::launch_gemv_split<detail::GemvEpilogue::kResidual>(p, detail::gemv_tuning(), stream,
+                                                             pdl_for_rows(pdl, m));
+}
+
+namespace {
+
+template <detail::GemvEpilogue kEpilogue>
+void launch_normed(const char* launcher, const bf16* w_folded, const bf16* x, const float* sq,
+                   float eps, bf16* out, int m, int n, int k, cudaStream_t stream, bool pdl) {
+  detail::GemvParams p = checked_params(launcher, w_folded, x, out, m, n, k);
+  check_norm_sq(launcher, sq, eps);
+  p.norm_sq_in = sq;
+  p.norm_eps = eps;
+  detail::launch_gemv_split<kEpilogue>(p, detail::gemv_tuning(), stream, pdl_for_rows(pdl, m));
+}
+
+}  // namespace
+
+void gemv_normed(const bf16* w_folded, const bf16* x, const float* sq, float eps, bf16* out, int m,
+                 int n, int k, cudaStream_t stream, bool pdl) {
+  launch_normed<detail::GemvEpilogue::kStoreNormed>(__func__, w_folded, x, sq, eps, out, m, n, k,
+                                                    stream, pdl);
+}
+
+void gemv_swiglu_normed(const bf16* w_gate_up_folded, const bf16* x, const float* sq, float eps,
+                        bf16* out, int m, int n, int k, cudaStream_t stream, bool pdl) {
+  launch_normed<detail::GemvEpilogue::kSwigluNormed>(__func__, w_gate_up_folded, x, sq, eps, out, m,
+                                                     n, k, stream, pdl);
+}
+
+void rms_sq_partials(const bf16* residual, float* sq, int m, int hidden, cudaStream_t stream,
+                     bool pdl) {
+  TS_REQUIRE(residual != nullptr && sq != nullptr, "null residual or sq");
+  TS_REQUIRE(m >= 1, "m = " + std::to_string(m) + " must be >= 1");
+  TS_REQUIRE(hidden > 0 && hidden % 64 == 0,
+             "hidden = " + std::to_string(hidden) + " is not a positive multiple of 64");
+  detail::launch(rms_sq_partials_kernel, dim3(m), dim3(kNormThreads), 0, stream, pdl, residual, sq,
+                 hidden);
+}
+
+void fold_norm_weight(const bf16* w, const bf16* gamma, bf16* w_folded, int rows, int k,
+                      cudaStream_t stream) {
+  TS_REQUIRE(w != nullptr && gamma != nullptr && w_folded != nullptr, "null w, gamma or w_folded");
+  TS_REQUIRE(rows >= 1 && k >= 1,
+             "rows = " + std::to_string(rows) + ", k = " + std::to_string(k) + " must be >= 1");
+  const size_t count = static_cast<size_t>(rows) * k;
+  const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 4096));
+  detail::launch(fold_norm_weight_kernel, dim3(blocks), dim3(256), 0, stream, false, w, gamma,
+                 w_folded, count, k);
 }
 
 }  // namespace twinstep::kernels

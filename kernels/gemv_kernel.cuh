@@ -29,7 +29,20 @@ constexpr int kGemvThreads = (kGemvConsumerWarps + 1) * 32;
 constexpr int kGemvMaxStages = 8;
 constexpr int kGemvMaxKc = 256;  // k elements per stage (<= 8 chunks of 32)
 
-enum class GemvEpilogue { kStore, kSwiglu, kLogits, kStoreF32, kMoeGateUp, kMoeDown };
+// kResidual, kStoreNormed, kSwigluNormed: the RMSNorm between two GEMVs carried by the GEMVs
+// (gemv_norm.h; fill 3 only): the producer adds its rows into the residual stream and writes
+// each 16-column tile's sum of squares, the consumer scales its sums by the row's 1 / rms.
+enum class GemvEpilogue {
+  kStore,
+  kSwiglu,
+  kLogits,
+  kStoreF32,
+  kMoeGateUp,
+  kMoeDown,
+  kResidual,
+  kStoreNormed,
+  kSwigluNormed
+};
 
 struct LogitPartial {
   float max_logit;
@@ -73,11 +86,20 @@ struct GemvParams {
   int stage_rows;  // x_rows + weight rows per pass (<= 64)
   int fill;        // 0: cp.async.bulk per row, 1: 16-byte cp.async (GemvTuning::fill)
   int split;       // fill 3: CTAs of a cluster splitting each tile's K range (1, 2, 4)
+  // kResidual: out is the residual stream (read, added to, written); norm_sq_out receives
+  // [m][n / 16] tile sums of squares. kStoreNormed / kSwigluNormed: norm_sq_in holds [m][k / 16]
+  // such sums of x's rows (x is the residual stream), norm_eps the RMSNorm's epsilon.
+  float* norm_sq_out;
+  const float* norm_sq_in;
+  float norm_eps;
 };
 
 template <GemvEpilogue kEpilogue>
-__device__ __forceinline__ constexpr int out_cols_per_tile() {
-  return (kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kMoeGateUp) ? 8 : 16;
+__host__ __device__ __forceinline__ constexpr int out_cols_per_tile() {
+  return (kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kMoeGateUp ||
+          kEpilogue == GemvEpilogue::kSwigluNormed)
+             ? 8
+             : 16;
 }
 
 // One pass: consecutive tiles [tile_begin, tile_end) of one entry (dense mode: entry 0).
@@ -597,11 +619,36 @@ __global__ void __launch_bounds__(kRegThreads, 2) gemv_regpipe_kernel(const Gemv
 //    by the mma), not one step later: 2 batches in flight at each wait from 64 KB per block, as
 //    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8.
 // With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
+// Sum over a half-warp's 16 lanes by xor butterfly (offsets 8, 4, 2, 1; `mask` = the half-warp):
+// every lane ends with the same bits, ((v0 + v8) + (v4 + v12)) + ... for lane 0.
+__device__ __forceinline__ float half_warp_sum(float v, unsigned mask) {
+#pragma unroll
+  for (int offset = 8; offset > 0; offset /= 2) v += __shfl_xor_sync(mask, v, offset, 16);
+  return v;
+}
+
+// 1 / rms of one row from its `parts` tile sums of squares (k = 16 parts elements): lane j of each
+// 8-lane group sums parts j, j + 8, ... in order, then an xor butterfly over the 8 (4, 2, 1).
+// Called by whole groups of 8 (or 16: both halves compute it, same bits); `mask` covers them.
+__device__ __forceinline__ float row_inv_rms(const float* sq, int parts, int k, float eps,
+                                             unsigned mask) {
+  float s = 0.0f;
+#pragma unroll 8
+  for (int j = threadIdx.x % 8; j < parts; j += 8) s += sq[j];
+#pragma unroll
+  for (int offset = 4; offset > 0; offset /= 2) s += __shfl_xor_sync(mask, s, offset, 8);
+  return rsqrtf(s / k + eps);
+}
+
 template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
   constexpr int kBatch = 4;
-  constexpr bool kSwiglu = kEpilogue == GemvEpilogue::kSwiglu;
+  constexpr bool kSwiglu =
+      kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kSwigluNormed;
+  constexpr bool kNormed =
+      kEpilogue == GemvEpilogue::kStoreNormed || kEpilogue == GemvEpilogue::kSwigluNormed;
+  constexpr bool kResidual = kEpilogue == GemvEpilogue::kResidual;
   constexpr int kOutCols = kSwiglu ? 8 : 16;
   __shared__ float partial[2][kRegWarps][kNTiles][4][32];
   extern __shared__ __align__(16) uint4 gemv_ring[];  // [kStages][kBatch][2][kRegThreads]
@@ -685,6 +732,13 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   }
   pdl_wait_and_trigger();
 
+  // The epilogue's thread: output row em, column ei of the tile (rank 0 only).
+  const int em = threadIdx.x / kOutCols, ei = threadIdx.x % kOutCols;
+  const bool epilogue_row = rank == 0 && em < p.m;
+  // kNormed: em's 1 / rms, read once per launch (-1 until then; rms > 0).
+  [[maybe_unused]] float inv_rms = kNormed && epilogue_row ? -1.0f : 0.0f;
+  [[maybe_unused]] bf16 residual_in = bf16(0.0f);  // kResidual: residual[em][this tile's ei]
+
   float acc[kNTiles][4];
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -698,6 +752,18 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
         for (int nt = 0; nt < kNTiles; ++nt)
           xv[u][nt] =
               x_valid[nt] ? load_16(x_row[nt] + (step.chunk + u) * 32) : make_uint4(0, 0, 0, 0);
+    // Read after the first activations are in flight, used by the tile epilogues.
+    if constexpr (kNormed) {
+      if (inv_rms < 0.0f) {
+        const unsigned mask = (kOutCols == 16 ? 0xFFFFu : 0xFFu) << (threadIdx.x & (32 - kOutCols));
+        inv_rms = row_inv_rms(p.norm_sq_in + static_cast<size_t>(em) * (p.k / 16), p.k / 16, p.k,
+                              p.norm_eps, mask);
+      }
+    }
+    if constexpr (kResidual) {
+      if (epilogue_row && step.chunk == chunk_begin)  // a tile's first step
+        residual_in = p.out[static_cast<size_t>(em) * p.n + step.tile * kOutCols + ei];
+    }
     const Step following = next_step(step);
     if constexpr (kStages == 0) {
       if (following.count > 0) load_regs(nxt, following);
@@ -776,14 +842,28 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
       }
       return sum;
     };
-    const int m = threadIdx.x / kOutCols, i = threadIdx.x % kOutCols;
+    const int m = em, i = ei;
     const int col = tile * kOutCols + i;
     if (m < p.m) {
       if constexpr (kEpilogue == GemvEpilogue::kStore) {
         p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m));
+      } else if constexpr (kEpilogue == GemvEpilogue::kStoreNormed) {
+        p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m) * inv_rms);
       } else if constexpr (kSwiglu) {
-        const float g = reduced(i, m), u = reduced(i + 8, m);
+        float g = reduced(i, m), u = reduced(i + 8, m);
+        if constexpr (kNormed) {
+          g *= inv_rms;
+          u *= inv_rms;
+        }
         p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+      } else if constexpr (kResidual) {
+        // rmsnorm_residual's sum: the delta rounded to bf16, added to the residual, rounded.
+        const float delta = __bfloat162float(__float2bfloat16(reduced(i, m)));
+        const bf16 h = __float2bfloat16(__bfloat162float(residual_in) + delta);
+        p.out[static_cast<size_t>(m) * p.n + col] = h;
+        const float hf = __bfloat162float(h);
+        const float sq = half_warp_sum(__fmul_rn(hf, hf), 0xFFFFu << (threadIdx.x & 16));
+        if (i == 0) p.norm_sq_out[static_cast<size_t>(m) * tiles + tile] = sq;
       } else {
         const float logit = reduced(i, m);
         if (p.logits != nullptr) p.logits[static_cast<size_t>(m) * p.n + col] = logit;
@@ -841,7 +921,7 @@ int regpipe_resident_blocks() {
 // Launches gemv_kernel with the activation-tile count that m needs, one resident wave at most.
 template <GemvEpilogue kEpilogue>
 void launch_gemv_regpipe(const GemvParams& p, cudaStream_t stream, bool pdl) {
-  const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
+  const int tiles = p.n / out_cols_per_tile<kEpilogue>();
   if (p.m <= 8)
     launch(gemv_regpipe_kernel<1, kEpilogue>,
            dim3(std::min(tiles, regpipe_resident_blocks<1, kEpilogue>())), dim3(kRegThreads), 0,
@@ -912,7 +992,7 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
 
 template <GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl) {
-  const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
+  const int tiles = p.n / out_cols_per_tile<kEpilogue>();
   p.split = choose_split(tiles, p.k, split);
   if (p.m <= 8)
     launch_gemv_split_t<1, kEpilogue, kStages>(p, tiles, stream, pdl);
@@ -927,7 +1007,7 @@ void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl)
 // activation rows are re-read from.
 template <GemvEpilogue kEpilogue>
 void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t stream, bool pdl) {
-  const int tiles = p.n / (kEpilogue == GemvEpilogue::kSwiglu ? 8 : 16);
+  const int tiles = p.n / out_cols_per_tile<kEpilogue>();
   const int split = choose_split(tiles, p.k, t.split);  // never depends on m
   int stages = t.stages;
   if (stages < 0) stages = split > 1 ? 3 : gemv_auto_stages(tiles, num_sms());

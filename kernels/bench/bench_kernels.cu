@@ -28,6 +28,7 @@
 #include "kernels/attention.h"
 #include "kernels/device.cuh"
 #include "kernels/gemv.h"
+#include "kernels/gemv_norm.h"
 #include "kernels/gemv_split.h"
 #include "kernels/lm_head.h"
 #include "kernels/moe.h"
@@ -1241,6 +1242,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   const int qkv_n = (32 + 2 * 8) * kHeadDim;  // 6144
   struct Layer {
     bf16 *norm1, *qkv, *o, *norm2, *gate_up, *down;
+    bf16 *qkv_folded, *gate_up_folded;  // norm1 / norm2 folded in (gemv_norm.h)
   };
   std::vector<Layer> w(layers);
   for (int l = 0; l < layers; ++l) {
@@ -1250,6 +1252,10 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
     w[l].norm2 = alloc_bf16(hidden, 700 + l, 1.0f);
     w[l].gate_up = alloc_bf16(static_cast<size_t>(2 * inter) * hidden, 800 + l, 0.02f);
     w[l].down = alloc_bf16(static_cast<size_t>(hidden) * inter, 900 + l, 0.02f);
+    TS_CUDA_CHECK(cudaMalloc(&w[l].qkv_folded, static_cast<size_t>(qkv_n) * hidden * 2));
+    TS_CUDA_CHECK(cudaMalloc(&w[l].gate_up_folded, static_cast<size_t>(2 * inter) * hidden * 2));
+    fold_norm_weight(w[l].qkv, w[l].norm1, w[l].qkv_folded, qkv_n, hidden, nullptr);
+    fold_norm_weight(w[l].gate_up, w[l].norm2, w[l].gate_up_folded, 2 * inter, hidden, nullptr);
   }
   KvSetup kv = make_kv(layers, ctx, capacity, requests);
   bf16* residual = alloc_bf16(static_cast<size_t>(m) * hidden, 11, 1.0f);
@@ -1260,6 +1266,9 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   TS_CUDA_CHECK(cudaMalloc(&q, static_cast<size_t>(m) * 32 * kHeadDim * 2));
   TS_CUDA_CHECK(cudaMalloc(&attn, static_cast<size_t>(m) * 32 * kHeadDim * 2));
   TS_CUDA_CHECK(cudaMalloc(&act, static_cast<size_t>(m) * inter * 2));
+  float* sq = nullptr;  // fused norms: the residual rows' tile sums of squares
+  TS_CUDA_CHECK(cudaMalloc(&sq, static_cast<size_t>(m) * hidden / 16 * sizeof(float)));
+  rms_sq_partials(residual, sq, m, hidden, nullptr);
   AttentionShape shape;
   shape.num_requests = requests;
   shape.q_len = q_len;
@@ -1279,13 +1288,21 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   // norm2, gate_up, down); skip bit i: that launcher left out (a diagnostic: what its launch
   // costs the chain, the bound on what fusing it into a neighbour could gain; wrong numerics).
   // fused_rope: rope_kv_append and decode_attention as decode_attention_rope (launcher 3; 2 then
-  // stands for nothing).
-  auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0, bool fused_rope = false) {
+  // stands for nothing). fused_norms: the norms carried by the GEMVs (gemv_norm.h: o and down add
+  // into the residual and write its tile sums of squares, qkv and gate+up scale by 1 / rms with
+  // the norm weights folded into theirs; launchers 0 and 5 then stand for nothing).
+  auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0, bool fused_rope = false,
+                     bool fused_norms = false) {
     auto on = [&](int i) { return ((mask >> i) & 1u) != 0; };
     auto run = [&](int i) { return ((skip >> i) & 1u) == 0; };
     for (int l = 0; l < layers; ++l) {
-      if (run(0)) rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
-      if (run(1)) gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
+      if (fused_norms) {
+        gemv_normed(w[l].qkv_folded, residual, sq, 1e-5f, qkv, m, qkv_n, hidden, s, on(1));
+      } else {
+        if (run(0))
+          rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
+        if (run(1)) gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
+      }
       if (fused_rope) {
         if (run(3))
           decode_attention_rope(qkv, kv.cache, l, kv.ctx, rope, attn, shape, ws, s, on(3));
@@ -1293,6 +1310,13 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
         if (run(2))
           rope_kv_append(qkv, kv.ctx, kv.cache, l, q, requests, q_len, 32, rope, s, on(2));
         if (run(3)) decode_attention(q, kv.cache, l, kv.ctx, attn, shape, ws, s, on(3));
+      }
+      if (fused_norms) {
+        gemv_residual(w[l].o, attn, residual, sq, m, hidden, hidden, s, on(4));
+        gemv_swiglu_normed(w[l].gate_up_folded, residual, sq, 1e-5f, act, m, inter, hidden, s,
+                           on(6));
+        gemv_residual(w[l].down, act, residual, sq, m, hidden, inter, s, on(7));
+        continue;
       }
       if (run(4)) gemv(w[l].o, attn, delta, m, hidden, hidden, s, on(4));
       if (run(5)) rmsnorm_residual(delta, residual, w[l].norm2, normed, m, hidden, 1e-5f, s, on(5));
@@ -1369,6 +1393,32 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
         .n("separate_time_us", t[1])
         .n("time_over_floor", us / floor_us);
     add_row(row, bytes, us);
+  }
+
+  // The norms carried by the GEMVs (7 launches per layer; 6 with the fused rope as well), PDL on
+  // and off. Same floor: the folded weights are the same bytes, the norm weights are not read.
+  for (const bool with_rope : {false, true}) {
+    double us[2];
+    for (int pdl = 0; pdl < 2; ++pdl)
+      us[pdl] = time_graph_us(
+                    [&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u, 0, with_rope, true); }, 7) /
+                layers;
+    std::printf(
+        "  layer chain %s norms fused into the GEMVs%s (%d kernels): pdl off %7.2f us, pdl on "
+        "%7.2f us (%.3fx of floor; separate %7.2f)\n",
+        tag.c_str(), with_rope ? " + rope fused" : "", with_rope ? 6 : 7, us[0], us[1],
+        us[1] / floor_us, t[1]);
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      Row row;
+      row.s("section", with_rope ? "layer_chain_fused_norms_rope" : "layer_chain_fused_norms")
+          .n("m", m)
+          .n("requests", requests)
+          .n("ctx_tokens", ctx)
+          .b("pdl", pdl == 1)
+          .n("separate_time_us", t[pdl])
+          .n("time_over_floor", us[pdl] / floor_us);
+      add_row(row, bytes, us[pdl]);
+    }
   }
 
   if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
@@ -1451,8 +1501,11 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
       tag.c_str(), layers, t[0], t[1], bytes / (g_floor_tbps * 1e12) * 1e6,
       t[0] / (bytes / (g_floor_tbps * 1e12) * 1e6), t[1] / (bytes / (g_floor_tbps * 1e12) * 1e6));
   for (auto& l : w)
-    for (bf16* p : {l.norm1, l.qkv, l.o, l.norm2, l.gate_up, l.down}) TS_CUDA_CHECK(cudaFree(p));
+    for (bf16* p :
+         {l.norm1, l.qkv, l.o, l.norm2, l.gate_up, l.down, l.qkv_folded, l.gate_up_folded})
+      TS_CUDA_CHECK(cudaFree(p));
   for (bf16* p : {residual, delta, normed, qkv, q, attn, act}) TS_CUDA_CHECK(cudaFree(p));
+  TS_CUDA_CHECK(cudaFree(sq));
   TS_CUDA_CHECK(cudaFree(ws));
   free_kv(kv);
 }
