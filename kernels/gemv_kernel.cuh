@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kernels/device.cuh"
+#include "kernels/gemv.h"
 #include "kernels/gemv_split.h"
 #include "kernels/philox.h"
 #include "kernels/tuning.h"
@@ -627,17 +628,24 @@ __device__ __forceinline__ float half_warp_sum(float v, unsigned mask) {
   return v;
 }
 
-// 1 / rms of one row from its `parts` tile sums of squares (k = 16 parts elements): lane j of each
-// 8-lane group sums parts j, j + 8, ... in order, then an xor butterfly over the 8 (4, 2, 1).
-// Called by whole groups of 8 (or 16: both halves compute it, same bits); `mask` covers them.
-__device__ __forceinline__ float row_inv_rms(const float* sq, int parts, int k, float eps,
-                                             unsigned mask) {
-  float s = 0.0f;
+// 1 / rms of rows r0 and r1 (a whole warp; r1 < 0: none) from their `parts` tile sums of squares
+// (k = 16 parts elements, `parts` apart): lane l sums parts l, l + 32, ... in order, then an xor
+// butterfly over the warp (16, 8, 4, 2, 1). Both rows' loads are in flight together.
+__device__ __forceinline__ float2 warp_inv_rms(const float* sq, int r0, int r1, int parts, int k,
+                                               float eps) {
+  const int lane = threadIdx.x % 32;
+  float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll 8
-  for (int j = threadIdx.x % 8; j < parts; j += 8) s += sq[j];
+  for (int j = lane; j < parts; j += 32) {
+    s0 += sq[static_cast<size_t>(r0) * parts + j];
+    if (r1 >= 0) s1 += sq[static_cast<size_t>(r1) * parts + j];
+  }
 #pragma unroll
-  for (int offset = 4; offset > 0; offset /= 2) s += __shfl_xor_sync(mask, s, offset, 8);
-  return rsqrtf(s / k + eps);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, offset);
+    s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, offset);
+  }
+  return make_float2(rsqrtf(s0 / k + eps), rsqrtf(s1 / k + eps));
 }
 
 template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
@@ -735,8 +743,24 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   // The epilogue's thread: output row em, column ei of the tile (rank 0 only).
   const int em = threadIdx.x / kOutCols, ei = threadIdx.x % kOutCols;
   const bool epilogue_row = rank == 0 && em < p.m;
-  // kNormed: em's 1 / rms, read once per launch (-1 until then; rms > 0).
-  [[maybe_unused]] float inv_rms = kNormed && epilogue_row ? -1.0f : 0.0f;
+  // kNormed: each row's 1 / rms, computed once per launch by warps w (rows w, w + 8) and read by
+  // the tile epilogues after their barrier. Where registers allow (m <= 8) inside the first step,
+  // with its activation loads in flight; the 16-row path has none to spare there (it spilled):
+  // before its loop.
+  static_assert(kRegWarps * 2 >= kGemvMaxRows, "two rows per warp");
+  [[maybe_unused]] __shared__ float inv_rms[kNormed ? kGemvMaxRows : 1];
+  [[maybe_unused]] bool inv_rms_pending = kNormed && rank == 0 && warp < p.m;
+  auto compute_inv_rms = [&] {
+    const int r1 = warp + kRegWarps < p.m ? warp + kRegWarps : -1;
+    const float2 inv = warp_inv_rms(p.norm_sq_in, warp, r1, p.k / 16, p.k, p.norm_eps);
+    if (lane == 0) {
+      inv_rms[warp] = inv.x;
+      if (r1 >= 0) inv_rms[r1] = inv.y;
+    }
+    inv_rms_pending = false;
+  };
+  if constexpr (kNormed && kNTiles == 2)
+    if (inv_rms_pending) compute_inv_rms();
   [[maybe_unused]] bf16 residual_in = bf16(0.0f);  // kResidual: residual[em][this tile's ei]
 
   float acc[kNTiles][4];
@@ -753,13 +777,8 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
           xv[u][nt] =
               x_valid[nt] ? load_16(x_row[nt] + (step.chunk + u) * 32) : make_uint4(0, 0, 0, 0);
     // Read after the first activations are in flight, used by the tile epilogues.
-    if constexpr (kNormed) {
-      if (inv_rms < 0.0f) {
-        const unsigned mask = (kOutCols == 16 ? 0xFFFFu : 0xFFu) << (threadIdx.x & (32 - kOutCols));
-        inv_rms = row_inv_rms(p.norm_sq_in + static_cast<size_t>(em) * (p.k / 16), p.k / 16, p.k,
-                              p.norm_eps, mask);
-      }
-    }
+    if constexpr (kNormed && kNTiles == 1)
+      if (inv_rms_pending) compute_inv_rms();
     if constexpr (kResidual) {
       if (epilogue_row && step.chunk == chunk_begin)  // a tile's first step
         residual_in = p.out[static_cast<size_t>(em) * p.n + step.tile * kOutCols + ei];
@@ -848,12 +867,12 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
       if constexpr (kEpilogue == GemvEpilogue::kStore) {
         p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m));
       } else if constexpr (kEpilogue == GemvEpilogue::kStoreNormed) {
-        p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m) * inv_rms);
+        p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m) * inv_rms[m]);
       } else if constexpr (kSwiglu) {
         float g = reduced(i, m), u = reduced(i + 8, m);
         if constexpr (kNormed) {
-          g *= inv_rms;
-          u *= inv_rms;
+          g *= inv_rms[m];
+          u *= inv_rms[m];
         }
         p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
       } else if constexpr (kResidual) {

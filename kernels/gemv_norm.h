@@ -6,8 +6,9 @@
 //                  sum, same bits) and sq[m][t] = the sum of squares of columns [16 t, 16 t + 16)
 //                  of the new residual row (fixed butterfly order; no other kernel reads them);
 //   gemv_normed:   y[m][j] = bf16(inv_rms[m] * sum_k residual[m][k] w_folded[j][k]), inv_rms[m] =
-//                  rsqrt(sum_t sq[m][t] / k + eps) summed in a fixed order (8 interleaved sums),
-//                  w_folded = fold_norm_weight(w, gamma): gamma applied to the weights once.
+//                  rsqrt(sum_t sq[m][t] / k + eps), the sum in a fixed order (32 interleaved sums
+//                  and a butterfly), w_folded = fold_norm_weight(w, gamma): gamma applied to the
+//                  weights once.
 // Against rmsnorm_residual + gemv this moves two roundings (the normalised row's to bf16, and
 // gamma's into the folded weight) and the order of the sum of squares: equal to bf16 accuracy,
 // not bit for bit. Row i's results never depend on m (bit-identical for m = 1, 6, 16).
