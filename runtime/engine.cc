@@ -13,6 +13,7 @@
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/gemv.h"
+#include "kernels/gemv_norm.h"
 #include "kernels/kv_cache.h"
 #include "kernels/lm_head.h"
 #include "kernels/moe.h"
@@ -135,6 +136,8 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
   need(!options.collective_stubs || (options.tp.size > 1 && !options.tp.active()),
        "collective_stubs is for a tensor-parallel shard measured alone (tp.size > 1, no "
        "communicator)");
+  need(!options.fused_norms || (!c.moe() && options.tp.size == 1 && pp.stages == 1),
+       "fused_norms needs a dense model on one GPU (no MoE, tensor or pipeline parallelism)");
   need(options.max_slots >= 1 && options.max_slots <= 1024, "max_slots outside [1, 1024]");
   need(options.capacity_tokens >= 16 && options.capacity_tokens % 16 == 0,
        "capacity_tokens must be a positive multiple of 16");
@@ -355,6 +358,13 @@ void Engine::allocate() {
   b.gu = b.dev<bf16>(R * 2 * std::max(I, options_.draft ? H : 0));
   b.act = b.dev<bf16>(R * I);
   b.mlp = b.dev<bf16>(R * H);
+  if (options_.fused_norms) {  // within memory_plan's allowance (rows x hidden / 4 bytes)
+    const size_t carried_rows = size_t(max_bucket_) * (options_.draft ? kMaxDraftTokens + 1 : 1);
+    b.norm_sq = b.dev<float>(carried_rows * size_t(H) / 16, "fused norms' sums of squares");
+    b.unit_norm = b.dev<bf16>(size_t(H), "unit norm weight");
+    const std::vector<uint16_t> ones(size_t(H), 0x3F80);  // bf16 1.0
+    TS_CUDA_CHECK(cudaMemcpy(b.unit_norm, ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
+  }
   const int out_rows = std::max(max_bucket_, options_.max_slots);
   b.last_res = b.dev<bf16>(size_t(out_rows) * H);
   b.last_mlp = b.dev<bf16>(size_t(out_rows) * H);
@@ -482,6 +492,7 @@ std::unique_ptr<Engine> Engine::create_synthetic(const LlamaConfig& config, uint
   if (options.tp.active()) return create_synthetic_tp(config, seed, options, draft_fidelity);
   std::unique_ptr<Engine> e(new Engine(config, options));
   e->init_synthetic(seed, draft_fidelity);
+  e->fold_norm_weights();
   return e;
 }
 
@@ -495,6 +506,7 @@ std::unique_ptr<Engine> Engine::create_from_checkpoint(const Checkpoint& ck,
                       "(synthetic only)");
   std::unique_ptr<Engine> e(new Engine(ck.config(), options));
   e->upload(ck);
+  e->fold_norm_weights();
   return e;
 }
 
@@ -507,8 +519,28 @@ std::vector<uint16_t> Engine::download_weight(const std::string& name) const {
   return out;
 }
 
+void Engine::fold_norm_weights() {
+  if (!options_.fused_norms) return;
+  const LlamaConfig& c = config_;
+  for (const LayerWeights& L : b_->layer) {
+    kernels::fold_norm_weight(L.w_qkv, L.in_norm, L.w_qkv, int(c.qkv_dim()), int(c.hidden),
+                              compute_);
+    kernels::fold_norm_weight(L.w_gu, L.post_norm, L.w_gu, int(2 * c.intermediate), int(c.hidden),
+                              compute_);
+  }
+  TS_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
 // ---------------------------------------------------------------------------------------------
 // forward passes
+
+bool Engine::carries_norms(int rows, bool row_exact) const {
+  return options_.fused_norms && (row_exact || rows <= kernels::kGemvMaxRows);
+}
+
+const bf16* Engine::norm_weight(const bf16* weight) const {
+  return options_.fused_norms ? b_->unit_norm : weight;
+}
 
 void Engine::proj(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, bool pdl) {
   if (m <= kernels::kGemvMaxRows) {
@@ -554,13 +586,34 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
   const kernels::AttentionShape shape{requests, q_len, c.q_heads, 0.08838834764831845f};
   // A later pipeline stage's first layer adds the previous stage's last MLP output (received).
   const bool model_first = options_.pp.first();
+  // fused_norms: each GEMV in chunks of at most 16 rows (a decode bucket's one launch, or a
+  // verify's row-exact chunks), the residual rows' tile sums of squares at the same offsets.
+  const bool carry = carries_norms(B, row_exact);
+  const size_t sq_row = size_t(H) / 16;
+  auto chunks = [&](auto launch) {
+    for (int r0 = 0; r0 < B; r0 += kernels::kGemvMaxRows)
+      launch(r0, std::min(kernels::kGemvMaxRows, B - r0), pdl && B <= kernels::kGemvMaxRows);
+  };
   for (int l = 0; l < c.layers; ++l) {
     const LayerWeights& L = b.layer[size_t(l)];
-    node("attn_norm");
-    kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual, L.in_norm, b.xn,
-                              B, H, eps, s, pdl);
-    node("qkv_proj");
-    project(L.w_qkv, b.xn, b.qkv, B, int(c.qkv_dim()), H);
+    if (carry) {
+      if (l == 0) {  // the embedded rows' sums of squares; later layers' come from down_proj
+        node("attn_norm");
+        kernels::rms_sq_partials(b.residual, b.norm_sq, B, H, s, pdl);
+      }
+      node("qkv_proj");
+      const int N = int(c.qkv_dim());
+      chunks([&](int r0, int m, bool p) {
+        kernels::gemv_normed(L.w_qkv, b.residual + size_t(r0) * H, b.norm_sq + r0 * sq_row, eps,
+                             b.qkv + size_t(r0) * N, m, N, H, s, p);
+      });
+    } else {
+      node("attn_norm");
+      kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual,
+                                norm_weight(L.in_norm), b.xn, B, H, eps, s, pdl);
+      node("qkv_proj");
+      project(L.w_qkv, b.xn, b.qkv, B, int(c.qkv_dim()), H);
+    }
     if (options_.fused_rope) {
       node("attention");
       kernels::decode_attention_rope(b.qkv, cache, l, ctx_lens, rope_, b.attn, shape, attn_ws, s,
@@ -573,11 +626,29 @@ void Engine::target_layers(int requests, int q_len, const int* ctx_lens, bf16* c
       kernels::decode_attention(b.q, cache, l, ctx_lens, b.attn, shape, attn_ws, s, pdl);
     }
     node("o_proj");
-    project_rows(L.w_o, b.attn, b.o, B, H, int(c.q_dim()), row_exact,
-                 pdl && !(options_.pdl_drain_after_attention && B > kDrainAfterAttentionRows));
+    const bool o_pdl = pdl && !(options_.pdl_drain_after_attention && B > kDrainAfterAttentionRows);
+    if (carry) {
+      const int Q = int(c.q_dim());
+      chunks([&](int r0, int m, bool p) {
+        kernels::gemv_residual(L.w_o, b.attn + size_t(r0) * Q, b.residual + size_t(r0) * H,
+                               b.norm_sq + r0 * sq_row, m, H, Q, s, p && o_pdl);
+      });
+      node("gate_up_swiglu");
+      chunks([&](int r0, int m, bool p) {
+        kernels::gemv_swiglu_normed(L.w_gu, b.residual + size_t(r0) * H, b.norm_sq + r0 * sq_row,
+                                    eps, b.act + size_t(r0) * I, m, I, H, s, p);
+      });
+      node("down_proj");
+      chunks([&](int r0, int m, bool p) {
+        kernels::gemv_residual(L.w_down, b.act + size_t(r0) * I, b.residual + size_t(r0) * H,
+                               b.norm_sq + r0 * sq_row, m, H, I, s, p);
+      });
+      continue;
+    }
+    project_rows(L.w_o, b.attn, b.o, B, H, int(c.q_dim()), row_exact, o_pdl);
     tp_all_reduce(b.o, B, "attn_all_reduce");
     node("mlp_norm");
-    kernels::rmsnorm_residual(b.o, b.residual, L.post_norm, b.xn, B, H, eps, s, pdl);
+    kernels::rmsnorm_residual(b.o, b.residual, norm_weight(L.post_norm), b.xn, B, H, eps, s, pdl);
     if (c.moe()) {
       node("moe");
       moe_ffn(l, B, pdl, s, moe_routed);
@@ -671,7 +742,8 @@ void Engine::decode_forward(int B, bool pdl, bool commit, bool profiled) {
     pp_send_hidden(B);
   } else {
     node("final_norm");
-    kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, B, H, eps, s, pdl);
+    kernels::rmsnorm_residual(carries_norms(B, false) ? nullptr : b.mlp, b.residual, b.final_norm,
+                              b.xn, B, H, eps, s, pdl);
     for (int r0 = 0, chunk = 0; r0 < B; r0 += kernels::kGemvMaxRows, ++chunk) {
       const int m = std::min(kernels::kGemvMaxRows, B - r0);
       node("lm_head");
@@ -906,14 +978,14 @@ void Engine::prefill_pass(std::span<const int32_t> slots,
     pp_recv_hidden(T);
   for (int l = 0; l < c.layers; ++l) {
     const LayerWeights& L = b.layer[size_t(l)];
-    kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual, L.in_norm, b.xn,
-                              T, H, eps, s);
+    kernels::rmsnorm_residual(l == 0 && model_first ? nullptr : b.mlp, b.residual,
+                              norm_weight(L.in_norm), b.xn, T, H, eps, s);
     proj(L.w_qkv, b.xn, b.qkv, T, int(c.qkv_dim()), H, false);
     kernels::rope_kv_append(b.qkv, d_chunk_ctx, cache, l, b.q, C, b.chunk, c.q_heads, rope_, s);
     kernels::decode_attention(b.q, cache, l, d_chunk_ctx, b.attn, shape, b.attn_ws, s);
     proj(L.w_o, b.attn, b.o, T, H, int(c.q_dim()), false);
     tp_all_reduce(b.o, T, "attn_all_reduce");
-    kernels::rmsnorm_residual(b.o, b.residual, L.post_norm, b.xn, T, H, eps, s);
+    kernels::rmsnorm_residual(b.o, b.residual, norm_weight(L.post_norm), b.xn, T, H, eps, s);
     if (c.moe()) {
       if (T > kernels::kGemvMaxRows)
         moe_ffn_prefill(l, T);

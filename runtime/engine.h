@@ -109,6 +109,15 @@ struct EngineOptions {
   // the same tokens and cache bits. A measured option: the simulator's step kernels and the
   // calibration still price the separate rope node, so it goes default with them.
   bool fused_rope = false;
+  // The target's RMSNorms carried by the GEMVs around them (kernels' gemv_norm.h; docs/kernels.md
+  // round 21): o and down add into the residual stream and write its tile sums of squares, qkv
+  // and gate+up scale by 1 / rms, their weights holding the norm weights (folded at load: the
+  // engine's w_qkv / w_gu, and download_weight's, are the folded ones; every other pass normalises
+  // with a unit weight before them). Decode batches of at most 16 rows and verify passes; larger
+  // batches and prefill run the separate norms. Two norm nodes fewer per layer; tokens equal to
+  // bf16 accuracy, not bit for bit (the roundings move). Dense models on one GPU (no tp, pp or
+  // MoE). A measured option: the simulator's step kernels and the calibration price the norms.
+  bool fused_norms = false;
   // Tensor parallelism (runtime/tensor_parallel.h): with a communicator, create_synthetic builds
   // this rank's shard of the model it is given and the forwards all-reduce after o_proj and
   // down_proj (MoE: expert parallelism, one all-reduce after the MoE FFN). With a draft: its
@@ -299,8 +308,17 @@ class Engine {
   // q_len 1; verify: the draft width). Leaves the last layer's MLP output in mlp (not yet added).
   // moe_routed (device, one int per row, optional): MoE layers route only rows with a nonzero
   // entry (moe_ffn).
+  // With EngineOptions::fused_norms and carries_norms(rows, row_exact), the MLP output is added
+  // already (the residual stream is complete, mlp unused).
   void target_layers(int requests, int q_len, const int* ctx_lens, kernels::bf16* const* bases,
                      void* attn_ws, bool row_exact, bool pdl, const int* moe_routed = nullptr);
+  // Whether target_layers over `rows` rows carries the norms in its GEMVs (fused_norms).
+  bool carries_norms(int rows, bool row_exact) const;
+  // A layer norm's weight for a pass that normalises separately: a unit weight where fused_norms
+  // folded it into the next GEMV's weights.
+  const kernels::bf16* norm_weight(const kernels::bf16* weight) const;
+  // fused_norms: the layers' norm weights folded into w_qkv and w_gu (after the weights load).
+  void fold_norm_weights();
   // The FFN of MoE layer `layer` (config.layers: the draft's layer): moe_forward over `rows` rows
   // of xn into mlp on stream s, in calls of at most kGemvMaxRows rows (the kernels' limit; each
   // row is routed on its own, so the chunking changes no result). Under expert parallelism, this

@@ -62,6 +62,10 @@ struct Engine::Buffers {
   bf16 *residual = nullptr, *xn = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr,
        *o = nullptr, *gu = nullptr, *act = nullptr, *mlp = nullptr;
   bf16 *last_res = nullptr, *last_mlp = nullptr;
+  // EngineOptions::fused_norms: the residual rows' tile sums of squares [rows][hidden / 16] (decode
+  // and verify rows) and a unit norm weight [hidden].
+  float* norm_sq = nullptr;
+  bf16* unit_norm = nullptr;
   // Sampling.
   int *argmax = nullptr, *sampled = nullptr;
   float* top1 = nullptr;

@@ -254,7 +254,8 @@ void Engine::verify_forward(int B, int W, float threshold, bool commit) {
   target_layers(B, W, sp.ctx_b, sp.base_b, sp.attn_ws, /*row_exact=*/true, /*pdl=*/false,
                 sp.routed);
   routing_ = false;
-  kernels::rmsnorm_residual(b.mlp, b.residual, b.final_norm, b.xn, rows, H, float(c.rms_eps), s);
+  kernels::rmsnorm_residual(carries_norms(rows, true) ? nullptr : b.mlp, b.residual, b.final_norm,
+                            b.xn, rows, H, float(c.rms_eps), s);
   spec_lm_head(b.lm_head, b.xn, rows, V, H, sp.lm_ws, sp.lm_ws_chunk, sp.argmax, sp.top1,
                sp.sampled, s);
   if (commit) {

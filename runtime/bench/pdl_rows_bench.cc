@@ -33,6 +33,7 @@ struct Tuning {
   std::function<void()> apply;         // on top of the defaults
   bool drain_after_attention = false;  // EngineOptions::pdl_drain_after_attention
   bool fused_rope = false;             // EngineOptions::fused_rope
+  bool fused_norms = false;            // EngineOptions::fused_norms
 };
 
 // Median step time (ms) of `reps` decode replays of `batch` slots in `mode`.
@@ -117,6 +118,8 @@ int main(int argc, char** argv) {
          },
          true},
         {"rope fused into attention", [] {}, false, true},
+        {"norms fused into the GEMVs", [] {}, false, false, true},
+        {"norms fused into the GEMVs + rope fused", [] {}, false, true, true},
     };
     const int slots = 16;
     std::printf("Llama-3-8B synthetic, ctx %d, median of %d replays per point (ms per step)\n", ctx,
@@ -136,6 +139,7 @@ int main(int argc, char** argv) {
       eo.capacity_tokens = ctx + 320;
       eo.pdl_drain_after_attention = t.drain_after_attention;
       eo.fused_rope = t.fused_rope;
+      eo.fused_norms = t.fused_norms;
       auto engine = Engine::create_synthetic(config, 1, eo);
       std::vector<int32_t> ids(slots);
       std::vector<std::vector<int32_t>> prompts(slots, std::vector<int32_t>(size_t(ctx)));

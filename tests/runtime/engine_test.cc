@@ -239,13 +239,18 @@ void expect_every_mode_agrees(Engine& engine, const ModelSpec& spec, const Workl
     }
 }
 
-TEST_F(TinyEngine, EveryModeAndScheduleAgrees) {
+// `requests` requests at once, every prompt `input` tokens, every output `output` tokens.
+WorkloadSpec all_at_once(int32_t requests, int32_t input, int32_t output) {
   WorkloadSpec w;
-  w.input_len = {64, 64};
-  w.output_len = {64, 64};
-  w.num_requests = 2;
-  w.max_concurrency = 2;
-  expect_every_mode_agrees(*engine_, spec_, w);
+  w.input_len = {input, input};
+  w.output_len = {output, output};
+  w.num_requests = requests;
+  w.max_concurrency = requests;
+  return w;
+}
+
+TEST_F(TinyEngine, EveryModeAndScheduleAgrees) {
+  expect_every_mode_agrees(*engine_, spec_, all_at_once(2, 64, 64));
 }
 
 TEST_F(TinyEngine, GreedyRerunAfterSampledRequestsIsIdentical) {
@@ -402,6 +407,68 @@ TEST(RealRuntime, FusedRopeChangesNothingButTime) {
   EngineOptions fused = t.eo;
   fused.fused_rope = true;
   expect_tokens_unchanged_by(t.eo, fused, t.w, t.ro);
+}
+
+// EngineOptions::fused_norms (the norms carried by the GEMVs, gamma folded into w_qkv / w_gu): not
+// the default's bits, so held to the CPU reference: one request free-running for 32 tokens; 20
+// requests at once on 20 slots (decode buckets of 1 to 32 rows: at most 16 carry the norms, more
+// run the separate norms with a unit weight before the folded GEMMs), teacher-forced; the same
+// tokens in every graph mode and host schedule.
+TEST(RealRuntime, FusedNormsMatchCpuReference) {
+  SKIP_WITHOUT_GPU();
+  const ModelSpec spec = tiny_runtime_spec();
+  const LlamaConfig config = llama_config_from_spec(spec);
+  constexpr uint64_t kSeed = 7;
+  EngineOptions eo;
+  eo.max_slots = 20;
+  eo.capacity_tokens = 128;
+  eo.fused_norms = true;
+  auto engine = Engine::create_synthetic(config, kSeed, eo);
+  greedy_37_matches_cpu(*engine, spec, config, kSeed, HostSchedule::kRunahead, 48,
+                        "fused norms batch 1");
+
+  WorkloadSpec w;
+  w.input_len = {5, 60};
+  w.output_len = {20, 30};
+  w.num_requests = 20;
+  w.max_concurrency = 20;
+  w.seed = 4;
+  RealOptions ro;
+  ro.prompt_seed = 6;
+  const RunResult r =
+      run_policy(*engine, spec, w, policy(HostSchedule::kRunahead, GraphMode::kCudaGraphPdl), ro);
+  int max_batch = 0;
+  for (const StepSample& st : r.record.steps) max_batch = std::max(max_batch, st.batch);
+  EXPECT_GT(max_batch, 16);
+  testing::CpuLlama cpu(config, kSeed);
+  for (const RequestSpec& q : generate_requests(w)) {
+    ASSERT_EQ(int(r.tokens[size_t(q.id)].size()), q.output_len);
+    expect_matches_cpu(cpu, prompt_of(6, q.id, q.input_len, config.vocab), r.tokens[size_t(q.id)],
+                       "fused norms request " + std::to_string(q.id));
+  }
+  expect_every_mode_agrees(*engine, spec, all_at_once(2, 40, 40));
+}
+
+// Checked before any CUDA call: runs with or without a GPU.
+TEST(RealRuntime, FusedNormsRefusedForMoeAndTensorParallel) {
+  EngineOptions eo;
+  eo.fused_norms = true;
+  EngineOptions tp = eo;
+  tp.tp.size = 2;
+  tp.collective_stubs = true;  // a shard measured alone: no communicator needed
+  for (const auto& [config, options] :
+       {std::pair{llama_config_from_spec(tiny_moe_runtime_spec(false)), eo},
+        std::pair{llama_config_from_spec(tiny_runtime_spec()), tp}}) {
+    try {
+      Engine::create_synthetic(config, 1, options);
+      ADD_FAILURE() << "fused_norms accepted (moe " << config.moe() << ", tp " << options.tp.size
+                    << ")";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("fused_norms needs a dense model on one GPU"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST_F(TinyEngine, StepSamplesAddUpAndTimelineIsFilled) {

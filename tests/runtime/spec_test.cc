@@ -317,6 +317,24 @@ TEST_F(TinySpec, GreedySpeculativeOutputEqualsPlainGreedy) {
   }
 }
 
+// EngineOptions::fused_norms (the norms carried by the GEMVs): plain decode (one row) and the
+// verify's row-exact chunks run the same m-independent kernels, so speculative decoding stays
+// byte-identical to plain greedy decoding of the same engine.
+TEST_F(TinySpec, FusedNormsSpeculativeOutputEqualsPlainGreedy) {
+  EngineOptions eo = draft_options(2);
+  eo.fused_norms = true;
+  auto fused = Engine::create_synthetic(llama_config_from_spec(spec_), 5, eo, 0.85);
+  const SpecRun plain = run(*fused, spec_, w_, SpecSpec{});
+  ASSERT_EQ(plain.tokens[0].size(), 300u);
+  for (const SpecSpec& s : {chain(5, 6), confidence(DraftMode::kDevice)}) {
+    const SpecRun r = run(*fused, spec_, w_, s);
+    EXPECT_EQ(r.tokens, plain.tokens) << spec_method_name(s.method);
+    EXPECT_GE(r.accept_len, 1.0) << spec_method_name(s.method);
+    std::printf("tiny fused norms %s: accept length %.3f\n", spec_method_name(s.method),
+                r.accept_len);
+  }
+}
+
 // Continuous batching: two requests decoded together. Byte-identity with plain decode holds
 // where the attention split is the same for every batch bucket met (kernels/attention.cu: it
 // depends on the capacity and the bucket); for the tiny model at capacity 512 it is one 64-token
