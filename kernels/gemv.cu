@@ -22,9 +22,8 @@ void check_shape(const char* launcher, const void* w, const void* x, const void*
                            "k = " + std::to_string(k) + " is not a positive multiple of 64");
 }
 
-void check_norm_sq(const char* launcher, const void* sq, float eps) {
+void check_norm_sq(const char* launcher, const void* sq) {
   if (sq == nullptr) throw_invalid_argument(launcher, "null sq (the tile sums of squares)");
-  if (!(eps > 0.0f)) throw_invalid_argument(launcher, "eps must be > 0");
 }
 
 constexpr int kNormThreads = 256;
@@ -114,7 +113,7 @@ void gemv_swiglu(const bf16* w_gate_up, const bf16* x, bf16* out, int m, int n, 
 void gemv_residual(const bf16* w, const bf16* x, bf16* residual, float* sq, int m, int n, int k,
                    cudaStream_t stream, bool pdl) {
   detail::GemvParams p = checked_params(__func__, w, x, residual, m, n, k);
-  check_norm_sq(__func__, sq, 1.0f);
+  check_norm_sq(__func__, sq);
   p.norm_sq_out = sq;
   detail::launch_gemv_split<detail::GemvEpilogue::kResidual>(p, detail::gemv_tuning(), stream,
                                                              pdl_for_rows(pdl, m));
@@ -126,7 +125,8 @@ template <detail::GemvEpilogue kEpilogue>
 void launch_normed(const char* launcher, const bf16* w_folded, const bf16* x, const float* sq,
                    float eps, bf16* out, int m, int n, int k, cudaStream_t stream, bool pdl) {
   detail::GemvParams p = checked_params(launcher, w_folded, x, out, m, n, k);
-  check_norm_sq(launcher, sq, eps);
+  check_norm_sq(launcher, sq);
+  if (!(eps > 0.0f)) throw_invalid_argument(launcher, "eps must be > 0");
   p.norm_sq_in = sq;
   p.norm_eps = eps;
   detail::launch_gemv_split<kEpilogue>(p, detail::gemv_tuning(), stream, pdl_for_rows(pdl, m));

@@ -607,19 +607,6 @@ __global__ void __launch_bounds__(kRegThreads, 2) gemv_regpipe_kernel(const Gemv
 }
 
 // ---------------------------------------------------------------------------------------------
-// fill 3: the register kernel generalised (GemvTuning::split, ::stages).
-//  - split-K across the S CTAs of a thread-block cluster: CTA rank q, warp w owns K piece
-//    q * 8 + w of 8 S equal pieces; the cluster's rank-0 CTA sums the pieces in order through
-//    distributed shared memory (deterministic, independent of m and the grid), so the tile count
-//    spreads over the SMs in full rounds (qkv: 384 tiles = 2.9 rounds of 132 clusters instead of
-//    1.45 rounds of 264 blocks).
-//  - kStages = 0: weights through registers (two batches, as fill 2); kStages > 0: each thread
-//    streams its own 16-byte pieces into a private shared-memory ring with cp.async
-//    (kStages - 1 batches in flight, no register cost), waits with cp.async.wait_group.
-//    kStages = 2 refills a slot right after its batch is consumed (read into registers and used
-//    by the mma), not one step later: 2 batches in flight at each wait from 64 KB per block, as
-//    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8.
-// With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
 // Sum over a half-warp's 16 lanes by xor butterfly (offsets 8, 4, 2, 1; `mask` = the half-warp):
 // every lane ends with the same bits, ((v0 + v8) + (v4 + v12)) + ... for lane 0.
 __device__ __forceinline__ float half_warp_sum(float v, unsigned mask) {
@@ -648,6 +635,19 @@ __device__ __forceinline__ float2 warp_inv_rms(const float* sq, int r0, int r1, 
   return make_float2(rsqrtf(s0 / k + eps), rsqrtf(s1 / k + eps));
 }
 
+// fill 3: the register kernel generalised (GemvTuning::split, ::stages).
+//  - split-K across the S CTAs of a thread-block cluster: CTA rank q, warp w owns K piece
+//    q * 8 + w of 8 S equal pieces; the cluster's rank-0 CTA sums the pieces in order through
+//    distributed shared memory (deterministic, independent of m and the grid), so the tile count
+//    spreads over the SMs in full rounds (qkv: 384 tiles = 2.9 rounds of 132 clusters instead of
+//    1.45 rounds of 264 blocks).
+//  - kStages = 0: weights through registers (two batches, as fill 2); kStages > 0: each thread
+//    streams its own 16-byte pieces into a private shared-memory ring with cp.async
+//    (kStages - 1 batches in flight, no register cost), waits with cp.async.wait_group.
+//    kStages = 2 refills a slot right after its batch is consumed (read into registers and used
+//    by the mma), not one step later: 2 batches in flight at each wait from 64 KB per block, as
+//    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8.
+// With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
 template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
