@@ -43,11 +43,23 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
-__global__ void fold_norm_weight_kernel(const bf16* w, const bf16* gamma, bf16* out, size_t count,
+// 8 elements (16 bytes) per thread and iteration; k % 8 == 0, so a vector never straddles rows.
+__global__ void fold_norm_weight_kernel(const bf16* w, const bf16* gamma, bf16* out, size_t vectors,
                                         int k) {
-  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < count;
-       e += static_cast<size_t>(gridDim.x) * blockDim.x)
-    out[e] = __float2bfloat16(__bfloat162float(w[e]) * __bfloat162float(gamma[e % k]));
+  for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < vectors;
+       v += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint4 x = reinterpret_cast<const uint4*>(w)[v];
+    const uint4 g = *reinterpret_cast<const uint4*>(gamma + (v * 8) % k);
+    uint4 y;
+    const uint32_t *xw = &x.x, *gw = &g.x;
+    uint32_t* yw = &y.x;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 a = detail::unpack_bf16x2(xw[e]), b = detail::unpack_bf16x2(gw[e]);
+      yw[e] = detail::pack_bf16x2(a.x * b.x, a.y * b.y);
+    }
+    reinterpret_cast<uint4*>(out)[v] = y;
+  }
 }
 
 }  // namespace
@@ -159,12 +171,12 @@ void rms_sq_partials(const bf16* residual, float* sq, int m, int hidden, cudaStr
 void fold_norm_weight(const bf16* w, const bf16* gamma, bf16* w_folded, int rows, int k,
                       cudaStream_t stream) {
   TS_REQUIRE(w != nullptr && gamma != nullptr && w_folded != nullptr, "null w, gamma or w_folded");
-  TS_REQUIRE(rows >= 1 && k >= 1,
-             "rows = " + std::to_string(rows) + ", k = " + std::to_string(k) + " must be >= 1");
-  const size_t count = static_cast<size_t>(rows) * k;
-  const int blocks = static_cast<int>(std::min<size_t>((count + 255) / 256, 4096));
+  TS_REQUIRE(rows >= 1, "rows = " + std::to_string(rows) + " must be >= 1");
+  TS_REQUIRE(k > 0 && k % 8 == 0, "k = " + std::to_string(k) + " is not a positive multiple of 8");
+  const size_t vectors = static_cast<size_t>(rows) * k / 8;
+  const int blocks = static_cast<int>(std::min<size_t>((vectors + 255) / 256, 8192));
   detail::launch(fold_norm_weight_kernel, dim3(blocks), dim3(256), 0, stream, false, w, gamma,
-                 w_folded, count, k);
+                 w_folded, vectors, k);
 }
 
 }  // namespace twinstep::kernels

@@ -38,8 +38,8 @@ void gemv_swiglu_normed(const bf16* w_gate_up_folded, const bf16* x, const float
 void rms_sq_partials(const bf16* residual, float* sq, int m, int hidden, cudaStream_t stream,
                      bool pdl = false);
 
-// w_folded[j][i] = bf16(w[j][i] * gamma[i]) for a [rows][k] weight (in place when equal). Once,
-// when the weights are loaded.
+// w_folded[j][i] = bf16(w[j][i] * gamma[i]) for a [rows][k] weight (in place when equal; k % 8
+// == 0, 16-byte aligned buffers). Once, when the weights are loaded.
 void fold_norm_weight(const bf16* w, const bf16* gamma, bf16* w_folded, int rows, int k,
                       cudaStream_t stream);
 

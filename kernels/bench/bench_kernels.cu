@@ -1269,6 +1269,8 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   float* sq = nullptr;  // fused norms: the residual rows' tile sums of squares
   TS_CUDA_CHECK(cudaMalloc(&sq, static_cast<size_t>(m) * hidden / 16 * sizeof(float)));
   rms_sq_partials(residual, sq, m, hidden, nullptr);
+  // The folds and sums above ran on the legacy stream; g_stream does not wait for it.
+  TS_CUDA_CHECK(cudaDeviceSynchronize());
   AttentionShape shape;
   shape.num_requests = requests;
   shape.q_len = q_len;

@@ -242,6 +242,7 @@ TEST(GemvNorm, RejectsInvalidArguments) {
   EXPECT_THROW(gemv_swiglu_normed(p, p, sq, kEps, o, 1, 64, 96, nullptr), std::invalid_argument);
   EXPECT_THROW(rms_sq_partials(p, sq, 1, 48, nullptr), std::invalid_argument);
   EXPECT_THROW(fold_norm_weight(p, nullptr, o, 1, 64, nullptr), std::invalid_argument);
+  EXPECT_THROW(fold_norm_weight(p, p, o, 1, 12, nullptr), std::invalid_argument);
   try {
     gemv_normed(p, p, sq, -1.0f, o, 1, 64, 64, nullptr);
     FAIL() << "no exception";
