@@ -67,6 +67,12 @@
 //     graph_mode: cuda_graph       eager | cuda_graph | cuda_graph_pdl
 //     seq_lens_sync: false
 //     output_copy_bytes_per_request: 64   0..1048576
+//     fusion: {norms: false, rope: false}   how the runtime fuses small kernels into their
+//                                  neighbours (both backends; ModelSpec::fusion, docs/kernels.md
+//                                  rounds 19 and 21): norms: each layer's RMSNorms carried by
+//                                  the GEMVs around them in decode launches of <= 16 rows and
+//                                  verify passes (dense GQA models on one GPU); rope: rope and
+//                                  the KV append inside the attention kernel (GQA layers)
 //     spec:                        optional speculative decoding (default {method: none})
 //       method: none | chain | confidence                 (required)
 //       chain:      steps (1..64, default 5), draft_tokens (= steps + 1, default)
@@ -861,9 +867,10 @@ AcceptanceSpec parse_acceptance(const Context& ctx, const Node& node) {
 }
 
 PolicySpec parse_policies(const Context& ctx, const Node& node) {
+  // fusion is read by parse_fusion, which needs the model and layout.
   MapReader m(ctx, node, "policies",
               {"host_schedule", "runahead_depth", "graph_mode", "seq_lens_sync", "spec",
-               "output_copy_bytes_per_request"});
+               "output_copy_bytes_per_request", "fusion"});
   PolicySpec p;
   if (const Node* n = m.get("host_schedule")) {
     std::vector<std::pair<std::string, HostSchedule>> choices;
@@ -895,6 +902,42 @@ PolicySpec parse_policies(const Context& ctx, const Node& node) {
                                                 p.output_copy_bytes_per_request);
   if (const Node* n = m.get("spec")) p.spec = parse_spec(ctx, *n);
   return p;
+}
+
+// policies.fusion: {norms: bool, rope: bool} (KernelFusion), checked against the model and
+// layout the runtime fuses for.
+KernelFusion parse_fusion(const Context& ctx, const Node& node, const ModelSpec& model,
+                          const LayoutSpec& layout) {
+  MapReader m(ctx, node, "policies.fusion", {"norms", "rope"});
+  KernelFusion f;
+  bool all_gqa = true, all_dense = true;
+  for (const LayerSpec& l : model.layers) {
+    all_gqa = all_gqa && l.attn.kind == AttentionKind::kGqa;
+    all_dense = all_dense && l.mlp.kind == MlpKind::kDense;
+  }
+  if (const Node* n = m.get("norms")) {
+    f.norms = read_bool(ctx, *n, "policies.fusion.norms");
+    if (f.norms && !(all_gqa && all_dense)) {
+      ctx.fail(n->mark,
+               "policies.fusion.norms needs a dense GQA model (every layer GQA attention "
+               "and a dense MLP); model " +
+                   model.name + " is not");
+    }
+    if (f.norms && layout.world() != 1) {
+      ctx.fail(n->mark,
+               "policies.fusion.norms runs on one GPU (the runtime carries the norms "
+               "only without tensor, pipeline or other parallelism); layout " +
+                   layout_name(layout) + " has " + std::to_string(layout.world()) + " ranks");
+    }
+  }
+  if (const Node* n = m.get("rope")) {
+    f.rope = read_bool(ctx, *n, "policies.fusion.rope");
+    if (f.rope && !all_gqa) {
+      ctx.fail(n->mark, "policies.fusion.rope needs GQA attention in every layer; model " +
+                            model.name + " is not");
+    }
+  }
+  return f;
 }
 
 std::vector<std::pair<std::string, HostOp>> host_op_choices() {
@@ -1153,6 +1196,11 @@ Variant parse_variant(const Context& ctx, const Node& doc) {
   if (const Node* n = top.get("host")) v.host_costs = parse_host(ctx, *n);
   if (const Node* n = top.get("acceptance")) v.acceptance = parse_acceptance(ctx, *n);
   if (const Node* n = top.get("layout")) v.layout = parse_layout_node(ctx, *n, v.model);
+  if (const Node* p = top.get("policies")) {
+    if (const Entry* f = p->find("fusion")) {
+      v.model.fusion = parse_fusion(ctx, f->value, v.model, v.layout);
+    }
+  }
   v.layout.expert_load.seed = splitmix64(v.seed ^ kRoutingSeedSalt);
   if (const Node* n = top.get("trace")) v.trace = parse_trace(ctx, *n);
   check_run_size(ctx, *top.get("workload"), v);

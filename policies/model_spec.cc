@@ -76,6 +76,7 @@ ModelSpec nextn_draft(const ModelSpec& target) {
   d.name = target.name + "-nextn";
   d.mtp_input_proj = true;
   d.layers.assign(1, target.layers.back());
+  d.fusion = {};  // the runtime's draft layer runs its norms, rope and KV append separately
   return d;
 }
 

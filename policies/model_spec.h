@@ -42,6 +42,20 @@ struct LayerSpec {
   MlpSpec mlp;
 };
 
+// How the runtime runs a step's small kernels inside their neighbours (EngineOptions::fused_norms
+// and fused_rope; docs/kernels.md rounds 19 and 21), so the kernels step_kernels lists. Set from
+// an experiment's policies.fusion; nextn_draft clears it (the draft module never fuses).
+struct KernelFusion {
+  // Dense GQA models on one GPU: each layer's two RMSNorms carried by the GEMVs around them in
+  // decode launches of at most 16 rows and in row-exact (verify) passes: no attn_norm after the
+  // first layer (whose attn_norm writes the rows' tile sums of squares), no mlp_norm; o_proj and
+  // down_proj read and write the residual. Prefill and larger decode launches keep the norms.
+  bool norms = false;
+  // GQA layers: rope and the KV append inside the attention kernel (no rope, kv_append).
+  bool rope = false;
+  bool any() const { return norms || rope; }
+};
+
 struct ModelSpec {
   std::string name;
   int64_t hidden = 0;
@@ -55,6 +69,7 @@ struct ModelSpec {
   // shares the target's embedding and lm_head (read, not owned).
   bool mtp_input_proj = false;
   std::vector<LayerSpec> layers;
+  KernelFusion fusion;
 
   int64_t param_count() const;
   int64_t weight_bytes_total() const { return param_count() * weight_bytes; }

@@ -27,6 +27,8 @@ int64_t mul_div(int64_t a, int64_t b, int64_t c) {
 
 // One rank's view of the step. `own` is the shape its attention, norms and dense projections
 // see (DP: its requests; otherwise the whole stage), `stage` the whole step.
+constexpr int64_t kNormSqBytes = 4;  // one fp32 sum of squares per 16 residual columns
+
 struct Emitter {
   StepKernels& out;
   const ModelSpec& m;
@@ -47,6 +49,8 @@ struct Emitter {
   int32_t layer = 0;
   // The MoE routing on this rank, given (layer_kernels), instead of the expected or drawn one.
   const ExpertShare* routing = nullptr;
+  // KernelFusion::norms applies to this step (step_carries_norms).
+  bool carry_norms = false;
 
   int64_t wgt(int64_t values) const {
     return weight_bytes_in(l.weight_dtype, m.weight_bytes, values);
@@ -61,12 +65,15 @@ struct Emitter {
   }
   // y[T, n] = x[T, k] · W[k, n] over the rank's own tokens; row-exact (StepShape::row_exact):
   // one launch per kGemvRowsPerLaunch rows, each reading the whole weight.
-  void gemm(const char* name, int64_t k, int64_t n) {
+  // adds_residual: the output is added into the residual stream (carried norms: o_proj and
+  // down_proj read the residual rows too).
+  void gemm(const char* name, int64_t k, int64_t n, bool adds_residual = false) {
     for (int64_t first = 0; first < std::max<int64_t>(own.tokens, 1);
          first += row_chunk(own.tokens)) {
       const int64_t t = std::min(own.tokens - first, row_chunk(own.tokens));
-      add(name, KernelClass::kGemm, wgt(k * n) + t * k * kActBytes, t * n * kActBytes,
-          2 * t * k * n);
+      add(name, KernelClass::kGemm,
+          wgt(k * n) + t * k * kActBytes + (adds_residual ? t * n * kActBytes : 0),
+          t * n * kActBytes, 2 * t * k * n);
       out.kernels.back().rows = rows_of(t);
       out.kernels.back().gemv_n = static_cast<int32_t>(n);
       out.kernels.back().gemv_k = static_cast<int32_t>(k);
@@ -151,16 +158,26 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
   const int64_t kvb = kv_value_bytes(m, e.l);
   const KvShare kv_at = kv_share(e);
   const bool tp_reduce = e.attn == AttnSharding::kTp;
-  e.norm("attn_norm", h, /*residual=*/true);
+  if (!e.carry_norms) {
+    e.norm("attn_norm", h, /*residual=*/true);
+  } else if (e.layer == 0) {
+    // The embedded rows' tile sums of squares (kernels' rms_sq_partials); later layers' come
+    // from the down projection before them.
+    e.add("attn_norm", KernelClass::kNorm, s.tokens * h * kActBytes,
+          s.tokens * (h / 16) * kNormSqBytes, 2 * s.tokens * h);
+  }
   switch (a.kind) {
     case AttentionKind::kGqa: {
       const int64_t q = int64_t{sh.heads} * a.head_dim;
       const int64_t kv = int64_t{sh.kv_heads} * a.head_dim;
       e.gemm("qkv_proj", h, q + 2 * kv);
-      e.add("rope", KernelClass::kRope, s.tokens * (q + kv) * kActBytes,
-            s.tokens * (q + kv) * kActBytes, 6 * s.tokens * (q + kv));
-      e.add("kv_append", KernelClass::kKvAppend, kv_at.append * 2 * kv * kActBytes,
-            compressed_kv_bytes(e.l, kv_at.append * 2 * kv * kvb), 0);
+      const int64_t rope_bytes = s.tokens * (q + kv) * kActBytes;
+      const int64_t append_read = kv_at.append * 2 * kv * kActBytes;
+      const int64_t append_written = compressed_kv_bytes(e.l, kv_at.append * 2 * kv * kvb);
+      if (!m.fusion.rope) {
+        e.add("rope", KernelClass::kRope, rope_bytes, rope_bytes, 6 * s.tokens * (q + kv));
+        e.add("kv_append", KernelClass::kKvAppend, append_read, append_written, 0);
+      }
       e.cp_kv_gather(2 * kv * kvb);
       if (s.kv_pass) break;  // the extend: the layer's KV only
       // Prefill (not CP): chunks of decode attention over the growing prefix, each reading every
@@ -171,8 +188,13 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
       const int64_t keys =
           chunked ? prefill_chunk_keys(kv_at.pairs, kv_at.append, chunk) : kv_at.ctx + kv_at.append;
       const int64_t kv_read = compressed_kv_bytes(e.l, keys * 2 * kv * kvb);
-      e.add("attention", KernelClass::kAttention, kv_read + s.tokens * q * kActBytes,
-            s.tokens * q * kActBytes, 4 * kv_at.pairs * q);
+      // KernelFusion::rope: the attention rotates q and the new k and appends k and v itself
+      // (kernels' decode_attention_rope), reading the qkv rows instead of q.
+      const bool fused = m.fusion.rope;
+      e.add("attention", KernelClass::kAttention,
+            kv_read + s.tokens * q * kActBytes + (fused ? append_read : 0),
+            s.tokens * q * kActBytes + (fused ? append_written : 0),
+            4 * kv_at.pairs * q + (fused ? 6 * s.tokens * (q + kv) : 0));
       if (chunked) {
         e.out.kernels.back().requests = Emitter::rows_of((kv_at.append + chunk - 1) / chunk);
       } else if (s.lm_head_all_tokens) {
@@ -182,7 +204,7 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
         e.out.kernels.back().rows = Emitter::rows_of(s.requests);
       }
       e.cp_exchange(q, sh.heads);
-      e.gemm("o_proj", q, h);
+      e.gemm("o_proj", q, h, e.carry_norms);
       break;
     }
     case AttentionKind::kMla: {
@@ -286,7 +308,7 @@ void emit_mlp_body(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
   if (p.kind == MlpKind::kDense) {
     e.gemm("gate_up_proj", h, 2 * sh.intermediate);
     e.swiglu("swiglu", sh.intermediate);
-    e.gemm("down_proj", sh.intermediate, h);
+    e.gemm("down_proj", sh.intermediate, h, e.carry_norms);
     if (split) e.reduce_partials("mlp_all_reduce", "mlp_reduce_scatter", s.tokens * h * kActBytes);
     return;
   }
@@ -342,7 +364,7 @@ void emit_mlp_body(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
 }
 
 void emit_mlp(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
-  e.norm("mlp_norm", e.m.hidden, /*residual=*/true);
+  if (!e.carry_norms) e.norm("mlp_norm", e.m.hidden, /*residual=*/true);
   if (!e.cp_prefill) {
     emit_mlp_body(e, layer, sh);
     return;
@@ -497,6 +519,11 @@ const char* collective_kind_name(CollectiveKind c) {
   return "?";
 }
 
+bool step_carries_norms(const ModelSpec& model, const StepShape& shape) {
+  return model.fusion.norms && shape.lm_head_all_tokens && !shape.kv_pass &&
+         (shape.row_exact || shape.tokens <= kGemvRowsPerLaunch);
+}
+
 int32_t batch_bucket(int32_t requests) {
   int32_t bucket = 1;
   while (bucket < requests) bucket *= 2;
@@ -617,6 +644,7 @@ void layer_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec&
   sk.runs.clear();
   Emitter e{sk, m, l, shape, v.own, v.w, v.index, v.attn, moe_sharding(l)};
   e.cp_prefill = v.cp_prefill;
+  e.carry_norms = step_carries_norms(m, v.own);
   e.layer = layer;
   e.routing = &routing;
   const LayerSpec& spec = m.layers[size_t(layer)];
@@ -639,6 +667,7 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
   const StepShape& own = v.own;
   Emitter e{out, m, l, shape, own, w, index, attn, moe_sharding(l)};
   e.cp_prefill = cp_prefill;
+  e.carry_norms = step_carries_norms(m, own);
   const int64_t h = m.hidden;
   const int64_t vocab_rows = l.vocab_parallel ? balanced_share(m.vocab, w, index) : m.vocab;
   const bool dp = attn == AttnSharding::kDp;
@@ -676,8 +705,10 @@ void step_kernels(const ModelSpec& m, const StepShape& shape, const LayoutSpec& 
   const size_t end = static_cast<size_t>(sl.first + sl.count);
   while (i < end) {
     const bool own_run = drawn && m.layers[i].mlp.kind == MlpKind::kMoe;
+    // Carried norms: the first layer keeps an attn_norm kernel (its sums of squares).
+    const bool alone = own_run || (e.carry_norms && i == 0);
     size_t j = i + 1;
-    while (!own_run && j < end && same_layer(m.layers[i], m.layers[j])) ++j;
+    while (!alone && j < end && same_layer(m.layers[i], m.layers[j])) ++j;
     const auto first = static_cast<int32_t>(out.kernels.size());
     const LayerShard sh = layer_shard(m.layers[i], l, index);
     if (own_run) {

@@ -116,6 +116,11 @@ struct StepShape {
 // Rows per launch of a row-exact projection (kernels::kGemvMaxRows).
 inline constexpr int32_t kGemvRowsPerLaunch = 16;
 
+// Whether a step of `shape` runs its layers' norms inside the GEMVs (KernelFusion::norms, the
+// runtime's Engine::carries_norms): decode-like launches (logits for every row) of at most
+// kGemvRowsPerLaunch rows, or row-exact ones (verify) of any size; never prefill or the extend.
+bool step_carries_norms(const ModelSpec& model, const StepShape& shape);
+
 // The runtime's batch bucket for a launch of `requests` requests (Engine::bucket_for): the
 // smallest power of two >= requests (1 for requests <= 1). Decode and speculative launches run
 // every row of their bucket (the padding rows point at the padding slot), so the simulator prices

@@ -52,6 +52,9 @@ class OwningRealBackend final : public Backend {
     eo.max_slots = std::max(1, v.workload.max_concurrency);
     eo.capacity_tokens = (need + 63) / 64 * 64;
     eo.draft = spec;
+    // policies.fusion, as the simulator's step kernels list it (ModelSpec::fusion).
+    eo.fused_norms = model_.fusion.norms;
+    eo.fused_rope = model_.fusion.rope;
     // Early exit only where the device decides draft lengths (the option matters nowhere else;
     // tensor parallelism refuses it).
     eo.draft_early_exit =

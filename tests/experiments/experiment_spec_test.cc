@@ -137,6 +137,21 @@ TEST(ExperimentGood, MinimalTakesDefaults) {
   EXPECT_FALSE(v.trace.nodes);
 }
 
+// policies.fusion sets the variant's ModelSpec::fusion (what step_kernels lists and the real
+// runtime's EngineOptions take); a sweep over it makes one variant per value; absent: no fusion.
+TEST(ExperimentGood, FusionSetsTheModelsKernelFusion) {
+  const std::string text = std::string(kMinimal) +
+                           "policies:\n  fusion: {rope: true}\n"
+                           "sweep:\n  policies.fusion.norms: [false, true]\n";
+  const Experiment exp = load_experiment_text(text, "t.yaml");
+  ASSERT_EQ(exp.variants.size(), 2u);
+  EXPECT_FALSE(exp.variants[0].model.fusion.norms);
+  EXPECT_TRUE(exp.variants[0].model.fusion.rope);
+  EXPECT_TRUE(exp.variants[1].model.fusion.norms);
+  EXPECT_TRUE(exp.variants[1].model.fusion.rope);
+  EXPECT_FALSE(load_experiment_text(kMinimal, "t.yaml").variants[0].model.fusion.any());
+}
+
 TEST(ExperimentGood, WorkloadSeedDerivesFromExperimentSeed) {
   const std::string text = std::string(kMinimal) + "seed: 12345\n";
   const Experiment exp = load_experiment_text(text, "t.yaml");
@@ -573,7 +588,8 @@ TEST(ExperimentErrors, UnknownKeySuggestsTheClosestName) {
   EXPECT_EQ(
       error_of(text),
       "t.yaml:5:12: unknown key 'graph_mdoe' in policies; allowed: host_schedule, "
-      "runahead_depth, graph_mode, seq_lens_sync, spec, output_copy_bytes_per_request; did you "
+      "runahead_depth, graph_mode, seq_lens_sync, spec, output_copy_bytes_per_request, fusion; "
+      "did you "
       "mean 'graph_mode'?");
 }
 

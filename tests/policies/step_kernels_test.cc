@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -39,6 +40,97 @@ TEST(StepKernels, Llama8bDecodeReadsEveryWeightOnce) {
   ASSERT_EQ(s.runs.size(), 3u);
   EXPECT_EQ(s.runs[1].repeat, 32);
   EXPECT_EQ(s.node_count(), 1 + 32 * 10 + 2);
+}
+
+// The kernels of every layer, flattened in execution order (runs repeated).
+std::vector<std::string> flat_names(const StepKernels& s) {
+  std::vector<std::string> names;
+  for (const LayerRun& r : s.runs)
+    for (int32_t rep = 0; rep < r.repeat; ++rep)
+      for (int32_t i = r.first; i < r.first + r.count; ++i) names.push_back(s.kernels[i].name);
+  return names;
+}
+
+int64_t count(const std::vector<std::string>& names, const char* name) {
+  return std::count(names.begin(), names.end(), std::string(name));
+}
+
+// Llama-3-8B's decode step at batch 1 (context 1000) without fusion and with `fusion`.
+struct PlainAndFused {
+  ModelSpec model;
+  StepKernels plain, fused;
+  explicit PlainAndFused(KernelFusion fusion) : model(model_preset("llama-3-8b")) {
+    step_kernels(model, decode_shape(1, 1, 1000), plain);
+    model.fusion = fusion;
+    step_kernels(model, decode_shape(1, 1, 1000), fused);
+  }
+};
+
+// KernelFusion::norms (the runtime's fused_norms): Llama-3-8B decode at batch 1 runs one attn_norm
+// (the first layer's, writing the rows' tile sums of squares: 4096 x 2 B read, 256 x 4 B written)
+// and no mlp_norm; o_proj and down_proj read the residual row too (+4096 x 2 B each); everything
+// else as without. 32 layers x 2 norms - 1 = 63 kernels fewer, the first layer a run of its own.
+// Prefill, decode of more than 16 rows and the extend keep the norms; a verify of 48 rows
+// (row-exact) carries them.
+TEST(StepKernels, FusedNormsDropTheNormsOfCarriedSteps) {
+  const PlainAndFused steps(KernelFusion{.norms = true});
+  const ModelSpec& m = steps.model;
+  const StepKernels &plain = steps.plain, &fused = steps.fused;
+  EXPECT_EQ(fused.node_count(), plain.node_count() - 63);
+  ASSERT_EQ(fused.runs.size(), 4u);  // prologue, layer 0, layers 1-31, epilogue
+  EXPECT_EQ(fused.runs[1].repeat, 1);
+  EXPECT_EQ(fused.runs[2].repeat, 31);
+  const std::vector<std::string> names = flat_names(fused);
+  EXPECT_EQ(count(names, "attn_norm"), 1);
+  EXPECT_EQ(count(names, "mlp_norm"), 0);
+  EXPECT_EQ(count(names, "final_norm"), 1);
+  EXPECT_EQ(names[1], "attn_norm");  // after the embedding
+  const KernelDesc* sq = find(fused, "attn_norm");
+  ASSERT_NE(sq, nullptr);
+  EXPECT_EQ(sq->bytes_read, 4096 * 2);
+  EXPECT_EQ(sq->bytes_written, 256 * 4);
+  EXPECT_EQ(find(fused, "o_proj")->bytes_read, find(plain, "o_proj")->bytes_read + 4096 * 2);
+  EXPECT_EQ(find(fused, "down_proj")->bytes_read, find(plain, "down_proj")->bytes_read + 4096 * 2);
+  EXPECT_EQ(find(fused, "qkv_proj")->bytes_read, find(plain, "qkv_proj")->bytes_read);
+  // Bytes: the norms' (2 x 32 of them, each 2 x 4096 x 2 B in + 4096 x 2 B weight) out, the
+  // sums' kernel and the residual reads (2 x 32 x 4096 x 2 B) in.
+  const KernelDesc* norm = find(plain, "mlp_norm");
+  ASSERT_NE(norm, nullptr);
+  EXPECT_EQ(norm->bytes_read, 2 * 4096 * 2 + 4096 * 2);
+  EXPECT_EQ(total_read(fused),
+            total_read(plain) - 64 * norm->bytes_read + 4096 * 2 + 64 * 4096 * 2);
+
+  StepKernels kept;
+  for (const StepShape& shape : {decode_shape(32, 1, 32 * 1000), prefill_shape(1, 64, 64 * 64)}) {
+    step_kernels(m, shape, kept);
+    const std::vector<std::string> n = flat_names(kept);
+    EXPECT_EQ(count(n, "attn_norm"), 32) << shape.tokens << " tokens";
+    EXPECT_EQ(count(n, "mlp_norm"), 32) << shape.tokens << " tokens";
+  }
+  StepShape verify = decode_shape(4, 12, 4 * 1000);
+  verify.row_exact = true;
+  step_kernels(m, verify, kept);
+  EXPECT_EQ(count(flat_names(kept), "mlp_norm"), 0);
+  EXPECT_TRUE(step_carries_norms(m, verify));
+  StepShape extend = verify;
+  extend.kv_pass = true;
+  EXPECT_FALSE(step_carries_norms(m, extend));
+  EXPECT_FALSE(nextn_draft(m).fusion.any());  // the draft module never fuses
+}
+
+// KernelFusion::rope: no rope or kv_append kernel; the attention reads the new k and v rows and
+// writes them into the cache instead (1 token, 8 KV heads x 128: 2 x 1024 x 2 B each way).
+TEST(StepKernels, FusedRopeMovesRopeAndAppendIntoTheAttention) {
+  const PlainAndFused steps(KernelFusion{.rope = true});
+  const StepKernels &plain = steps.plain, &fused = steps.fused;
+  EXPECT_EQ(fused.node_count(), plain.node_count() - 64);
+  EXPECT_EQ(find(fused, "rope"), nullptr);
+  EXPECT_EQ(find(fused, "kv_append"), nullptr);
+  const KernelDesc* a = find(fused, "attention");
+  const KernelDesc* b = find(plain, "attention");
+  EXPECT_EQ(a->bytes_read, b->bytes_read + 2 * 1024 * 2);
+  EXPECT_EQ(a->bytes_written, b->bytes_written + 2 * 1024 * 2);
+  EXPECT_EQ(a->flops, b->flops + 6 * (4096 + 1024));
 }
 
 // A row-exact verify (StepShape::row_exact) of 4 requests x 12 positions = 48 rows runs each

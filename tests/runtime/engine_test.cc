@@ -15,11 +15,13 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "kernels/moe.h"
 #include "kernels/tuning.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
+#include "policies/step_kernels.h"
 #include "runtime/checkpoint.h"
 #include "runtime/engine.h"
 #include "runtime/memory_plan.h"
@@ -447,6 +449,46 @@ TEST(RealRuntime, FusedNormsMatchCpuReference) {
                        "fused norms request " + std::to_string(q.id));
   }
   expect_every_mode_agrees(*engine, spec, all_at_once(2, 40, 40));
+}
+
+// The twin for every fusion (policies.fusion: ModelSpec::fusion here, EngineOptions there): the
+// engine's decode nodes at batch 1 and 32 (over 16 rows: no carried norms) and the simulator's
+// step kernels, both merged into runtime nodes as `compare --ops` merges them
+// (runtime_node_name), are the same sequence, relay nodes (gather, commit) aside.
+TEST(RealRuntime, FusedNodesAreTheSimulatorsStepKernels) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [norms, rope] : {std::pair{false, false}, std::pair{true, false},
+                                    std::pair{false, true}, std::pair{true, true}}) {
+    ModelSpec spec = tiny_runtime_spec();
+    spec.fusion.norms = norms;
+    spec.fusion.rope = rope;
+    const LlamaConfig config = llama_config_from_spec(spec);
+    EngineOptions eo;
+    eo.max_slots = 32;
+    eo.capacity_tokens = 128;
+    eo.fused_norms = norms;
+    eo.fused_rope = rope;
+    auto engine = Engine::create_synthetic(config, 3, eo);
+    for (const int32_t batch : {1, 32}) {
+      const RunResult r = run_policy(*engine, spec, all_at_once(batch, 8, 4),
+                                     policy(HostSchedule::kRunahead, GraphMode::kCudaGraph), {});
+      ASSERT_EQ(r.tokens.size(), size_t(batch));
+      auto append = [](std::vector<std::string>& nodes, std::string_view name) {
+        const std::string node(runtime_node_name(name));
+        if (nodes.empty() || nodes.back() != node) nodes.push_back(node);
+      };
+      std::vector<std::string> real, sim;
+      for (const char* n : engine->decode_node_names(batch))
+        if (std::string_view(n) != "gather" && std::string_view(n) != "commit") append(real, n);
+      StepKernels sk;
+      step_kernels(spec, decode_shape(batch, 1, int64_t{batch} * 8), sk);
+      for (const LayerRun& run : sk.runs)
+        for (int32_t rep = 0; rep < run.repeat; ++rep)
+          for (int32_t i = run.first; i < run.first + run.count; ++i)
+            append(sim, sk.kernels[size_t(i)].name);
+      EXPECT_EQ(real, sim) << "norms " << norms << " rope " << rope << " batch " << batch;
+    }
+  }
 }
 
 // Checked before any CUDA call: runs with or without a GPU.

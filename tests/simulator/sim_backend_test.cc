@@ -29,7 +29,8 @@ struct SimRun {
 
 SimRun simulate(HostSchedule schedule, const HostCostSpec& costs, const HardwareSpec& hw,
                 bool seq_lens_sync = false, int32_t output_len = 200,
-                GraphMode graph_mode = GraphMode::kCudaGraph, int32_t requests = 1) {
+                GraphMode graph_mode = GraphMode::kCudaGraph, int32_t requests = 1,
+                const ModelSpec& model = model_preset("tiny-llama")) {
   PolicySpec policy;
   policy.host_schedule = schedule;
   policy.graph_mode = graph_mode;
@@ -43,7 +44,7 @@ SimRun simulate(HostSchedule schedule, const HostCostSpec& costs, const Hardware
   SimRun run;
   DecodeLoop loop(policy, w, reqs, &run.record);
   HostCostModel host(costs, 1);
-  SimBackend backend(model_preset("tiny-llama"), hw, host, reqs);
+  SimBackend backend(model, hw, host, reqs);
   HostProgram* ranks[] = {&loop};
   backend.run(ranks, run.record);
   return run;
@@ -128,6 +129,32 @@ TEST(SimBackend, GraphNodeGapsArePartOfTheLaunchSpanAndBusy) {
     EXPECT_EQ(st.idle_launch_ns, 0);
     EXPECT_EQ(st.gpu_busy_ns, kGpuStepNs + 23 * kUs);
     EXPECT_EQ(st.gpu_busy_ns + st.idle_host_ns + st.idle_launch_ns + st.idle_dep_ns, st.dur_ns);
+  }
+}
+
+// ModelSpec::fusion (policies.fusion) on the ideal machine, where every kernel costs the floor:
+// tiny-llama's 23-node decode step (2 layers) loses 3 norms with carried norms (the first
+// layer's attn_norm stays, as the sums-of-squares kernel), 4 kernels with the rope fused (rope and
+// kv_append per layer), 7 with both; 32 requests (bucket 32, over 16 rows) keep their norms.
+TEST(SimBackend, KernelFusionRemovesTheFusedKernelsFromTheStep) {
+  const HardwareSpec hw = ideal_machine();
+  struct Case {
+    bool norms, rope;
+    int32_t requests;
+    int64_t nodes;
+  };
+  for (const Case& c : {Case{true, false, 1, 20}, Case{false, true, 1, 19}, Case{true, true, 1, 16},
+                        Case{true, false, 32, 23}, Case{true, true, 32, 19}}) {
+    ModelSpec m = model_preset("tiny-llama");
+    m.fusion.norms = c.norms;
+    m.fusion.rope = c.rope;
+    const SimRun run = simulate(HostSchedule::kRunahead, host_costs(0, 0, 0), hw, false, 60,
+                                GraphMode::kCudaGraph, c.requests, m);
+    const std::vector<StepSample> steady = run.steady();
+    ASSERT_FALSE(steady.empty());
+    for (const StepSample& st : steady)
+      EXPECT_EQ(st.dur_ns, c.nodes * kFloorNs)
+          << "norms " << c.norms << " rope " << c.rope << " requests " << c.requests;
   }
 }
 
