@@ -106,8 +106,9 @@ struct EngineOptions {
   bool pdl_drain_after_attention = false;
   // The target model's decode and verify layers run rope_kv_append inside the attention's split
   // kernel (kernels' decode_attention_rope; docs/kernels.md round 19): one node fewer per layer,
-  // the same tokens and cache bits. A measured option: the simulator's step kernels and the
-  // calibration still price the separate rope node, so it goes default with them.
+  // the same tokens and cache bits. Experiments set it with policies.fusion.rope (the simulator
+  // then drops the rope and KV-append kernels, ModelSpec::fusion). Off by default: the calibrated
+  // profile's node gaps were measured with the separate rope (docs/calibration.md "Kernel fusion").
   bool fused_rope = false;
   // The target's RMSNorms carried by the GEMVs around them (kernels' gemv_norm.h; docs/kernels.md
   // round 21): o and down add into the residual stream and write its tile sums of squares, qkv
@@ -116,7 +117,8 @@ struct EngineOptions {
   // with a unit weight before them). Decode batches of at most 16 rows and verify passes; larger
   // batches and prefill run the separate norms. Two norm nodes fewer per layer; tokens equal to
   // bf16 accuracy, not bit for bit (the roundings move). Dense models on one GPU (no tp, pp or
-  // MoE). A measured option: the simulator's step kernels and the calibration price the norms.
+  // MoE). Experiments set it with policies.fusion.norms (the simulator drops the carried norms,
+  // ModelSpec::fusion); off by default until a profile is measured with it.
   bool fused_norms = false;
   // Tensor parallelism (runtime/tensor_parallel.h): with a communicator, create_synthetic builds
   // this rank's shard of the model it is given and the forwards all-reduce after o_proj and
