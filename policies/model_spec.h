@@ -51,7 +51,8 @@ struct KernelFusion {
   // first layer (whose attn_norm writes the rows' tile sums of squares), no mlp_norm; o_proj and
   // down_proj read and write the residual. Prefill and larger decode launches keep the norms.
   bool norms = false;
-  // GQA layers: rope and the KV append inside the attention kernel (no rope, kv_append).
+  // GQA layers: rope and the KV append inside the attention kernel (no rope, kv_append) in
+  // decode and verify launches; prefill keeps them.
   bool rope = false;
   bool any() const { return norms || rope; }
 };

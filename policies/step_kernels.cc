@@ -174,7 +174,8 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
       const int64_t rope_bytes = s.tokens * (q + kv) * kActBytes;
       const int64_t append_read = kv_at.append * 2 * kv * kActBytes;
       const int64_t append_written = compressed_kv_bytes(e.l, kv_at.append * 2 * kv * kvb);
-      if (!m.fusion.rope) {
+      const bool fused = step_fuses_rope(m, s);
+      if (!fused) {
         e.add("rope", KernelClass::kRope, rope_bytes, rope_bytes, 6 * s.tokens * (q + kv));
         e.add("kv_append", KernelClass::kKvAppend, append_read, append_written, 0);
       }
@@ -190,7 +191,6 @@ void emit_attention(Emitter& e, const LayerSpec& layer, const LayerShard& sh) {
       const int64_t kv_read = compressed_kv_bytes(e.l, keys * 2 * kv * kvb);
       // KernelFusion::rope: the attention rotates q and the new k and appends k and v itself
       // (kernels' decode_attention_rope), reading the qkv rows instead of q.
-      const bool fused = m.fusion.rope;
       e.add("attention", KernelClass::kAttention,
             kv_read + s.tokens * q * kActBytes + (fused ? append_read : 0),
             s.tokens * q * kActBytes + (fused ? append_written : 0),
@@ -517,6 +517,10 @@ const char* collective_kind_name(CollectiveKind c) {
       return "send_recv";
   }
   return "?";
+}
+
+bool step_fuses_rope(const ModelSpec& model, const StepShape& shape) {
+  return model.fusion.rope && shape.lm_head_all_tokens && !shape.kv_pass;
 }
 
 bool step_carries_norms(const ModelSpec& model, const StepShape& shape) {

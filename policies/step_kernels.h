@@ -120,6 +120,10 @@ inline constexpr int32_t kGemvRowsPerLaunch = 16;
 // runtime's Engine::carries_norms): decode-like launches (logits for every row) of at most
 // kGemvRowsPerLaunch rows, or row-exact ones (verify) of any size; never prefill or the extend.
 bool step_carries_norms(const ModelSpec& model, const StepShape& shape);
+// Whether a step of `shape` runs rope and the KV append inside the attention (KernelFusion::rope,
+// the runtime's target layers in decode and verify launches): decode-like steps; never prefill
+// (Engine::prefill_pass runs them separately) or the extend.
+bool step_fuses_rope(const ModelSpec& model, const StepShape& shape);
 
 // The runtime's batch bucket for a launch of `requests` requests (Engine::bucket_for): the
 // smallest power of two >= requests (1 for requests <= 1). Decode and speculative launches run

@@ -131,6 +131,11 @@ TEST(StepKernels, FusedRopeMovesRopeAndAppendIntoTheAttention) {
   EXPECT_EQ(a->bytes_read, b->bytes_read + 2 * 1024 * 2);
   EXPECT_EQ(a->bytes_written, b->bytes_written + 2 * 1024 * 2);
   EXPECT_EQ(a->flops, b->flops + 6 * (4096 + 1024));
+  // Prefill keeps them (Engine::prefill_pass runs rope_kv_append, then the attention).
+  StepKernels prefill;
+  step_kernels(steps.model, prefill_shape(1, 64, 64 * 64), prefill);
+  EXPECT_NE(find(prefill, "rope"), nullptr);
+  EXPECT_NE(find(prefill, "kv_append"), nullptr);
 }
 
 // A row-exact verify (StepShape::row_exact) of 4 requests x 12 positions = 48 rows runs each
