@@ -25,10 +25,10 @@ int64_t mul_div(int64_t a, int64_t b, int64_t c) {
   return static_cast<int64_t>(static_cast<__int128>(a) * b / c);
 }
 
-// One rank's view of the step. `own` is the shape its attention, norms and dense projections
-// see (DP: its requests; otherwise the whole stage), `stage` the whole step.
 constexpr int64_t kNormSqBytes = 4;  // one fp32 sum of squares per 16 residual columns
 
+// One rank's view of the step. `own` is the shape its attention, norms and dense projections
+// see (DP: its requests; otherwise the whole stage), `stage` the whole step.
 struct Emitter {
   StepKernels& out;
   const ModelSpec& m;
