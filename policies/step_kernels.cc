@@ -524,8 +524,8 @@ bool step_fuses_rope(const ModelSpec& model, const StepShape& shape) {
 }
 
 bool step_carries_norms(const ModelSpec& model, const StepShape& shape) {
-  return model.fusion.norms && shape.lm_head_all_tokens && !shape.kv_pass &&
-         (shape.row_exact || shape.tokens <= kGemvRowsPerLaunch);
+  return shape.lm_head_all_tokens && !shape.kv_pass &&
+         carries_norms(model.fusion.norms, shape.tokens, shape.row_exact);
 }
 
 int32_t batch_bucket(int32_t requests) {

@@ -116,9 +116,14 @@ struct StepShape {
 // Rows per launch of a row-exact projection (kernels::kGemvMaxRows).
 inline constexpr int32_t kGemvRowsPerLaunch = 16;
 
-// Whether a step of `shape` runs its layers' norms inside the GEMVs (KernelFusion::norms, the
-// runtime's Engine::carries_norms): decode-like launches (logits for every row) of at most
-// kGemvRowsPerLaunch rows, or row-exact ones (verify) of any size; never prefill or the extend.
+// The one rule for carried norms (KernelFusion::norms), shared by the runtime's target layers
+// (Engine::carries_norms) and step_carries_norms: a decode or verify launch of `rows` rows carries
+// them when fused, row-exact (verify, in 16-row chunks) or at most kGemvRowsPerLaunch rows.
+inline bool carries_norms(bool fused_norms, int64_t rows, bool row_exact) {
+  return fused_norms && (row_exact || rows <= kGemvRowsPerLaunch);
+}
+// Whether a step of `shape` runs its layers' norms inside the GEMVs: carries_norms for decode-like
+// launches (logits for every row); never prefill or the extend.
 bool step_carries_norms(const ModelSpec& model, const StepShape& shape);
 // Whether a step of `shape` runs rope and the KV append inside the attention (KernelFusion::rope,
 // the runtime's target layers in decode and verify launches): decode-like steps; never prefill

@@ -535,7 +535,8 @@ void Engine::fold_norm_weights() {
 // forward passes
 
 bool Engine::carries_norms(int rows, bool row_exact) const {
-  return options_.fused_norms && (row_exact || rows <= kernels::kGemvMaxRows);
+  static_assert(kGemvRowsPerLaunch == kernels::kGemvMaxRows);
+  return twinstep::carries_norms(options_.fused_norms, rows, row_exact);  // the simulator's rule
 }
 
 const bf16* Engine::norm_weight(const bf16* weight) const {
