@@ -910,32 +910,21 @@ KernelFusion parse_fusion(const Context& ctx, const Node& node, const ModelSpec&
                           const LayoutSpec& layout) {
   MapReader m(ctx, node, "policies.fusion", {"norms", "rope"});
   KernelFusion f;
-  bool all_gqa = true, all_dense = true;
-  for (const LayerSpec& l : model.layers) {
-    all_gqa = all_gqa && l.attn.kind == AttentionKind::kGqa;
-    all_dense = all_dense && l.mlp.kind == MlpKind::kDense;
-  }
+  // Each field checked alone (kernel_fusion_error), so an error points at the field.
+  auto check = [&](const Node& n, const char* key, const KernelFusion& one) {
+    const std::string why = kernel_fusion_error(model, one, layout.world());
+    if (!why.empty()) {
+      ctx.fail(n.mark, std::string("policies.fusion.") + key + ": " + why + " (layout " +
+                           layout_name(layout) + ")");
+    }
+  };
   if (const Node* n = m.get("norms")) {
     f.norms = read_bool(ctx, *n, "policies.fusion.norms");
-    if (f.norms && !(all_gqa && all_dense)) {
-      ctx.fail(n->mark,
-               "policies.fusion.norms needs a dense GQA model (every layer GQA attention "
-               "and a dense MLP); model " +
-                   model.name + " is not");
-    }
-    if (f.norms && layout.world() != 1) {
-      ctx.fail(n->mark,
-               "policies.fusion.norms runs on one GPU (the runtime carries the norms "
-               "only without tensor, pipeline or other parallelism); layout " +
-                   layout_name(layout) + " has " + std::to_string(layout.world()) + " ranks");
-    }
+    check(*n, "norms", KernelFusion{.norms = f.norms});
   }
   if (const Node* n = m.get("rope")) {
     f.rope = read_bool(ctx, *n, "policies.fusion.rope");
-    if (f.rope && !all_gqa) {
-      ctx.fail(n->mark, "policies.fusion.rope needs GQA attention in every layer; model " +
-                            model.name + " is not");
-    }
+    check(*n, "rope", KernelFusion{.rope = f.rope});
   }
   return f;
 }

@@ -23,6 +23,7 @@
 #include "experiments/progress.h"
 #include "experiments/report.h"
 #include "experiments/runner.h"
+#include "policies/calibration_model.h"
 #include "policies/calibration_profile.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
@@ -487,8 +488,9 @@ struct CalibrateGrid {
   bool no_prefill = false;
   bool prefill_only = false;
   std::vector<int> prefill_tokens;
-  bool breaks_only = false;  // CalibrateOptions::breaks_only (with --tp N)
-  bool in_situ = false;      // CalibrateOptions::in_situ (with --breaks-only, under mpirun)
+  bool breaks_only = false;         // CalibrateOptions::breaks_only (with --tp N)
+  bool in_situ = false;             // CalibrateOptions::in_situ (with --breaks-only, under mpirun)
+  std::vector<std::string> fusion;  // CalibrateOptions::fusion: "norms", "rope"
   // Profiles whose collective calibration (calibrate-nccl) is kept: the first as a whole, the
   // others' tables (merge_collectives).
   std::vector<std::string> collectives_from;
@@ -537,6 +539,22 @@ int cmd_calibrate_eval(const std::string& profile, const std::string& db_path,
   return 0;
 }
 
+// --fusion's names as a KernelFusion; ConfigError for another name.
+KernelFusion calibrate_fusion(const std::vector<std::string>& names) {
+  KernelFusion f;
+  for (const std::string& n : names) {
+    if (n == "norms") {
+      f.norms = true;
+    } else if (n == "rope") {
+      f.rope = true;
+    } else {
+      throw ConfigError(
+          "", "--fusion takes norms and rope (policies.fusion's fields), got '" + n + "'");
+    }
+  }
+  return f;
+}
+
 #ifdef TWINSTEP_HAVE_RUNTIME
 // What `twinstep calibrate` measures, from its flags.
 runtime::CalibrateOptions calibrate_options(bool quick, const std::vector<std::string>& models,
@@ -555,6 +573,7 @@ runtime::CalibrateOptions calibrate_options(bool quick, const std::vector<std::s
   o.prefill_tokens = grid.prefill_tokens;
   o.breaks_only = grid.breaks_only;
   o.in_situ = grid.in_situ;
+  o.fusion = calibrate_fusion(grid.fusion);
   return o;
 }
 #endif
@@ -614,6 +633,25 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
                       "prefill and collective_break ones too)");
   if (grid.no_spec && !grid.spec_batches.empty())
     throw ConfigError("", "--spec-batches sets the speculative graphs' batches; drop --no-spec");
+  if (fit_only && !grid.fusion.empty())
+    throw ConfigError("",
+                      "--fusion chooses what calibrate measures; --fit-only refits stored "
+                      "sessions (a fused session's samples carry their label)");
+  if (const KernelFusion fusion = calibrate_fusion(grid.fusion); fusion.any()) {
+    if (grid.prefill_only || grid.breaks_only)
+      throw ConfigError("",
+                        "--fusion measures the decode grid and the speculative graphs with the "
+                        "fused kernels (prefill and collective breaks run unfused); drop "
+                        "--prefill-only and --breaks-only");
+#ifdef TWINSTEP_HAVE_RUNTIME
+    const std::vector<std::string> measured =
+        models.empty() ? runtime::CalibrateOptions{}.models : models;  // the default models
+#else
+    const std::vector<std::string>& measured = models;
+#endif
+    const std::string why = fused_calibration_error(fusion, measured, grid.tp);
+    if (!why.empty()) throw ConfigError("", why);
+  }
   if (grid.breaks_only && (grid.tp < 2 || grid.spec_only || grid.prefill_only))
     throw ConfigError("",
                       "--breaks-only measures a TP shard's decode steps with and without "
@@ -927,6 +965,12 @@ int main(int argc, char** argv) {
                       "with --breaks-only --tp N under mpirun -np N (one GPU per rank): the "
                       "shard's steps with its real collectives instead of the stubs (in_situ "
                       "samples; the fit subtracts the profile's collective prices)");
+  calibrate
+      ->add_option("--fusion", cal_grid.fusion,
+                   "kernel fusions to measure, norms and/or rope (policies.fusion): the decode "
+                   "grid and speculative graphs of fused engines, labelled <model>+norms+rope; "
+                   "fit them with the unfused sessions (--fit-only --sessions)")
+      ->delimiter(',');
   calibrate
       ->add_option("--prefill-tokens", cal_grid.prefill_tokens,
                    "prompt lengths of the prefill passes (default 1024,2048,4096,8192)")

@@ -9,10 +9,20 @@ namespace twinstep {
 
 CalibrationModel parse_calibration_model(const std::string& label) {
   CalibrationModel m;
-  const size_t at = label.rfind("@tp");
-  m.preset = at == std::string::npos ? label : label.substr(0, at);
+  // "+norms", "+rope", "+norms+rope": the fusions, in that order.
+  const size_t plus = std::min(label.find('+'), label.size());
+  const std::string fused = label.substr(plus);
+  if (fused == "+norms" || fused == "+norms+rope") m.fusion.norms = true;
+  if (fused == "+rope" || fused == "+norms+rope") m.fusion.rope = true;
+  if (!fused.empty() && !m.fusion.any()) {
+    throw ConfigError("", "calibration model '" + label +
+                              "': a fused label ends in +norms, +rope or +norms+rope");
+  }
+  const std::string base = label.substr(0, plus);
+  const size_t at = base.rfind("@tp");
+  m.preset = at == std::string::npos ? base : base.substr(0, at);
   if (at != std::string::npos) {
-    const std::string digits = label.substr(at + 3);
+    const std::string digits = base.substr(at + 3);
     const bool numeric = !digits.empty() && digits.size() <= 2 &&
                          digits.find_first_not_of("0123456789") == std::string::npos;
     m.tp = numeric ? std::stoi(digits) : 0;
@@ -21,12 +31,37 @@ CalibrationModel parse_calibration_model(const std::string& label) {
                                 "': a shard label is <preset>@tp<N> with N in [2, 64]");
     }
   }
-  model_preset(m.preset);  // throws for an unknown preset
+  const ModelSpec& model = model_preset(m.preset);  // throws for an unknown preset
+  if (const std::string why = kernel_fusion_error(model, m.fusion, m.tp); !why.empty())
+    throw ConfigError("", "calibration model '" + label + "': " + why);
   return m;
 }
 
-std::string calibration_model_label(const std::string& preset, int32_t tp) {
-  return tp <= 1 ? preset : preset + "@tp" + std::to_string(tp);
+std::string calibration_model_label(const std::string& preset, int32_t tp,
+                                    const KernelFusion& fusion) {
+  std::string label = tp <= 1 ? preset : preset + "@tp" + std::to_string(tp);
+  if (fusion.norms) label += "+norms";
+  if (fusion.rope) label += "+rope";
+  return label;
+}
+
+bool is_fused_calibration_label(std::string_view label) {
+  return label.find('+') != std::string_view::npos;
+}
+
+std::string fused_calibration_error(const KernelFusion& fusion,
+                                    const std::vector<std::string>& presets, int32_t tp) {
+  for (const std::string& p : presets) {
+    const std::string why = kernel_fusion_error(model_preset(p), fusion, tp);
+    if (!why.empty()) return "--fusion: " + why;
+  }
+  return {};
+}
+
+ModelSpec calibration_model_spec(const CalibrationModel& m) {
+  ModelSpec spec = model_preset(m.preset);
+  spec.fusion = m.fusion;
+  return spec;
 }
 
 LayoutSpec calibration_layout(const ModelSpec& model, int32_t tp) {
@@ -40,7 +75,7 @@ LayoutSpec calibration_layout(const ModelSpec& model, int32_t tp) {
 
 void calibration_step_kernels(const std::string& label, const StepShape& shape, StepKernels& out) {
   const CalibrationModel cm = parse_calibration_model(label);
-  shard_step_kernels(model_preset(cm.preset), cm.tp, shape, out);
+  shard_step_kernels(calibration_model_spec(cm), cm.tp, shape, out);
 }
 
 void shard_step_kernels(const ModelSpec& model, int32_t tp, const StepShape& shape,
@@ -78,7 +113,7 @@ ExpertShare calibration_expert_share(const std::string& label, int32_t layer,
 void calibration_layer_kernels(const std::string& label, const StepShape& shape, int32_t layer,
                                const ExpertShare& routing, std::vector<KernelDesc>& out) {
   const CalibrationModel cm = parse_calibration_model(label);
-  const ModelSpec& model = model_preset(cm.preset);
+  const ModelSpec model = calibration_model_spec(cm);
   layer_kernels(model, shape, cm.tp == 1 ? LayoutSpec{} : calibration_layout(model, cm.tp), 0,
                 layer, routing, out);
   std::erase_if(out, [](const KernelDesc& k) { return k.cls == KernelClass::kCollective; });
@@ -86,28 +121,39 @@ void calibration_layer_kernels(const std::string& label, const StepShape& shape,
 
 namespace {
 
-// `model`'s TP-shard label where `measured(label)` holds for it, else `model`.
+// The first of `model`'s fused shard, shard and name labels (calibration_model_label) for which
+// `measured(label)` holds; the name when none does.
 template <typename Measured>
-std::string shard_or_model(const std::string& model, int32_t tp, Measured measured) {
-  if (tp <= 1) return model;
-  std::string shard = calibration_model_label(model, tp);
-  return measured(shard) ? shard : model;
+std::string most_specific(const std::string& model, int32_t tp, const KernelFusion& fusion,
+                          Measured measured) {
+  const int32_t shard = std::max(tp, 1);
+  if (fusion.any()) {
+    std::string fused = calibration_model_label(model, shard, fusion);
+    if (measured(fused)) return fused;
+  }
+  if (shard > 1) {
+    std::string label = calibration_model_label(model, shard);
+    if (measured(label)) return label;
+  }
+  return model;
 }
 
 }  // namespace
 
-std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int32_t tp) {
-  return shard_or_model(model, tp, [&](const std::string& shard) {
+std::string pdl_gap_model(const HardwareSpec& hw, const std::string& model, int32_t tp,
+                          const KernelFusion& fusion) {
+  return most_specific(model, tp, fusion, [&](const std::string& label) {
     for (const HardwareSpec::NodeGap& g : hw.pdl_node_gap_by_rows) {
-      if (g.model == shard) return true;
+      if (g.model == label) return true;
     }
     return false;
   });
 }
 
-std::string kernel_fit_model(const HardwareSpec& hw, const std::string& model, int32_t tp) {
-  return shard_or_model(model, tp, [&](const std::string& shard) {
-    return kernel_model_fits_for(hw, shard) != nullptr;
+std::string kernel_fit_model(const HardwareSpec& hw, const std::string& model, int32_t tp,
+                             const KernelFusion& fusion) {
+  return most_specific(model, tp, fusion, [&](const std::string& label) {
+    return kernel_model_fits_for(hw, label) != nullptr;
   });
 }
 
@@ -151,10 +197,11 @@ bool has_attention_fit(const HardwareSpec::ModelKernelFits* fits) {
 
 std::string attention_fit_model(const HardwareSpec& hw, const ModelSpec& model,
                                 const LayoutSpec& layout) {
-  const std::string own = kernel_fit_model(hw, model.name, layout.width());
+  const std::string own = kernel_fit_model(hw, model.name, layout.width(), model.fusion);
   if (has_attention_fit(kernel_model_fits_for(hw, own))) return {};
   const std::optional<AttentionGeometry> mine = attention_geometry(model, layout);
   if (!mine) return {};
+  std::string other;  // the first donor whose attention ropes otherwise
   for (const HardwareSpec::ModelKernelFits& fits : hw.kernel_model_fits) {
     if (!has_attention_fit(&fits)) continue;
     CalibrationModel cm;
@@ -164,9 +211,11 @@ std::string attention_fit_model(const HardwareSpec& hw, const ModelSpec& model,
       continue;  // a label of no preset here: its geometry is unknown
     }
     const ModelSpec& theirs = model_preset(cm.preset);
-    if (attention_geometry(theirs, calibration_layout(theirs, cm.tp)) == mine) return fits.model;
+    if (attention_geometry(theirs, calibration_layout(theirs, cm.tp)) != mine) continue;
+    if (cm.fusion.rope == model.fusion.rope) return fits.model;
+    if (other.empty()) other = fits.model;
   }
-  return {};
+  return other;
 }
 
 std::map<std::string, std::pair<int32_t, int32_t>> calibration_gemv_shapes(

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "policies/calibration_model.h"
 #include "policies/error.h"
 #include "policies/hardware_spec.h"
 
@@ -158,11 +159,12 @@ std::optional<int64_t> node_gap_in(const std::vector<HardwareSpec::NodeGap>& tab
   return last != nullptr ? std::optional<int64_t>(last->gap_ns) : std::nullopt;
 }
 
-// The median over the models of `table` (at most 16, in table order) of each one's node_gap_in
-// entry for `rows` (the lower middle of an even count), over the models measured at `rows` or
-// more where there is one (a model's last entry stands for larger batches only when no model
-// measured them); nullopt for an empty table. One pass over the table (grouped by model, rows
-// ascending within a model); allocates nothing.
+// The median over the models of `table` (at most 16, in table order; fused labels left out,
+// is_fused_calibration_label) of each one's node_gap_in entry for `rows` (the lower middle of an
+// even count), over the models measured at `rows` or more where there is one (a model's last
+// entry stands for larger batches only when no model measured them); nullopt for an empty
+// table. One pass over the table (grouped by model, rows ascending within a model); allocates
+// nothing.
 std::optional<int64_t> pooled_node_gap(const std::vector<HardwareSpec::NodeGap>& table,
                                        int64_t rows) {
   std::array<int64_t, 16> reached{}, all{};
@@ -170,6 +172,10 @@ std::optional<int64_t> pooled_node_gap(const std::vector<HardwareSpec::NodeGap>&
   for (size_t i = 0; i < table.size() && n_all < all.size();) {
     size_t end = i + 1;
     while (end < table.size() && table[end].model == table[i].model) ++end;
+    if (is_fused_calibration_label(table[i].model)) {
+      i = end;
+      continue;
+    }
     size_t pick = i;  // the first entry with rows >= `rows`, else the last
     while (pick + 1 < end && table[pick].rows < rows) ++pick;
     all[n_all++] = table[pick].gap_ns;

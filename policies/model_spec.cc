@@ -71,6 +71,25 @@ int64_t layer_kv_bytes_per_token(const LayerSpec& layer, int32_t kv_bytes) {
   return 0;
 }
 
+std::string kernel_fusion_error(const ModelSpec& model, const KernelFusion& fusion, int32_t world) {
+  bool all_gqa = !model.layers.empty(), all_dense = true;
+  for (const LayerSpec& l : model.layers) {
+    all_gqa = all_gqa && l.attn.kind == AttentionKind::kGqa;
+    all_dense = all_dense && l.mlp.kind == MlpKind::kDense;
+  }
+  if (fusion.norms && !(all_gqa && all_dense))
+    return "fused norms need a dense GQA model (every layer GQA attention and a dense MLP); "
+           "model " +
+           model.name + " is not";
+  if (fusion.norms && world != 1)
+    return "fused norms run on one GPU (the runtime carries the norms only without tensor, "
+           "pipeline or other parallelism), not on " +
+           std::to_string(world) + " ranks";
+  if (fusion.rope && !all_gqa)
+    return "fused rope needs GQA attention in every layer; model " + model.name + " is not";
+  return {};
+}
+
 ModelSpec nextn_draft(const ModelSpec& target) {
   ModelSpec d = target;
   d.name = target.name + "-nextn";

@@ -88,6 +88,11 @@ struct ModelSpec {
 int64_t layer_param_count(const LayerSpec& layer, int64_t hidden);
 int64_t layer_kv_bytes_per_token(const LayerSpec& layer, int32_t kv_bytes);
 
+// Empty where the runtime runs `fusion` for `model` on `world` ranks, else why not (what
+// experiments' policies.fusion and calibration labels check): norms need every layer GQA with a
+// dense MLP and one rank; rope needs every layer GQA.
+std::string kernel_fusion_error(const ModelSpec& model, const KernelFusion& fusion, int32_t world);
+
 // The one-layer NEXTN draft module of `target`: its last layer's kind, mtp_input_proj set.
 ModelSpec nextn_draft(const ModelSpec& target);
 

@@ -286,7 +286,7 @@ class InSitu {
 
   void model(const std::string& name) {
     const ModelSpec& spec = model_preset(name);
-    label_ = calibration_model_label(name, o_.tp);
+    label_ = calibration_model_label(name, o_.tp, o_.fusion);
     const LlamaConfig full = llama_config_from_spec(spec);
     const LlamaConfig config = o_.tp > 1 ? tp_shard_config(full, 0, o_.tp) : full;
     const std::vector<int> contexts = !o_.contexts.empty() ? o_.contexts
@@ -342,6 +342,8 @@ class InSitu {
     // A shard measured alone (no communicator, no collectives: rank 0's shard) unless the caller
     // gave the world communicator (collective_breaks' in-situ engine: this rank's shard).
     if (!eo.tp.active()) eo.tp.size = o_.tp;
+    eo.fused_norms = o_.fusion.norms;  // the label's fusions (CalibrateOptions::fusion)
+    eo.fused_rope = o_.fusion.rope;
     // MoE: each launch's routing, for its kernel samples (kernel_samples). Every pass alike, so
     // that the step times pair; a ring of kTsRing launches x layers x bucket rows x top_k ids
     // (Qwen3-30B-A3B, 64 rows: 25 MB), top_k 4-byte stores per row and layer in the router.
@@ -743,7 +745,7 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
   // tp > 1: rank 0's shard alone, as the decode grid measures it (no collectives), without the
   // early-exit draft (tensor parallelism runs drafts without early exit: create_synthetic_tp).
   const LlamaConfig config = o.tp > 1 ? tp_shard_config(full, 0, o.tp) : full;
-  const std::string label = calibration_model_label(name, o.tp);
+  const std::string label = calibration_model_label(name, o.tp, o.fusion);
   const bool early_exit = o.tp == 1;
   std::vector<int> contexts = o.quick ? std::vector<int>{128, 2048} : std::vector<int>{128, 8192};
   if (!o.contexts.empty()) {
@@ -795,6 +797,8 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     eo.draft = true;
     eo.draft_early_exit = early_exit;  // used by drafts with device stops only
     eo.tp.size = o.tp;                 // a shard measured alone: no communicator
+    eo.fused_norms = o.fusion.norms;   // the target's fusions (the draft never fuses)
+    eo.fused_rope = o.fusion.rope;
     std::fprintf(o.log, "calibrate: %s speculative graphs, ctx %d, %d slots\n", label.c_str(), ctx,
                  max_batch);
     auto engine = Engine::create_synthetic(config, 1, eo, /*draft_fidelity=*/0.5);
@@ -1022,6 +1026,12 @@ void host_ops(const std::string& model_name, bool quick, std::vector<Calibration
 }  // namespace
 
 CalibrationRun run_calibration(const CalibrateOptions& o) {
+  if (o.fusion.any() && (o.prefill_only || o.breaks_only))
+    throw Error(
+        "calibrate: a fused session measures the decode grid and the speculative graphs "
+        "(prefill and collective breaks run unfused): no prefill_only or breaks_only");
+  if (const std::string e = fused_calibration_error(o.fusion, o.models, o.tp); !e.empty())
+    throw Error("calibrate: " + e);
   std::string why;
   if (!real_backend_available(&why)) throw Error("calibrate needs a CUDA GPU: " + why);
   if (o.tp < 1 || o.tp > 64)
@@ -1097,14 +1107,22 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
     }
     return run;
   }
-  std::fprintf(o.log, "calibrate: launch, gap, event and copy microbenchmarks\n");
-  eager_launches(reps, out);
-  graph_costs(reps, out);
-  event_round_trips(reps * 4, out);
-  d2h_copies(reps, out);
-  stream_reads(o.quick, o.quick ? 2 : 5, out);
+  // A fused session (CalibrateOptions::fusion) stores its label's decode grid and speculative
+  // graphs only: the graph node gap the grid's kernel samples subtract is measured, not stored.
+  const bool fused = o.fusion.any();
+  std::vector<CalibrationSample> scratch;
+  std::vector<CalibrationSample>& micro = fused ? scratch : out;
+  std::fprintf(o.log, "calibrate: launch, gap, event and copy microbenchmarks%s\n",
+               fused ? " (the graph node gap only, not stored)" : "");
+  if (!fused) eager_launches(reps, out);
+  graph_costs(reps, micro);
+  if (!fused) {
+    event_round_trips(reps * 4, out);
+    d2h_copies(reps, out);
+    stream_reads(o.quick, o.quick ? 2 : 5, out);
+  }
   std::vector<double> gaps;
-  for (const CalibrationSample& s : out) {
+  for (const CalibrationSample& s : micro) {
     if (s.kind == "node_gap" && s.mode == "graph") gaps.push_back(s.value_ns);
   }
   const double gap_ns = median(gaps);
@@ -1115,6 +1133,7 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
   if (o.spec) {
     for (const std::string& m : o.models) spec_graphs(o, m, out);
   }
+  if (fused) return run;
   if (o.prefill) {
     for (const std::string& m : o.models) prefill_passes(o, m, out);
   }

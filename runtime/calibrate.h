@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "policies/calibration_profile.h"
+#include "policies/model_spec.h"
 
 namespace twinstep::runtime {
 
@@ -67,6 +68,15 @@ struct CalibrateOptions {
   bool prefill = true;
   bool prefill_only = false;
   std::vector<int> prefill_tokens;
+  // The runtime's kernel fusions (EngineOptions::fused_norms, fused_rope; an experiment's
+  // policies.fusion): any set, the decode grid and (with spec) the speculative graphs run fused
+  // engines and their samples are labelled "<model>[@tp<N>]+norms+rope" (the fusions set;
+  // policies/calibration_model.h), fitted with the profile's unfused sessions (calibrate
+  // --fit-only --sessions) into that label's own kernel fits, node gaps and residuals. Nothing
+  // else is measured (no microbenchmark, prefill or host-operation samples: the figures pooled
+  // over models stay those of the unfused sessions). Refused with prefill_only or breaks_only,
+  // and where the runtime does not run the fusion (kernel_fusion_error).
+  KernelFusion fusion;
   std::FILE* log = stderr;  // progress lines
 };
 
@@ -78,7 +88,8 @@ struct CalibrationRun {
 
 // Runs every measurement on device 0. Throws Error when no CUDA device is visible, a model is not
 // one the runtime can run (Llama-family dense or MoE), a grid value or prompt length is out of
-// range, spec_only asks for nothing (spec off), or prefill_only does (prefill off);
+// range, spec_only asks for nothing (spec off), or prefill_only does (prefill off), or a fusion
+// is asked with prefill_only or breaks_only, or that fused_calibration_error refuses;
 // CUDA failures throw through the runtime's checks.
 CalibrationRun run_calibration(const CalibrateOptions& options);
 

@@ -28,6 +28,12 @@
 # CALIBRATE_PREFILL=1 adds a `calibrate --prefill-only` session (llama-3-8b, qwen3-30b-a3b).
 # CALIBRATE_MAIN=0 skips the main session (the full grid, or CALIBRATE_ARGS): the sessions of
 # CALIBRATE_FROM_DB stand for it and only the extra sessions above are measured.
+# CALIBRATE_FUSION="norms,rope norms ..." adds one `calibrate --fusion F` session per word (the
+# fused engines' decode grid and speculative graphs of llama-3-8b, labelled llama-3-8b+norms+rope
+# etc.; docs/calibration.md "Calibrated fusions").
+# CALIBRATE_FIT_SESSIONS=IDS (with CALIBRATE_FROM_DB): the stored sessions the profile is fitted
+# from (the committed profile's list, in its header), plus every session measured here;
+# CALIBRATE_SPEC_SESSIONS=IDS the same for --spec-sessions. Default: every session of the database.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_calibrate.sh OUT_DIR}
 mkdir -p "$out"
@@ -56,6 +62,9 @@ if [ -n "${CALIBRATE_FROM_DB:-}" ]; then
   esac
   echo "calibration sessions of $CALIBRATE_FROM_DB copied into $db"
 fi
+stored_max=0  # sessions above this id are measured by this call
+[ -f "$db" ] && stored_max=$("$build/twinstep" --db "$db" query --csv \
+  "SELECT coalesce(max(id), 0) FROM calibration_session" | tail -1 | tr -d '"')
 collectives=()
 [ -n "${CALIBRATE_COLLECTIVES_FROM:-}" ] && collectives=(--collectives-from "$CALIBRATE_COLLECTIVES_FROM")
 if [ -n "${CALIBRATE_PROFILE:-}" ]; then
@@ -84,17 +93,29 @@ extra() {  # extra NAME ARGS...: one more calibration session into the same data
 }
 [ "${CALIBRATE_MOE:-0}" = 1 ] && extra moe --models qwen3-30b-a3b $narrow
 [ "${CALIBRATE_PREFILL:-0}" = 1 ] && extra prefill --prefill-only --models llama-3-8b,qwen3-30b-a3b
+for fusion in ${CALIBRATE_FUSION:-}; do
+  extra "fused_${fusion/,/_}" --fusion "$fusion" --models llama-3-8b
+done
 if [ "${CALIBRATE_TP:-1}" -gt 1 ]; then
   extra tp_dense --models llama-3-8b --tp "$CALIBRATE_TP" $narrow
   [ "${CALIBRATE_MOE:-0}" = 1 ] && extra tp_moe --models qwen3-30b-a3b --tp "$CALIBRATE_TP" $narrow
 fi
 sessions=$("$build/twinstep" --db "$db" query --csv \
   "SELECT group_concat(id) FROM calibration_session" | tail -1 | tr -d '"')
+spec_sessions=()
+if [ -n "${CALIBRATE_FIT_SESSIONS:-}" ]; then
+  # The given stored sessions and the ones measured in this call (ids above the stored ones').
+  new=$("$build/twinstep" --db "$db" query --csv "SELECT group_concat(id) FROM calibration_session \
+    WHERE id > $stored_max" | tail -1 | tr -d '"')
+  sessions=$CALIBRATE_FIT_SESSIONS${new:+,$new}
+  [ -n "${CALIBRATE_SPEC_SESSIONS:-}" ] &&
+    spec_sessions=(--spec-sessions "$CALIBRATE_SPEC_SESSIONS${new:+,$new}")
+fi
 if [ -n "$sessions" ] && [ "$sessions" != 1 ]; then
   step "fit sessions $sessions"
   cp "$out/calibrate.log" "$out/measure.log"  # the measuring session's progress lines
-  "$build/twinstep" calibrate --fit-only --sessions "$sessions" --out "$profile" --db "$db" \
-    ${collectives[@]+"${collectives[@]}"} >"$out/calibrate.log" 2>&1 ||
+  "$build/twinstep" calibrate --fit-only --sessions "$sessions" ${spec_sessions[@]+"${spec_sessions[@]}"} \
+    --out "$profile" --db "$db" ${collectives[@]+"${collectives[@]}"} >"$out/calibrate.log" 2>&1 ||
     { status=1; tail -30 "$out/calibrate.log"; }
 fi
 cat "$out/calibrate.log" | grep -v "^calibrate: " || true

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -448,7 +449,7 @@ int fit_in_situ_break_gaps(HardwareSpec& hw, const std::vector<CalibrationSample
       if (it == plain.end() || !is_calibration_model(label)) continue;
       const CalibrationModel cm = parse_calibration_model(label);
       if (cm.tp < 2) continue;
-      const ModelSpec& model = model_preset(cm.preset);
+      const ModelSpec model = calibration_model_spec(cm);
       const LayoutSpec layout = calibration_layout(model, cm.tp);
       std::vector<double> gaps;
       StepKernels sk;
@@ -508,6 +509,18 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   p.hw.name = name;
   p.hw.source = "calibrated profile '" + name + "' (" + header.gpu + ", " + header.date +
                 ", commit " + header.commit + ") over preset " + base;
+  // A fused label's samples (calibrate --fusion) price that label alone: its own kernel fits,
+  // node gaps and speculative residuals. Everything pooled over models below (class and name
+  // fits, the figures, host operations, inflation, prefill rates) reads `shared`, without them.
+  std::vector<CalibrationSample> unfused;
+  const bool any_fused = std::any_of(samples.begin(), samples.end(), [](const auto& s) {
+    return is_fused_calibration_label(s.model);
+  });
+  if (any_fused) {
+    std::copy_if(samples.begin(), samples.end(), std::back_inserter(unfused),
+                 [](const auto& s) { return !is_fused_calibration_label(s.model); });
+  }
+  const std::vector<CalibrationSample>& shared = any_fused ? unfused : samples;
 
   // The GEMV weight shapes (gemv_n, gemv_k) of each model's step kernels by name, for the
   // split-K regressor (gemv_split_rows on the base preset's SMs); none for an unknown label.
@@ -528,6 +541,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   std::vector<KernelSample> kernels;
   std::vector<std::string> kernel_names;   // parallel to `kernels`
   std::vector<std::string> kernel_models;  // parallel to `kernels`
+  std::vector<bool> own_fit_only;          // parallel to `kernels`: out of the pooled fits
   int64_t fit_max_rows = 0;                // HardwareSpec::kernel_fit_max_rows
   for (const CalibrationSample& s : samples) {
     if (std::find_if(std::begin(kKinds), std::end(kKinds),
@@ -550,13 +564,14 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
                          cls == KernelClass::kGemm ? split_rows_of(s) : 0.0});
       kernel_names.push_back(s.name);
       kernel_models.push_back(s.model);
+      own_fit_only.push_back(is_fused_calibration_label(s.model));
       // Decode kernels serve one row per request: the fits hold up to the largest batch.
-      fit_max_rows = std::max(fit_max_rows, s.batch);
+      if (!own_fit_only.back()) fit_max_rows = std::max(fit_max_rows, s.batch);
     }
   }
   if (fit_max_rows > 0) p.hw.kernel_fit_max_rows = int32_t(fit_max_rows);
   const double graph_gap = [&] {
-    const std::vector<double> v = values(samples, "node_gap", "graph");
+    const std::vector<double> v = values(shared, "node_gap", "graph");
     return v.empty() ? double(p.hw.graph_node_gap_ns) : median(v);
   }();
   // A residual is the step less every other kernel's sample: it carries their errors too. One
@@ -565,9 +580,9 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   // H200): it stays in its model's own fit, where it balances that model's other kernels, and is
   // left out of the pooled class and name fits that price models never measured.
   const double floor_ns_per_byte = p.hw.stream_read_tbps > 0 ? 1e-3 / p.hw.stream_read_tbps : 0;
-  std::vector<bool> own_fit_only(kernels.size(), false);
   for (const ResidualSample& r : residual_kernel_samples(samples, graph_gap)) {
-    own_fit_only.push_back(r.sample.ns < r.sample.bytes * floor_ns_per_byte);
+    own_fit_only.push_back(r.sample.ns < r.sample.bytes * floor_ns_per_byte ||
+                           is_fused_calibration_label(r.model));
     kernels.push_back(r.sample);
     kernel_names.push_back(r.name);
     kernel_models.push_back(r.model);
@@ -704,7 +719,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   }
 
   auto set_median = [&](const char* kind, const char* mode, int64_t* field) {
-    const std::vector<double> v = values(samples, kind, mode);
+    const std::vector<double> v = values(shared, kind, mode);
     if (!v.empty()) *field = std::llround(median(v));
   };
   set_median("node_gap", "graph", &p.hw.graph_node_gap_ns);
@@ -712,24 +727,24 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   set_median("node_gap", "eager", &p.hw.eager_node_gap_ns);
   set_median("eager_launch", nullptr, &p.hw.eager_launch_ns);
   set_median("event_sync", nullptr, &p.hw.host_wake_ns);
-  if (const std::vector<double> v = values(samples, "node_gap", "pdl_empty"); !v.empty()) {
+  if (const std::vector<double> v = values(shared, "node_gap", "pdl_empty"); !v.empty()) {
     p.measurements.emplace_back("node_gap_ns_pdl_empty_kernels", median(v));
   }
 
-  if (has_kind(samples, "graph_launch")) {
+  if (has_kind(shared, "graph_launch")) {
     // The simulator charges one figure per decode launch: the median host time of the runtime's
     // decode launches (name "decode") when measured, else of the largest graph measured. The
     // host cost's slope in the node count is reported.
-    const bool decode = std::any_of(samples.begin(), samples.end(), [](const CalibrationSample& s) {
+    const bool decode = std::any_of(shared.begin(), shared.end(), [](const CalibrationSample& s) {
       return s.kind == "graph_launch" && s.name == "decode";
     });
     int64_t most = 0;
-    for (const CalibrationSample& s : samples) {
+    for (const CalibrationSample& s : shared) {
       if (s.kind == "graph_launch") most = std::max(most, s.nodes);
     }
     std::vector<double> charged;
     std::vector<std::pair<double, double>> xy;
-    for (const CalibrationSample& s : samples) {
+    for (const CalibrationSample& s : shared) {
       if (s.kind != "graph_launch") continue;
       if (decode ? s.name == "decode" : s.nodes == most) charged.push_back(s.value_ns);
       xy.emplace_back(double(s.nodes), s.value_ns);
@@ -746,9 +761,9 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
     p.measurements.emplace_back("graph_launch_ns_per_node", c(1));
   }
 
-  if (has_kind(samples, "d2h")) {
+  if (has_kind(shared, "d2h")) {
     std::vector<const CalibrationSample*> d;
-    for (const CalibrationSample& s : samples) {
+    for (const CalibrationSample& s : shared) {
       if (s.kind == "d2h") d.push_back(&s);
     }
     Eigen::MatrixXd a(Eigen::Index(d.size()), 2);
@@ -763,7 +778,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   }
 
   double best_tbps = 0;
-  for (const CalibrationSample& s : samples) {
+  for (const CalibrationSample& s : shared) {
     if (s.kind == "stream_read" && s.value_ns > 0) {
       best_tbps = std::max(best_tbps, double(s.bytes) / s.value_ns / 1000.0);
     }
@@ -771,7 +786,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   if (best_tbps > 0) p.hw.stream_read_tbps = best_tbps;
 
   std::map<std::string, std::vector<double>> ops;
-  for (const CalibrationSample& s : samples) {
+  for (const CalibrationSample& s : shared) {
     if (s.kind == "host_op") ops[s.name].push_back(s.value_ns);
   }
   for (auto& [op, v] : ops) p.host_ops.emplace_back(op, distribution(std::move(v)));
@@ -780,7 +795,7 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   // measured both ways.
   using Key = std::tuple<std::string, std::string, int64_t, int64_t>;
   std::map<Key, std::pair<std::vector<double>, std::vector<double>>> steps;
-  for (const CalibrationSample& s : samples) {
+  for (const CalibrationSample& s : shared) {
     if (s.kind != "step" && s.kind != "step_profiled") continue;
     auto& slot = steps[{s.mode, s.model, s.batch, s.ctx_tokens}];
     (s.kind == "step" ? slot.first : slot.second).push_back(s.value_ns);
@@ -798,12 +813,12 @@ CalibrationProfile fit_calibration(const std::vector<CalibrationSample>& samples
   }
   // Prefill rates (simulator/prefill_fit.h): against the kernel fits, the rows they hold for and
   // the eager gap above. A profile without prefill samples is unchanged.
-  const PrefillFit prefill = fit_prefill_rates(samples, p.hw);
+  const PrefillFit prefill = fit_prefill_rates(shared, p.hw);
   if (prefill.points > 0) {
     p.hw.prefill_gemm_tflops = prefill.gemm_tflops;
     p.hw.prefill_moe_tflops = prefill.moe_tflops;
     p.hw.prefill_attention_tbps = prefill.attention_tbps;
-    for (const PrefillPoint& pt : prefill_points(samples, p.hw)) {
+    for (const PrefillPoint& pt : prefill_points(shared, p.hw)) {
       const std::string key = "prefill." + pt.model + "." + std::to_string(pt.tokens);
       p.measurements.emplace_back(key + ".median_ns", pt.measured_ns);
       p.measurements.emplace_back(key + ".priced_ns", pt.parts.priced_ns);

@@ -55,12 +55,12 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     if (it != pricing.end()) return it->second;
     const CalibrationModel cm = parse_calibration_model(label);  // ConfigError when unknown
     Pricing p;
-    const std::string fit = kernel_fit_model(hw, cm.preset, cm.tp);
-    const ModelSpec& model = model_preset(cm.preset);
+    const std::string fit = kernel_fit_model(hw, cm.preset, cm.tp, cm.fusion);
+    const ModelSpec model = calibration_model_spec(cm);
     p.attention_model = attention_fit_model(hw, model, calibration_layout(model, cm.tp));
     p.cost = calibration_cost_model(hw, label);
     p.fit_model = kernel_model_fits_for(hw, fit) != nullptr ? fit : "(pooled)";
-    p.gap_model = pdl_gap_model(hw, cm.preset, cm.tp);
+    p.gap_model = pdl_gap_model(hw, cm.preset, cm.tp, cm.fusion);
     return pricing.emplace(label, std::move(p)).first->second;
   };
 

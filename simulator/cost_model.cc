@@ -302,9 +302,9 @@ int64_t CostModel::copy_d2h_ns(int64_t bytes) const {
 std::unique_ptr<CostModel> calibration_cost_model(const HardwareSpec& hw,
                                                   const std::string& label) {
   const CalibrationModel cm = parse_calibration_model(label);
-  const ModelSpec& model = model_preset(cm.preset);
+  const ModelSpec model = calibration_model_spec(cm);
   return std::make_unique<CostModel>(
-      hw, kernel_fit_model(hw, cm.preset, cm.tp),
+      hw, kernel_fit_model(hw, cm.preset, cm.tp, cm.fusion),
       attention_fit_model(hw, model, calibration_layout(model, cm.tp)));
 }
 

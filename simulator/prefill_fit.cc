@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "policies/calibration_model.h"
@@ -27,10 +28,8 @@ constexpr int64_t kMaxPromptTokens = int64_t(1) << 22;
 }  // namespace
 
 PrefillParts prefill_parts(const HardwareSpec& hw, const std::string& label, int64_t tokens) {
-  const CalibrationModel cm = parse_calibration_model(label);
-  const ModelSpec& model = model_preset(cm.preset);
-  const CostModel cost(hw, kernel_fit_model(hw, cm.preset, cm.tp),
-                       attention_fit_model(hw, model, calibration_layout(model, cm.tp)));
+  const std::unique_ptr<CostModel> priced = calibration_cost_model(hw, label);
+  const CostModel& cost = *priced;
   StepKernels sk;
   calibration_step_kernels(label, prefill_shape(1, tokens, tokens * tokens), sk);
   PrefillParts p;

@@ -31,19 +31,21 @@ std::string tp_shard_label(const std::string& model, const LayoutSpec& layout) {
 
 // The spec_graph_residuals label of `model` under `layout`: the model itself on one GPU; under
 // tensor parallelism alone (tp ranks, no pipeline, data or context split) its TP shard, where
-// calibrate measured that shard's speculative graphs alone; else none ("").
-std::string spec_residual_model(const HardwareSpec& hw, const std::string& model,
+// calibrate measured that shard's speculative graphs alone; else none (""). With its fusion
+// where calibrate measured the fused graphs, else without.
+std::string spec_residual_model(const HardwareSpec& hw, const ModelSpec& model,
                                 const LayoutSpec& layout) {
   const int32_t world = layout.world();
-  std::string label;
-  if (world == 1)
-    label = model;
-  else if (layout.tp == world)
-    label = calibration_model_label(model, layout.tp);
-  const bool fitted =
-      !label.empty() && std::any_of(hw.spec_graph_residuals.begin(), hw.spec_graph_residuals.end(),
-                                    [&](const auto& r) { return r.model == label; });
-  return fitted ? label : std::string();
+  if (world != 1 && layout.tp != world) return {};
+  auto fitted = [&](const std::string& label) {
+    return std::any_of(hw.spec_graph_residuals.begin(), hw.spec_graph_residuals.end(),
+                       [&](const auto& r) { return r.model == label; });
+  };
+  for (const KernelFusion& f : {model.fusion, KernelFusion{}}) {
+    const std::string label = calibration_model_label(model.name, world, f);
+    if (fitted(label)) return label;
+  }
+  return {};
 }
 
 constexpr size_t kEventRing = 1024;  // events alive at once per rank (policy depth ≪ this)
@@ -130,11 +132,11 @@ class Engine {
         cost_(cost),
         record_(record),
         width_(options.layout.width()),
-        gap_model_(pdl_gap_model(hw, model.name, options.layout.width())),
-        gap_draft_(pdl_gap_model(hw, draft.name, options.layout.width())),
+        gap_model_(pdl_gap_model(hw, model.name, options.layout.width(), model.fusion)),
+        gap_draft_(pdl_gap_model(hw, draft.name, options.layout.width(), draft.fusion)),
         break_model_(tp_shard_label(model.name, options.layout)),
         break_draft_(tp_shard_label(draft.name, options.layout)),
-        spec_model_(spec_residual_model(hw, model.name, options.layout)),
+        spec_model_(spec_residual_model(hw, model, options.layout)),
         model_moe_(model.has_moe()) {}
 
   void run(std::span<HostProgram* const> programs) {
@@ -1254,7 +1256,7 @@ SimBackend::SimBackend(const ModelSpec& model, const HardwareSpec& hw,
       // The target's kernel fits for its shard on this layout. The draft (NEXTN) module runs
       // the same kernel names at the target's layer shapes and is priced by the same fits; no
       // calibration measures a draft alone.
-      cost_(hw, kernel_fit_model(hw, model.name, options.layout.width()),
+      cost_(hw, kernel_fit_model(hw, model.name, options.layout.width(), model.fusion),
             attention_fit_model(hw, model, options.layout)) {}
 
 void SimBackend::run(std::span<HostProgram* const> ranks, RunRecord& record) {

@@ -171,7 +171,7 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
     try {
       const CalibrationModel cm = parse_calibration_model(label);
       p = std::make_unique<Pricing>();
-      p->model = model_preset(cm.preset);
+      p->model = calibration_model_spec(cm);
       p->draft = nextn_draft(p->model);
       p->tp = cm.tp;
       p->cost = calibration_cost_model(hw, label);

@@ -260,6 +260,15 @@ check "--spec-batches with --fit-only is refused" grep -q "fit-only measures not
 check "--spec-batches with --no-spec is refused" grep -q "spec-batches sets the speculative graphs' batches; drop --no-spec" "$work/specb2.err"
 "$bin" --db "$cdb" calibrate --in-situ --tp 2 --out "$work/bad.yaml" >/dev/null 2>"$work/insitu.err"
 check "--in-situ without --breaks-only is refused" grep -q "give it with --breaks-only --tp N, under mpirun -np N" "$work/insitu.err"
+# --fusion: the runtime's kernel fusions measured under their own label (calibrate_fusion).
+"$bin" --db "$cdb" calibrate --fusion norms,ropes --out "$work/bad.yaml" >/dev/null 2>"$work/fus1.err"
+check "--fusion with an unknown name is refused" grep -q "fusion takes norms and rope (policies.fusion's fields), got 'ropes'" "$work/fus1.err"
+"$bin" --db "$cdb" calibrate --fit-only --fusion norms --out "$work/bad.yaml" >/dev/null 2>"$work/fus2.err"
+check "--fusion with --fit-only is refused" grep -q "fusion chooses what calibrate measures" "$work/fus2.err"
+"$bin" --db "$cdb" calibrate --fusion norms --models qwen3-30b-a3b --out "$work/bad.yaml" >/dev/null 2>"$work/fus3.err"
+check "--fusion norms on a MoE model is refused" grep -q "fused norms need a dense GQA model.*qwen3-30b-a3b is not" "$work/fus3.err"
+"$bin" --db "$cdb" calibrate --fusion rope --prefill-only --out "$work/bad.yaml" >/dev/null 2>"$work/fus4.err"
+check "--fusion with --prefill-only is refused" grep -q "drop --prefill-only and --breaks-only" "$work/fus4.err"
 check "sessions without speculative graphs: no residuals" bash -c "! grep -q spec_graph_residuals '$work/nospec.yaml'"
 # --collectives-from keeps another profile's NCCL calibration through a kernel refit.
 "$bin" --db "$cdb" calibrate --fit-only --collectives-from "$src/results/profiles/h200-calibrated.yaml" \

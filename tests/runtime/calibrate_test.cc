@@ -248,5 +248,55 @@ TEST(Calibrate, SpecOnlyOfATensorParallelShard) {
     EXPECT_EQ((count[std::pair(graph, positions)]), 6) << graph << "(" << positions << ")";
 }
 
+// --fusion norms,rope on the quick grid: every sample of the fused engines' decode grid and
+// speculative graphs labelled "llama-3.2-3b+norms+rope", no figure, prefill or host-operation
+// sample (the fit keeps the unfused sessions' ones), and each grid point's kernel samples are the
+// fused label's step kernels (the fused engine's nodes mapped onto them). Refused before any GPU
+// work where the runtime does not run the fusion, or with prefill_only or breaks_only.
+TEST(Calibrate, FusedSessionLabelsItsSamplesWithTheFusedStep) {
+  runtime::CalibrateOptions o;
+  o.quick = true;
+  o.models = {"llama-3.2-3b"};
+  o.contexts = {128};
+  o.batches = {1, 4};
+  o.fusion = KernelFusion{.norms = true, .rope = true};
+  runtime::CalibrateOptions bad = o;
+  bad.prefill_only = true;
+  EXPECT_THROW(runtime::run_calibration(bad), Error);
+  bad = o;
+  bad.models = {"qwen3-30b-a3b"};
+  EXPECT_THROW(runtime::run_calibration(bad), Error);
+  bad = o;
+  bad.tp = 2;
+  EXPECT_THROW(runtime::run_calibration(bad), Error);
+  std::string why;
+  if (!real_backend_available(&why)) GTEST_SKIP() << why;
+  const runtime::CalibrationRun run = runtime::run_calibration(o);
+  const std::string label = "llama-3.2-3b+norms+rope";
+  std::map<std::pair<int64_t, int64_t>, std::set<std::string>> names;  // (batch, ctx) -> kernels
+  std::set<std::string> kinds;
+  for (const CalibrationSample& s : run.samples) {
+    EXPECT_EQ(s.model, label) << s.kind << " " << s.name;
+    kinds.insert(s.kind);
+    if (s.kind == "kernel" && s.mode == "graph") names[{s.batch, s.ctx_tokens}].insert(s.name);
+  }
+  for (const char* absent : {"stream_read", "d2h", "eager_launch", "event_sync", "prefill"})
+    EXPECT_EQ(kinds.count(absent), 0u) << absent;
+  for (const char* present : {"kernel", "step", "step_profiled", "spec_graph"})
+    EXPECT_EQ(kinds.count(present), 1u) << present;
+  ASSERT_EQ(names.size(), 2u);  // batches 1 and 4 at ctx 128
+  for (const auto& [point, measured] : names) {
+    StepKernels sk;
+    calibration_step_kernels(label, decode_shape(int32_t(point.first), 1, point.first * 128), sk);
+    std::set<std::string> fused;
+    for (const KernelDesc& k : sk.kernels) fused.insert(k.name);
+    // The LM head's epilogue kernel may be absent from the samples (a residual of the step).
+    for (const std::string& n : measured) EXPECT_EQ(fused.count(n), 1u) << n;
+    for (const char* gone : {"mlp_norm", "rope", "kv_append"}) EXPECT_EQ(measured.count(gone), 0u);
+    EXPECT_EQ(measured.count("qkv_proj"), 1u);
+    EXPECT_EQ(measured.count("attention"), 1u);
+  }
+}
+
 }  // namespace
 }  // namespace twinstep

@@ -10,6 +10,7 @@
 #include "policies/calibration_profile.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
+#include "policies/step_kernels.h"
 #include "simulator/calibration.h"
 #include "simulator/cost_model.h"
 #include "simulator/sim_backend.h"
@@ -232,10 +233,13 @@ TEST(KernelModelFits, AModelNeverMeasuredTakesTheAttentionLineOfTheSameLaunch) {
 }
 
 // tiny-llama's decode step on the ideal machine (every kernel at the 10 us floor, no gaps or
-// launch costs): 23 nodes, two of them o_proj (one per layer). `name` renames the model.
-int64_t steady_step_ns(const std::string& name, const HardwareSpec& hw) {
+// launch costs): 23 nodes, two of them o_proj (one per layer). `name` renames the model; with
+// `fusion` (policies.fusion) fewer nodes (decode_nodes).
+int64_t steady_step_ns(const std::string& name, const HardwareSpec& hw,
+                       const KernelFusion& fusion = {}) {
   ModelSpec model = model_preset("tiny-llama");
   model.name = name;
+  model.fusion = fusion;
   PolicySpec policy;
   policy.host_schedule = HostSchedule::kLockstep;
   policy.graph_mode = GraphMode::kCudaGraph;
@@ -268,6 +272,33 @@ TEST(KernelModelFits, ASimulatedStepOfEachModelIsPricedByItsOwnFit) {
   EXPECT_EQ(steady_step_ns("tiny-c", hw), 21 * 10 * kUs + 2 * 30 * kUs);
   hw.kernel_name_fits.clear();
   EXPECT_EQ(steady_step_ns("tiny-c", hw), 23 * 10 * kUs);
+}
+
+int64_t decode_nodes(const KernelFusion& fusion) {
+  ModelSpec model = model_preset("tiny-llama");
+  model.fusion = fusion;
+  StepKernels sk;
+  step_kernels(model, decode_shape(1, 1, 74), sk);
+  return sk.node_count();
+}
+
+// A fused run (calibrate --fusion's label "<model>+norms") is priced by its label's fits where
+// the profile has them, else by the model's.
+TEST(KernelModelFits, ASimulatedFusedRunIsPricedByItsLabelsFitsElseTheModels) {
+  using testing::kUs;
+  HardwareSpec hw = testing::ideal_machine();
+  hw.kernel_model_fits = {{"tiny-llama", {{"o_proj", constant(25 * kUs)}}},
+                          {"tiny-llama+norms", {{"o_proj", constant(35 * kUs)}}}};
+  const KernelFusion none, norms{.norms = true}, rope{.rope = true};
+  ASSERT_EQ(decode_nodes(none), 23);
+  ASSERT_LT(decode_nodes(norms), decode_nodes(none));
+  // Two o_proj (one per layer) at the label's fit, every other node at the floor.
+  EXPECT_EQ(steady_step_ns("tiny-llama", hw, norms),
+            (decode_nodes(norms) - 2) * 10 * kUs + 2 * 35 * kUs);
+  EXPECT_EQ(steady_step_ns("tiny-llama", hw), 21 * 10 * kUs + 2 * 25 * kUs);
+  // A fusion the profile never measured: the model's own fits.
+  EXPECT_EQ(steady_step_ns("tiny-llama", hw, rope),
+            (decode_nodes(rope) - 2) * 10 * kUs + 2 * 25 * kUs);
 }
 
 TEST(KernelModelFits, ASimulatedModelNeverMeasuredTakesTheAttentionLineOfTheSameLaunch) {

@@ -390,7 +390,9 @@ TEST(SpecGraphFit, CorrectionsMakeThePointsExactAndReportLeaveOneOut) {
     // By hand at 16 positions, ctx 1000: the form is linear in ctx there, so form + the
     // correction interpolated from ctx 100 and 8000 is the line from (100, 0) to (8000, 40000)
     // at 1000: 40000 x 900 / 7900 = 4557 ns.
-    if (w == 16 && ctx == 1000) EXPECT_NEAR(left_out, 40000.0 * 900 / 7900, 1.0);
+    if (w == 16 && ctx == 1000) {
+      EXPECT_NEAR(left_out, 40000.0 * 900 / 7900, 1.0);
+    }
   }
   EXPECT_NEAR(f[0].max_rel_err_loo, worst, 1e-6);
 }
