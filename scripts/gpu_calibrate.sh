@@ -23,8 +23,8 @@
 # of that calibration database, so the profile is the fit of its sessions and the ones measured
 # here (with CALIBRATE_ARGS=--spec-only:
 # the committed profile's sessions plus the speculative graphs measured now, ~15 s of GPU for
-# llama-3-8b; docs/calibration.md "Speculative graphs"); CALIBRATE_COLLECTIVES_FROM=FILE keeps
-# that profile's collective calibration in the final fit (calibrate --collectives-from).
+# llama-3-8b; docs/calibration.md "Speculative graphs"); CALIBRATE_COLLECTIVES_FROM="FILE ..." keeps
+# those profiles' collective calibration in the final fit (calibrate --collectives-from, in order).
 # CALIBRATE_PREFILL=1 adds a `calibrate --prefill-only` session (llama-3-8b, qwen3-30b-a3b).
 # CALIBRATE_MAIN=0 skips the main session (the full grid, or CALIBRATE_ARGS): the sessions of
 # CALIBRATE_FROM_DB stand for it and only the extra sessions above are measured.
@@ -66,7 +66,7 @@ stored_max=0  # sessions above this id are measured by this call
 [ -f "$db" ] && stored_max=$("$build/twinstep" --db "$db" query --csv \
   "SELECT coalesce(max(id), 0) FROM calibration_session" | tail -1 | tr -d '"')
 collectives=()
-[ -n "${CALIBRATE_COLLECTIVES_FROM:-}" ] && collectives=(--collectives-from "$CALIBRATE_COLLECTIVES_FROM")
+for f in ${CALIBRATE_COLLECTIVES_FROM:-}; do collectives+=(--collectives-from "$f"); done
 if [ -n "${CALIBRATE_PROFILE:-}" ]; then
   cp "$CALIBRATE_PROFILE" "$profile" || exit 1
   echo "validating against $CALIBRATE_PROFILE (no calibration)"
