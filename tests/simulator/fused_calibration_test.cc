@@ -103,8 +103,10 @@ TEST(FusedLabels, FitAndGapModelsTakeTheFusedLabelWhereMeasuredElseTheUnfused) {
 // entries are not among them.
 TEST(FusedLabels, PooledPdlGapLeavesFusedLabelsOut) {
   HardwareSpec hw = hardware_preset("h200");
-  hw.pdl_node_gap_by_rows = {{"llama-3-8b", 1, -700}, {"llama-3-8b+norms", 1, -100},
-                             {"llama-3-8b+norms+rope", 1, -50}, {"qwen3-30b-a3b", 1, -300}};
+  hw.pdl_node_gap_by_rows = {{"llama-3-8b", 1, -700},
+                             {"llama-3-8b+norms", 1, -100},
+                             {"llama-3-8b+norms+rope", 1, -50},
+                             {"qwen3-30b-a3b", 1, -300}};
   // Over {-700, -300}: the lower middle; with the fused entries it would be -300.
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3.2-3b", 1), -700);
   EXPECT_EQ(pdl_node_gap_for(hw, "llama-3-8b+norms", 1), -100);
