@@ -197,12 +197,12 @@ check "compare --accept-tolerance says by how much" grep -q "mean accept length 
 # prefill passes, the TP2 shards of Llama-3-8B and Qwen3-30B-A3B; 5 of 321e4f2, the Llama-3-8B grid
 # with its speculative graphs).
 cdb=$work/calib.db
-python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_74ae82a.db.xz" "$cdb" 5
+python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_141d520.db.xz" "$cdb" 5
 check "the cut keeps sessions 1-5" test "$(q "$cdb" 'SELECT max(id) FROM calibration_session')" = 5
-if python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_74ae82a.db.xz" \
+if python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_141d520.db.xz" \
   "$work/cut99.db" 99 2>"$work/cut.err"; then bad "a cut to a missing session fails"; else
   ok "a cut to a missing session fails"; fi
-check "... saying which" grep -q "no session 99 (sessions 1..42)" "$work/cut.err"
+check "... saying which" grep -q "no session 99 (sessions 1..44)" "$work/cut.err"
 check "... and writes nothing" test ! -e "$work/cut99.db" -a ! -e "$work/cut99.db.part"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 5 --out "$work/s1.yaml" >/dev/null 2>&1
 check "fit-only of session 5 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
@@ -227,12 +227,14 @@ check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'comma
 # (scripts/gpu_moe_spec_recal.sh): the profile's speculative graphs are those of 12, 15, 33, 37,
 # 38 and 39 (--spec-sessions); 40-42 of 74ae82a, Llama-3-8B's decode grid and speculative graphs
 # with the runtime's kernel fusions (calibrate --fusion norms,rope / norms / rope: the labels
-# llama-3-8b+norms+rope etc., fitted for those labels alone). The
+# llama-3-8b+norms+rope etc., fitted for those labels alone); 43 and 44 of 141d520, the fused
+# speculative graphs at 1-32 requests and at 1K (scripts/gpu_fusion_spec_recal.sh), in place of
+# 40's. The
 # collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as group r4.
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_74ae82a.db.xz" >"$cdb6"
-"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,29,30,32,33,37,38,39,40,41,42 \
-  --spec-sessions 12,15,33,37,38,39,40,41,42 \
+xz -dc "$src/results/h200/calibration_141d520.db.xz" >"$cdb6"
+"$bin" --db "$cdb6" calibrate --fit-only --sessions 2,4,12,15,21,22,23,29,30,32,33,37,38,39,40,41,42,43,44 \
+  --spec-sessions 12,15,33,37,38,39,41,42,43,44 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" \
   --collectives-from "$src/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
   --out "$work/h200-calibrated.yaml" >/dev/null 2>&1
