@@ -16,6 +16,12 @@ q() { "$bin" --db "$1" query --csv "$2" 2>/dev/null | tail -n +2; }
 # validate runs nothing and lists the sweep.
 out=$("$bin" validate "$src/experiments/quickstart.yaml")
 check "validate lists 4 variants" grep -q "4 variant(s)" <<<"$out"
+# Every experiment the repository ships validates (models, hardware names, sweeps, policies).
+bad_exp=""
+while IFS= read -r f; do
+  "$bin" validate "$f" >/dev/null 2>"$work/validate.err" || bad_exp="$bad_exp $f: $(head -1 "$work/validate.err")"
+done < <(find "$src/experiments" -name '*.yaml' | sort)
+check "every shipped experiment validates${bad_exp:+ (not:$bad_exp)}" test -z "$bad_exp"
 
 # run: 4 complete runs with metrics, a comparison table on stdout.
 db=$work/a.db
