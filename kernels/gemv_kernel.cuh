@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/device.cuh"
 #include "kernels/gemv.h"
@@ -648,12 +649,22 @@ __device__ __forceinline__ float2 warp_inv_rms(const float* sq, int r0, int r1, 
 //    by the mma), not one step later: 2 batches in flight at each wait from 64 KB per block, as
 //    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8.
 // With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
+//
+// Grouped mode (kMoeGateUp, kMoeDown; moe.h): the tiles are those of GemvGroup's entries (the
+// selected experts in list order, then the shared expert), counted on the device; S = 1 (the
+// launcher's); each tile's K pieces follow its own entry's k, so a (token, expert) row's result
+// depends on k only, never on m or on which other experts were selected. Gate+up waits for the
+// router before anything (the expert list is its predecessor's output); down reads the list
+// (written two launches back) and issues its first weights before its wait.
 template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
   constexpr int kBatch = 4;
-  constexpr bool kSwiglu =
-      kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kSwigluNormed;
+  constexpr bool kGrouped = GemvWork<kEpilogue>::kGrouped;
+  constexpr bool kMoeDown = kEpilogue == GemvEpilogue::kMoeDown;
+  constexpr bool kSwiglu = kEpilogue == GemvEpilogue::kSwiglu ||
+                           kEpilogue == GemvEpilogue::kSwigluNormed ||
+                           kEpilogue == GemvEpilogue::kMoeGateUp;
   constexpr bool kNormed =
       kEpilogue == GemvEpilogue::kStoreNormed || kEpilogue == GemvEpilogue::kSwigluNormed;
   constexpr bool kResidual = kEpilogue == GemvEpilogue::kResidual;
@@ -663,11 +674,23 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
-  const int split = p.split;
+  const int split = kGrouped ? 1 : p.split;
   const int rank =
       split > 1 ? static_cast<int>(cooperative_groups::this_cluster().block_rank()) : 0;
   const int cluster = blockIdx.x / split, clusters = gridDim.x / split;
-  const int tiles = p.n / kOutCols;
+  if constexpr (kEpilogue == GemvEpilogue::kMoeGateUp) pdl_wait_and_trigger();
+  // Grouped: `count` selected experts of `tiles_per` tiles each, then the shared expert's.
+  [[maybe_unused]] const int count = kGrouped ? *p.group.expert_count : 0;
+  [[maybe_unused]] const int tiles_per = p.n / kOutCols;
+  const int tiles = [&] {
+    if constexpr (kGrouped) {
+      const int shared_tiles =
+          p.group.shared_w == nullptr ? 0 : (kMoeDown ? tiles_per : p.group.shared_n / kOutCols);
+      return count * tiles_per + shared_tiles;
+    } else {
+      return p.n / kOutCols;
+    }
+  }();
   const int chunks = p.k / 32;
   const int piece = rank * kRegWarps + warp, pieces = split * kRegWarps;
   const int chunk_begin = piece * chunks / pieces;
@@ -687,21 +710,84 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   }
 
   // One step = one batch of <= kBatch chunks of one tile; a warp's steps walk its K piece of the
-  // cluster's tiles in order (an empty piece is one step of count 0 per tile).
-  struct Step {
+  // cluster's tiles in order (an empty piece is one step of count 0 per tile). Grouped steps
+  // carry their tile's entry: this thread's two weight rows, its K piece, (down) its x rows.
+  struct DenseStep {
     int tile, chunk, count;
   };
+  struct GroupStep {
+    int tile, chunk, count, chunk_end;
+    const bf16* w[2];
+    const bf16* x[kNTiles];  // down only (gate+up reads x_row)
+  };
+  using Step = std::conditional_t<kGrouped, GroupStep, DenseStep>;
+  // Grouped: entry index of a tile (count = the shared expert) and the tile's index within it.
+  [[maybe_unused]] auto entry_of = [&](int tile) { return min(tile / tiles_per, count); };
   auto make_step = [&](int tile, int chunk) {
-    return Step{tile, chunk, tile < tiles ? min(kBatch, chunk_end - chunk) : 0};
+    if constexpr (kGrouped) {
+      GroupStep s{tile, 0, 0, 0, {p.w, p.w}, {}};
+      if (tile >= tiles) return s;
+      const int entry = entry_of(tile), local = tile - entry * tiles_per;
+      const bool shared = entry == count;
+      const int e = shared ? 0 : p.group.expert_list[entry];
+      const bf16* base = shared ? p.group.shared_w : p.w + p.group.expert_stride * e;
+      const int k = shared && kMoeDown ? p.group.shared_k : p.k;
+      const int n = shared && !kMoeDown ? p.group.shared_n : p.n;
+      const int entry_chunks = k / 32;
+      s.chunk = piece * entry_chunks / pieces;
+      s.chunk_end = (piece + 1) * entry_chunks / pieces;
+      s.count = min(kBatch, s.chunk_end - s.chunk);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = kSwiglu ? h * n + local * 8 + gid : local * 16 + h * 8 + gid;
+        s.w[h] = base + static_cast<size_t>(row) * k + tq * 8;
+      }
+      if constexpr (kMoeDown) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          // A token that did not pick this expert reads slot 0's row; the epilogue drops it.
+          const int t = x_valid[nt] ? nt * 8 + gid : 0;
+          const int slot = shared ? 0 : max(0, int(p.group.slot_of[t * p.group.num_experts + e]));
+          s.x[nt] = (shared ? p.group.act_shared + static_cast<size_t>(t) * k
+                            : p.group.act + (static_cast<size_t>(t) * p.group.top_k + slot) * k) +
+                    tq * 8;
+        }
+      }
+      return s;
+    } else {
+      return DenseStep{tile, chunk, tile < tiles ? min(kBatch, chunk_end - chunk) : 0};
+    }
   };
   auto next_step = [&](const Step& s) {
     const int c = s.chunk + s.count;
-    return c >= chunk_end ? make_step(s.tile + clusters, chunk_begin) : make_step(s.tile, c);
+    if constexpr (kGrouped) {
+      if (c >= s.chunk_end) return make_step(s.tile + clusters, 0);
+      Step t = s;
+      t.chunk = c;
+      t.count = min(kBatch, s.chunk_end - c);
+      return t;
+    } else {
+      return c >= chunk_end ? make_step(s.tile + clusters, chunk_begin) : make_step(s.tile, c);
+    }
+  };
+  // This thread's weight row h (fragment rows 0-7 / 8-15) of the step's tile, at chunk 0.
+  auto step_row = [&](const Step& s, int h) -> const bf16* {
+    if constexpr (kGrouped)
+      return s.w[h];
+    else
+      return weight_row(s.tile, h);
+  };
+  // This thread's activation row nt of the step's tile, at chunk 0.
+  auto step_x = [&](const Step& s, int nt) -> const bf16* {
+    if constexpr (kMoeDown)
+      return s.x[nt];
+    else
+      return x_row[nt];
   };
   uint4 cur[kBatch][2], nxt[kBatch][2];
   auto load_regs = [&](uint4(&buf)[kBatch][2], const Step& s) {
-    const bf16* r0 = weight_row(s.tile, 0) + s.chunk * 32;
-    const bf16* r1 = weight_row(s.tile, 1) + s.chunk * 32;
+    const bf16* r0 = step_row(s, 0) + s.chunk * 32;
+    const bf16* r1 = step_row(s, 1) + s.chunk * 32;
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
       if (u < s.count) {
@@ -714,8 +800,8 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   };
   auto issue_async = [&](const Step& s, int slot) {
     if (s.count > 0) {
-      const bf16* r0 = weight_row(s.tile, 0) + s.chunk * 32;
-      const bf16* r1 = weight_row(s.tile, 1) + s.chunk * 32;
+      const bf16* r0 = step_row(s, 0) + s.chunk * 32;
+      const bf16* r1 = step_row(s, 1) + s.chunk * 32;
 #pragma unroll
       for (int u = 0; u < kBatch; ++u)
         if (u < s.count) {
@@ -738,7 +824,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
       ahead = next_step(ahead);
     }
   }
-  pdl_wait_and_trigger();
+  if constexpr (kEpilogue != GemvEpilogue::kMoeGateUp) pdl_wait_and_trigger();
 
   // The epilogue's thread: output row em, column ei of the tile (rank 0 only).
   const int em = threadIdx.x / kOutCols, ei = threadIdx.x % kOutCols;
@@ -774,8 +860,8 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
       if (u < step.count)
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
-          xv[u][nt] =
-              x_valid[nt] ? load_16(x_row[nt] + (step.chunk + u) * 32) : make_uint4(0, 0, 0, 0);
+          xv[u][nt] = x_valid[nt] ? load_16(step_x(step, nt) + (step.chunk + u) * 32)
+                                  : make_uint4(0, 0, 0, 0);
     // Read after the first activations are in flight, used by the tile epilogues.
     if constexpr (kNormed && kNTiles == 1)
       if (inv_rms_pending) compute_inv_rms();
@@ -868,6 +954,28 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
         p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m));
       } else if constexpr (kEpilogue == GemvEpilogue::kStoreNormed) {
         p.out[static_cast<size_t>(m) * p.n + col] = __float2bfloat16(reduced(i, m) * inv_rms[m]);
+      } else if constexpr (kGrouped) {
+        // gemv_kernel's grouped epilogue: SwiGLU into the token's activation slot (gate+up), fp32
+        // into its output slot (down; slot top_k = the shared expert); tokens that did not pick
+        // the expert are dropped.
+        const int entry = entry_of(tile), local = tile - entry * tiles_per;
+        const bool shared = entry == count;
+        const int slot =
+            shared ? p.group.top_k
+                   : p.group.slot_of[m * p.group.num_experts + p.group.expert_list[entry]];
+        if constexpr (kMoeDown) {
+          if (slot >= 0)
+            p.group
+                .y[(static_cast<size_t>(m) * (p.group.top_k + 1) + slot) * p.n + local * 16 + i] =
+                reduced(i, m);
+        } else {
+          const float g = reduced(i, m), u = reduced(i + 8, m);
+          const bf16 v = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+          if (shared)
+            p.group.act_shared[static_cast<size_t>(m) * p.group.shared_n + local * 8 + i] = v;
+          else if (slot >= 0)
+            p.group.act[(static_cast<size_t>(m) * p.group.top_k + slot) * p.n + local * 8 + i] = v;
+        }
       } else if constexpr (kSwiglu) {
         float g = reduced(i, m), u = reduced(i + 8, m);
         if constexpr (kNormed) {
@@ -1041,6 +1149,37 @@ void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t st
     launch_gemv_split_s<kEpilogue, 0>(p, split, stream, pdl);
 }
 
+// Grouped MoE GEMVs on gemv_split_kernel (GemvTuning::moe_fill 3): S = 1, the ring of
+// `moe_stages` (m > 8 with large_m_registers: large_m_stages, same bits), a persistent grid sized
+// by the most tiles the launch can have (every token picking distinct experts of the range, plus
+// the shared expert's); blocks past the device's tile count exit.
+template <GemvEpilogue kEpilogue>
+void launch_gemv_grouped(GemvParams p, const GemvTuning& t, cudaStream_t stream, bool pdl) {
+  constexpr int cols = out_cols_per_tile<kEpilogue>();
+  constexpr bool kDown = kEpilogue == GemvEpilogue::kMoeDown;
+  const int entries = std::min(p.m * p.group.top_k, p.group.num_experts);
+  const int shared_tiles =
+      p.group.shared_w == nullptr ? 0 : (kDown ? p.n : p.group.shared_n) / cols;
+  const int tiles = entries * (p.n / cols) + shared_tiles;
+  p.split = 1;
+  const int stages = p.m > 8 && t.large_m_registers ? t.large_m_stages : t.moe_stages;
+  auto go = [&](auto n_tiles) {
+    constexpr int kN = decltype(n_tiles)::value;
+    if (stages >= 6)
+      launch_gemv_split_t<kN, kEpilogue, 6>(p, tiles, stream, pdl);
+    else if (stages >= 3)
+      launch_gemv_split_t<kN, kEpilogue, 3>(p, tiles, stream, pdl);
+    else if (stages == 2)
+      launch_gemv_split_t<kN, kEpilogue, 2>(p, tiles, stream, pdl);
+    else
+      launch_gemv_split_t<kN, kEpilogue, 0>(p, tiles, stream, pdl);
+  };
+  if (p.m <= 8)
+    go(std::integral_constant<int, 1>{});
+  else
+    go(std::integral_constant<int, 2>{});
+}
+
 // Launches gemv_kernel: one block per SM (at most one per tile; grouped mode: one per SM, the
 // tile count is on the device), a stage ring sized from gemv_tuning().
 template <GemvEpilogue kEpilogue>
@@ -1052,6 +1191,8 @@ void launch_gemv(GemvParams p, cudaStream_t stream, bool pdl) {
     if (tuning.fill == 2) return launch_gemv_regpipe<kEpilogue>(p, stream, pdl);
     if (tuning.fill == 3) return launch_gemv_split<kEpilogue>(p, tuning, stream, pdl);
   }
+  if constexpr (kGrouped)
+    if (tuning.moe_fill == 3) return launch_gemv_grouped<kEpilogue>(p, tuning, stream, pdl);
   const int cols =
       (kEpilogue == GemvEpilogue::kSwiglu || kEpilogue == GemvEpilogue::kMoeGateUp) ? 8 : 16;
   const int sms = num_sms();
@@ -1060,7 +1201,7 @@ void launch_gemv(GemvParams p, cudaStream_t stream, bool pdl) {
   const int per_block =
       kGrouped ? kGemvConsumerWarps : std::min(kGemvConsumerWarps, (tiles + grid - 1) / grid);
   p.kc = tuning.kc;
-  p.fill = tuning.fill == 1 ? 1 : 0;  // fills 2, 3 (register kernels) have no grouped mode: bulk
+  p.fill = (kGrouped ? tuning.moe_fill : tuning.fill) == 1 ? 1 : 0;  // else the bulk ring
   p.x_rows = p.m > 8 ? 16 : 8;
   p.stage_rows = p.x_rows + per_block * 16;
   const int stage_bytes = p.stage_rows * (p.kc * 2 + 16);

@@ -51,6 +51,13 @@ struct GemvTuning {
   // 2 = the 2-slot cp.async ring refilled as soon as a batch is consumed (two in flight, 64 KB
   // of shared memory per block). Same bits either way (the split is chosen before).
   int large_m_stages = 0;
+  // Grouped MoE expert GEMVs (moe_forward's gate+up and down): 3 = gemv_split_kernel's grouped
+  // mode (S = 1, per-thread 16-byte loads; the ring of `moe_stages`, 0 = registers), else the
+  // stage ring of gemv_kernel filled by `fill` 0 (one cp.async.bulk per row, the default until
+  // session 27: 21-28 % of the floor, copy-issue bound) or 1. Rows depend on k only either way;
+  // the two kernels differ at rounding level (K in 8 warp pieces against one warp in order).
+  int moe_fill = 3;
+  int moe_stages = 3;
 };
 GemvTuning& gemv_tuning();
 

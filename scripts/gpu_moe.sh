@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Mixture of experts on the real runtime (Qwen3-MoE-like, one GPU), on a machine with a CUDA GPU:
-# builds, runs the runtime suites (CPU: MoE config.json, weight list, memory plan; GPU: the dense
+# builds, runs the MoE kernel tests (every grouped-GEMV kernel against the CPU reference; with
+# TWINSTEP_SANITIZE=1 also under compute-sanitizer memcheck), the runtime suites (CPU: MoE config.json, weight list, memory plan; GPU: the dense
 # engine tests, and the MoE ones: tiny MoE models with and without a shared expert against the
 # CPU reference, every graph mode byte-identical, checkpoint == in-memory weights, Qwen3-30B-A3B
 # across graph modes), then the moe_forward kernel benchmark beside the streaming-read floor (the
 # per-layer cost the decode step is made of), then experiments/validation/h200_moe.yaml on both
 # backends and the simulated-vs-measured comparison.
 #   scripts/gpu_moe.sh OUT_DIR
-# Writes OUT_DIR/{configure,build,cpu_tests,gpu_tests,moe_kernels}.log, moe_kernels.json,
+# Writes OUT_DIR/{configure,build,kernel_tests,cpu_tests,gpu_tests,moe_kernels}.log, moe_kernels.json,
 # run.txt, run.err, sim_vs_real.txt, ops.txt and moe.db (the runs). Env: TWINSTEP_BUILD_DIR
 # (default build), TWINSTEP_CMAKE_ARGS, TWINSTEP_COMMIT (recorded with the runs and the record).
 # Budget: about 3 minutes of GPU time after the build (the experiment's real side holds 61 GB of
@@ -27,12 +28,22 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_AR
   { echo "configure failed"; tail -30 "$out/configure.log"; exit 1; }
 step build
 cmake --build "$build" -j"$(nproc)" \
-  --target runtime_cpu_test runtime_gpu_test twinstep twinstep_kernels_bench \
+  --target kernels_test runtime_cpu_test runtime_gpu_test twinstep twinstep_kernels_bench \
   >"$out/build.log" 2>&1 || { echo "build failed"; grep -E "error" "$out/build.log" | head -40; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 
 find_exe() { find "$build" -name "$1" -type f -perm -u+x | head -1; }
 status=0
+step "MoE kernel tests"
+timeout 240 "$(find_exe kernels_test)" --gtest_filter='Moe*:*/Moe*' >"$out/kernel_tests.log" 2>&1 ||
+  status=1
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure" "$out/kernel_tests.log" | head -40
+if [ "${TWINSTEP_SANITIZE:-0}" = 1 ]; then
+  step "MoE kernel tests under compute-sanitizer memcheck"
+  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 1 "$(find_exe kernels_test)" \
+    --gtest_filter='Moe*:*/Moe*' >"$out/kernel_memcheck.log" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|^\[  (FAILED|PASSED) " "$out/kernel_memcheck.log"
+fi
 step "runtime CPU tests"
 "$(find_exe runtime_cpu_test)" >"$out/cpu_tests.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED) " "$out/cpu_tests.log"

@@ -1609,7 +1609,19 @@ void bench_moe() {
   TS_CUDA_CHECK(cudaMalloc(&out, 16 * shape.hidden * sizeof(bf16)));
   TS_CUDA_CHECK(cudaMalloc(&ws, moe_workspace_bytes(16, shape)));
   TS_CUDA_CHECK(cudaMalloc(&ids, 16 * shape.top_k * sizeof(int)));
-  for (int m : {1, 6}) {
+  // The grouped expert GEMVs side by side (GemvTuning::moe_fill / moe_stages): the split
+  // kernel's grouped mode on each weight path (the default first) and the bulk-copy stage ring.
+  struct Variant {
+    const char* name;
+    int fill, stages;
+  };
+  const Variant variants[] = {{"split_ring3", 3, 3},
+                              {"split_registers", 3, 0},
+                              {"split_ring2", 3, 2},
+                              {"split_ring6", 3, 6},
+                              {"bulk_ring", 0, 0}};
+  const detail::GemvTuning saved = detail::gemv_tuning();
+  for (int m : {1, 6, 16}) {
     moe_forward(x, w[0], m, shape, ws, out, g_stream, false, MoeRouting{ids, nullptr});
     std::vector<int> host(m * shape.top_k);
     TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
@@ -1618,33 +1630,39 @@ void bench_moe() {
     const int distinct = static_cast<int>(std::unique(host.begin(), host.end()) - host.begin());
     const double expert_bytes = 2.0 * 3 * shape.expert_inter * shape.hidden * distinct;
     const double bytes = expert_bytes + 2.0 * rt;
-    double t[2];
-    for (int pdl = 0; pdl < 2; ++pdl)
-      t[pdl] = time_graph_us([&](cudaStream_t s) {
-                 for (int i = 0; i < 16; ++i) moe_forward(x, w[i % 2], m, shape, ws, out, s, pdl);
-               }) /
-               16;
-    Row row;
-    row.s("section", "moe")
-        .s("model", "qwen3-30b-a3b")
-        .n("m", m)
-        .n("hidden", shape.hidden)
-        .n("num_experts", shape.num_experts)
-        .n("top_k", shape.top_k)
-        .n("expert_inter", shape.expert_inter)
-        .n("distinct_experts", distinct)
-        .n("expert_bytes", expert_bytes)
-        .b("cold", true)
-        .b("pdl", true)
-        .n("launches", 5)
-        .n("time_no_pdl_us", t[0]);
-    add_row(row, bytes, t[1]);
-    std::printf(
-        "moe qwen3-30b-a3b m=%d (%d experts, %.1f MB + router): graph+pdl %7.2f us (%5.1f%%), "
-        "graph "
-        "%7.2f us\n",
-        m, distinct, expert_bytes / 1e6, t[1], 100.0 * bytes / (t[1] * 1e-6) / 1e12 / g_floor_tbps,
-        t[0]);
+    for (const Variant& v : variants) {
+      detail::gemv_tuning().moe_fill = v.fill;
+      detail::gemv_tuning().moe_stages = v.stages;
+      double t[2];
+      for (int pdl = 0; pdl < 2; ++pdl)
+        t[pdl] = time_graph_us([&](cudaStream_t s) {
+                   for (int i = 0; i < 16; ++i) moe_forward(x, w[i % 2], m, shape, ws, out, s, pdl);
+                 }) /
+                 16;
+      detail::gemv_tuning() = saved;
+      Row row;
+      row.s("section", "moe")
+          .s("variant", v.name)
+          .b("default", v.fill == saved.moe_fill && v.stages == saved.moe_stages)
+          .s("model", "qwen3-30b-a3b")
+          .n("m", m)
+          .n("hidden", shape.hidden)
+          .n("num_experts", shape.num_experts)
+          .n("top_k", shape.top_k)
+          .n("expert_inter", shape.expert_inter)
+          .n("distinct_experts", distinct)
+          .n("expert_bytes", expert_bytes)
+          .b("cold", true)
+          .b("pdl", true)
+          .n("launches", 5)
+          .n("time_no_pdl_us", t[0]);
+      add_row(row, bytes, t[1]);
+      std::printf(
+          "moe qwen3-30b-a3b m=%d (%d experts, %.1f MB + router) %-16s: graph+pdl %7.2f us "
+          "(%5.1f%% of floor %.2f us), graph %7.2f us\n",
+          m, distinct, expert_bytes / 1e6, v.name, t[1],
+          100.0 * bytes / (t[1] * 1e-6) / 1e12 / g_floor_tbps, bytes / (g_floor_tbps * 1e6), t[0]);
+    }
   }
   bench_moe_prefill(shape, w);
   for (auto& c : w)

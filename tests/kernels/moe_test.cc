@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/moe.h"
+#include "kernels/tuning.h"
 #include "tests/kernels/test_util.h"
 
 namespace twinstep::kernels {
@@ -35,6 +36,34 @@ std::vector<double> ffn(const float* x, const float* gate_up, const float* down,
   for (int h = 0; h < hidden; ++h)
     y[h] = dot(down + static_cast<size_t>(h) * inter, act.data(), inter);
   return y;
+}
+
+// The grouped expert GEMVs moe_forward can run on (GemvTuning::moe_fill / moe_stages): the
+// split kernel's grouped mode (the default: ring of 3) with its other weight paths, and the
+// bulk-copy stage ring it replaced. A test body run under each restores the tuning after.
+struct MoeKernel {
+  int fill, stages;
+  const char* name;
+};
+constexpr MoeKernel kMoeKernels[] = {{3, 3, "split, ring of 3 (default)"},
+                                     {3, 0, "split, registers"},
+                                     {3, 2, "split, refilled ring of 2"},
+                                     {3, 6, "split, ring of 6"},
+                                     {0, 0, "bulk-copy stage ring"}};
+struct SavedGemvTuning {
+  const detail::GemvTuning saved = detail::gemv_tuning();
+  ~SavedGemvTuning() { detail::gemv_tuning() = saved; }
+};
+template <typename F>
+void for_each_moe_kernel(F&& body) {
+  for (const MoeKernel& k : kMoeKernels) {
+    SCOPED_TRACE(k.name);
+    const SavedGemvTuning restore;
+    detail::gemv_tuning().moe_fill = k.fill;
+    detail::gemv_tuning().moe_stages = k.stages;
+    body();
+    if (::testing::Test::HasFatalFailure()) return;
+  }
 }
 
 struct MoeCase {
@@ -191,17 +220,24 @@ TEST_P(MoeCases, MatchesCpuReference) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   const MoeHost h = random_moe(c, rng);
-  std::vector<int> ids;
-  std::vector<float> w;
-  const auto got = run_moe(c, h, 0, c.num_experts, true, &ids, &w);
-  const auto ref = moe_reference(c, h, ids, w, 0, c.num_experts, true);
-  expect_matches(got, ref, "full range");
+  auto check = [&] {
+    std::vector<int> ids;
+    std::vector<float> w;
+    const auto got = run_moe(c, h, 0, c.num_experts, true, &ids, &w);
+    const auto ref = moe_reference(c, h, ids, w, 0, c.num_experts, true);
+    expect_matches(got, ref, "full range");
+  };
+  if (c.prefill)
+    check();
+  else
+    for_each_moe_kernel(check);
 }
 
 // Expert ranges (expert parallelism): two half ranges, each holding only its experts' weights,
 // the first with the shared expert, sum to the full call; each matches the CPU reference of its
 // range; a range that no token selected (and no shared expert) is exactly zero.
 class MoeRanges : public ::testing::TestWithParam<MoeCase> {};
+void check_ranges(const MoeCase& c, const MoeHost& h);
 
 TEST_P(MoeRanges, HalvesSumToFullAndUnselectedIsZero) {
   TS_SKIP_WITHOUT_GPU();
@@ -210,6 +246,13 @@ TEST_P(MoeRanges, HalvesSumToFullAndUnselectedIsZero) {
   SCOPED_TRACE("seed " + std::to_string(seed) + ", m " + std::to_string(c.m));
   std::mt19937_64 rng(seed);
   const MoeHost h = random_moe(c, rng);
+  if (c.prefill)
+    check_ranges(c, h);
+  else
+    for_each_moe_kernel([&] { check_ranges(c, h); });
+}
+
+void check_ranges(const MoeCase& c, const MoeHost& h) {
   const int E = c.num_experts, half = E / 2;
   std::vector<int> ids, ids_lo, ids_hi;
   std::vector<float> w, w_lo, w_hi;
@@ -411,7 +454,6 @@ TEST(Moe, RowsIndependentOfTheirBatch) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   const MoeHost all = random_moe(c, rng);
-  const auto full = run_moe(c, all, 0, c.num_experts, true);
   auto rows_of = [&](int first, int m) {
     MoeCase sub = c;
     sub.m = m;
@@ -423,13 +465,45 @@ TEST(Moe, RowsIndependentOfTheirBatch) {
               h.x.values.begin());
     return run_moe(sub, h, 0, c.num_experts, true);
   };
-  for (const auto& [first, m] :
-       {std::pair{0, 1}, std::pair{7, 1}, std::pair{15, 1}, std::pair{3, 6}, std::pair{10, 6}}) {
-    const auto part = rows_of(first, m);
-    const size_t at = static_cast<size_t>(first) * c.hidden;
-    for (size_t i = 0; i < part.size(); ++i)
-      ASSERT_EQ(test::to_bf16_bits(part[i]), test::to_bf16_bits(full[at + i]))
-          << "rows [" << first << ", " << first + m << "), element " << i;
+  for_each_moe_kernel([&] {
+    const auto full = run_moe(c, all, 0, c.num_experts, true);
+    for (const auto& [first, m] :
+         {std::pair{0, 1}, std::pair{7, 1}, std::pair{15, 1}, std::pair{3, 6}, std::pair{10, 6}}) {
+      const auto part = rows_of(first, m);
+      const size_t at = static_cast<size_t>(first) * c.hidden;
+      for (size_t i = 0; i < part.size(); ++i)
+        ASSERT_EQ(test::to_bf16_bits(part[i]), test::to_bf16_bits(full[at + i]))
+            << "rows [" << first << ", " << first + m << "), element " << i;
+    }
+  });
+}
+
+// The split kernel's weight paths (registers, the rings of 2, 3 and 6; and for 16 rows the
+// register and refilled-ring paths of large_m_stages) give the same bits: each output is the
+// same sum over the same 8 K pieces, whatever carries the weights. The bulk ring's sums are in
+// another order (checked against the CPU reference above, not here).
+TEST(Moe, SplitKernelWeightPathsGiveTheSameBits) {
+  TS_SKIP_WITHOUT_GPU();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const int m : {1, 6, 16}) {
+    const MoeCase c{m, 64, 8, 512, 192, 320, true};
+    SCOPED_TRACE("m " + std::to_string(m));
+    const MoeHost h = random_moe(c, rng);
+    const SavedGemvTuning restore;
+    detail::gemv_tuning().moe_fill = 3;
+    std::vector<float> first;
+    for (const auto& [stages, large] :
+         {std::pair{3, 0}, std::pair{0, 2}, std::pair{2, 0}, std::pair{6, 2}}) {
+      detail::gemv_tuning().moe_stages = stages;
+      detail::gemv_tuning().large_m_stages = large;
+      const auto got = run_moe(c, h, 0, c.num_experts, true);
+      if (first.empty()) first = got;
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(test::to_bf16_bits(got[i]), test::to_bf16_bits(first[i]))
+            << "moe_stages " << stages << ", large_m_stages " << large << ", element " << i;
+    }
   }
 }
 
@@ -437,8 +511,13 @@ TEST(Moe, RowsIndependentOfTheirBatch) {
 // weights 0, output exactly +0 without a shared expert and the shared expert's part alone with
 // one (a call over no expert's range: the full call's rows with every routed slot outside it);
 // every active row equals the unmasked call's bit for bit.
+void check_inactive_rows();
 TEST(Moe, InactiveRowsSelectNoExpert) {
   TS_SKIP_WITHOUT_GPU();
+  for_each_moe_kernel([] { check_inactive_rows(); });
+}
+
+void check_inactive_rows() {
   for (const int shared_inter : {0, 256}) {
     const MoeCase c{16, 128, 8, 512, 128, shared_inter, true};
     const uint64_t seed = test::fresh_seed();
