@@ -6,7 +6,7 @@
 # h200-calibrated.yaml; then scripts/gpu_tp.sh (TP2 and TP2-EP2, both backends, that profile).
 #   scripts/gpu_insitu.sh OUT_DIR
 # Writes OUT_DIR/breaks/ (cal.db, logs), OUT_DIR/profiles/h200-calibrated.yaml, OUT_DIR/fit.log,
-# OUT_DIR/tp/ (gpu_tp.sh's records). Env: CAL_DB (default results/h200/calibration_141d520.db.xz),
+# OUT_DIR/tp/ (gpu_tp.sh's records). Env: CAL_DB (default results/h200/calibration_905c260.db.xz),
 # FIT_SESSIONS and FIT_SPEC_SESSIONS (the committed profile's sessions and those of its speculative
 # graphs; default those of the committed profile, tests/cli/cli_test.sh), TWINSTEP_COMMIT,
 # TWINSTEP_BUILD_DIR (default build).
@@ -18,13 +18,13 @@ source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
-export CAL_DB=${CAL_DB:-$root/results/h200/calibration_141d520.db.xz}
+export CAL_DB=${CAL_DB:-$root/results/h200/calibration_905c260.db.xz}
 INSITU=1 BREAKS="llama-3-8b 2 1024,2048,4096,8192 1,2,4,8,16
 qwen3-30b-a3b 2 1024,2048,4096,8192 1,2,4,8,16" bash "$root/scripts/gpu_breaks.sh" "$out/breaks" ||
   status=1
 db="$out/breaks/cal.db"
-fitted=${FIT_SESSIONS:-2,4,12,15,21,22,23,29,30,32,33,37,38,39,40,41,42,43,44}
-spec_sessions=${FIT_SPEC_SESSIONS:-12,15,33,37,38,39,41,42,43,44}
+fitted=${FIT_SESSIONS:-2,22,29,32,33,37,38,40,41,42,43,44,45,46,47,48,49,50,51}
+spec_sessions=${FIT_SPEC_SESSIONS:-33,37,38,41,42,43,44,46,48,49}
 base=$(echo "$fitted" | tr ',' '\n' | sort -n | tail -1)
 new=$("$build/twinstep" --db "$db" query --csv \
   "SELECT group_concat(id) FROM calibration_session WHERE id > $base" | tail -1 | tr -d '"')
