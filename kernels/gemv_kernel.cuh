@@ -717,6 +717,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   };
   struct GroupStep {
     int tile, chunk, count, chunk_end;
+    int out_slot;  // the tile epilogue's slot for this thread's token row (shared: top_k)
     const bf16* w[2];
     const bf16* x[kNTiles];  // down only (gate+up reads x_row)
   };
@@ -725,7 +726,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   [[maybe_unused]] auto entry_of = [&](int tile) { return min(tile / tiles_per, count); };
   auto make_step = [&](int tile, int chunk) {
     if constexpr (kGrouped) {
-      GroupStep s{tile, 0, 0, 0, {p.w, p.w}, {}};
+      GroupStep s{tile, 0, 0, 0, 0, {p.w, p.w}, {}};
       if (tile >= tiles) return s;
       const int entry = entry_of(tile), local = tile - entry * tiles_per;
       const bool shared = entry == count;
@@ -733,6 +734,10 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
       const bf16* base = shared ? p.group.shared_w : p.w + p.group.expert_stride * e;
       const int k = shared && kMoeDown ? p.group.shared_k : p.k;
       const int n = shared && !kMoeDown ? p.group.shared_n : p.n;
+      // Read here, a step or more before the tile's epilogue needs it: a global load there
+      // would hold every warp of the block at the next tile's barrier.
+      const int t_out = min(static_cast<int>(threadIdx.x) / kOutCols, p.m - 1);
+      s.out_slot = shared ? p.group.top_k : p.group.slot_of[t_out * p.group.num_experts + e];
       const int entry_chunks = k / 32;
       s.chunk = piece * entry_chunks / pieces;
       s.chunk_end = (piece + 1) * entry_chunks / pieces;
@@ -916,6 +921,8 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     }
     const bool tile_done = following.tile != step.tile;
     const int tile = step.tile;
+    [[maybe_unused]] int out_slot = 0;
+    if constexpr (kGrouped) out_slot = step.out_slot;
     step = following;
     if (!tile_done) continue;
 
@@ -960,9 +967,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
         // the expert are dropped.
         const int entry = entry_of(tile), local = tile - entry * tiles_per;
         const bool shared = entry == count;
-        const int slot =
-            shared ? p.group.top_k
-                   : p.group.slot_of[m * p.group.num_experts + p.group.expert_list[entry]];
+        const int slot = out_slot;
         if constexpr (kMoeDown) {
           if (slot >= 0)
             p.group
@@ -1150,7 +1155,7 @@ void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t st
 }
 
 // Grouped MoE GEMVs on gemv_split_kernel (GemvTuning::moe_fill 3): S = 1, the ring of
-// `moe_stages` (m > 8 with large_m_registers: large_m_stages, same bits), a persistent grid sized
+// `moe_stages` (m > 8: `moe_large_m_stages`; same bits either way), a persistent grid sized
 // by the most tiles the launch can have (every token picking distinct experts of the range, plus
 // the shared expert's); blocks past the device's tile count exit.
 template <GemvEpilogue kEpilogue>
@@ -1162,7 +1167,7 @@ void launch_gemv_grouped(GemvParams p, const GemvTuning& t, cudaStream_t stream,
       p.group.shared_w == nullptr ? 0 : (kDown ? p.n : p.group.shared_n) / cols;
   const int tiles = entries * (p.n / cols) + shared_tiles;
   p.split = 1;
-  const int stages = p.m > 8 && t.large_m_registers ? t.large_m_stages : t.moe_stages;
+  const int stages = p.m > 8 ? t.moe_large_m_stages : t.moe_stages;
   auto go = [&](auto n_tiles) {
     constexpr int kN = decltype(n_tiles)::value;
     if (stages >= 6)

@@ -56,8 +56,12 @@ struct GemvTuning {
   // stage ring of gemv_kernel filled by `fill` 0 (one cp.async.bulk per row, the default until
   // session 27: 21-28 % of the floor, copy-issue bound) or 1. Rows depend on k only either way;
   // the two kernels differ at rounding level (K in 8 warp pieces against one warp in order).
+  // m > 8 rows take moe_large_m_stages: the ring of 2 (64 KB per block) leaves L1 room for the
+  // 16 activation rows of gate+up (64 KB at hidden 2048), and the 16-row register path spills in
+  // grouped mode (ptxas: 36 bytes).
   int moe_fill = 3;
   int moe_stages = 3;
+  int moe_large_m_stages = 2;
 };
 GemvTuning& gemv_tuning();
 

@@ -61,6 +61,7 @@ void for_each_moe_kernel(F&& body) {
     const SavedGemvTuning restore;
     detail::gemv_tuning().moe_fill = k.fill;
     detail::gemv_tuning().moe_stages = k.stages;
+    detail::gemv_tuning().moe_large_m_stages = k.stages;
     body();
     if (::testing::Test::HasFatalFailure()) return;
   }
@@ -478,8 +479,8 @@ TEST(Moe, RowsIndependentOfTheirBatch) {
   });
 }
 
-// The split kernel's weight paths (registers, the rings of 2, 3 and 6; and for 16 rows the
-// register and refilled-ring paths of large_m_stages) give the same bits: each output is the
+// The split kernel's weight paths (registers, the rings of 2, 3 and 6; for up to 8 rows
+// moe_stages, for 16 moe_large_m_stages) give the same bits: each output is the
 // same sum over the same 8 K pieces, whatever carries the weights. The bulk ring's sums are in
 // another order (checked against the CPU reference above, not here).
 TEST(Moe, SplitKernelWeightPathsGiveTheSameBits) {
@@ -495,14 +496,14 @@ TEST(Moe, SplitKernelWeightPathsGiveTheSameBits) {
     detail::gemv_tuning().moe_fill = 3;
     std::vector<float> first;
     for (const auto& [stages, large] :
-         {std::pair{3, 0}, std::pair{0, 2}, std::pair{2, 0}, std::pair{6, 2}}) {
+         {std::pair{3, 2}, std::pair{0, 0}, std::pair{2, 3}, std::pair{6, 6}}) {
       detail::gemv_tuning().moe_stages = stages;
-      detail::gemv_tuning().large_m_stages = large;
+      detail::gemv_tuning().moe_large_m_stages = large;
       const auto got = run_moe(c, h, 0, c.num_experts, true);
       if (first.empty()) first = got;
       for (size_t i = 0; i < got.size(); ++i)
         ASSERT_EQ(test::to_bf16_bits(got[i]), test::to_bf16_bits(first[i]))
-            << "moe_stages " << stages << ", large_m_stages " << large << ", element " << i;
+            << "moe_stages " << stages << ", moe_large_m_stages " << large << ", element " << i;
     }
   }
 }
