@@ -1512,6 +1512,20 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   free_kv(kv);
 }
 
+// The fields every MoE row starts with: section, model, shape, rows and distinct experts.
+Row moe_row(const char* section, const MoeShape& shape, int m, int distinct) {
+  Row row;
+  row.s("section", section)
+      .s("model", "qwen3-30b-a3b")
+      .n("m", m)
+      .n("hidden", shape.hidden)
+      .n("num_experts", shape.num_experts)
+      .n("top_k", shape.top_k)
+      .n("expert_inter", shape.expert_inter)
+      .n("distinct_experts", distinct);
+  return row;
+}
+
 // Prefill of one Qwen3-30B-A3B MoE layer over m = 1024 and 4096 rows: moe_prefill (grouped
 // tensor-core GEMMs) beside the path the runtime took before it, moe_forward in 16-row calls
 // (kGemvMaxRows), same rows and weights. Graphs of two calls alternating the two weight copies
@@ -1559,16 +1573,8 @@ void bench_moe_prefill(const MoeShape& shape, const MoeWeights (&w)[2]) {
             3) /
         2;
     const double tflops = flops / (t_new * 1e-6) / 1e12;
-    Row row;
-    row.s("section", "moe_prefill")
-        .s("model", "qwen3-30b-a3b")
-        .n("m", m)
-        .n("hidden", shape.hidden)
-        .n("num_experts", shape.num_experts)
-        .n("top_k", shape.top_k)
-        .n("expert_inter", shape.expert_inter)
-        .n("distinct_experts", distinct)
-        .b("cold", true)
+    Row row = moe_row("moe_prefill", shape, m, distinct);
+    row.b("cold", true)
         .n("launches", 7)
         .n("flops", flops)
         .n("tflops", tflops)
@@ -1642,18 +1648,10 @@ void bench_moe() {
                  }) /
                  16;
       detail::gemv_tuning() = saved;
-      Row row;
-      row.s("section", "moe")
-          .s("variant", v.name)
+      Row row = moe_row("moe", shape, m, distinct);
+      row.s("variant", v.name)
           .b("default", v.fill == saved.moe_fill &&
                             v.stages == (m > 8 ? saved.moe_large_m_stages : saved.moe_stages))
-          .s("model", "qwen3-30b-a3b")
-          .n("m", m)
-          .n("hidden", shape.hidden)
-          .n("num_experts", shape.num_experts)
-          .n("top_k", shape.top_k)
-          .n("expert_inter", shape.expert_inter)
-          .n("distinct_experts", distinct)
           .n("expert_bytes", expert_bytes)
           .b("cold", true)
           .b("pdl", true)
