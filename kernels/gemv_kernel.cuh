@@ -656,7 +656,11 @@ __device__ __forceinline__ float2 warp_inv_rms(const float* sq, int r0, int r1, 
 // depends on k only, never on m or on which other experts were selected. Gate+up waits for the
 // router before anything (the expert list is its predecessor's output); down reads the list
 // (written two launches back) and issues its first weights before its wait.
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
+// kWarpTiles (grouped only, GemvTuning::moe_warp_tiles): each warp owns whole tiles over the full
+// k (tile w * gridDim.x + blockIdx.x, then every gridDim.x * 8), summed in k order by that warp
+// alone and written from its registers: no block barrier, no cross-warp sum. Other bits than the
+// 8-piece split's, again a function of k only.
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
   constexpr int kBatch = 4;
@@ -677,7 +681,10 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   const int split = kGrouped ? 1 : p.split;
   const int rank =
       split > 1 ? static_cast<int>(cooperative_groups::this_cluster().block_rank()) : 0;
-  const int cluster = blockIdx.x / split, clusters = gridDim.x / split;
+  static_assert(!kWarpTiles || kGrouped, "warp-owned tiles: grouped mode only");
+  // The first tile of this CTA (of this warp with kWarpTiles) and the stride between its tiles.
+  const int first_tile = kWarpTiles ? warp * gridDim.x + blockIdx.x : blockIdx.x / split;
+  const int tile_stride = kWarpTiles ? gridDim.x * kRegWarps : gridDim.x / split;
   if constexpr (kEpilogue == GemvEpilogue::kMoeGateUp) pdl_wait_and_trigger();
   // Grouped: `count` selected experts of `tiles_per` tiles each, then the shared expert's.
   [[maybe_unused]] const int count = kGrouped ? *p.group.expert_count : 0;
@@ -692,7 +699,8 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     }
   }();
   const int chunks = p.k / 32;
-  const int piece = rank * kRegWarps + warp, pieces = split * kRegWarps;
+  const int piece = kWarpTiles ? 0 : rank * kRegWarps + warp;
+  const int pieces = kWarpTiles ? 1 : split * kRegWarps;
   const int chunk_begin = piece * chunks / pieces;
   const int chunk_end = (piece + 1) * chunks / pieces;
 
@@ -766,13 +774,13 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   auto next_step = [&](const Step& s) {
     const int c = s.chunk + s.count;
     if constexpr (kGrouped) {
-      if (c >= s.chunk_end) return make_step(s.tile + clusters, 0);
+      if (c >= s.chunk_end) return make_step(s.tile + tile_stride, 0);
       Step t = s;
       t.chunk = c;
       t.count = min(kBatch, s.chunk_end - c);
       return t;
     } else {
-      return c >= chunk_end ? make_step(s.tile + clusters, chunk_begin) : make_step(s.tile, c);
+      return c >= chunk_end ? make_step(s.tile + tile_stride, chunk_begin) : make_step(s.tile, c);
     }
   };
   // This thread's weight row h (fragment rows 0-7 / 8-15) of the step's tile, at chunk 0.
@@ -817,7 +825,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     cp_async_commit();
   };
 
-  Step step = make_step(cluster, chunk_begin);
+  Step step = make_step(first_tile, chunk_begin);
   Step ahead = step;  // kStages > 0: next step to issue
   if constexpr (kStages == 0) {
     if (step.count > 0) load_regs(cur, step);  // weights never depend on the previous kernel
@@ -925,6 +933,40 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     if constexpr (kGrouped) out_slot = step.out_slot;
     step = following;
     if (!tile_done) continue;
+
+    if constexpr (kWarpTiles) {
+      // acc[nt][j] / acc[nt][2 + j]: weight rows gid / gid + 8 of the tile (gate / up for
+      // gate+up), token nt * 8 + 2 tq + j. The slot loads are this warp's alone to wait for.
+      const int entry = entry_of(tile), local = tile - entry * tiles_per;
+      const bool shared = entry == count;
+      const int e = shared ? 0 : p.group.expert_list[entry];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int t = nt * 8 + tq * 2 + j;
+          if (t >= p.m) continue;
+          const int slot = shared ? p.group.top_k : p.group.slot_of[t * p.group.num_experts + e];
+          if constexpr (kMoeDown) {
+            if (slot < 0) continue;
+            float* y = p.group.y + (static_cast<size_t>(t) * (p.group.top_k + 1) + slot) * p.n +
+                       local * 16 + gid;
+            y[0] = acc[nt][j];
+            y[8] = acc[nt][2 + j];
+          } else {
+            const float g = acc[nt][j], u = acc[nt][2 + j];
+            const bf16 v = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+            if (shared)
+              p.group.act_shared[static_cast<size_t>(t) * p.group.shared_n + local * 8 + gid] = v;
+            else if (slot >= 0)
+              p.group.act[(static_cast<size_t>(t) * p.group.top_k + slot) * p.n + local * 8 + gid] =
+                  v;
+          }
+        }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+      continue;
+    }
 
     // ---- tile epilogue: partial sums of the S x 8 pieces, summed in piece order ----
     const int buf = tile_iter & 1;
@@ -1071,9 +1113,9 @@ inline int choose_split(int tiles, int k, int forced) {
   return gemv_choose_split(tiles, k, num_sms(), forced);
 }
 
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages>
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false>
 void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bool pdl) {
-  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages>;
+  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages, kWarpTiles>;
   const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
   static const int per_sm = [&] {
     if (smem > 48 * 1024)
@@ -1168,21 +1210,28 @@ void launch_gemv_grouped(GemvParams p, const GemvTuning& t, cudaStream_t stream,
   const int tiles = entries * (p.n / cols) + shared_tiles;
   p.split = 1;
   const int stages = p.m > 8 ? t.moe_large_m_stages : t.moe_stages;
-  auto go = [&](auto n_tiles) {
+  auto go = [&](auto n_tiles, auto warp_tiles) {
     constexpr int kN = decltype(n_tiles)::value;
+    constexpr bool kW = decltype(warp_tiles)::value;
     if (stages >= 6)
-      launch_gemv_split_t<kN, kEpilogue, 6>(p, tiles, stream, pdl);
+      launch_gemv_split_t<kN, kEpilogue, 6, kW>(p, tiles, stream, pdl);
     else if (stages >= 3)
-      launch_gemv_split_t<kN, kEpilogue, 3>(p, tiles, stream, pdl);
+      launch_gemv_split_t<kN, kEpilogue, 3, kW>(p, tiles, stream, pdl);
     else if (stages == 2)
-      launch_gemv_split_t<kN, kEpilogue, 2>(p, tiles, stream, pdl);
+      launch_gemv_split_t<kN, kEpilogue, 2, kW>(p, tiles, stream, pdl);
     else
-      launch_gemv_split_t<kN, kEpilogue, 0>(p, tiles, stream, pdl);
+      launch_gemv_split_t<kN, kEpilogue, 0, kW>(p, tiles, stream, pdl);
   };
-  if (p.m <= 8)
-    go(std::integral_constant<int, 1>{});
+  auto rows = [&](auto warp_tiles) {
+    if (p.m <= 8)
+      go(std::integral_constant<int, 1>{}, warp_tiles);
+    else
+      go(std::integral_constant<int, 2>{}, warp_tiles);
+  };
+  if (t.moe_warp_tiles)
+    rows(std::true_type{});
   else
-    go(std::integral_constant<int, 2>{});
+    rows(std::false_type{});
 }
 
 // Launches gemv_kernel: one block per SM (at most one per tile; grouped mode: one per SM, the

@@ -62,6 +62,10 @@ struct GemvTuning {
   int moe_fill = 3;
   int moe_stages = 3;
   int moe_large_m_stages = 2;
+  // Each warp owns whole tiles over the full k (gemv_split_kernel's kWarpTiles): no block barrier
+  // or cross-warp sum per tile, which at k = 768 (down) is most of a tile's time. Other bits than
+  // the 8-piece split. Off: measured in the benchmark, not yet calibrated.
+  bool moe_warp_tiles = false;
 };
 GemvTuning& gemv_tuning();
 

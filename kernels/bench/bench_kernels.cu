@@ -1620,13 +1620,14 @@ void bench_moe() {
   struct Variant {
     const char* name;
     int fill, stages;
+    bool warp_tiles;
   };
   // (m > 8: moe_large_m_stages, set to the same path; the default row is marked.)
-  const Variant variants[] = {{"split_ring3", 3, 3},
-                              {"split_registers", 3, 0},
-                              {"split_ring2", 3, 2},
-                              {"split_ring6", 3, 6},
-                              {"bulk_ring", 0, 0}};
+  const Variant variants[] = {{"split_ring3", 3, 3, false}, {"split_registers", 3, 0, false},
+                              {"split_ring2", 3, 2, false}, {"split_ring6", 3, 6, false},
+                              {"warp_ring3", 3, 3, true},   {"warp_registers", 3, 0, true},
+                              {"warp_ring2", 3, 2, true},   {"warp_ring6", 3, 6, true},
+                              {"bulk_ring", 0, 0, false}};
   const detail::GemvTuning saved = detail::gemv_tuning();
   for (int m : {1, 6, 16}) {
     moe_forward(x, w[0], m, shape, ws, out, g_stream, false, MoeRouting{ids, nullptr});
@@ -1641,6 +1642,7 @@ void bench_moe() {
       detail::gemv_tuning().moe_fill = v.fill;
       detail::gemv_tuning().moe_stages = v.stages;
       detail::gemv_tuning().moe_large_m_stages = v.stages;
+      detail::gemv_tuning().moe_warp_tiles = v.warp_tiles;
       double t[2];
       for (int pdl = 0; pdl < 2; ++pdl)
         t[pdl] = time_graph_us([&](cudaStream_t s) {
@@ -1650,7 +1652,7 @@ void bench_moe() {
       detail::gemv_tuning() = saved;
       Row row = moe_row("moe", shape, m, distinct);
       row.s("variant", v.name)
-          .b("default", v.fill == saved.moe_fill &&
+          .b("default", v.fill == saved.moe_fill && v.warp_tiles == saved.moe_warp_tiles &&
                             v.stages == (m > 8 ? saved.moe_large_m_stages : saved.moe_stages))
           .n("expert_bytes", expert_bytes)
           .b("cold", true)

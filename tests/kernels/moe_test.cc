@@ -43,13 +43,14 @@ std::vector<double> ffn(const float* x, const float* gate_up, const float* down,
 // bulk-copy stage ring it replaced. A test body run under each restores the tuning after.
 struct MoeKernel {
   int fill, stages;
+  bool warp_tiles;
   const char* name;
 };
-constexpr MoeKernel kMoeKernels[] = {{3, 3, "split, ring of 3 (default)"},
-                                     {3, 0, "split, registers"},
-                                     {3, 2, "split, refilled ring of 2"},
-                                     {3, 6, "split, ring of 6"},
-                                     {0, 0, "bulk-copy stage ring"}};
+constexpr MoeKernel kMoeKernels[] = {
+    {3, 3, false, "split, ring of 3 (default)"}, {3, 0, false, "split, registers"},
+    {3, 2, false, "split, refilled ring of 2"},  {3, 6, false, "split, ring of 6"},
+    {3, 3, true, "warp-owned tiles, ring of 3"}, {3, 0, true, "warp-owned tiles, registers"},
+    {0, 0, false, "bulk-copy stage ring"}};
 struct SavedGemvTuning {
   const detail::GemvTuning saved = detail::gemv_tuning();
   ~SavedGemvTuning() { detail::gemv_tuning() = saved; }
@@ -62,6 +63,7 @@ void for_each_moe_kernel(F&& body) {
     detail::gemv_tuning().moe_fill = k.fill;
     detail::gemv_tuning().moe_stages = k.stages;
     detail::gemv_tuning().moe_large_m_stages = k.stages;
+    detail::gemv_tuning().moe_warp_tiles = k.warp_tiles;
     body();
     if (::testing::Test::HasFatalFailure()) return;
   }
@@ -480,7 +482,8 @@ TEST(Moe, RowsIndependentOfTheirBatch) {
 }
 
 // The split kernel's weight paths (registers, the rings of 2, 3 and 6; for up to 8 rows
-// moe_stages, for 16 moe_large_m_stages) give the same bits: each output is the
+// moe_stages, for 16 moe_large_m_stages) give the same bits, with the 8-piece split and with
+// warp-owned tiles (each its own bits): each output is the
 // same sum over the same 8 K pieces, whatever carries the weights. The bulk ring's sums are in
 // another order (checked against the CPU reference above, not here).
 TEST(Moe, SplitKernelWeightPathsGiveTheSameBits) {
@@ -494,16 +497,20 @@ TEST(Moe, SplitKernelWeightPathsGiveTheSameBits) {
     const MoeHost h = random_moe(c, rng);
     const SavedGemvTuning restore;
     detail::gemv_tuning().moe_fill = 3;
-    std::vector<float> first;
-    for (const auto& [stages, large] :
-         {std::pair{3, 2}, std::pair{0, 0}, std::pair{2, 3}, std::pair{6, 6}}) {
-      detail::gemv_tuning().moe_stages = stages;
-      detail::gemv_tuning().moe_large_m_stages = large;
-      const auto got = run_moe(c, h, 0, c.num_experts, true);
-      if (first.empty()) first = got;
-      for (size_t i = 0; i < got.size(); ++i)
-        ASSERT_EQ(test::to_bf16_bits(got[i]), test::to_bf16_bits(first[i]))
-            << "moe_stages " << stages << ", moe_large_m_stages " << large << ", element " << i;
+    for (const bool warp_tiles : {false, true}) {
+      detail::gemv_tuning().moe_warp_tiles = warp_tiles;
+      std::vector<float> first;
+      for (const auto& [stages, large] :
+           {std::pair{3, 2}, std::pair{0, 0}, std::pair{2, 3}, std::pair{6, 6}}) {
+        detail::gemv_tuning().moe_stages = stages;
+        detail::gemv_tuning().moe_large_m_stages = large;
+        const auto got = run_moe(c, h, 0, c.num_experts, true);
+        if (first.empty()) first = got;
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_EQ(test::to_bf16_bits(got[i]), test::to_bf16_bits(first[i]))
+              << (warp_tiles ? "warp-owned tiles" : "split") << ", moe_stages " << stages
+              << ", moe_large_m_stages " << large << ", element " << i;
+      }
     }
   }
 }
