@@ -63,8 +63,9 @@ struct GemvTuning {
   int moe_stages = 3;
   int moe_large_m_stages = 2;
   // Each warp owns whole tiles over the full k (gemv_split_kernel's kWarpTiles): no block barrier
-  // or cross-warp sum per tile, which at k = 768 (down) is most of a tile's time. Other bits than
-  // the 8-piece split. Off: measured in the benchmark, not yet calibrated.
+  // or cross-warp sum per tile. Other bits than the 8-piece split. Off: measured 9-11 % faster at
+  // 6 and 16 rows and +1 % at one (2d83629, docs/kernels.md round 22); it becomes the default with
+  // a recalibration of the MoE sessions (scripts/gpu_moe_recal.sh).
   bool moe_warp_tiles = false;
 };
 GemvTuning& gemv_tuning();
