@@ -11,13 +11,25 @@
 #   50 the TP2-EP2 shard's collective breaks (21)        51 the TP4-EP4 shard's         (23)
 # (the dense sessions 2, 22, 29, 32, 33, 37, 38 and 40-44 stay). Then experiments/validation/
 # h200_moe.yaml, sim and real, against that profile (scripts/gpu_calibrate.sh CALIBRATE_PROFILE).
-#   scripts/gpu_moe_recal.sh OUT_DIR
+# The same call serves the next change of the MoE kernels (e.g. GemvTuning::moe_warp_tiles on):
+# MOE_KERNELS=1 first runs the MoE kernel tests and the benchmark's moe section (OUT_DIR/moe.json),
+# MOE_SPEC=1 last runs scripts/gpu_moe_spec.sh against the refitted profile (OUT_DIR/spec.tar;
+# about 80 s more).
+#   [MOE_KERNELS=1] [MOE_SPEC=1] TWINSTEP_COMMIT=<sha> scripts/gpu_moe_recal.sh OUT_DIR
 # Writes OUT_DIR/{h200-calibrated.yaml,cal.db.xz,logs.tar.xz} and OUT_DIR/moe.tar (gpu_calibrate.sh's
-# folder: validation.db.xz, h200_moe.sim_vs_real.txt, logs).
+# folder: validation.db.xz, h200_moe.sim_vs_real.txt, logs). Give TWINSTEP_COMMIT literally: on the
+# GPU machine `git rev-parse` may name another commit than the tree's (docs/calibration.md "MoE on
+# the split kernel").
 set -uo pipefail
 source "$(dirname "$0")/gpu_recal_lib.sh"
 recal_init "${1:?usage: scripts/gpu_moe_recal.sh OUT_DIR}"
-recal_build twinstep || recal_finish cal
+targets=(twinstep)
+[ "${MOE_KERNELS:-0}" = 1 ] && targets+=(kernels_test twinstep_kernels_bench)
+recal_build "${targets[@]}" || recal_finish cal
+if [ "${MOE_KERNELS:-0}" = 1 ]; then
+  recal_kernel_tests 'Moe*:*/Moe*'
+  recal_bench moe
+fi
 recal_base_db "$root/results/h200/calibration_7dd6e44.db.xz" 45 44
 [ "$first" = 45 ] || { echo "expected the next session to be 45, got $first"; status=1; }
 step "Qwen3-30B-A3B sessions 45-51"
@@ -41,4 +53,14 @@ TWINSTEP_BUILD_DIR=$build TWINSTEP_PREBUILT=1 CALIBRATE_PROFILE="$out/h200-calib
 grep -E "tpot_ms_mean|itl_ms_p99|gpu_busy" "$out"/moe/*sim_vs_real* 2>/dev/null
 [ -f "$out/moe/validation.db" ] && xz -T0 -f "$out/moe/validation.db"
 (cd "$out" && tar cf moe.tar moe && rm -rf moe)
+if [ "${MOE_SPEC:-0}" = 1 ]; then
+  step "validation-h200-moe-spec against the refitted profile"
+  mkdir -p "$out/profiles" && cp "$out/h200-calibrated.yaml" "$out/profiles/"
+  TWINSTEP_BUILD_DIR=$build TWINSTEP_PREBUILT=1 TWINSTEP_PROFILES="$out/profiles" MOE_SPEC_TESTS=0 \
+    bash "$root/scripts/gpu_moe_spec.sh" "$out/spec" >"$logs/spec.log" 2>&1 || status=1
+  grep -E "tpot_ms_mean|itl_ms_p99" "$out/spec/sim_vs_real.txt" 2>/dev/null
+  [ -f "$out/spec/moe_spec.db" ] && xz -T0 -f "$out/spec/moe_spec.db"
+  rm -rf "$out/profiles"
+  (cd "$out" && tar cf spec.tar spec && rm -rf spec)
+fi
 recal_finish cal

@@ -48,7 +48,7 @@ timeout 400 "$build/twinstep" --db "$db" run -q experiments/validation/h200_moe_
 tail -20 "$out/run.log"
 x=validation-h200-moe-spec
 "$build/twinstep" --db "$db" compare --experiment $x --sim-vs-real \
-  --metrics tpot_ms_mean accept_len_mean step_time_estimate_ms gpu_busy_frac ttft_ms_mean |
+  --metrics tpot_ms_mean itl_ms_p99 accept_len_mean step_time_estimate_ms gpu_busy_frac ttft_ms_mean |
   tee "$out/sim_vs_real.txt" || status=1
 "$build/twinstep" --db "$db" compare --experiment $x --accept >"$out/accept.txt" 2>&1 || status=1
 grep -E "mean|tv_distance" "$out/accept.txt"
