@@ -63,10 +63,10 @@ struct GemvTuning {
   int moe_stages = 3;
   int moe_large_m_stages = 2;
   // Each warp owns whole tiles over the full k (gemv_split_kernel's kWarpTiles): no block barrier
-  // or cross-warp sum per tile. Other bits than the 8-piece split. Off: measured 9-11 % faster at
-  // 6 and 16 rows and +1 % at one (2d83629, docs/kernels.md round 22); it becomes the default with
-  // a recalibration of the MoE sessions (scripts/gpu_moe_recal.sh).
-  bool moe_warp_tiles = false;
+  // or cross-warp sum per tile. Other bits than the 8-piece split (false). Measured 9-11 % faster
+  // at 6 and 16 rows and +1 % at one (2d83629, docs/kernels.md round 22); the default since
+  // session 28, with the MoE sessions calibrated again on it (scripts/gpu_moe_recal.sh).
+  bool moe_warp_tiles = true;
 };
 GemvTuning& gemv_tuning();
 
@@ -126,6 +126,10 @@ struct AttentionTuning {
   bool combine_parts = true;
   int combine_parts_min_splits = 66;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
+  // Benchmark only (section attention_trace): non-null = the pair's blocks write their timeline
+  // (attention.h, kAttentionTrace*) into this buffer, in instantiations of their own (the default
+  // kernels' code is not touched). Needs split_q_smem and decode_attention (not the fused rope).
+  unsigned long long* trace = nullptr;
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };
 AttentionTuning& attention_tuning();
