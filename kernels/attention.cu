@@ -34,8 +34,33 @@ struct SplitParams {
   // part_ml [request][head][split][row] = (max in log2 units, sum of exp2).
   float* part_o;
   float2* part_ml;
-  bool skip_math;  // benchmark diagnostic: stream K/V, skip the tile math
-  bool full_ring;  // all 3 stages in the prologue (AttentionTuning::split_full_ring)
+  bool skip_math;             // benchmark diagnostic: stream K/V, skip the tile math
+  bool full_ring;             // all 3 stages in the prologue (AttentionTuning::split_full_ring)
+  unsigned long long* trace;  // benchmark only, read by the kTrace instantiations (attention.h)
+};
+
+// One block's benchmark timeline (attention.h's trace layout), written by thread 0; in the
+// default instantiations (kTrace false) it is empty and generates no code.
+template <bool kTrace>
+struct BlockTrace {
+  unsigned long long* slot = nullptr;
+  __device__ __forceinline__ BlockTrace(unsigned long long* trace, int layer, int first_slot) {
+    if constexpr (kTrace) {
+      const int index =
+          first_slot +
+          static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+      slot = trace + (static_cast<size_t>(layer) * kAttentionTraceSlotsPerLayer + index) *
+                         kAttentionTraceWords;
+      if (threadIdx.x == 0) {
+        slot[kTraceSm] = detail::sm_id();
+        slot[kTraceEntry] = detail::global_timer_ns();
+      }
+    }
+  }
+  __device__ __forceinline__ void mark(AttentionTraceWord word) const {
+    if constexpr (kTrace)
+      if (threadIdx.x == 0) slot[word] = detail::global_timer_ns();
+  }
 };
 
 // The split kernel's parameters in decode_attention_rope (q unused): the qkv projection's output
@@ -100,7 +125,8 @@ struct SplitView {
 // kRope (decode_attention_rope, with kQSmem): Q rotated from p.qkv into shared memory, and the
 // new tokens of this split (positions >= ctx) rotated / copied from p.qkv into the cache right
 // after the dependency wait, before any tile holding them is issued (rope_kv_append's work).
-template <int kRowTiles, bool kQSmem, bool kRope = false>
+// kTrace: the benchmark's timeline instantiation (AttentionTuning::trace).
+template <int kRowTiles, bool kQSmem, bool kRope = false, bool kTrace = false>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
     attention_split_kernel(const std::conditional_t<kRope, RopeSplitParams, SplitParams> p) {
   static_assert(!kRope || kQSmem, "the fused rope writes Q into shared memory");
@@ -111,12 +137,14 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   bf16* smem = reinterpret_cast<bf16*>(smem_raw);
   bf16* q_smem = smem + kStages * 2 * kTileElems;  // kQSmem: [kRows][128], swizzled like K
 
+  const BlockTrace<kTrace> trace(p.trace, p.layer, 0);
   const int split = blockIdx.x, head = blockIdx.y, request = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gid = lane / 4, tq = lane % 4;
   const SplitView view(p, split, head, request);
   if (view.num_tiles == 0) {  // nothing to attend in this split; the combine skips it
     detail::pdl_wait_and_trigger();
+    trace.mark(kTraceExit);
     return;
   }
   const int ctx = view.ctx, t_begin = view.t_begin;
@@ -135,7 +163,9 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
     issue_tile(issued++);
     detail::cp_async_commit();
   }
+  trace.mark(kTraceIssued);
   detail::pdl_wait_and_trigger();
+  trace.mark(kTraceWaited);
   if constexpr (kRope) {
     // rope_kv_append's work for this block, in items of P pairs (i, i + 64) spread over the
     // threads: the query rows of this KV head rotated into shared memory (padding rows zero), and
@@ -247,6 +277,7 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
     else
       detail::cp_async_wait<kStages - 2>();
     __syncthreads();  // tile visible to all warps; stage (tile - 1) % kStages consumed by all
+    if (tile == 0) trace.mark(kTraceFirstTile);
     if (!full || tile > 0) {
       if (tile + kStages - 1 < num_tiles) issue_tile(tile + kStages - 1);
       detail::cp_async_commit();
@@ -264,6 +295,7 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
                 t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
   }
 
+  trace.mark(kTraceLastTile);
   // Combine the warps that share a row tile, in warp order, through shared memory.
   detail::cp_async_wait<0>();
   __syncthreads();
@@ -279,6 +311,10 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
     p.part_o[slot * kHeadDim + d] = r.o;
     if (d == 0) p.part_ml[slot] = make_float2(r.m, r.l);
   }
+  if constexpr (kTrace) {
+    __syncthreads();
+    trace.mark(kTraceExit);
+  }
 }
 
 // Block = (row, kv head, request), thread = dimension: merges the splits in split order. All
@@ -288,13 +324,16 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
 // for launches of fewer than AttentionTuning::combine_parts_min_splits splits (and all of them with
 // combine_parts off).
 constexpr int kCombineBatch = 48;
+template <bool kTrace = false>
 __global__ void __launch_bounds__(kHeadDim)
     attention_combine_kernel(const SplitParams p, bf16* out, bool early_trigger) {
   __shared__ float2 ml[kMaxSplits];
+  const BlockTrace<kTrace> trace(p.trace, p.layer, kAttentionTraceSplitSlots);
   if (early_trigger)
     detail::pdl_trigger_then_wait();
   else
     detail::pdl_wait_and_trigger();
+  trace.mark(kTraceWaited);
   const int row = blockIdx.x, head = blockIdx.y, request = blockIdx.z, d = threadIdx.x;
   const int total = p.ctx_lens[request] + p.q_len;
   const int splits = min(p.num_splits, (total + p.split_tokens - 1) / p.split_tokens);
@@ -328,6 +367,7 @@ __global__ void __launch_bounds__(kHeadDim)
   out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
           kHeadDim +
       d] = __float2bfloat16(o_sum / l_sum);
+  trace.mark(kTraceExit);
 }
 
 // The combine of launches of many splits (AttentionTuning::combine_parts). Block = (row, kv head,
@@ -343,15 +383,18 @@ __global__ void __launch_bounds__(kHeadDim)
 constexpr int kCombineParts = 4;
 constexpr int kCombineThreads = kCombineParts * kHeadDim;
 constexpr int kCombineUnroll = 8;
+template <bool kTrace = false>
 __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_parts_kernel(const SplitParams p, bf16* out, bool early_trigger) {
   __shared__ float weight[kMaxSplits];  // exp2(m_s - m_max); -1: split skipped
   __shared__ float reduce[kCombineThreads / 32];
   __shared__ float part_o[kCombineParts - 1][kHeadDim];
+  const BlockTrace<kTrace> trace(p.trace, p.layer, kAttentionTraceSplitSlots);
   if (early_trigger)
     detail::pdl_trigger_then_wait();
   else
     detail::pdl_wait_and_trigger();
+  trace.mark(kTraceWaited);
   const int row = blockIdx.x, head = blockIdx.y, request = blockIdx.z, t = threadIdx.x;
   const int lane = t % 32, warp = t / 32;
   const int total = p.ctx_lens[request] + p.q_len;
@@ -427,6 +470,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   out[((static_cast<size_t>(request) * p.q_len + j) * p.num_q_heads + head * p.group + g) *
           kHeadDim +
       d] = __float2bfloat16(o / l_sum);
+  trace.mark(kTraceExit);  // thread 0 is in part 0
 }
 
 int num_sms() {
@@ -503,24 +547,27 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-template <bool kQSmem, bool kRope = false>
+template <bool kQSmem, bool kRope = false, bool kTrace = false>
 void run_split(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p, int row_tiles,
                dim3 grid, cudaStream_t stream, bool pdl) {
   const size_t ring =
       size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
   const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
   static const bool configured = [] {
-    for (auto kernel :
-         {attention_split_kernel<1, kQSmem, kRope>, attention_split_kernel<2, kQSmem, kRope>,
-          attention_split_kernel<3, kQSmem, kRope>, attention_split_kernel<4, kQSmem, kRope>})
+    for (auto kernel : {attention_split_kernel<1, kQSmem, kRope, kTrace>,
+                        attention_split_kernel<2, kQSmem, kRope, kTrace>,
+                        attention_split_kernel<3, kQSmem, kRope, kTrace>,
+                        attention_split_kernel<4, kQSmem, kRope, kTrace>})
       TS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
   void (*kernels[4])(std::conditional_t<kRope, RopeSplitParams, SplitParams>) = {
-      attention_split_kernel<1, kQSmem, kRope>, attention_split_kernel<2, kQSmem, kRope>,
-      attention_split_kernel<3, kQSmem, kRope>, attention_split_kernel<4, kQSmem, kRope>};
+      attention_split_kernel<1, kQSmem, kRope, kTrace>,
+      attention_split_kernel<2, kQSmem, kRope, kTrace>,
+      attention_split_kernel<3, kQSmem, kRope, kTrace>,
+      attention_split_kernel<4, kQSmem, kRope, kTrace>};
   launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
                    static_cast<int>(grid.z) * p.q_len, p);
 }
@@ -529,8 +576,11 @@ void run_split(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p,
 void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_tiles, dim3 grid,
                     bf16* out, cudaStream_t stream, bool pdl) {
   const detail::AttentionTuning& tuning = detail::attention_tuning();
+  const bool traced = p.trace != nullptr;  // checked by the launcher: no rope, split_q_smem
   if (tuning.launch_split) {
-    if (rope != nullptr)
+    if (traced)
+      run_split<true, false, true>(p, row_tiles, grid, stream, pdl);
+    else if (rope != nullptr)
       run_split<true, true>(*rope, row_tiles, grid, stream, pdl);
     else if (tuning.split_q_smem)
       run_split<true>(p, row_tiles, grid, stream, pdl);
@@ -539,10 +589,12 @@ void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_t
   }
   if (tuning.launch_combine) {
     const bool parts = tuning.combine_parts && p.num_splits >= tuning.combine_parts_min_splits;
-    launch_attention(parts ? attention_combine_parts_kernel : attention_combine_kernel,
-                     dim3(p.rows, grid.y, grid.z), dim3(parts ? kCombineThreads : kHeadDim), 0,
-                     stream, pdl, static_cast<int>(grid.z) * p.q_len, p, out,
-                     detail::kernel_tuning().early_trigger);
+    auto* combine =
+        traced ? (parts ? attention_combine_parts_kernel<true> : attention_combine_kernel<true>)
+               : (parts ? attention_combine_parts_kernel<false> : attention_combine_kernel<false>);
+    launch_attention(
+        combine, dim3(p.rows, grid.y, grid.z), dim3(parts ? kCombineThreads : kHeadDim), 0, stream,
+        pdl, static_cast<int>(grid.z) * p.q_len, p, out, detail::kernel_tuning().early_trigger);
   }
 }
 
@@ -607,6 +659,9 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   p.scale_log2 = shape.softmax_scale * kLog2e;
   p.skip_math = tuning.skip_math;
   p.full_ring = tuning.split_full_ring;
+  require(tuning.trace == nullptr || (!fused && tuning.split_q_smem),
+          "AttentionTuning::trace needs decode_attention and split_q_smem");
+  p.trace = tuning.trace;
   const int row_tiles = (p.rows + 15) / 16;
   unsigned char* partials = static_cast<unsigned char*>(workspace);
   p.part_o = reinterpret_cast<float*>(partials);
@@ -615,6 +670,13 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   const size_t slots =
       static_cast<size_t>(shape.num_requests) * cache.num_kv_heads * p.num_splits * p.rows;
   p.part_ml = reinterpret_cast<float2*>(partials + round_up_256(slots * kHeadDim * 4));
+  const int64_t split_blocks =
+      static_cast<int64_t>(p.num_splits) * cache.num_kv_heads * shape.num_requests;
+  require(p.trace == nullptr ||
+              (split_blocks <= kAttentionTraceSplitSlots &&
+               static_cast<int64_t>(p.rows) * cache.num_kv_heads * shape.num_requests <=
+                   kAttentionTraceSlotsPerLayer - kAttentionTraceSplitSlots),
+          "too many blocks for AttentionTuning::trace's layout");
   RopeSplitParams rp = {};
   if (fused) {
     static_cast<SplitParams&>(rp) = p;

@@ -57,4 +57,22 @@ void decode_attention_rope(const bf16* qkv, const KvCache& cache, int layer, con
                            const RopeTable& rope, bf16* out, const AttentionShape& shape,
                            void* workspace, cudaStream_t stream, bool pdl = false);
 
+// Benchmark trace layout (detail::AttentionTuning::trace): per launch, the region at
+// layer * kAttentionTraceSlotsPerLayer slots, kAttentionTraceWords words per slot; split block b
+// (b = x + splits * (kv head + kv_heads * request)) in slot b, combine block c in slot
+// kAttentionTraceSplitSlots + c. Words: globaltimer ns at entry, prologue issued (split), past the
+// dependency wait, first tile resident (split), last tile consumed (split), exit; then the SM.
+inline constexpr int kAttentionTraceWords = 8;
+inline constexpr int kAttentionTraceSplitSlots = 4096;
+inline constexpr int kAttentionTraceSlotsPerLayer = 8192;
+enum AttentionTraceWord {
+  kTraceEntry,
+  kTraceIssued,
+  kTraceWaited,
+  kTraceFirstTile,
+  kTraceLastTile,
+  kTraceExit,
+  kTraceSm
+};
+
 }  // namespace twinstep::kernels

@@ -65,6 +65,19 @@ __device__ __forceinline__ void pdl_trigger_then_wait() {
   cudaGridDependencySynchronize();
 }
 
+// Benchmark traces only: the global nanosecond timer (it ticks in 256 ns steps on the H200) and
+// the SM this thread runs on.
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned sm_id() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 // --- mbarrier and bulk-copy (TMA, plain sm_90) primitives -------------------------------------
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

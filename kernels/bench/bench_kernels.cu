@@ -4,8 +4,9 @@
 //   twinstep_kernels_bench --out results.json [--commit SHA] [--only SECTION ...]
 //
 // SECTION: gemv, gemv_split, access, l2_prefetch, attention, attention_kv_heads,
-// attention_batch, layer_chain, moe, lm_head (default: all; the floor always runs); ncu (by name
-// only: one untimed launch per kernel for Nsight Compute, scripts/gpu_ncu.sh).
+// attention_batch, layer_chain, moe, lm_head (default: all; the floor always runs); by name only:
+// attention_trace (per-block timelines of the attention pair), ncu (one untimed launch per kernel
+// for Nsight Compute, scripts/gpu_ncu.sh).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -1110,6 +1111,167 @@ void bench_attention_batch() {
   TS_CUDA_CHECK(cudaFree(out));
 }
 
+// Section `attention_trace`: where the pair's time goes in a PDL chain. Llama-3-8B heads, one
+// request at ctx 8192, 32 layers back to back in a captured graph with PDL (cold), every block of
+// both kernels writing its timeline (AttentionTuning::trace; attention.h's layout: globaltimer at
+// entry, prologue issued, past the dependency wait, first tile resident, last tile consumed, exit).
+// From the last of 5 replays, for layers 2..31 (medians over layers), every time relative to t0 =
+// the previous layer's last split exit: the previous combine's first entry, first block past its
+// wait and last exit; this split's first and last entry, last prologue issued, first and last
+// block past the wait, last block with its first tile resident, last tile consumed, first and last
+// exit (= the period). Per block (medians over blocks and layers): first tile resident after the
+// wait (about 0: the prologue had landed), residency (exit - entry). Variants: the default at q_len
+// 1 and 6, stream-only (skip_math), the full ring, and one block per SM (ctas_per_sm 1).
+void bench_attention_trace() {
+  const int layers = 32, num_q_heads = 32, ctx = 8192;
+  auto& tuning = detail::attention_tuning();
+  const detail::AttentionTuning defaults = tuning;
+  bf16* q = alloc_bf16(16 * num_q_heads * kHeadDim, 9, 1.0f);
+  bf16* out = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&out, 16 * num_q_heads * kHeadDim * sizeof(bf16)));
+  const size_t trace_words = size_t{layers} * kAttentionTraceSlotsPerLayer * kAttentionTraceWords;
+  unsigned long long* trace = nullptr;
+  TS_CUDA_CHECK(cudaMalloc(&trace, trace_words * sizeof(unsigned long long)));
+  KvSetup kv = make_kv(layers, ctx, ctx + 16);
+  struct Variant {
+    const char* name;
+    int q_len;
+    detail::AttentionTuning t;
+  };
+  std::vector<Variant> variants = {{"default", 1, defaults}, {"default", 6, defaults}};
+  detail::AttentionTuning t = defaults;
+  t.skip_math = true;
+  variants.push_back({"stream_only", 1, t});
+  t = defaults;
+  t.split_full_ring = true;
+  variants.push_back({"full_ring", 1, t});
+  t = defaults;
+  t.ctas_per_sm = 1;
+  variants.push_back({"one_block_per_sm", 1, t});
+  for (const Variant& v : variants) {
+    tuning = v.t;
+    AttentionShape shape;
+    shape.q_len = v.q_len;
+    shape.num_q_heads = num_q_heads;
+    void* ws = nullptr;
+    TS_CUDA_CHECK(cudaMalloc(&ws, attention_workspace_bytes(shape, kv.cache)));
+    TS_CUDA_CHECK(cudaMemset(trace, 0, trace_words * sizeof(unsigned long long)));
+    tuning.trace = trace;
+    const double us = time_graph_us(
+                          [&](cudaStream_t s) {
+                            for (int l = 0; l < layers; ++l)
+                              decode_attention(q, kv.cache, l, kv.ctx, out, shape, ws, s, true);
+                          },
+                          5) /
+                      layers;
+    tuning.trace = nullptr;
+    std::vector<unsigned long long> h(trace_words);
+    TS_CUDA_CHECK(cudaMemcpy(h.data(), trace, trace_words * sizeof(unsigned long long),
+                             cudaMemcpyDeviceToHost));
+    const int splits = attention_num_splits(shape, kv.cache);
+    const int split_blocks = splits * kv.cache.num_kv_heads;
+    const int combine_blocks = (num_q_heads / kv.cache.num_kv_heads) * v.q_len * 8;
+    // Per layer: min / max of each word over the blocks that ran (exit written).
+    struct Span {
+      double lo[kAttentionTraceWords], hi[kAttentionTraceWords];
+      int blocks = 0;
+    };
+    auto span = [&](int layer, int first, int count) {
+      Span sp;
+      std::fill(sp.lo, sp.lo + kAttentionTraceWords, 1e300);
+      std::fill(sp.hi, sp.hi + kAttentionTraceWords, -1e300);
+      for (int b = first; b < first + count; ++b) {
+        const unsigned long long* w =
+            &h[(static_cast<size_t>(layer) * kAttentionTraceSlotsPerLayer + b) *
+               kAttentionTraceWords];
+        if (w[kTraceExit] == 0) continue;
+        ++sp.blocks;
+        for (int i = 0; i < kTraceSm; ++i) {
+          if (w[i] == 0) continue;
+          sp.lo[i] = std::min(sp.lo[i], double(w[i]));
+          sp.hi[i] = std::max(sp.hi[i], double(w[i]));
+        }
+      }
+      return sp;
+    };
+    std::map<std::string, std::vector<double>> m;  // name -> per-layer values (us)
+    std::vector<double> first_tile_after_wait, residency;
+    int split_ran = 0, combine_ran = 0;
+    for (int l = 2; l < layers; ++l) {
+      const Span sp = span(l - 1, 0, split_blocks), s = span(l, 0, split_blocks);
+      const Span c = span(l - 1, kAttentionTraceSplitSlots, combine_blocks);
+      split_ran = s.blocks;
+      combine_ran = c.blocks;
+      const double t0 = sp.hi[kTraceExit];
+      auto rel = [&](double t) { return (t - t0) * 1e-3; };
+      m["combine_first_entry"].push_back(rel(c.lo[kTraceEntry]));
+      m["combine_first_past_wait"].push_back(rel(c.lo[kTraceWaited]));
+      m["combine_last_exit"].push_back(rel(c.hi[kTraceExit]));
+      m["split_first_entry"].push_back(rel(s.lo[kTraceEntry]));
+      m["split_last_entry"].push_back(rel(s.hi[kTraceEntry]));
+      m["split_last_issued"].push_back(rel(s.hi[kTraceIssued]));
+      m["split_first_past_wait"].push_back(rel(s.lo[kTraceWaited]));
+      m["split_last_past_wait"].push_back(rel(s.hi[kTraceWaited]));
+      m["split_last_first_tile"].push_back(rel(s.hi[kTraceFirstTile]));
+      m["split_last_tile_consumed"].push_back(rel(s.hi[kTraceLastTile]));
+      m["split_first_exit"].push_back(rel(s.lo[kTraceExit]));
+      m["period"].push_back(rel(s.hi[kTraceExit]));
+      for (int b = 0; b < split_blocks; ++b) {
+        const unsigned long long* w =
+            &h[(static_cast<size_t>(l) * kAttentionTraceSlotsPerLayer + b) * kAttentionTraceWords];
+        if (w[kTraceExit] == 0 || w[kTraceFirstTile] == 0) continue;
+        first_tile_after_wait.push_back((double(w[kTraceFirstTile]) - double(w[kTraceWaited])) *
+                                        1e-3);
+        residency.push_back((double(w[kTraceExit]) - double(w[kTraceEntry])) * 1e-3);
+      }
+    }
+    auto median = [](std::vector<double> x) {
+      std::sort(x.begin(), x.end());
+      return x.empty() ? 0.0 : x[x.size() / 2];
+    };
+    const double bytes = 2.0 * (ctx + v.q_len) * 8 * kHeadDim * 2;
+    std::printf(
+        "attention trace %-16s q_len=%d (%d split + %d combine blocks): %6.2f us per layer "
+        "(%5.1f%% of floor), period %6.2f\n"
+        "  after the previous split's last exit: combine first entry %6.2f, first past wait "
+        "%5.2f, last exit %5.2f | split first / last entry %6.2f / %6.2f, last prologue issued "
+        "%6.2f, first / last past wait %5.2f / %5.2f, last first-tile %5.2f, last tile consumed "
+        "%5.2f, first / last exit %5.2f / %5.2f us\n"
+        "  per block: first tile resident %5.2f us after the wait, resident %5.2f us\n",
+        v.name, v.q_len, split_ran, combine_ran, us,
+        100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps, median(m["period"]),
+        median(m["combine_first_entry"]), median(m["combine_first_past_wait"]),
+        median(m["combine_last_exit"]), median(m["split_first_entry"]),
+        median(m["split_last_entry"]), median(m["split_last_issued"]),
+        median(m["split_first_past_wait"]), median(m["split_last_past_wait"]),
+        median(m["split_last_first_tile"]), median(m["split_last_tile_consumed"]),
+        median(m["split_first_exit"]), median(m["period"]), median(first_tile_after_wait),
+        median(residency));
+    Row r;
+    r.s("section", "attention_trace")
+        .s("variant", v.name)
+        .n("q_len", v.q_len)
+        .n("ctx_tokens", ctx)
+        .n("split_blocks", split_ran)
+        .n("combine_blocks", combine_ran)
+        .b("cold", true)
+        .b("pdl", true)
+        .s("timing",
+           "captured graph, 32 layers of KV back to back; trace medians over layers 2..31, us "
+           "after the previous layer's last split exit");
+    for (const auto& [name, values] : m) r.n(name + "_us", median(values));
+    r.n("first_tile_after_wait_us", median(first_tile_after_wait))
+        .n("block_residency_us", median(residency));
+    add_row(r, bytes, us);
+    TS_CUDA_CHECK(cudaFree(ws));
+  }
+  tuning = defaults;
+  free_kv(kv);
+  TS_CUDA_CHECK(cudaFree(trace));
+  TS_CUDA_CHECK(cudaFree(q));
+  TS_CUDA_CHECK(cudaFree(out));
+}
+
 // Section `attention_kv_heads`: the attention of Qwen3-30B-A3B's tensor-parallel shards (group 8:
 // 8 q heads per KV head; 4 KV heads on one GPU, 2 at TP2, 1 at TP4), one request, over 48 layers
 // of KV back to back in a captured graph with PDL (cold), ctx 1024 and 8192, q_len 1 and 8 (a
@@ -1769,6 +1931,7 @@ int main(int argc, char** argv) {
   if (want("attention")) bench_attention();
   if (want("attention_kv_heads")) bench_attention_kv_heads();
   if (want("attention_batch")) bench_attention_batch();
+  if (std::find(only.begin(), only.end(), "attention_trace") != only.end()) bench_attention_trace();
   if (want("layer_chain")) {
     bench_layer_chain(1, false);
     bench_layer_chain(6, true);

@@ -357,6 +357,95 @@ TEST_P(AttentionVariants, GraphReplaysAreBitIdentical) {
   TS_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// The benchmark's traced instantiations (AttentionTuning::trace) give the default kernels' bits,
+// and every block writes a timeline in attention.h's layout, in order: entry <= prologue issued
+// <= past the wait <= first tile <= last tile <= exit for each split block that attends, entry <=
+// past the wait <= exit for each combine block; empty splits (past a request's context) write
+// only entry, wait-free exit and SM. Two requests (the second's tail splits empty), q_len 3, a
+// graph of two PDL layers.
+TEST(Attention, TracedLaunchesGiveTheSameBitsAndOrderedTimelines) {
+  TS_SKIP_WITHOUT_GPU();
+  const detail::AttentionTuning saved = detail::attention_tuning();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  KvCache cache;
+  cache.num_layers = 2;
+  cache.num_kv_heads = 8;
+  cache.capacity_tokens = 4100;
+  DeviceRequests batch = upload_requests(cache, {4000, 700}, 3, 0, rng, /*copy_layer0=*/true);
+  const AttentionShape shape = shape_of(2, 3, 32);
+  const size_t elems = 2 * 3 * 32 * kHeadDim;
+  auto dq = test::to_device(test::random_bf16(elems, rng));
+  auto ws = make_workspace({shape}, cache);
+  const int splits = attention_num_splits(shape, cache);
+  const int split_blocks = splits * 8 * 2, combine_blocks = 4 * 3 * 8 * 2;
+  const size_t words = size_t{2} * kAttentionTraceSlotsPerLayer * kAttentionTraceWords;
+  DeviceBuffer<unsigned long long> trace(words);
+  TS_CUDA_CHECK(cudaMemset(trace.get(), 0, words * sizeof(unsigned long long)));
+
+  cudaStream_t stream;
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<std::vector<uint16_t>> bits;
+  for (const bool traced : {false, true}) {
+    detail::attention_tuning().trace = traced ? trace.get() : nullptr;
+    DeviceBuffer<bf16> out0(elems), out1(elems);
+    out0.poison();
+    out1.poison();
+    decode_attention(dq.get(), cache, 0, batch.ctx.get(), out0.get(), shape, ws.get(), stream,
+                     true);
+    decode_attention(dq.get(), cache, 1, batch.ctx.get(), out1.get(), shape, ws.get(), stream,
+                     true);
+    TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    bits.push_back(out0.download<uint16_t>());
+    bits.push_back(out1.download<uint16_t>());
+  }
+  detail::attention_tuning() = saved;
+  TS_CUDA_CHECK(cudaStreamDestroy(stream));
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(mismatches(bits[2 + i], bits[i]), 0u)
+        << "layer " << i << ": " << describe_mismatches(bits[2 + i], bits[i]);
+
+  const std::vector<unsigned long long> h = trace.download<unsigned long long>();
+  for (int layer = 0; layer < 2; ++layer) {
+    auto word = [&](int slot, int w) {
+      return h[(static_cast<size_t>(layer) * kAttentionTraceSlotsPerLayer + slot) *
+                   kAttentionTraceWords +
+               w];
+    };
+    // Attending splits per (request, KV head): a prefix of the splits, shorter for request 1.
+    std::vector<int> attending(16, 0);
+    for (int b = 0; b < split_blocks; ++b) {
+      const int split = b % splits, pair = b / splits;  // pair = request * 8 + head
+      SCOPED_TRACE("layer " + std::to_string(layer) + " split block " + std::to_string(b));
+      ASSERT_NE(word(b, kTraceEntry), 0u);
+      ASSERT_NE(word(b, kTraceExit), 0u);
+      EXPECT_LE(word(b, kTraceEntry), word(b, kTraceExit));
+      if (word(b, kTraceFirstTile) == 0) continue;  // empty split: entry and exit only
+      EXPECT_EQ(attending[pair], split) << "attending splits are not a prefix";
+      attending[pair] = split + 1;
+      for (int w = kTraceEntry; w < kTraceExit; ++w) {
+        ASSERT_NE(word(b, w + 1), 0u) << "word " << w + 1;
+        EXPECT_LE(word(b, w), word(b, w + 1)) << "word " << w;
+      }
+    }
+    for (int head = 0; head < 8; ++head) {
+      EXPECT_GE(attending[8 + head], 1);
+      EXPECT_GT(attending[head], attending[8 + head]) << "4003 tokens against 703";
+      EXPECT_LT(attending[8 + head], splits) << "request 1 (703 tokens) leaves splits empty";
+    }
+    for (int c = 0; c < combine_blocks; ++c) {
+      const int slot = kAttentionTraceSplitSlots + c;
+      SCOPED_TRACE("layer " + std::to_string(layer) + " combine block " + std::to_string(c));
+      ASSERT_NE(word(slot, kTraceEntry), 0u);
+      EXPECT_LE(word(slot, kTraceEntry), word(slot, kTraceWaited));
+      EXPECT_LE(word(slot, kTraceWaited), word(slot, kTraceExit));
+    }
+    EXPECT_EQ(word(kAttentionTraceSplitSlots + combine_blocks, kTraceEntry), 0u);
+    EXPECT_EQ(word(split_blocks, kTraceEntry), 0u);
+  }
+}
+
 // The combine kernel's two forms (4 parts of 128 threads, the default, and one thread per
 // dimension over every split) agree to bf16 rounding (their sums run in different orders), and
 // each writes every output: one KV head at ctx 8192 (129 splits) and 3000 (47), q_len 1 and 8,
