@@ -326,13 +326,10 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
 constexpr int kCombineBatch = 48;
 template <bool kTrace = false>
 __global__ void __launch_bounds__(kHeadDim)
-    attention_combine_kernel(const SplitParams p, bf16* out, bool early_trigger) {
+    attention_combine_kernel(const SplitParams p, bf16* out, int trigger_mode) {
   __shared__ float2 ml[kMaxSplits];
   const BlockTrace<kTrace> trace(p.trace, p.layer, kAttentionTraceSplitSlots);
-  if (early_trigger)
-    detail::pdl_trigger_then_wait();
-  else
-    detail::pdl_wait_and_trigger();
+  detail::pdl_small_wait(trigger_mode);
   trace.mark(kTraceWaited);
   const int row = blockIdx.x, head = blockIdx.y, request = blockIdx.z, d = threadIdx.x;
   const int total = p.ctx_lens[request] + p.q_len;
@@ -385,15 +382,12 @@ constexpr int kCombineThreads = kCombineParts * kHeadDim;
 constexpr int kCombineUnroll = 8;
 template <bool kTrace = false>
 __global__ void __launch_bounds__(kCombineThreads)
-    attention_combine_parts_kernel(const SplitParams p, bf16* out, bool early_trigger) {
+    attention_combine_parts_kernel(const SplitParams p, bf16* out, int trigger_mode) {
   __shared__ float weight[kMaxSplits];  // exp2(m_s - m_max); -1: split skipped
   __shared__ float reduce[kCombineThreads / 32];
   __shared__ float part_o[kCombineParts - 1][kHeadDim];
   const BlockTrace<kTrace> trace(p.trace, p.layer, kAttentionTraceSplitSlots);
-  if (early_trigger)
-    detail::pdl_trigger_then_wait();
-  else
-    detail::pdl_wait_and_trigger();
+  detail::pdl_small_wait(trigger_mode);
   trace.mark(kTraceWaited);
   const int row = blockIdx.x, head = blockIdx.y, request = blockIdx.z, t = threadIdx.x;
   const int lane = t % 32, warp = t / 32;
@@ -594,7 +588,7 @@ void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_t
                : (parts ? attention_combine_parts_kernel<false> : attention_combine_kernel<false>);
     launch_attention(
         combine, dim3(p.rows, grid.y, grid.z), dim3(parts ? kCombineThreads : kHeadDim), 0, stream,
-        pdl, static_cast<int>(grid.z) * p.q_len, p, out, detail::kernel_tuning().early_trigger);
+        pdl, static_cast<int>(grid.z) * p.q_len, p, out, detail::small_kernel_trigger_mode());
   }
 }
 

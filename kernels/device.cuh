@@ -78,6 +78,18 @@ __device__ __forceinline__ unsigned sm_id() {
   return id;
 }
 
+// The small kernels' dependency wait with the trigger placement `mode` (small_kernel_trigger_mode
+// in tuning.h): 0 pdl_trigger_then_wait, 1 pdl_wait_and_trigger, 2 the wait alone (the dependent
+// launches as this grid's blocks exit).
+__device__ __forceinline__ void pdl_small_wait(int mode) {
+  if (mode == 0)
+    pdl_trigger_then_wait();
+  else if (mode == 1)
+    pdl_wait_and_trigger();
+  else
+    cudaGridDependencySynchronize();
+}
+
 // --- mbarrier and bulk-copy (TMA, plain sm_90) primitives -------------------------------------
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

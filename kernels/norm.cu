@@ -17,12 +17,9 @@ constexpr int kNormThreads = 256;
 // result of a row never depends on m.
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_residual_kernel(const bf16* delta, bf16* residual, const bf16* weight, bf16* out,
-                            int hidden, float eps, bool early_trigger) {
+                            int hidden, float eps, int trigger_mode) {
   __shared__ float warp_sums[kNormThreads / 32];
-  if (early_trigger)
-    detail::pdl_trigger_then_wait();
-  else
-    detail::pdl_wait_and_trigger();
+  detail::pdl_small_wait(trigger_mode);
   const size_t row = static_cast<size_t>(blockIdx.x) * hidden;
   float sum_sq = 0.0f;
   for (int u = threadIdx.x; u < hidden / 8; u += kNormThreads) {
@@ -83,7 +80,7 @@ void rmsnorm_residual(const bf16* delta, bf16* residual, const bf16* weight, bf1
              "hidden = " + std::to_string(hidden) + " is not a positive multiple of 8");
   TS_REQUIRE(eps > 0.0f, "eps must be > 0");
   detail::launch(rmsnorm_residual_kernel, dim3(m), dim3(kNormThreads), 0, stream, pdl, delta,
-                 residual, weight, out, hidden, eps, detail::kernel_tuning().early_trigger);
+                 residual, weight, out, hidden, eps, detail::small_kernel_trigger_mode());
 }
 
 }  // namespace twinstep::kernels

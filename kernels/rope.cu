@@ -20,11 +20,8 @@ constexpr int kHalf = kHeadDim / 2;
 __global__ void __launch_bounds__(kHalf)
     rope_kv_append_kernel(const bf16* qkv, const int* ctx_lens, KvCache cache, int layer,
                           bf16* q_out, int q_len, int num_q_heads, RopeTable rope,
-                          bool early_trigger) {
-  if (early_trigger)
-    detail::pdl_trigger_then_wait();
-  else
-    detail::pdl_wait_and_trigger();
+                          int trigger_mode) {
+  detail::pdl_small_wait(trigger_mode);
   const int token = blockIdx.x, head = blockIdx.y, request = token / q_len, j = token % q_len;
   const int position = ctx_lens[request] + j;
   const bool in_cache = position < cache.capacity_tokens;
@@ -101,7 +98,7 @@ void rope_kv_append(const bf16* qkv, const int* ctx_lens, const KvCache& cache, 
   detail::launch(rope_kv_append_kernel,
                  dim3(num_requests * q_len, num_q_heads + cache.num_kv_heads + 1), dim3(kHalf), 0,
                  stream, pdl, qkv, ctx_lens, cache, layer, q_out, q_len, num_q_heads, rope,
-                 detail::kernel_tuning().early_trigger);
+                 detail::small_kernel_trigger_mode());
 }
 
 }  // namespace twinstep::kernels

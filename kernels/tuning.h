@@ -9,6 +9,11 @@ struct KernelTuning {
   // Small kernels between two streaming kernels (rmsnorm, rope, attention combine) trigger their
   // dependent launch before their own dependency wait (see device.cuh, pdl_trigger_then_wait).
   bool early_trigger = true;
+  // With trigger_at_exit those small kernels do not trigger at all (overrides early_trigger): their
+  // dependent launches as their blocks exit, so its prologue loads (weights, older KV tokens)
+  // cannot queue on the SMs ahead of the small kernel's own loads. Benchmark option
+  // (attention_trace, chain_trigger): docs/kernels.md round 23.
+  bool trigger_at_exit = false;
   // Shared-memory carveout asked by every launch of kernels/ and of the runtime's decode relay
   // kernels (cudaLaunchAttributePreferredSharedMemoryCarveout, percent of the maximum): -1 = no
   // preference (the driver picks per launch, which can depend on the SMs' current L1/shared
@@ -16,6 +21,12 @@ struct KernelTuning {
   int carveout_percent = -1;
 };
 KernelTuning& kernel_tuning();
+// The small kernels' trigger placement for their launch argument (device.cuh pdl_small_wait):
+// 0 trigger before the wait, 1 after it, 2 none (at exit).
+inline int small_kernel_trigger_mode() {
+  const KernelTuning& t = kernel_tuning();
+  return t.trigger_at_exit ? 2 : t.early_trigger ? 0 : 1;
+}
 
 struct GemvTuning {
   int kc = 256;                        // k elements per pipeline stage (multiple of 64, <= 256)

@@ -5,8 +5,9 @@
 //
 // SECTION: gemv, gemv_split, access, l2_prefetch, attention, attention_kv_heads,
 // attention_batch, layer_chain, moe, lm_head (default: all; the floor always runs); by name only:
-// attention_trace (per-block timelines of the attention pair), ncu (one untimed launch per kernel
-// for Nsight Compute, scripts/gpu_ncu.sh).
+// attention_trace (per-block timelines of the attention pair), chain_trigger (the layer chain per
+// trigger placement of its small kernels), ncu (one untimed launch per kernel for Nsight
+// Compute, scripts/gpu_ncu.sh).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -1137,6 +1138,7 @@ void bench_attention_trace() {
     const char* name;
     int q_len;
     detail::AttentionTuning t;
+    bool early_trigger = true, trigger_at_exit = false;  // KernelTuning: the combine's trigger
   };
   std::vector<Variant> variants = {{"default", 1, defaults}, {"default", 6, defaults}};
   detail::AttentionTuning t = defaults;
@@ -1148,8 +1150,18 @@ void bench_attention_trace() {
   t = defaults;
   t.ctas_per_sm = 1;
   variants.push_back({"one_block_per_sm", 1, t});
+  variants.push_back({"trigger_after_wait", 1, defaults, false});
+  variants.push_back({"trigger_at_exit", 1, defaults, true, true});
+  variants.push_back({"trigger_at_exit", 6, defaults, true, true});
+  t = defaults;
+  t.split_full_ring = true;
+  variants.push_back({"trigger_at_exit_full_ring", 1, t, true, true});
+  detail::KernelTuning& kt = detail::kernel_tuning();
+  const detail::KernelTuning kernel_defaults = kt;
   for (const Variant& v : variants) {
     tuning = v.t;
+    kt.early_trigger = v.early_trigger;
+    kt.trigger_at_exit = v.trigger_at_exit;
     AttentionShape shape;
     shape.q_len = v.q_len;
     shape.num_q_heads = num_q_heads;
@@ -1266,6 +1278,7 @@ void bench_attention_trace() {
     TS_CUDA_CHECK(cudaFree(ws));
   }
   tuning = defaults;
+  kt = kernel_defaults;
   free_kv(kv);
   TS_CUDA_CHECK(cudaFree(trace));
   TS_CUDA_CHECK(cudaFree(q));
@@ -1394,7 +1407,11 @@ void launch_ncu_targets(const std::vector<Shape>& shapes) {
 // One Llama-3-8B decode layer, 32 layers of distinct weights in one graph (cold, like a forward).
 // m token rows: one request of m query positions at ctx 8192 (a verify pass), or with `requests`
 // > 1 that many requests of m / requests positions at `ctx` (the engine's batched decode).
-void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
+// trigger_sweep (section chain_trigger): only the 9-kernel chain and the chain with both fusions
+// (6 kernels), PDL on, for each trigger placement of the small kernels (norm, rope, combine):
+// before their wait (the default), after it, none (at exit; KernelTuning::trigger_at_exit).
+void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
+                       bool trigger_sweep = false) {
   const int layers = 32, hidden = 4096, inter = 14336, capacity = ctx + 16;
   const int q_len = m / requests;
   char tag_buf[64];
@@ -1494,176 +1511,213 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192) {
   const double kv_bytes = 2.0 * requests * (ctx + q_len) * 8 * kHeadDim * 2;
   const double bytes = weight_bytes + kv_bytes;
   const double floor_us = bytes / (g_floor_tbps * 1e12) * 1e6;
-  // Each attention contender (attention_contenders: the default first), PDL off and on; the
-  // diagnostics below use the default.
-  auto& attn_tuning = detail::attention_tuning();
-  const detail::AttentionTuning attn_defaults = attn_tuning;
-  const std::vector<detail::AttentionTuning> contenders = attention_contenders(attn_defaults);
-  double t[2] = {0, 0}, best_us = 1e30;
-  size_t best = 0;
-  for (size_t v = 0; v < contenders.size(); ++v) {
-    attn_tuning = contenders[v];
-    double tv[2];
-    for (int pdl = 0; pdl < 2; ++pdl)
-      tv[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u); }, 7) / layers;
-    attn_tuning = attn_defaults;
-    if (v == 0) {
-      t[0] = tv[0];
-      t[1] = tv[1];
+  if (trigger_sweep) {
+    detail::KernelTuning& kt = detail::kernel_tuning();
+    const detail::KernelTuning saved = kt;
+    for (const int mode : {0, 1, 2}) {
+      kt.early_trigger = mode == 0;
+      kt.trigger_at_exit = mode == 2;
+      const char* label = mode == 0 ? "before_wait" : mode == 1 ? "after_wait" : "at_exit";
+      const double us9 = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu); }, 7) / layers;
+      const double us6 =
+          time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, true, true); }, 7) / layers;
+      std::printf(
+          "  layer chain %s small kernels trigger %-11s: 9 kernels %7.2f us (%.3fx), norms + rope "
+          "fused (6 kernels) %7.2f us (%.3fx of floor %.2f us)\n",
+          tag.c_str(), label, us9, us9 / floor_us, us6, us6 / floor_us, floor_us);
+      for (const int kernels : {9, 6}) {
+        Row row;
+        row.s("section", "layer_chain_trigger")
+            .s("trigger", label)
+            .n("m", m)
+            .n("requests", requests)
+            .n("ctx_tokens", ctx)
+            .b("cold", true)
+            .b("pdl", true)
+            .n("kernels_per_layer", kernels)
+            .n("time_over_floor", (kernels == 9 ? us9 : us6) / floor_us);
+        add_row(row, bytes, kernels == 9 ? us9 : us6);
+      }
     }
-    if (tv[1] < best_us) {
-      best_us = tv[1];
-      best = v;
-    }
-    std::printf(
-        "  layer chain %s attention %-32s: pdl off %7.2f us, pdl on %7.2f us (%.3fx / %.3fx of "
-        "floor)%s\n",
-        tag.c_str(), attention_label(contenders[v]).c_str(), tv[0], tv[1], tv[0] / floor_us,
-        tv[1] / floor_us, v == 0 ? "  [default]" : "");
-    for (int pdl = 0; pdl < 2; ++pdl) {
-      Row row;
-      row.s("section", v == 0 ? "layer_chain_attention_default" : "layer_chain_attention_variant")
-          .s("attention_variant", attention_label(contenders[v]))
-          .n("m", m)
-          .n("requests", requests)
-          .n("ctx_tokens", ctx)
-          .b("cold", true)
-          .b("pdl", pdl == 1)
-          .n("time_over_floor", tv[pdl] / floor_us);
-      add_row(row, bytes, tv[pdl]);
-    }
+    kt = saved;
   }
-
-  const detail::AttentionTuning& b = contenders[best];
-  std::printf(
-      "  layer chain %s fastest attention with PDL on: %s (%.2f us; kernels/tuning.h "
-      "AttentionTuning: split_full_ring %d, split_q_smem %d, carveout_max_shared %d)\n",
-      tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
-      b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
-
-  {  // rope_kv_append fused into the attention's split kernel (decode_attention_rope), PDL on
-    const double us =
-        time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, true); }, 7) / layers;
-    std::printf(
-        "  layer chain %s rope fused into attention (8 kernels): pdl on %7.2f us (%.3fx of floor; "
-        "separate %7.2f)\n",
-        tag.c_str(), us, us / floor_us, t[1]);
-    Row row;
-    row.s("section", "layer_chain_fused_rope")
-        .n("m", m)
-        .n("requests", requests)
-        .n("ctx_tokens", ctx)
-        .b("pdl", true)
-        .n("separate_time_us", t[1])
-        .n("time_over_floor", us / floor_us);
-    add_row(row, bytes, us);
-  }
-
-  // The norms carried by the GEMVs (7 launches per layer; 6 with the fused rope as well), PDL on
-  // and off. Same floor: the folded weights are the same bytes, the norm weights are not read.
-  for (const bool with_rope : {false, true}) {
-    double us[2];
-    for (int pdl = 0; pdl < 2; ++pdl)
-      us[pdl] = time_graph_us(
-                    [&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u, 0, with_rope, true); }, 7) /
-                layers;
-    std::printf(
-        "  layer chain %s norms fused into the GEMVs%s (%d kernels): pdl off %7.2f us, pdl on "
-        "%7.2f us (%.3fx of floor; separate %7.2f)\n",
-        tag.c_str(), with_rope ? " + rope fused" : "", with_rope ? 6 : 7, us[0], us[1],
-        us[1] / floor_us, t[1]);
-    for (int pdl = 0; pdl < 2; ++pdl) {
-      Row row;
-      row.s("section", with_rope ? "layer_chain_fused_norms_rope" : "layer_chain_fused_norms")
-          .n("m", m)
-          .n("requests", requests)
-          .n("ctx_tokens", ctx)
-          .b("pdl", pdl == 1)
-          .n("separate_time_us", t[pdl])
-          .n("time_over_floor", us[pdl] / floor_us);
-      add_row(row, bytes, us[pdl]);
-    }
-  }
-
-  if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
-    for (const auto& [label, skip] :
-         {std::pair{"norm1+norm2", 0x21u}, std::pair{"rope", 0x04u},
-          std::pair{"norm1+rope+norm2", 0x25u}, std::pair{"attention", 0x08u}}) {
-      const double us = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, skip); }, 5) / layers;
-      std::printf("  layer chain %s without %-17s: pdl on %7.2f us (%.3fx of the full floor)\n",
-                  tag.c_str(), label, us, us / floor_us);
-      Row row;
-      row.s("section", "layer_chain_left_out").n("m", m).s("left_out", label);
-      add_row(row, bytes, us);
-    }
-  }
-  if (diagnose) {  // PDL off for one launcher at a time, and early triggers off
-    const char* names[8] = {"norm1", "qkv", "rope", "attention", "o", "norm2", "gate_up", "down"};
-    for (int i = 0; i < 8; ++i) {
-      const double us =
-          time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu & ~(1u << i)); }, 5) / layers;
-      std::printf("  layer chain %s pdl on except %-9s: %7.2f us\n", tag.c_str(), names[i], us);
-      Row row;
-      row.s("section", "layer_chain_pdl_diagnostic")
-          .n("m", m)
-          .n("requests", requests)
-          .s("pdl_off_for", names[i]);
-      add_row(row, bytes, us);
-    }
-    // Whole-chain tunings, PDL on and off: early triggers off; for m > 8 the GEMV ring path
-    // instead of the register path; split-K forced to 1 (no thread-block clusters).
-    auto tuned = [&](const char* label, auto set, auto reset) {
-      double us[2];
-      set();
+  if (!trigger_sweep) {
+    // Each attention contender (attention_contenders: the default first), PDL off and on; the
+    // diagnostics below use the default.
+    auto& attn_tuning = detail::attention_tuning();
+    const detail::AttentionTuning attn_defaults = attn_tuning;
+    const std::vector<detail::AttentionTuning> contenders = attention_contenders(attn_defaults);
+    double t[2] = {0, 0}, best_us = 1e30;
+    size_t best = 0;
+    for (size_t v = 0; v < contenders.size(); ++v) {
+      attn_tuning = contenders[v];
+      double tv[2];
       for (int pdl = 0; pdl < 2; ++pdl)
-        us[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u); }, 5) / layers;
-      reset();
-      std::printf("  layer chain %s %-28s: pdl off %7.2f us, pdl on %7.2f us\n", tag.c_str(), label,
-                  us[0], us[1]);
+        tv[pdl] = time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u); }, 7) / layers;
+      attn_tuning = attn_defaults;
+      if (v == 0) {
+        t[0] = tv[0];
+        t[1] = tv[1];
+      }
+      if (tv[1] < best_us) {
+        best_us = tv[1];
+        best = v;
+      }
+      std::printf(
+          "  layer chain %s attention %-32s: pdl off %7.2f us, pdl on %7.2f us (%.3fx / %.3fx of "
+          "floor)%s\n",
+          tag.c_str(), attention_label(contenders[v]).c_str(), tv[0], tv[1], tv[0] / floor_us,
+          tv[1] / floor_us, v == 0 ? "  [default]" : "");
       for (int pdl = 0; pdl < 2; ++pdl) {
+        Row row;
+        row.s("section", v == 0 ? "layer_chain_attention_default" : "layer_chain_attention_variant")
+            .s("attention_variant", attention_label(contenders[v]))
+            .n("m", m)
+            .n("requests", requests)
+            .n("ctx_tokens", ctx)
+            .b("cold", true)
+            .b("pdl", pdl == 1)
+            .n("time_over_floor", tv[pdl] / floor_us);
+        add_row(row, bytes, tv[pdl]);
+      }
+    }
+
+    const detail::AttentionTuning& b = contenders[best];
+    std::printf(
+        "  layer chain %s fastest attention with PDL on: %s (%.2f us; kernels/tuning.h "
+        "AttentionTuning: split_full_ring %d, split_q_smem %d, carveout_max_shared %d)\n",
+        tag.c_str(), attention_label(b).c_str(), best_us, b.split_full_ring ? 1 : 0,
+        b.split_q_smem ? 1 : 0, b.carveout_max_shared ? 1 : 0);
+
+    {  // rope_kv_append fused into the attention's split kernel (decode_attention_rope), PDL on
+      const double us =
+          time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, true); }, 7) / layers;
+      std::printf(
+          "  layer chain %s rope fused into attention (8 kernels): pdl on %7.2f us (%.3fx of "
+          "floor; "
+          "separate %7.2f)\n",
+          tag.c_str(), us, us / floor_us, t[1]);
+      Row row;
+      row.s("section", "layer_chain_fused_rope")
+          .n("m", m)
+          .n("requests", requests)
+          .n("ctx_tokens", ctx)
+          .b("pdl", true)
+          .n("separate_time_us", t[1])
+          .n("time_over_floor", us / floor_us);
+      add_row(row, bytes, us);
+    }
+
+    // The norms carried by the GEMVs (7 launches per layer; 6 with the fused rope as well), PDL on
+    // and off. Same floor: the folded weights are the same bytes, the norm weights are not read.
+    for (const bool with_rope : {false, true}) {
+      double us[2];
+      for (int pdl = 0; pdl < 2; ++pdl)
+        us[pdl] =
+            time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u, 0, with_rope, true); },
+                          7) /
+            layers;
+      std::printf(
+          "  layer chain %s norms fused into the GEMVs%s (%d kernels): pdl off %7.2f us, pdl on "
+          "%7.2f us (%.3fx of floor; separate %7.2f)\n",
+          tag.c_str(), with_rope ? " + rope fused" : "", with_rope ? 6 : 7, us[0], us[1],
+          us[1] / floor_us, t[1]);
+      for (int pdl = 0; pdl < 2; ++pdl) {
+        Row row;
+        row.s("section", with_rope ? "layer_chain_fused_norms_rope" : "layer_chain_fused_norms")
+            .n("m", m)
+            .n("requests", requests)
+            .n("ctx_tokens", ctx)
+            .b("pdl", pdl == 1)
+            .n("separate_time_us", t[pdl])
+            .n("time_over_floor", us[pdl] / floor_us);
+        add_row(row, bytes, us[pdl]);
+      }
+    }
+
+    if (requests == 1 && m == 1) {  // launchers left out, PDL on (a bound for fusions)
+      for (const auto& [label, skip] :
+           {std::pair{"norm1+norm2", 0x21u}, std::pair{"rope", 0x04u},
+            std::pair{"norm1+rope+norm2", 0x25u}, std::pair{"attention", 0x08u}}) {
+        const double us =
+            time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, skip); }, 5) / layers;
+        std::printf("  layer chain %s without %-17s: pdl on %7.2f us (%.3fx of the full floor)\n",
+                    tag.c_str(), label, us, us / floor_us);
+        Row row;
+        row.s("section", "layer_chain_left_out").n("m", m).s("left_out", label);
+        add_row(row, bytes, us);
+      }
+    }
+    if (diagnose) {  // PDL off for one launcher at a time, and early triggers off
+      const char* names[8] = {"norm1", "qkv", "rope", "attention", "o", "norm2", "gate_up", "down"};
+      for (int i = 0; i < 8; ++i) {
+        const double us =
+            time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu & ~(1u << i)); }, 5) / layers;
+        std::printf("  layer chain %s pdl on except %-9s: %7.2f us\n", tag.c_str(), names[i], us);
         Row row;
         row.s("section", "layer_chain_pdl_diagnostic")
             .n("m", m)
             .n("requests", requests)
-            .s("pdl_off_for", pdl ? "none" : "all")
-            .s("tuning", label);
-        add_row(row, bytes, us[pdl]);
+            .s("pdl_off_for", names[i]);
+        add_row(row, bytes, us);
       }
-    };
-    detail::KernelTuning& kt = detail::kernel_tuning();
-    detail::GemvTuning& gt = detail::gemv_tuning();
-    const detail::GemvTuning gemv_saved = gt;
-    tuned(
-        "early triggers off", [&] { kt.early_trigger = false; }, [&] { kt.early_trigger = true; });
-    if (m > 8)
+      // Whole-chain tunings, PDL on and off: early triggers off; for m > 8 the GEMV ring path
+      // instead of the register path; split-K forced to 1 (no thread-block clusters).
+      auto tuned = [&](const char* label, auto set, auto reset) {
+        double us[2];
+        set();
+        for (int pdl = 0; pdl < 2; ++pdl)
+          us[pdl] =
+              time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u); }, 5) / layers;
+        reset();
+        std::printf("  layer chain %s %-28s: pdl off %7.2f us, pdl on %7.2f us\n", tag.c_str(),
+                    label, us[0], us[1]);
+        for (int pdl = 0; pdl < 2; ++pdl) {
+          Row row;
+          row.s("section", "layer_chain_pdl_diagnostic")
+              .n("m", m)
+              .n("requests", requests)
+              .s("pdl_off_for", pdl ? "none" : "all")
+              .s("tuning", label);
+          add_row(row, bytes, us[pdl]);
+        }
+      };
+      detail::KernelTuning& kt = detail::kernel_tuning();
+      detail::GemvTuning& gt = detail::gemv_tuning();
+      const detail::GemvTuning gemv_saved = gt;
       tuned(
-          "gemv ring path for m > 8", [&] { gt.large_m_registers = false; },
-          [&] { gt = gemv_saved; });
-    tuned(
-        "gemv split 1 (no clusters)", [&] { gt.split = 1; }, [&] { gt = gemv_saved; });
+          "early triggers off", [&] { kt.early_trigger = false; },
+          [&] { kt.early_trigger = true; });
+      if (m > 8)
+        tuned(
+            "gemv ring path for m > 8", [&] { gt.large_m_registers = false; },
+            [&] { gt = gemv_saved; });
+      tuned(
+          "gemv split 1 (no clusters)", [&] { gt.split = 1; }, [&] { gt = gemv_saved; });
+    }
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      Row row;
+      row.s("section", "layer_chain")
+          .s("model", "llama3-8b")
+          .s("attention_variant", attention_label(attn_defaults))
+          .s("gemv_variant",
+             gemv_variant() + "_pdlrows" + std::to_string(detail::gemv_tuning().pdl_max_rows))
+          .n("m", m)
+          .n("requests", requests)
+          .n("ctx_tokens", ctx)
+          .n("layers_in_graph", layers)
+          .b("cold", true)
+          .b("pdl", pdl == 1)
+          .n("kernels_per_layer", 9)
+          .n("time_over_floor", t[pdl] / floor_us);
+      add_row(row, bytes, t[pdl]);
+    }
+    std::printf(
+        "layer chain %s (9 kernels, graph of %d layers): pdl off %7.2f us, pdl on %7.2f us, floor "
+        "%7.2f us -> %.3fx / %.3fx of floor\n",
+        tag.c_str(), layers, t[0], t[1], bytes / (g_floor_tbps * 1e12) * 1e6,
+        t[0] / (bytes / (g_floor_tbps * 1e12) * 1e6), t[1] / (bytes / (g_floor_tbps * 1e12) * 1e6));
   }
-  for (int pdl = 0; pdl < 2; ++pdl) {
-    Row row;
-    row.s("section", "layer_chain")
-        .s("model", "llama3-8b")
-        .s("attention_variant", attention_label(attn_defaults))
-        .s("gemv_variant",
-           gemv_variant() + "_pdlrows" + std::to_string(detail::gemv_tuning().pdl_max_rows))
-        .n("m", m)
-        .n("requests", requests)
-        .n("ctx_tokens", ctx)
-        .n("layers_in_graph", layers)
-        .b("cold", true)
-        .b("pdl", pdl == 1)
-        .n("kernels_per_layer", 9)
-        .n("time_over_floor", t[pdl] / floor_us);
-    add_row(row, bytes, t[pdl]);
-  }
-  std::printf(
-      "layer chain %s (9 kernels, graph of %d layers): pdl off %7.2f us, pdl on %7.2f us, floor "
-      "%7.2f us -> %.3fx / %.3fx of floor\n",
-      tag.c_str(), layers, t[0], t[1], bytes / (g_floor_tbps * 1e12) * 1e6,
-      t[0] / (bytes / (g_floor_tbps * 1e12) * 1e6), t[1] / (bytes / (g_floor_tbps * 1e12) * 1e6));
   for (auto& l : w)
     for (bf16* p :
          {l.norm1, l.qkv, l.o, l.norm2, l.gate_up, l.down, l.qkv_folded, l.gate_up_folded})
@@ -1932,6 +1986,10 @@ int main(int argc, char** argv) {
   if (want("attention_kv_heads")) bench_attention_kv_heads();
   if (want("attention_batch")) bench_attention_batch();
   if (std::find(only.begin(), only.end(), "attention_trace") != only.end()) bench_attention_trace();
+  if (std::find(only.begin(), only.end(), "chain_trigger") != only.end()) {
+    bench_layer_chain(1, false, 1, 8192, true);
+    bench_layer_chain(6, false, 1, 8192, true);
+  }
   if (want("layer_chain")) {
     bench_layer_chain(1, false);
     bench_layer_chain(6, true);
