@@ -1156,6 +1156,11 @@ void bench_attention_trace() {
   t = defaults;
   t.split_full_ring = true;
   variants.push_back({"trigger_at_exit_full_ring", 1, t, true, true});
+  t = defaults;
+  t.combine_parts_min_splits = 0;  // the 4-part combine at this launch's 33 splits
+  variants.push_back({"combine_parts", 1, t});
+  variants.push_back({"combine_parts", 6, t});
+  variants.push_back({"combine_parts_at_exit", 1, t, true, true});
   detail::KernelTuning& kt = detail::kernel_tuning();
   const detail::KernelTuning kernel_defaults = kt;
   for (const Variant& v : variants) {
@@ -1207,7 +1212,7 @@ void bench_attention_trace() {
       return sp;
     };
     std::map<std::string, std::vector<double>> m;  // name -> per-layer values (us)
-    std::vector<double> first_tile_after_wait, residency;
+    std::vector<double> first_tile_after_wait, residency, combine_after_wait;
     int split_ran = 0, combine_ran = 0;
     for (int l = 2; l < layers; ++l) {
       const Span sp = span(l - 1, 0, split_blocks), s = span(l, 0, split_blocks);
@@ -1236,6 +1241,14 @@ void bench_attention_trace() {
                                         1e-3);
         residency.push_back((double(w[kTraceExit]) - double(w[kTraceEntry])) * 1e-3);
       }
+      for (int c = 0; c < combine_blocks; ++c) {
+        const unsigned long long* w =
+            &h[(static_cast<size_t>(l - 1) * kAttentionTraceSlotsPerLayer +
+                kAttentionTraceSplitSlots + c) *
+               kAttentionTraceWords];
+        if (w[kTraceExit] != 0)
+          combine_after_wait.push_back((double(w[kTraceExit]) - double(w[kTraceWaited])) * 1e-3);
+      }
     }
     auto median = [](std::vector<double> x) {
       std::sort(x.begin(), x.end());
@@ -1249,7 +1262,8 @@ void bench_attention_trace() {
         "%5.2f, last exit %5.2f | split first / last entry %6.2f / %6.2f, last prologue issued "
         "%6.2f, first / last past wait %5.2f / %5.2f, last first-tile %5.2f, last tile consumed "
         "%5.2f, first / last exit %5.2f / %5.2f us\n"
-        "  per block: first tile resident %5.2f us after the wait, resident %5.2f us\n",
+        "  per block: first tile resident %5.2f us after the wait, resident %5.2f us; combine "
+        "blocks exit %5.2f us after their wait\n",
         v.name, v.q_len, split_ran, combine_ran, us,
         100.0 * bytes / (us * 1e-6) / 1e12 / g_floor_tbps, median(m["period"]),
         median(m["combine_first_entry"]), median(m["combine_first_past_wait"]),
@@ -1258,7 +1272,7 @@ void bench_attention_trace() {
         median(m["split_first_past_wait"]), median(m["split_last_past_wait"]),
         median(m["split_last_first_tile"]), median(m["split_last_tile_consumed"]),
         median(m["split_first_exit"]), median(m["period"]), median(first_tile_after_wait),
-        median(residency));
+        median(residency), median(combine_after_wait));
     Row r;
     r.s("section", "attention_trace")
         .s("variant", v.name)
@@ -1273,7 +1287,8 @@ void bench_attention_trace() {
            "after the previous layer's last split exit");
     for (const auto& [name, values] : m) r.n(name + "_us", median(values));
     r.n("first_tile_after_wait_us", median(first_tile_after_wait))
-        .n("block_residency_us", median(residency));
+        .n("block_residency_us", median(residency))
+        .n("combine_block_after_wait_us", median(combine_after_wait));
     add_row(r, bytes, us);
     TS_CUDA_CHECK(cudaFree(ws));
   }
@@ -1514,15 +1529,21 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
   if (trigger_sweep) {
     detail::KernelTuning& kt = detail::kernel_tuning();
     const detail::KernelTuning saved = kt;
-    for (const int mode : {0, 1, 2}) {
-      kt.early_trigger = mode == 0;
-      kt.trigger_at_exit = mode == 2;
-      const char* label = mode == 0 ? "before_wait" : mode == 1 ? "after_wait" : "at_exit";
+    detail::AttentionTuning& at = detail::attention_tuning();
+    const detail::AttentionTuning attn_saved = at;
+    // Modes 3 and 4: 0 and 2 with the 4-part combine at every split count.
+    for (const int mode : {0, 1, 2, 3, 4}) {
+      kt.early_trigger = mode == 0 || mode == 3;
+      kt.trigger_at_exit = mode == 2 || mode == 4;
+      at.combine_parts_min_splits = mode >= 3 ? 0 : attn_saved.combine_parts_min_splits;
+      const char* labels[] = {"before_wait", "after_wait", "at_exit", "before_wait+parts",
+                              "at_exit+parts"};
+      const char* label = labels[mode];
       const double us9 = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu); }, 7) / layers;
       const double us6 =
           time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, true, true); }, 7) / layers;
       std::printf(
-          "  layer chain %s small kernels trigger %-11s: 9 kernels %7.2f us (%.3fx), norms + rope "
+          "  layer chain %s small kernels trigger %-17s: 9 kernels %7.2f us (%.3fx), norms + rope "
           "fused (6 kernels) %7.2f us (%.3fx of floor %.2f us)\n",
           tag.c_str(), label, us9, us9 / floor_us, us6, us6 / floor_us, floor_us);
       for (const int kernels : {9, 6}) {
@@ -1540,6 +1561,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
       }
     }
     kt = saved;
+    at = attn_saved;
   }
   if (!trigger_sweep) {
     // Each attention contender (attention_contenders: the default first), PDL off and on; the
