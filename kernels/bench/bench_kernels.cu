@@ -1531,13 +1531,18 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     const detail::KernelTuning saved = kt;
     detail::AttentionTuning& at = detail::attention_tuning();
     const detail::AttentionTuning attn_saved = at;
-    // Modes 3 and 4: 0 and 2 with the 4-part combine at every split count.
-    for (const int mode : {0, 1, 2, 3, 4}) {
-      kt.early_trigger = mode == 0 || mode == 3;
+    detail::GemvTuning& gt = detail::gemv_tuning();
+    const detail::GemvTuning gemv_saved = gt;
+    // Modes 3 and 4: 0 and 2 with the 4-part combine at every split count; 5 and 6: 3 with every
+    // GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages) instead of the rule's.
+    for (const int mode : {0, 1, 2, 3, 4, 5, 6}) {
+      kt.early_trigger = mode != 1 && mode != 2 && mode != 4;
       kt.trigger_at_exit = mode == 2 || mode == 4;
       at.combine_parts_min_splits = mode >= 3 ? 0 : attn_saved.combine_parts_min_splits;
-      const char* labels[] = {"before_wait", "after_wait", "at_exit", "before_wait+parts",
-                              "at_exit+parts"};
+      gt.stages = mode == 5 ? 3 : mode == 6 ? 2 : gemv_saved.stages;
+      const char* labels[] = {"before_wait",       "after_wait",    "at_exit",
+                              "before_wait+parts", "at_exit+parts", "parts+gemv_ring3",
+                              "parts+gemv_ring2"};
       const char* label = labels[mode];
       const double us9 = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu); }, 7) / layers;
       const double us6 =
@@ -1562,6 +1567,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     }
     kt = saved;
     at = attn_saved;
+    gt = gemv_saved;
   }
   if (!trigger_sweep) {
     // Each attention contender (attention_contenders: the default first), PDL off and on; the
