@@ -3,7 +3,7 @@
 # (session 27, GemvTuning::moe_fill 3: moe_forward 1.8-2.6x faster than on the bulk-copy ring it
 # replaced; docs/kernels.md round 22). Every calibration session of the committed profile that
 # timed moe_forward is measured again, like for like, into a copy of the committed database
-# (sessions 1-44 of results/h200/calibration_7dd6e44.db.xz), and the profile refitted with the new
+# (sessions 1-44 of results/h200/calibration_9386db7.db.xz), and the profile refitted with the new
 # sessions in place of the old ones:
 #   45 the one-GPU decode grid          (replaces 30)    46 its speculative graphs     (39)
 #   47 the TP2-EP2 shard's decode grid  (4)              48 its speculative graphs     (15)
@@ -30,7 +30,7 @@ if [ "${MOE_KERNELS:-0}" = 1 ]; then
   recal_kernel_tests 'Moe*:*/Moe*'
   recal_bench moe
 fi
-recal_base_db "$root/results/h200/calibration_7dd6e44.db.xz" 45 44
+recal_base_db "$root/results/h200/calibration_9386db7.db.xz" 45 44
 [ "$first" = 45 ] || { echo "expected the next session to be 45, got $first"; status=1; }
 step "Qwen3-30B-A3B sessions 45-51"
 narrow="--contexts 128,1024 --batches 1,2,4,8,16"

@@ -203,9 +203,9 @@ check "compare --accept-tolerance says by how much" grep -q "mean accept length 
 # prefill passes, the TP2 shards of Llama-3-8B and Qwen3-30B-A3B; 5 of 321e4f2, the Llama-3-8B grid
 # with its speculative graphs).
 cdb=$work/calib.db
-python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_7dd6e44.db.xz" "$cdb" 5
+python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_9386db7.db.xz" "$cdb" 5
 check "the cut keeps sessions 1-5" test "$(q "$cdb" 'SELECT max(id) FROM calibration_session')" = 5
-if python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_7dd6e44.db.xz" \
+if python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_9386db7.db.xz" \
   "$work/cut99.db" 99 2>"$work/cut.err"; then bad "a cut to a missing session fails"; else
   ok "a cut to a missing session fails"; fi
 check "... saying which" grep -q "no session 99 (sessions 1..51)" "$work/cut.err"
@@ -235,12 +235,13 @@ check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'comma
 # with the runtime's kernel fusions (calibrate --fusion norms,rope / norms / rope: the labels
 # llama-3-8b+norms+rope etc., fitted for those labels alone); 43 and 44 of 141d520, the fused
 # speculative graphs at 1-32 requests and at 1K (scripts/gpu_fusion_spec_recal.sh), in place of
-# 40's; 45-51 of 7dd6e44, Qwen3-30B-A3B's sessions measured again after its expert GEMVs moved to
-# the split kernel (scripts/gpu_moe_recal.sh), in place of 30, 39, 4, 15, 12, 21 and 23 (the
+# 40's; 45-51 of 9386db7, Qwen3-30B-A3B's sessions measured again after its expert GEMVs moved to
+# the split kernel's warp-owned tiles (scripts/gpu_moe_recal.sh; 7dd6e44's pass measured the
+# 8-piece split kernel), in place of 30, 39, 4, 15, 12, 21 and 23 (the
 # speculative graphs of 46, 48 and 49 in place of 39, 15 and 12). The
 # collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as group r4.
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_7dd6e44.db.xz" >"$cdb6"
+xz -dc "$src/results/h200/calibration_9386db7.db.xz" >"$cdb6"
 "$bin" --db "$cdb6" calibrate --fit-only \
   --sessions 2,22,29,32,33,37,38,40,41,42,43,44,45,46,47,48,49,50,51 \
   --spec-sessions 33,37,38,41,42,43,44,46,48,49 \
@@ -254,7 +255,7 @@ check "session 29's speculative graphs give residuals" grep -q '^spec_graph_resi
 check "session 37's stopped early-exit drafts give a cost per skipped step" grep -q 'graph: "draft_early_exit", mode: "graph", batch: 1, .*ns_per_skipped_step: [1-9]' "$work/h200-calibrated.yaml"
 check "session 2's prefill passes give the prefill rates" grep -q '^  prefill_gemm_tflops: [1-9]' "$work/h200-calibrated.yaml"
 check "the 4-GPU collectives are group r4" grep -q '"nccl.r4.all_reduce.graph.8K.median_ns"' "$work/h200-calibrated.yaml"
-check "the grids' eager steps give eager gaps per model and rows" grep -q '^  "llama-3-8b": {1: 1876, ' <(sed -n '/^eager_node_gap_by_rows:/,/^[a-z]/p' "$work/h200-calibrated.yaml")
+check "the grids' eager steps give eager gaps per model and rows" grep -q '^  "llama-3-8b": {1: 1873, ' <(sed -n '/^eager_node_gap_by_rows:/,/^[a-z]/p' "$work/h200-calibrated.yaml")
 check "sessions 22, 50 and 51 give the shards' break gaps" grep -q '^  "qwen3-30b-a3b@tp4": {1: ' "$work/h200-calibrated.yaml"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 1,2,3,4 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" --out "$work/nospec.yaml" >/dev/null 2>&1
