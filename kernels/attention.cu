@@ -37,6 +37,7 @@ struct SplitParams {
   bool skip_math;             // benchmark diagnostic: stream K/V, skip the tile math
   bool full_ring;             // all 3 stages in the prologue (AttentionTuning::split_full_ring)
   unsigned long long* trace;  // benchmark only, read by the kTrace instantiations (attention.h)
+  int prewait_tiles;          // benchmark only, kTrace instantiations: AttentionTuning's cap
 };
 
 // One block's benchmark timeline (attention.h's trace layout), written by thread 0; in the
@@ -158,8 +159,9 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   // appends tokens >= ctx only).
   const bool full = p.full_ring;
   const int prologue = full ? kStages : kStages - 1;
+  const int prewait = kTrace && p.prewait_tiles >= 0 ? min(prologue, p.prewait_tiles) : prologue;
   int issued = 0;
-  while (issued < min(num_tiles, prologue) && t_begin + (issued + 1) * kTileTokens <= ctx) {
+  while (issued < min(num_tiles, prewait) && t_begin + (issued + 1) * kTileTokens <= ctx) {
     issue_tile(issued++);
     detail::cp_async_commit();
   }
@@ -323,16 +325,21 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
 // so trailing empty splits (other rows' causal tails) leave the result bit-identical. The form
 // for launches of fewer than AttentionTuning::combine_parts_min_splits splits (and all of them with
 // combine_parts off).
+// kCtxEarly (AttentionTuning::combine_ctx_before_wait): the request's context length, which the
+// preceding kernel does not write, is loaded before the dependency wait, so the partials' loads
+// after it do not wait for that load first (same bits).
 constexpr int kCombineBatch = 48;
-template <bool kTrace = false>
+template <bool kTrace = false, bool kCtxEarly = false>
 __global__ void __launch_bounds__(kHeadDim)
     attention_combine_kernel(const SplitParams p, bf16* out, int trigger_mode) {
   __shared__ float2 ml[kMaxSplits];
   const BlockTrace<kTrace> trace(p.trace, p.layer, kAttentionTraceSplitSlots);
+  int ctx_early = 0;
+  if constexpr (kCtxEarly) ctx_early = p.ctx_lens[blockIdx.z];
   detail::pdl_small_wait(trigger_mode);
   trace.mark(kTraceWaited);
   const int row = blockIdx.x, head = blockIdx.y, request = blockIdx.z, d = threadIdx.x;
-  const int total = p.ctx_lens[request] + p.q_len;
+  const int total = (kCtxEarly ? ctx_early : p.ctx_lens[request]) + p.q_len;
   const int splits = min(p.num_splits, (total + p.split_tokens - 1) / p.split_tokens);
   const size_t slot0 =
       ((static_cast<size_t>(request) * gridDim.y + head) * p.num_splits) * p.rows + row;
@@ -380,18 +387,23 @@ __global__ void __launch_bounds__(kHeadDim)
 constexpr int kCombineParts = 4;
 constexpr int kCombineThreads = kCombineParts * kHeadDim;
 constexpr int kCombineUnroll = 8;
-template <bool kTrace = false>
+// kCtxEarly: as attention_combine_kernel's, and 16 partial outputs per thread loaded ahead (every
+// split of a launch of up to 64 in one batch; the same order per thread, so the same bits).
+template <bool kTrace = false, bool kCtxEarly = false>
 __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_parts_kernel(const SplitParams p, bf16* out, int trigger_mode) {
+  constexpr int kUnroll = kCtxEarly ? 16 : kCombineUnroll;
   __shared__ float weight[kMaxSplits];  // exp2(m_s - m_max); -1: split skipped
   __shared__ float reduce[kCombineThreads / 32];
   __shared__ float part_o[kCombineParts - 1][kHeadDim];
   const BlockTrace<kTrace> trace(p.trace, p.layer, kAttentionTraceSplitSlots);
+  int ctx_early = 0;
+  if constexpr (kCtxEarly) ctx_early = p.ctx_lens[blockIdx.z];
   detail::pdl_small_wait(trigger_mode);
   trace.mark(kTraceWaited);
   const int row = blockIdx.x, head = blockIdx.y, request = blockIdx.z, t = threadIdx.x;
   const int lane = t % 32, warp = t / 32;
-  const int total = p.ctx_lens[request] + p.q_len;
+  const int total = (kCtxEarly ? ctx_early : p.ctx_lens[request]) + p.q_len;
   const int splits = min(p.num_splits, (total + p.split_tokens - 1) / p.split_tokens);
   const size_t slot0 =
       ((static_cast<size_t>(request) * gridDim.y + head) * p.num_splits) * p.rows + row;
@@ -409,9 +421,9 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int part = t / kHeadDim, d = t % kHeadDim;
   const float* o_col = p.part_o + slot0 * kHeadDim + d;
   const size_t o_stride = static_cast<size_t>(p.rows) * kHeadDim;  // between splits
-  float ov[kCombineUnroll];
+  float ov[kUnroll];
 #pragma unroll
-  for (int i = 0; i < kCombineUnroll; ++i) {
+  for (int i = 0; i < kUnroll; ++i) {
     const int s = part + i * kCombineParts;
     ov[i] = s < splits ? o_col[s * o_stride] : 0.0f;
   }
@@ -438,15 +450,15 @@ __global__ void __launch_bounds__(kCombineThreads)
   __syncthreads();  // every thread has read reduce[] (the maximum) and written weight[]
   if (lane == 0) reduce[warp] = l_part;
   float o = 0.0f;
-  for (int base = 0; base < splits; base += kCombineUnroll * kCombineParts) {
-    float next[kCombineUnroll];
+  for (int base = 0; base < splits; base += kUnroll * kCombineParts) {
+    float next[kUnroll];
 #pragma unroll
-    for (int i = 0; i < kCombineUnroll; ++i) {
-      const int s = base + kCombineUnroll * kCombineParts + part + i * kCombineParts;
+    for (int i = 0; i < kUnroll; ++i) {
+      const int s = base + kUnroll * kCombineParts + part + i * kCombineParts;
       next[i] = s < splits ? o_col[s * o_stride] : 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < kCombineUnroll; ++i) {
+    for (int i = 0; i < kUnroll; ++i) {
       const int s = base + part + i * kCombineParts;
       if (s < splits && weight[s] >= 0.0f) o += ov[i] * weight[s];
       ov[i] = next[i];
@@ -583,9 +595,15 @@ void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_t
   }
   if (tuning.launch_combine) {
     const bool parts = tuning.combine_parts && p.num_splits >= tuning.combine_parts_min_splits;
-    auto* combine =
-        traced ? (parts ? attention_combine_parts_kernel<true> : attention_combine_kernel<true>)
-               : (parts ? attention_combine_parts_kernel<false> : attention_combine_kernel<false>);
+    const bool early = tuning.combine_ctx_before_wait;
+    auto* combine = traced ? (parts ? (early ? attention_combine_parts_kernel<true, true>
+                                             : attention_combine_parts_kernel<true, false>)
+                                    : (early ? attention_combine_kernel<true, true>
+                                             : attention_combine_kernel<true, false>))
+                           : (parts ? (early ? attention_combine_parts_kernel<false, true>
+                                             : attention_combine_parts_kernel<false, false>)
+                                    : (early ? attention_combine_kernel<false, true>
+                                             : attention_combine_kernel<false, false>));
     launch_attention(
         combine, dim3(p.rows, grid.y, grid.z), dim3(parts ? kCombineThreads : kHeadDim), 0, stream,
         pdl, static_cast<int>(grid.z) * p.q_len, p, out, detail::small_kernel_trigger_mode());
@@ -656,6 +674,7 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   require(tuning.trace == nullptr || (!fused && tuning.split_q_smem),
           "AttentionTuning::trace needs decode_attention and split_q_smem");
   p.trace = tuning.trace;
+  p.prewait_tiles = tuning.split_prewait_tiles;
   const int row_tiles = (p.rows + 15) / 16;
   unsigned char* partials = static_cast<unsigned char*>(workspace);
   p.part_o = reinterpret_cast<float*>(partials);

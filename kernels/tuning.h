@@ -136,11 +136,19 @@ struct AttentionTuning {
   // match bit for bit.
   bool combine_parts = true;
   int combine_parts_min_splits = 66;
+  // The combine loads the request's context length before its dependency wait (the preceding
+  // kernel does not write it), so its partials' loads after the wait are not behind that load;
+  // the 4-part form then loads up to 64 splits in one batch. Same bits. Off: measured in round 23
+  // (docs/kernels.md), a change of every decode step's attention that goes with a recalibration.
+  bool combine_ctx_before_wait = false;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   // Benchmark only (section attention_trace): non-null = the pair's blocks write their timeline
   // (attention.h, kAttentionTrace*) into this buffer, in instantiations of their own (the default
   // kernels' code is not touched). Needs split_q_smem and decode_attention (not the fused rope).
   unsigned long long* trace = nullptr;
+  // Benchmark only, read by the trace instantiations: at most this many tiles issued before the
+  // split's dependency wait (-1: the prologue's, 2 or 3).
+  int split_prewait_tiles = -1;
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };
 AttentionTuning& attention_tuning();

@@ -1121,8 +1121,12 @@ void bench_attention_batch() {
 // wait and last exit; this split's first and last entry, last prologue issued, first and last
 // block past the wait, last block with its first tile resident, last tile consumed, first and last
 // exit (= the period). Per block (medians over blocks and layers): first tile resident after the
-// wait (about 0: the prologue had landed), residency (exit - entry). Variants: the default at q_len
-// 1 and 6, stream-only (skip_math), the full ring, and one block per SM (ctas_per_sm 1).
+// wait (about 0: the prologue had landed), residency (exit - entry), the combine blocks' time past
+// their wait. Variants: the default at q_len 1 and 6, stream-only (skip_math), the full ring, one
+// block per SM (ctas_per_sm 1), the combine's trigger after its wait / at exit (KernelTuning), the
+// 4-part combine at this launch's 33 splits, the combine's context length before its wait
+// (combine_ctx_before_wait), and at most 0 or 1 tiles before the split's wait
+// (split_prewait_tiles).
 void bench_attention_trace() {
   const int layers = 32, num_q_heads = 32, ctx = 8192;
   auto& tuning = detail::attention_tuning();
@@ -1161,6 +1165,19 @@ void bench_attention_trace() {
   variants.push_back({"combine_parts", 1, t});
   variants.push_back({"combine_parts", 6, t});
   variants.push_back({"combine_parts_at_exit", 1, t, true, true});
+  t = defaults;
+  t.combine_ctx_before_wait = true;
+  variants.push_back({"ctx_early", 1, t});
+  t.combine_parts_min_splits = 0;
+  variants.push_back({"combine_parts_ctx_early", 1, t});
+  variants.push_back({"combine_parts_ctx_early", 6, t});
+  t.split_prewait_tiles = 1;
+  variants.push_back({"combine_parts_ctx_early_prewait1", 1, t});
+  t = defaults;
+  for (const int tiles : {0, 1}) {
+    t.split_prewait_tiles = tiles;
+    variants.push_back({tiles == 0 ? "prewait0" : "prewait1", 1, t});
+  }
   detail::KernelTuning& kt = detail::kernel_tuning();
   const detail::KernelTuning kernel_defaults = kt;
   for (const Variant& v : variants) {
@@ -1528,28 +1545,40 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
   const double floor_us = bytes / (g_floor_tbps * 1e12) * 1e6;
   if (trigger_sweep) {
     detail::KernelTuning& kt = detail::kernel_tuning();
-    const detail::KernelTuning saved = kt;
     detail::AttentionTuning& at = detail::attention_tuning();
-    const detail::AttentionTuning attn_saved = at;
     detail::GemvTuning& gt = detail::gemv_tuning();
+    const detail::KernelTuning kernel_saved = kt;
+    const detail::AttentionTuning attn_saved = at;
     const detail::GemvTuning gemv_saved = gt;
-    // Modes 3 and 4: 0 and 2 with the 4-part combine at every split count; 5 and 6: 3 with every
-    // GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages) instead of the rule's.
-    for (const int mode : {0, 1, 2, 3, 4, 5, 6}) {
-      kt.early_trigger = mode != 1 && mode != 2 && mode != 4;
-      kt.trigger_at_exit = mode == 2 || mode == 4;
-      at.combine_parts_min_splits = mode >= 3 ? 0 : attn_saved.combine_parts_min_splits;
-      gt.stages = mode == 5 ? 3 : mode == 6 ? 2 : gemv_saved.stages;
-      const char* labels[] = {"before_wait",       "after_wait",    "at_exit",
-                              "before_wait+parts", "at_exit+parts", "parts+gemv_ring3",
-                              "parts+gemv_ring2"};
-      const char* label = labels[mode];
+    // Each configuration from the defaults: the small kernels' trigger placement, the 4-part
+    // combine at every split count (parts), the combine's context length before its wait
+    // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages).
+    auto after_wait = [&] { kt.early_trigger = false; };
+    auto at_exit = [&] { kt.trigger_at_exit = true; };
+    auto parts = [&] { at.combine_parts_min_splits = 0; };
+    auto ctx_early = [&] { at.combine_ctx_before_wait = true; };
+    const std::vector<std::pair<const char*, std::function<void()>>> configs = {
+        {"before_wait", [] {}},
+        {"after_wait", after_wait},
+        {"at_exit", at_exit},
+        {"before_wait+parts", parts},
+        {"at_exit+parts", [&] { at_exit(), parts(); }},
+        {"parts+gemv_ring3", [&] { parts(), gt.stages = 3; }},
+        {"parts+gemv_ring2", [&] { parts(), gt.stages = 2; }},
+        {"ctx_early", ctx_early},
+        {"parts+ctx_early", [&] { parts(), ctx_early(); }},
+        {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }}};
+    for (const auto& [label, set] : configs) {
+      kt = kernel_saved;
+      at = attn_saved;
+      gt = gemv_saved;
+      set();
       const double us9 = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu); }, 7) / layers;
       const double us6 =
           time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, true, true); }, 7) / layers;
       std::printf(
-          "  layer chain %s small kernels trigger %-17s: 9 kernels %7.2f us (%.3fx), norms + rope "
-          "fused (6 kernels) %7.2f us (%.3fx of floor %.2f us)\n",
+          "  layer chain %s %-21s: 9 kernels %7.2f us (%.3fx), norms + rope fused (6 kernels) "
+          "%7.2f us (%.3fx of floor %.2f us)\n",
           tag.c_str(), label, us9, us9 / floor_us, us6, us6 / floor_us, floor_us);
       for (const int kernels : {9, 6}) {
         Row row;
@@ -1565,7 +1594,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         add_row(row, bytes, kernels == 9 ? us9 : us6);
       }
     }
-    kt = saved;
+    kt = kernel_saved;
     at = attn_saved;
     gt = gemv_saved;
   }

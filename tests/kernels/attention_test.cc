@@ -487,6 +487,58 @@ TEST_P(AttentionVariants, CombineFormsAgree) {
   }
 }
 
+// AttentionTuning::combine_ctx_before_wait (the context length loaded before the combine's
+// dependency wait; the 4-part form loading 16 partials per thread ahead) gives the same bits as
+// the default, in both combine forms, eagerly and in a PDL chain: one KV head at ctx 8192 (129
+// splits: the 4-part form's batches of 64 three times) and 3000, and eight KV heads at 8192 (the
+// split count of Llama-3-8B's heads), q_len 1 and 8, two requests of different lengths.
+TEST(Attention, CombineContextBeforeWaitGivesTheSameBits) {
+  TS_SKIP_WITHOUT_GPU();
+  const detail::AttentionTuning saved = detail::attention_tuning();
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  cudaStream_t stream;
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const auto [kv_heads, ctx] : {std::pair{1, 8192}, std::pair{1, 3000}, std::pair{8, 8192}}) {
+    KvCache cache;
+    cache.num_layers = 1;
+    cache.num_kv_heads = kv_heads;
+    cache.capacity_tokens = ctx + 16;
+    DeviceRequests batch = upload_requests(cache, {ctx, ctx / 3}, 8, 0, rng);
+    for (const int q_len : {1, 8}) {
+      const int q_heads = kv_heads * 4;
+      const AttentionShape shape = shape_of(2, q_len, q_heads);
+      const size_t elems = size_t{2} * q_len * q_heads * kHeadDim;
+      auto dq = test::to_device(test::random_bf16(elems, rng));
+      auto ws = make_workspace({shape}, cache);
+      for (const bool parts : {false, true}) {
+        std::vector<std::vector<uint16_t>> bits;
+        for (const bool early : {false, true}) {
+          detail::attention_tuning() = saved;
+          detail::attention_tuning().combine_parts = parts;
+          detail::attention_tuning().combine_parts_min_splits = 0;
+          detail::attention_tuning().combine_ctx_before_wait = early;
+          for (const bool pdl : {false, true}) {
+            DeviceBuffer<bf16> out(elems);
+            out.poison();
+            decode_attention(dq.get(), cache, 0, batch.ctx.get(), out.get(), shape, ws.get(),
+                             stream, pdl);
+            TS_CUDA_CHECK(cudaStreamSynchronize(stream));
+            bits.push_back(out.download<uint16_t>());
+          }
+        }
+        for (size_t i = 1; i < bits.size(); ++i)
+          EXPECT_EQ(mismatches(bits[i], bits[0]), 0u)
+              << "kv heads " << kv_heads << ", ctx " << ctx << ", q_len " << q_len << ", parts "
+              << parts << ", run " << i << ": " << describe_mismatches(bits[i], bits[0]);
+      }
+    }
+  }
+  detail::attention_tuning() = saved;
+  TS_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, AttentionVariants, ::testing::ValuesIn(kVariants),
                          [](const auto& info) { return std::string(info.param.name); });
 
