@@ -137,9 +137,9 @@ struct AttentionTuning {
   bool combine_parts = true;
   int combine_parts_min_splits = 66;
   // The combine loads the request's context length before its dependency wait (the preceding
-  // kernel does not write it), so its partials' loads after the wait are not behind that load;
-  // the 4-part form then loads up to 64 splits in one batch. Same bits. Off: measured in round 23
-  // (docs/kernels.md), a change of every decode step's attention that goes with a recalibration.
+  // kernel does not write it), so its partials' loads after the wait are not behind that load.
+  // Same bits. Off: measured in round 23 (docs/kernels.md), a change of every decode step's
+  // attention that goes with a recalibration.
   bool combine_ctx_before_wait = false;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   // Benchmark only (section attention_trace): non-null = the pair's blocks write their timeline
