@@ -392,7 +392,6 @@ constexpr int kCombineUnroll = 8;
 template <bool kTrace = false, bool kCtxEarly = false>
 __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_parts_kernel(const SplitParams p, bf16* out, int trigger_mode) {
-  constexpr int kUnroll = kCombineUnroll;
   __shared__ float weight[kMaxSplits];  // exp2(m_s - m_max); -1: split skipped
   __shared__ float reduce[kCombineThreads / 32];
   __shared__ float part_o[kCombineParts - 1][kHeadDim];
@@ -421,9 +420,9 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int part = t / kHeadDim, d = t % kHeadDim;
   const float* o_col = p.part_o + slot0 * kHeadDim + d;
   const size_t o_stride = static_cast<size_t>(p.rows) * kHeadDim;  // between splits
-  float ov[kUnroll];
+  float ov[kCombineUnroll];
 #pragma unroll
-  for (int i = 0; i < kUnroll; ++i) {
+  for (int i = 0; i < kCombineUnroll; ++i) {
     const int s = part + i * kCombineParts;
     ov[i] = s < splits ? o_col[s * o_stride] : 0.0f;
   }
@@ -450,15 +449,15 @@ __global__ void __launch_bounds__(kCombineThreads)
   __syncthreads();  // every thread has read reduce[] (the maximum) and written weight[]
   if (lane == 0) reduce[warp] = l_part;
   float o = 0.0f;
-  for (int base = 0; base < splits; base += kUnroll * kCombineParts) {
-    float next[kUnroll];
+  for (int base = 0; base < splits; base += kCombineUnroll * kCombineParts) {
+    float next[kCombineUnroll];
 #pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-      const int s = base + kUnroll * kCombineParts + part + i * kCombineParts;
+    for (int i = 0; i < kCombineUnroll; ++i) {
+      const int s = base + kCombineUnroll * kCombineParts + part + i * kCombineParts;
       next[i] = s < splits ? o_col[s * o_stride] : 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
+    for (int i = 0; i < kCombineUnroll; ++i) {
       const int s = base + part + i * kCombineParts;
       if (s < splits && weight[s] >= 0.0f) o += ov[i] * weight[s];
       ov[i] = next[i];
