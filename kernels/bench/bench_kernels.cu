@@ -6,8 +6,8 @@
 // SECTION: gemv, gemv_split, access, l2_prefetch, attention, attention_kv_heads,
 // attention_batch, layer_chain, moe, lm_head (default: all; the floor always runs); by name only:
 // attention_trace (per-block timelines of the attention pair), chain_trigger (the layer chain per
-// trigger placement of its small kernels), ncu (one untimed launch per kernel for Nsight
-// Compute, scripts/gpu_ncu.sh).
+// trigger placement of its small kernels and per combine form), ncu (one untimed launch per
+// kernel for Nsight Compute, scripts/gpu_ncu.sh).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -1441,7 +1441,9 @@ void launch_ncu_targets(const std::vector<Shape>& shapes) {
 // > 1 that many requests of m / requests positions at `ctx` (the engine's batched decode).
 // trigger_sweep (section chain_trigger): only the 9-kernel chain and the chain with both fusions
 // (6 kernels), PDL on, for each trigger placement of the small kernels (norm, rope, combine):
-// before their wait (the default), after it, none (at exit; KernelTuning::trigger_at_exit).
+// before their wait (the default), after it, none (at exit; KernelTuning::trigger_at_exit); and
+// for the attention's 4-part combine at every split count, its context length before its wait
+// (AttentionTuning::combine_ctx_before_wait) and the GEMVs' rings of 3 and 2.
 void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
                        bool trigger_sweep = false) {
   const int layers = 32, hidden = 4096, inter = 14336, capacity = ctx + 16;
