@@ -789,6 +789,13 @@ int cmd_calibrate_nccl(const std::string& out_path, const std::string& json_path
 int main(int argc, char** argv) {
   using namespace twinstep;
   CLI::App app{"twinstep: simulation-backed scheduling research for LLM decode"};
+  // What this binary was built from, as runs, calibration sessions and profiles record it
+  // (results/build_info.cmake: TWINSTEP_COMMIT at build time wins over git).
+  const BuildInfo& build = build_info();
+  app.set_version_flag("--version", "twinstep " + build.version + " (commit " + build.git_sha +
+                                        (build.git_dirty ? "-dirty" : "") + "; " + build.compiler +
+                                        "; CUDA " + build.cuda_version + "; NCCL " +
+                                        build.nccl_version + ")");
   app.require_subcommand(1);
   std::string db_path = kDefaultDb;
   app.add_option("--db", db_path, "results database (SQLite)")->capture_default_str();

@@ -51,6 +51,7 @@ step build
 cmake --build "$build" -j"$(nproc)" --target twinstep runtime_calibrate_gpu_test \
   >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 fi
+gpu_check_commit "$build/twinstep" || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 
 db="$out/validation.db"

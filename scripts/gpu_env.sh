@@ -11,6 +11,8 @@ if [ -z "${TWINSTEP_CMAKE_ARGS:-}" ] && [ -f "$deps/usr/include/sqlite3.h" ]; th
   export TWINSTEP_CMAKE_ARGS
 fi
 
+source "$root/scripts/gpu_commit.sh"  # gpu_check_commit
+
 # gpu_build OUT TARGET...: configures `build` (Release, sm_90, TWINSTEP_CMAKE_ARGS) and builds
 # the targets, logs in OUT/{configure,build}.log; on failure prints the errors and returns 1.
 gpu_build() {

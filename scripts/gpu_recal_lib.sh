@@ -20,6 +20,7 @@ step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 recal_build() {
   step build
   gpu_build "$logs" "$@" || { status=1; return 1; }
+  gpu_check_commit "$ts" || { status=1; return 1; }
   nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee "$logs/gpu.txt"
 }
 # recal_kernel_tests GTEST_FILTER: kernels_test on those tests (logs/tests.log), its summary.

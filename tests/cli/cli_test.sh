@@ -16,6 +16,22 @@ q() { "$bin" --db "$1" query --csv "$2" 2>/dev/null | tail -n +2; }
 # validate runs nothing and lists the sweep.
 out=$("$bin" validate "$src/experiments/quickstart.yaml")
 check "validate lists 4 variants" grep -q "4 variant(s)" <<<"$out"
+check "--version names the build's commit" grep -qE '^twinstep [0-9.]+ \(commit [0-9a-f]{7,}(-dirty)?; ' <("$bin" --version)
+# scripts/gpu_env.sh's gpu_check_commit (the GPU scripts' guard against a build labelled with
+# another commit): a binary built as abc1234 passes for abc1234 only, a dirty build of it never;
+# this build is refused for a commit it is not.
+fake=$work/fake_twinstep
+printf '#!/bin/sh\necho "twinstep 0.1.0 (commit abc1234; GNU 12; CUDA 13.0; NCCL 2.28)"\n' >"$fake"
+chmod +x "$fake"
+commit_ok() {  # COMMIT BINARY: gpu_check_commit's verdict (the helper sourced as the scripts do)
+  (source "$src/scripts/gpu_commit.sh" && TWINSTEP_COMMIT=$1 gpu_check_commit "$2") >/dev/null
+}
+not() { ! "$@"; }
+check "gpu_check_commit accepts the commit a binary was built as" commit_ok abc1234 "$fake"
+check "gpu_check_commit refuses another" not commit_ok abc1235 "$fake"
+sed -i 's/abc1234;/abc1234-dirty;/' "$fake"
+check "gpu_check_commit refuses a dirty build" not commit_ok abc1234 "$fake"
+check "gpu_check_commit refuses this build for another commit" not commit_ok 0000000 "$bin"
 # Every experiment the repository ships validates (models, hardware names, sweeps, policies).
 bad_exp=""
 while IFS= read -r f; do
