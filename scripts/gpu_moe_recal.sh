@@ -11,15 +11,15 @@
 #   50 the TP2-EP2 shard's collective breaks (21)        51 the TP4-EP4 shard's         (23)
 # (the dense sessions 2, 22, 29, 32, 33, 37, 38 and 40-44 stay). Then experiments/validation/
 # h200_moe.yaml, sim and real, against that profile (scripts/gpu_calibrate.sh CALIBRATE_PROFILE).
-# The same call serves the next change of the MoE kernels (e.g. GemvTuning::moe_warp_tiles on):
-# MOE_KERNELS=1 first runs the MoE kernel tests and the benchmark's moe section (OUT_DIR/moe.json),
+# The same call serves each change of the MoE kernels (session 28: GemvTuning::moe_warp_tiles on,
+# sessions 45-51 of calibration_9386db7.db.xz): MOE_KERNELS=1 first runs the MoE kernel tests and the benchmark's moe section (OUT_DIR/moe.json),
 # MOE_SPEC=1 last runs scripts/gpu_moe_spec.sh against the refitted profile (OUT_DIR/spec.tar;
 # about 80 s more).
 #   [MOE_KERNELS=1] [MOE_SPEC=1] TWINSTEP_COMMIT=<sha> scripts/gpu_moe_recal.sh OUT_DIR
 # Writes OUT_DIR/{h200-calibrated.yaml,cal.db.xz,logs.tar.xz} and OUT_DIR/moe.tar (gpu_calibrate.sh's
 # folder: validation.db.xz, h200_moe.sim_vs_real.txt, logs). Give TWINSTEP_COMMIT literally: on the
 # GPU machine `git rev-parse` may name another commit than the tree's (docs/calibration.md "MoE on
-# the split kernel").
+# the split kernel"); a twinstep built as another commit is refused (gpu_check_commit).
 set -uo pipefail
 source "$(dirname "$0")/gpu_recal_lib.sh"
 recal_init "${1:?usage: scripts/gpu_moe_recal.sh OUT_DIR}"
