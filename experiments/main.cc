@@ -484,6 +484,7 @@ struct CalibrateGrid {
   bool no_spec = false;
   bool spec_only = false;
   std::vector<int> spec_batches;
+  int spec_capacity_tokens = 0;  // CalibrateOptions::spec_capacity_tokens
   // Prefill passes (CalibrateOptions::prefill, prefill_only, prefill_tokens).
   bool no_prefill = false;
   bool prefill_only = false;
@@ -568,6 +569,7 @@ runtime::CalibrateOptions calibrate_options(bool quick, const std::vector<std::s
   o.spec = !grid.no_spec;
   o.spec_only = grid.spec_only;
   o.spec_batches = grid.spec_batches;
+  o.spec_capacity_tokens = grid.spec_capacity_tokens;
   o.prefill = !grid.no_prefill;
   o.prefill_only = grid.prefill_only;
   o.prefill_tokens = grid.prefill_tokens;
@@ -624,10 +626,11 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
                                 std::to_string(id) + " is not one of --sessions (with --fit-only)");
   }
   if (fit_only &&
-      (grid.spec_only || grid.no_spec || !grid.spec_batches.empty() || grid.prefill_only ||
+      (grid.spec_only || grid.no_spec || !grid.spec_batches.empty() ||
+       grid.spec_capacity_tokens != 0 || grid.prefill_only ||
        grid.no_prefill || !grid.prefill_tokens.empty() || grid.breaks_only))
     throw ConfigError("",
-                      "--spec-only, --no-spec, --spec-batches, --prefill-only, --no-prefill, "
+                      "--spec-only, --no-spec, --spec-batches, --spec-capacity-tokens, --prefill-only, --no-prefill, "
                       "--prefill-tokens and --breaks-only choose what calibrate measures; "
                       "--fit-only measures nothing (it refits every stored sample, spec_graph, "
                       "prefill and collective_break ones too)");
@@ -961,6 +964,9 @@ int main(int argc, char** argv) {
                    "batches of the speculative graphs, increasing, 1..64 (default 1,4; "
                    "with --batches, those <= 4)")
       ->delimiter(',');
+  calibrate->add_option("--spec-capacity-tokens", cal_grid.spec_capacity_tokens,
+                        "KV capacity of the speculative graphs' engine, tokens (default: each "
+                        "context plus one round); the attention's partition follows it");
   calibrate->add_flag("--prefill-only", cal_grid.prefill_only,
                       "measure only the prefill passes (fit them with stored sessions: --fit-only "
                       "--sessions); with --spec-only, both");

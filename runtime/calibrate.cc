@@ -793,7 +793,14 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     EngineOptions eo;
     eo.max_slots = max_batch;
     // One round's tokens past the prompt (every draft accepted) and a verify's width of margin.
-    eo.capacity_tokens = int32_t(((ctx + 15) / 16 * 16 + max_width + 16 + 63) / 64 * 64);
+    const int32_t round_capacity =
+        int32_t(((ctx + 15) / 16 * 16 + max_width + 16 + 63) / 64 * 64);
+    if (o.spec_capacity_tokens > 0 && o.spec_capacity_tokens < round_capacity)
+      throw Error("calibrate: --spec-capacity-tokens " + std::to_string(o.spec_capacity_tokens) +
+                  " holds less than context " + std::to_string(ctx) +
+                  " plus one round of the widest verify (" + std::to_string(round_capacity) +
+                  " tokens)");
+    eo.capacity_tokens = o.spec_capacity_tokens > 0 ? o.spec_capacity_tokens : round_capacity;
     eo.draft = true;
     eo.draft_early_exit = early_exit;  // used by drafts with device stops only
     eo.tp.size = o.tp;                 // a shard measured alone: no communicator
@@ -1067,6 +1074,12 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
     if (i > 0 && o.spec_batches[i] <= o.spec_batches[i - 1])
       throw Error("calibrate: --spec-batches must be increasing");
   }
+  if (o.spec_capacity_tokens < 0 || o.spec_capacity_tokens > 262144)
+    throw Error("calibrate: --spec-capacity-tokens " + std::to_string(o.spec_capacity_tokens) +
+                " outside [0, 262144]");
+  if (!o.spec && o.spec_capacity_tokens > 0)
+    throw Error(
+        "calibrate: --spec-capacity-tokens sizes the speculative graphs' engine; drop --no-spec");
   if (!o.spec && !o.spec_batches.empty())
     throw Error("calibrate: --spec-batches sets the speculative graphs' batches; drop --no-spec");
   if (o.in_situ) {

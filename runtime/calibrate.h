@@ -46,6 +46,12 @@ struct CalibrateOptions {
   // batch far above 4 has no measured residual of its own without this (~1 min for 8, 16, 32 on
   // Llama-3-8B, H200).
   std::vector<int> spec_batches;
+  // The KV capacity of the speculative graphs' engine, tokens (0: each context's plus one round
+  // and a verify's width, rounded to 64). The attention's partition follows the capacity
+  // (kernels/attention.cu split_tokens_for): a run's engine holds its prompt plus its whole
+  // output (runtime/real_factory.cc), so this measures the graphs as such a run launches them.
+  // At least the largest context plus one round (checked).
+  int spec_capacity_tokens = 0;
   // Prefill passes (docs/calibration.md "Prefill"): every model's prefill of one prompt
   // (Engine::enqueue_prefill, eager: cuBLAS projections over every row, chunked decode attention)
   // at each of prefill_tokens (empty: 1024, 2048, 4096, 8192; quick: 1024, 4096), bracketed by an
