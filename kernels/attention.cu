@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "kernels/attention.h"
+#include "kernels/attention_split.h"
 #include "kernels/attention_tile.cuh"
 #include "kernels/device.cuh"
 #include "kernels/rope_math.cuh"
@@ -488,20 +489,14 @@ int num_sms() {
   return count;
 }
 
-// Split size: a multiple of 64 tokens chosen from the capacity, the request count and the KV head
-// count (never from q_len or the live lengths), so that a full cache gives at most ctas_per_sm
-// blocks per SM (one wave; AttentionTuning::splits_within_one_wave, else at least that many).
-// Results depend on it at rounding level; for one cache and batch it is fixed, so a verify pass
-// and plain decode steps split the context identically.
+// The split size (kernels/attention_split.h, the rule the simulator prices), with this device's SM
+// count and the tuning's blocks per SM and rounding.
 int split_tokens_for(const AttentionShape& shape, const KvCache& cache) {
+  static_assert(kTileTokens == kAttentionTileTokens);
   const detail::AttentionTuning& tuning = detail::attention_tuning();
-  const int blocks_per_split = shape.num_requests * cache.num_kv_heads;
-  const int target_blocks = tuning.ctas_per_sm * num_sms();
-  const int target_splits = std::max(
-      1, tuning.splits_within_one_wave ? target_blocks / blocks_per_split
-                                       : (target_blocks + blocks_per_split - 1) / blocks_per_split);
-  const int tokens = (cache.capacity_tokens + target_splits - 1) / target_splits;
-  return std::max(kTileTokens, (tokens + kTileTokens - 1) / kTileTokens * kTileTokens);
+  return attention_partition(cache.capacity_tokens, shape.num_requests, cache.num_kv_heads,
+                             num_sms(), tuning.ctas_per_sm, tuning.splits_within_one_wave)
+      .split_tokens;
 }
 
 size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }

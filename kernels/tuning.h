@@ -3,6 +3,8 @@
 // globals, read by the launchers at launch time (so a captured graph keeps the values it saw).
 #pragma once
 
+#include "kernels/attention_split.h"  // the attention partition's defaults
+
 namespace twinstep::kernels::detail {
 
 struct KernelTuning {
@@ -85,7 +87,8 @@ GemvTuning& gemv_tuning();
 // (cluster merge through DSMEM, the last cluster combining) was measured slower and withdrawn;
 // see docs/kernels.md.
 struct AttentionTuning {
-  int ctas_per_sm = 2;  // context splits are sized so a full cache gives this many blocks per SM
+  int ctas_per_sm = kAttentionCtasPerSm;  // context splits are sized so a full cache gives this
+                                          // many blocks per SM
   // How the split count rounds (attention.cu split_tokens_for): true, down: a full cache gives at
   // most ctas_per_sm x SMs blocks, one wave, wherever requests x KV heads alone fit in it; false,
   // up (179ce97..): at least that many, so 2 to 32 requests of 8 KV heads launched 272-512 blocks
@@ -93,7 +96,7 @@ struct AttentionTuning {
   // batch-8 attention at ctx 1040: 320 blocks of 4 tiles, 21.1 us, against 16.5-16.9 us for one
   // request's 208-264 blocks of the same bytes). Either way the partition depends on capacity, KV
   // heads and requests only; results differ between the two at rounding level.
-  bool splits_within_one_wave = true;
+  bool splits_within_one_wave = kAttentionSplitsWithinOneWave;
   // Split-kernel options (same bits either way). split_full_ring: the split kernel's prologue
   // issues all 3 ring stages (96 KB per block, 192 KB per SM in flight at the start) instead of 2;
   // split_q_smem: Q staged in shared memory instead of 32 registers per thread (no spill at 8 and

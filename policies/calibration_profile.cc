@@ -611,13 +611,55 @@ void write_spec_graph_residuals(std::ostringstream& o, const HardwareSpec& hw) {
   o << "\n";
 }
 
+// ---- attention partition (HardwareSpec::attention_partition_fits) -----------------------------
+
+// attention_partition: a list of {model, ns_per_split, ns_per_tile, r2, max_abs_err_ns, points},
+// every field required, models distinct.
+void read_attention_partition(Reader& r, const YAML::Node& node, HardwareSpec& hw) {
+  if (!node.IsSequence()) r.fail(node.Mark(), "attention_partition must be a list of fits");
+  for (size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node& e = node[i];
+    const std::string what = "attention_partition[" + std::to_string(i) + "]";
+    const auto m = r.mapping(
+        e, what, {"model", "ns_per_split", "ns_per_tile", "r2", "max_abs_err_ns", "points"});
+    auto field = [&](const char* name) -> const YAML::Node& { return r.require(m, e, name, what); };
+    HardwareSpec::AttentionPartitionFit f;
+    f.model = r.text(field("model"), what + ".model");
+    if (f.model.empty()) r.fail(field("model").Mark(), what + ".model must not be empty");
+    f.ns_per_split = r.number(field("ns_per_split"), what + ".ns_per_split", -1e9, false, 1e9);
+    f.ns_per_tile = r.number(field("ns_per_tile"), what + ".ns_per_tile", -1e9, false, 1e9);
+    f.r2 = r.number(field("r2"), what + ".r2", -1e300, false, 1);
+    f.max_abs_err_ns = r.number(field("max_abs_err_ns"), what + ".max_abs_err_ns", 0, false, 1e300);
+    f.points = r.integer(field("points"), what + ".points", 1, int64_t(1) << 50);
+    for (const HardwareSpec::AttentionPartitionFit& q : hw.attention_partition_fits) {
+      if (q.model == f.model) r.fail(e.Mark(), what + ": a second fit of " + f.model);
+    }
+    hw.attention_partition_fits.push_back(std::move(f));
+  }
+}
+
+// The section, after spec_graph_residuals; nothing when there are no fits.
+void write_attention_partition(std::ostringstream& o, const HardwareSpec& hw) {
+  if (hw.attention_partition_fits.empty()) return;
+  o << "# Attention partition: per model, an attention launch's cost per context split its "
+       "requests fill and\n# per 64-token tile of the split size (the split size follows the KV "
+       "capacity); r2 within the\n# measured shapes, each shape's mean removed.\n";
+  o << "attention_partition:";
+  for (const HardwareSpec::AttentionPartitionFit& f : hw.attention_partition_fits) {
+    o << "\n  - {model: " << quoted(f.model) << ", ns_per_split: " << num(f.ns_per_split)
+      << ", ns_per_tile: " << num(f.ns_per_tile) << ", r2: " << num(f.r2)
+      << ", max_abs_err_ns: " << num(f.max_abs_err_ns) << ", points: " << f.points << "}";
+  }
+  o << "\n";
+}
+
 CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
-  const auto top =
-      r.mapping(doc, "the profile",
-                {"format", "name", "base", "header", "figures", "kernels", "kernel_names",
-                 "kernel_model_fits", "pdl_node_gap_by_rows", "graph_node_gap_by_rows",
-                 "eager_node_gap_by_rows", "pdl_break_gap_by_rows", "graph_break_gap_by_rows",
-                 "host_ops", "measurements", "collective_skew", "spec_graph_residuals"});
+  const auto top = r.mapping(
+      doc, "the profile",
+      {"format", "name", "base", "header", "figures", "kernels", "kernel_names",
+       "kernel_model_fits", "pdl_node_gap_by_rows", "graph_node_gap_by_rows",
+       "eager_node_gap_by_rows", "pdl_break_gap_by_rows", "graph_break_gap_by_rows", "host_ops",
+       "measurements", "collective_skew", "spec_graph_residuals", "attention_partition"});
   CalibrationProfile p;
   const YAML::Node& format = r.require(top, doc, "format", "the profile");
   if (r.integer(format, "format", 0, 1000000) != kFormat) {
@@ -721,6 +763,9 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
 
   if (const YAML::Node* sn = Reader::find(top, "spec_graph_residuals")) {
     read_spec_graph_residuals(r, *sn, p.hw);
+  }
+  if (const YAML::Node* an = Reader::find(top, "attention_partition")) {
+    read_attention_partition(r, *an, p.hw);
   }
   if (const YAML::Node* on = Reader::find(top, "host_ops")) {
     for (const auto& [key, v] : r.mapping(*on, "host_ops", {})) {
@@ -856,6 +901,7 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
             "at each collective\n# position (calibrate --tp); PDL graphs, then plain graphs.\n");
   gap_table("graph_break_gap_by_rows", p.hw.graph_break_gap_by_rows, "");
   write_spec_graph_residuals(o, p.hw);
+  write_attention_partition(o, p.hw);
   o << "host_ops:";
   for (const auto& [name, d] : p.host_ops) {
     o << "\n  " << quoted(name) << ": {n: " << d.n << ", mean_ns: " << num(d.mean_ns)

@@ -225,6 +225,25 @@ struct HardwareSpec {
   };
   std::vector<SpecGraphResidual> spec_graph_residuals;  // (model, graph, mode, batch) distinct
 
+  // ---- Attention partition (docs/calibration.md "Attention partition") ----
+  // The decode attention splits the context into blocks whose size follows the engine's KV
+  // capacity (kernels/attention_split.h), not the context: the same launch at another capacity
+  // runs another partition. Per model label, what one attention launch (split + combine) costs
+  // per context split its requests fill and per 64-token tile of the split size, fitted from
+  // calibrate's attention_partition samples (the same launch at several capacities):
+  // t = t(shape) + ns_per_split · active splits + ns_per_tile · split tiles. The simulator adds
+  // the difference between a speculative launch's partition in the run and the one calibrate
+  // measured its graphs at (spec_graph_partition_ns, simulator/spec_graphs.h).
+  struct AttentionPartitionFit {
+    std::string model;  // calibration model label
+    double ns_per_split = 0;
+    double ns_per_tile = 0;
+    double r2 = 0;              // within the shapes (each shape's mean removed)
+    double max_abs_err_ns = 0;  // of the fitted launch times
+    int64_t points = 0;         // (shape, capacity) medians fitted
+  };
+  std::vector<AttentionPartitionFit> attention_partition_fits;  // models distinct
+
   // ---- Collective arrival skew (issue #11; `twinstep calibrate-nccl`, docs/calibration.md
   // "Collectives") ----
   // A collective whose members reach it skew_ns apart (latest minus earliest arrival) ends

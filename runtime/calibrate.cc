@@ -10,10 +10,13 @@
 #include <span>
 #include <string_view>
 
+#include "kernels/attention.h"
+#include "kernels/attention_split.h"
 #include "policies/calibration_model.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
 #include "policies/host_costs.h"
+#include "policies/kv_capacity.h"
 #include "policies/model_spec.h"
 #include "policies/step_kernels.h"
 #include "policies/workload.h"
@@ -726,6 +729,123 @@ class InSitu {
   std::string label_;  // the model being measured (calibration_model_label)
 };
 
+// ---- attention partition ---------------------------------------------------------------------
+
+// The decode attention of `name` (its TP shard's heads for tp > 1) at one context and several KV
+// capacities that partition it differently (docs/calibration.md "Attention partition"): the
+// split size follows the capacity (kernels/attention_split.h), so the same launch costs more or
+// less in engines of different capacities. Per requests (1, 4; quick: 1), query rows per request
+// (1, half and all of the widest verify's) and context (2048, 8192; quick: 8192): from the
+// capacity calibrate measures the speculative graphs at (spec_calibration_capacity_tokens), the
+// first capacity of each of the next split sizes, four partitions in all (quick: three); each a
+// graph of 32 launches over 32 layers of KV with PDL, as in situ, 2 untimed and 20 timed
+// replays (quick: 6). Samples attention_partition: batch = requests, ctx_tokens, nodes = query
+// rows per request, bytes = the KV capacity, flops = the split size in tokens (for reading),
+// value_ns = the median launch (replay / 32). Zeroed KV and queries (the time does not depend on
+// the values).
+void attention_partition(const CalibrateOptions& o, const std::string& name,
+                         std::vector<CalibrationSample>& out) {
+  const LlamaConfig full = llama_config_from_spec(model_preset(name));
+  const LlamaConfig config = o.tp > 1 ? tp_shard_config(full, 0, o.tp) : full;
+  const std::string label = calibration_model_label(name, o.tp);
+  constexpr int kLayers = 32;
+  const int kv_heads = config.kv_heads, q_heads = config.q_heads;
+  const int max_width = spec_calibration_max_width(q_heads, kv_heads);
+  int sms = 0, device = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::vector<int> requests_list = o.quick ? std::vector<int>{1} : std::vector<int>{1, 4};
+  const std::vector<int> contexts = o.quick ? std::vector<int>{8192} : std::vector<int>{2048, 8192};
+  const std::vector<int> rows_list = {1, std::max(1, max_width / 2), max_width};
+  const size_t partitions = o.quick ? 3 : 4;
+  const int reps = o.quick ? 6 : 20;
+  Stream stream;
+  Events ev(2);
+  for (const int requests : requests_list) {
+    for (const int ctx : contexts) {
+      // The capacities: calibrate's speculative one, then the first of each larger split size.
+      std::vector<int> capacities;
+      int last_split = 0;
+      for (int cap = spec_calibration_capacity_tokens(ctx, max_width);
+           capacities.size() < partitions && cap <= 8 * ctx; cap += 64) {
+        const int split = kernels::attention_partition(cap, requests, kv_heads, sms).split_tokens;
+        if (split != last_split) capacities.push_back(cap);
+        last_split = split;
+      }
+      for (const int capacity : capacities) {
+        // The cache: one buffer per request of kLayers x (K, V) x heads x capacity x 128 bf16.
+        const size_t per_request =
+            size_t(kLayers) * 2 * size_t(kv_heads) * size_t(capacity) * kernels::kHeadDim;
+        auto kv =
+            device_alloc<kernels::bf16>(size_t(requests) * per_request * sizeof(kernels::bf16));
+        TS_CUDA_CHECK(
+            cudaMemset(kv.get(), 0, size_t(requests) * per_request * sizeof(kernels::bf16)));
+        std::vector<kernels::bf16*> bases(static_cast<size_t>(requests));
+        for (int r = 0; r < requests; ++r) bases[size_t(r)] = kv.get() + size_t(r) * per_request;
+        auto base_dev = device_alloc<kernels::bf16*>(bases.size() * sizeof(kernels::bf16*));
+        TS_CUDA_CHECK(cudaMemcpy(base_dev.get(), bases.data(), bases.size() * sizeof(bases[0]),
+                                 cudaMemcpyHostToDevice));
+        const std::vector<int> ctx_host(size_t(requests), ctx);
+        auto ctx_dev = device_alloc<int>(ctx_host.size() * sizeof(int));
+        TS_CUDA_CHECK(cudaMemcpy(ctx_dev.get(), ctx_host.data(), ctx_host.size() * sizeof(int),
+                                 cudaMemcpyHostToDevice));
+        kernels::KvCache cache;
+        cache.request_base = base_dev.get();
+        cache.num_layers = kLayers;
+        cache.num_kv_heads = kv_heads;
+        cache.capacity_tokens = capacity;
+        for (const int rows : rows_list) {
+          kernels::AttentionShape shape;
+          shape.num_requests = requests;
+          shape.q_len = rows;
+          shape.num_q_heads = q_heads;
+          const size_t q_elems = size_t(requests) * rows * q_heads * kernels::kHeadDim;
+          auto q = device_alloc<kernels::bf16>(q_elems * sizeof(kernels::bf16));
+          auto o_buf = device_alloc<kernels::bf16>(q_elems * sizeof(kernels::bf16));
+          TS_CUDA_CHECK(cudaMemset(q.get(), 0, q_elems * sizeof(kernels::bf16)));
+          auto ws = device_alloc<char>(kernels::attention_workspace_bytes(shape, cache));
+          cudaGraph_t g = nullptr;
+          TS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+          for (int l = 0; l < kLayers; ++l) {
+            kernels::decode_attention(q.get(), cache, l, ctx_dev.get(), o_buf.get(), shape,
+                                      ws.get(), stream, /*pdl=*/l > 0);
+          }
+          TS_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+          cudaGraphExec_t exec = nullptr;
+          TS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+          TS_CUDA_CHECK(cudaGraphDestroy(g));
+          std::vector<double> ns;
+          for (int rep = -2; rep < reps; ++rep) {
+            TS_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+            TS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            TS_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+            TS_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+            if (rep >= 0) ns.push_back(ev.elapsed_ns(0, 1) / kLayers);
+          }
+          TS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+          const kernels::AttentionPartition part =
+              kernels::attention_partition(capacity, requests, kv_heads, sms);
+          CalibrationSample x = sample("attention_partition", median(ns));
+          x.name = "attention";
+          x.model = label;
+          x.mode = "pdl";
+          x.batch = requests;
+          x.ctx_tokens = ctx;
+          x.nodes = rows;
+          x.bytes = capacity;
+          x.flops = part.split_tokens;
+          std::fprintf(o.log,
+                       "calibrate: %s attention partition: %d requests, ctx %d, %2d rows, "
+                       "capacity %5d: %3d-token splits (%2d filled) %7.2f us\n",
+                       label.c_str(), requests, ctx, rows, capacity, part.split_tokens,
+                       kernels::attention_active_splits(part, ctx + rows), x.value_ns / 1e3);
+          out.push_back(x);
+        }
+      }
+    }
+  }
+}
+
 // ---- speculative graphs in situ ----------------------------------------------------------------
 
 // The speculative graphs of `name` (docs/calibration.md "Speculative graphs"): at the smallest
@@ -763,7 +883,8 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     if (batches.empty()) batches.push_back(o.batches.front());
   }
   // The engine's verify widths: 16 rows of GEMV, 64 query rows of decode_attention per KV head.
-  const int max_width = std::min(kMaxDraftTokens + 1, 64 / (config.q_heads / config.kv_heads));
+  static_assert(kMaxDraftTokens + 1 == kSpecCalibrationMaxWidth);
+  const int max_width = spec_calibration_max_width(config.q_heads, config.kv_heads);
   std::vector<int> widths;
   for (const int w : o.quick ? std::vector<int>{2, 6, 16} : std::vector<int>{2, 4, 6, 8, 12, 16}) {
     if (w <= max_width) widths.push_back(w);
@@ -778,6 +899,7 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
   constexpr int kWarm = 2;
   const int reps = o.quick ? 6 : 20;
   static_assert(2 * (kWarm + 20) <= kOutputRing);
+  int32_t capacity = 0;  // the engine's KV capacity at the context being measured
   const auto sample_of = [&](const char* graph, double ns, int batch, int64_t ctx, int positions) {
     CalibrationSample x = sample("spec_graph", ns);
     x.name = graph;
@@ -786,6 +908,7 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     x.batch = batch;
     x.ctx_tokens = ctx;
     x.nodes = positions;
+    x.bytes = capacity;  // spec_graph samples: the KV capacity (CalibrationSample::bytes)
     out.push_back(x);
   };
   for (const int ctx : contexts) {
@@ -793,14 +916,14 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     EngineOptions eo;
     eo.max_slots = max_batch;
     // One round's tokens past the prompt (every draft accepted) and a verify's width of margin.
-    const int32_t round_capacity =
-        int32_t(((ctx + 15) / 16 * 16 + max_width + 16 + 63) / 64 * 64);
+    const int32_t round_capacity = spec_calibration_capacity_tokens(ctx, max_width);
     if (o.spec_capacity_tokens > 0 && o.spec_capacity_tokens < round_capacity)
       throw Error("calibrate: --spec-capacity-tokens " + std::to_string(o.spec_capacity_tokens) +
                   " holds less than context " + std::to_string(ctx) +
                   " plus one round of the widest verify (" + std::to_string(round_capacity) +
                   " tokens)");
     eo.capacity_tokens = o.spec_capacity_tokens > 0 ? o.spec_capacity_tokens : round_capacity;
+    capacity = eo.capacity_tokens;
     eo.draft = true;
     eo.draft_early_exit = early_exit;  // used by drafts with device stops only
     eo.tp.size = o.tp;                 // a shard measured alone: no communicator
@@ -1077,6 +1200,12 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
   if (o.spec_capacity_tokens < 0 || o.spec_capacity_tokens > 262144)
     throw Error("calibrate: --spec-capacity-tokens " + std::to_string(o.spec_capacity_tokens) +
                 " outside [0, 262144]");
+  if (o.partition_only && !o.partition)
+    throw Error(
+        "calibrate: --partition-only measures the attention partition; drop --no-partition");
+  if (o.partition_only && o.breaks_only)
+    throw Error(
+        "calibrate: --partition-only and --breaks-only each measure only their own samples");
   if (!o.spec && o.spec_capacity_tokens > 0)
     throw Error(
         "calibrate: --spec-capacity-tokens sizes the speculative graphs' engine; drop --no-spec");
@@ -1111,12 +1240,15 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
     for (const std::string& m : o.models) in_situ.model(m);
     return run;
   }
-  if (o.spec_only || o.prefill_only) {
+  if (o.spec_only || o.prefill_only || o.partition_only) {
     if (o.spec_only) {
       for (const std::string& m : o.models) spec_graphs(o, m, out);
     }
     if (o.prefill_only) {
       for (const std::string& m : o.models) prefill_passes(o, m, out);
+    }
+    if (o.partition_only) {
+      for (const std::string& m : o.models) attention_partition(o, m, out);
     }
     return run;
   }
@@ -1147,6 +1279,9 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
     for (const std::string& m : o.models) spec_graphs(o, m, out);
   }
   if (fused) return run;
+  if (o.partition) {
+    for (const std::string& m : o.models) attention_partition(o, m, out);
+  }
   if (o.prefill) {
     for (const std::string& m : o.models) prefill_passes(o, m, out);
   }

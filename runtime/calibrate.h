@@ -71,6 +71,12 @@ struct CalibrateOptions {
   // times are the samples). The fit subtracts the profile's price of the collectives
   // (simulator/calibration.h fit_in_situ_break_gaps).
   bool in_situ = false;
+  // The decode attention of every model at several KV capacities (docs/calibration.md "Attention
+  // partition": the split size follows the capacity; runtime/calibrate.cc attention_partition),
+  // fitted into the profile's attention_partition; a few seconds per model. partition_only: only
+  // these (with spec_only / prefill_only, those too), to be fitted with stored sessions.
+  bool partition = true;
+  bool partition_only = false;
   bool prefill = true;
   bool prefill_only = false;
   std::vector<int> prefill_tokens;

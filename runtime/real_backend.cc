@@ -704,10 +704,6 @@ RealBackend::RealBackend(runtime::Engine& engine, const ModelSpec& model,
 
 RealBackend::~RealBackend() = default;
 
-int32_t spec_kv_margin(const SpecSpec& spec) {
-  return spec.method == SpecMethod::kNone ? 0 : 3 * (spec.max_draft() + 1);
-}
-
 int32_t RealBackend::prompt_token(uint64_t seed, int32_t request, int32_t position, int64_t vocab) {
   return int32_t(rng_key(seed, uint64_t(request), uint64_t(position)) % uint64_t(vocab));
 }
@@ -720,8 +716,7 @@ void RealBackend::run(std::span<HostProgram* const> ranks, RunRecord& record) {
   if (ranks.size() != 1)
     throw Error("real backend: one rank per process (multi-GPU runs are one process per GPU)");
   for (const RequestSpec& r : requests_) {
-    const int64_t need =
-        (int64_t(r.input_len) + 15) / 16 * 16 + r.output_len + spec_kv_margin(options_.spec);
+    const int64_t need = request_kv_tokens(r, options_.spec);
     if (need > engine_.options().capacity_tokens)
       throw Error("real backend: request " + std::to_string(r.id) + " needs " +
                   std::to_string(need) + " KV positions, the engine holds " +

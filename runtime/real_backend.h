@@ -30,6 +30,7 @@
 
 #include "policies/backend.h"
 #include "policies/host_costs.h"
+#include "policies/kv_capacity.h"  // spec_kv_margin, request_kv_tokens
 #include "policies/model_spec.h"
 #include "policies/policy_spec.h"
 #include "policies/workload.h"
@@ -66,11 +67,6 @@ struct RealOptions {
   // control of each draft launch (runtime::draft_control). Needs an engine with the draft module.
   SpecSpec spec;
 };
-
-// KV positions a request needs on the real backend: the prompt padded to 16, the output, and
-// with speculation spec_kv_margin(spec) more (verify writes up to width positions past ctx, and
-// a run-ahead host launches a step or two more before it learns a request finished).
-int32_t spec_kv_margin(const SpecSpec& spec);
 
 class RealBackend final : public Backend {
  public:

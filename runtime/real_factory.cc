@@ -6,6 +6,7 @@
 #include <string>
 
 #include "policies/error.h"
+#include "policies/kv_capacity.h"
 #include "policies/layout.h"
 #include "runtime/checkpoint.h"
 #include "runtime/engine.h"
@@ -20,10 +21,6 @@ class OwningRealBackend final : public Backend {
       : model_(v.model), host_(v.host_costs, v.seed) {
     const LlamaConfig config = llama_config_from_spec(model_);
     const bool spec = v.policy.spec.method != SpecMethod::kNone;
-    int32_t need = 16;
-    for (const RequestSpec& r : requests)
-      need = std::max(need,
-                      (r.input_len + 15) / 16 * 16 + r.output_len + spec_kv_margin(v.policy.spec));
     runtime::EngineOptions eo;
     // Tensor parallelism: this rank's GPU and shard (runtime/tensor_parallel.h). An MoE model's
     // experts are sharded expert parallel over the same group: ep must equal tp (the runner
@@ -50,7 +47,7 @@ class OwningRealBackend final : public Backend {
       eo.pp = runtime::pp_world(v.layout.pp);
     }
     eo.max_slots = std::max(1, v.workload.max_concurrency);
-    eo.capacity_tokens = (need + 63) / 64 * 64;
+    eo.capacity_tokens = engine_kv_capacity_tokens(requests, v.policy.spec);
     eo.draft = spec;
     // policies.fusion, as the simulator's step kernels list it (ModelSpec::fusion).
     eo.fused_norms = model_.fusion.norms;

@@ -2,14 +2,17 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <set>
 #include <tuple>
 
+#include "kernels/attention_split.h"
 #include "policies/calibration_model.h"
 #include "policies/error.h"
+#include "policies/kv_capacity.h"
 #include "policies/step_kernels.h"
 
 namespace twinstep {
@@ -143,9 +146,152 @@ int64_t spec_graph_residual_ns(const HardwareSpec::SpecGraphResidual& r, SpecGra
       r.ns_per_skipped_step * double(std::max(0, skipped_steps)));
 }
 
+const HardwareSpec::AttentionPartitionFit* attention_partition_fit_for(const HardwareSpec& hw,
+                                                                       const std::string& model) {
+  const std::string preset = model.substr(0, model.find_first_of("@+"));
+  const HardwareSpec::AttentionPartitionFit* own = nullptr;
+  const HardwareSpec::AttentionPartitionFit* base = nullptr;
+  for (const HardwareSpec::AttentionPartitionFit& f : hw.attention_partition_fits) {
+    if (f.model == model) own = &f;
+    if (f.model == preset) base = &f;
+  }
+  return own != nullptr ? own : base;
+}
+
+int64_t spec_graph_reference_ctx(const HardwareSpec::SpecGraphResidual& r, double ctx_per_request) {
+  int64_t best = std::llround(ctx_per_request);
+  double best_distance = -1;
+  for (const HardwareSpec::SpecGraphResidual::Correction& c : r.corrections) {
+    const double d = std::abs(double(c.ctx) - ctx_per_request);
+    if (best_distance < 0 || d < best_distance || (d == best_distance && c.ctx < best)) {
+      best = c.ctx;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+double spec_graph_partition_ns(const HardwareSpec::AttentionPartitionFit& f, const ModelSpec& model,
+                               const ModelSpec& draft, SpecGraph graph, int32_t requests,
+                               int32_t positions, double ctx_per_request, int32_t capacity,
+                               int64_t reference_ctx, int32_t sms, int32_t tp) {
+  if (capacity <= 0 || sms <= 0 || requests < 1) return 0;
+  const ModelSpec* m = nullptr;
+  int64_t forwards = 1;
+  int32_t rows = positions;
+  switch (graph) {
+    case SpecGraph::kVerify:
+      m = &model;
+      break;
+    case SpecGraph::kDraft:
+    case SpecGraph::kDraftEarlyExit:
+      m = &draft;
+      forwards = std::max(0, positions - 1);
+      rows = 1;
+      break;
+    default:
+      return 0;  // the extend's KV pass runs no attention
+  }
+  // The widest verify of the model sets calibrate's capacity (its first GQA layer's heads).
+  int32_t q_heads = 0, kv_heads = 0;
+  for (const LayerSpec& l : model.layers) {
+    if (l.attn.kind == AttentionKind::kGqa && l.attn.num_kv_heads > 0) {
+      q_heads = l.attn.num_q_heads;
+      kv_heads = l.attn.num_kv_heads;
+      break;
+    }
+  }
+  if (kv_heads == 0) return 0;
+  const int32_t reference = spec_calibration_capacity_tokens(
+      reference_ctx, spec_calibration_max_width(q_heads, kv_heads));
+  const long long keys = std::llround(std::max(0.0, ctx_per_request)) + rows;
+  double ns = 0;
+  for (const LayerSpec& l : m->layers) {
+    if (l.attn.kind != AttentionKind::kGqa || l.attn.num_kv_heads <= 0) continue;
+    const int heads = std::max(1, l.attn.num_kv_heads / std::max(1, tp));
+    const kernels::AttentionPartition run =
+        kernels::attention_partition(capacity, requests, heads, sms);
+    const kernels::AttentionPartition cal =
+        kernels::attention_partition(reference, requests, heads, sms);
+    ns +=
+        f.ns_per_split * double(kernels::attention_active_splits(run, keys) -
+                                kernels::attention_active_splits(cal, keys)) +
+        f.ns_per_tile * double(run.split_tokens - cal.split_tokens) / kernels::kAttentionTileTokens;
+  }
+  return double(forwards) * ns;
+}
+
+std::vector<HardwareSpec::AttentionPartitionFit> fit_attention_partition(
+    const std::vector<CalibrationSample>& samples) {
+  // (model, requests, ctx, rows) -> (capacity, split tokens) -> launch times
+  using Shape = std::tuple<std::string, int64_t, int64_t, int64_t>;
+  std::map<Shape, std::map<std::pair<int64_t, int64_t>, std::vector<double>>> shapes;
+  for (const CalibrationSample& s : samples) {
+    if (s.kind != "attention_partition") continue;
+    if (s.batch < 1 || s.ctx_tokens < 0 || s.nodes < 1 || s.bytes < 1 || s.flops < 1 ||
+        s.flops % kernels::kAttentionTileTokens != 0 || s.value_ns <= 0)
+      throw Error("attention_partition sample of '" + s.model +
+                  "' needs requests, ctx, rows, a capacity and a split of whole 64-token tiles");
+    shapes[{s.model, s.batch, s.ctx_tokens, s.nodes}][{s.bytes, s.flops}].push_back(s.value_ns);
+  }
+  struct Row {
+    double dt, ds, dtiles;
+  };
+  std::map<std::string, std::vector<Row>> rows_of;
+  for (const auto& [shape, points] : shapes) {
+    if (points.size() < 2) continue;
+    const auto& [model, requests, ctx, rows] = shape;
+    std::vector<std::array<double, 3>> v;  // time, active splits, tiles
+    for (const auto& [key, times] : points) {
+      const auto [capacity, split] = key;
+      const kernels::AttentionPartition part{int(split), int((capacity + split - 1) / split)};
+      v.push_back({median(times), double(kernels::attention_active_splits(part, ctx + rows)),
+                   double(split / kernels::kAttentionTileTokens)});
+    }
+    std::array<double, 3> mean{0, 0, 0};
+    for (const auto& x : v)
+      for (size_t i = 0; i < 3; ++i) mean[i] += x[i] / double(v.size());
+    for (const auto& x : v)
+      rows_of[model].push_back({x[0] - mean[0], x[1] - mean[1], x[2] - mean[2]});
+  }
+  std::vector<HardwareSpec::AttentionPartitionFit> out;
+  for (const auto& [model, rows] : rows_of) {
+    double sss = 0, stt = 0, sst = 0, sy_s = 0, sy_t = 0, syy = 0;
+    for (const Row& r : rows) {
+      sss += r.ds * r.ds;
+      stt += r.dtiles * r.dtiles;
+      sst += r.ds * r.dtiles;
+      sy_s += r.dt * r.ds;
+      sy_t += r.dt * r.dtiles;
+      syy += r.dt * r.dt;
+    }
+    HardwareSpec::AttentionPartitionFit f;
+    f.model = model;
+    const double det = sss * stt - sst * sst;
+    if (det > 1e-9 * std::max(1.0, sss * stt)) {
+      f.ns_per_split = (sy_s * stt - sy_t * sst) / det;
+      f.ns_per_tile = (sy_t * sss - sy_s * sst) / det;
+    } else if (sss > 0) {
+      f.ns_per_split = sy_s / sss;
+    } else if (stt > 0) {
+      f.ns_per_tile = sy_t / stt;
+    }
+    double ss_res = 0;
+    for (const Row& r : rows) {
+      const double e = r.dt - f.ns_per_split * r.ds - f.ns_per_tile * r.dtiles;
+      ss_res += e * e;
+      f.max_abs_err_ns = std::max(f.max_abs_err_ns, std::abs(e));
+    }
+    f.r2 = syy > 0 ? 1 - ss_res / syy : 1.0;
+    f.points = int64_t(rows.size());
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
 std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSample>& samples,
                                               const HardwareSpec& hw) {
-  using Key = std::tuple<std::string, std::string, std::string, int64_t, int64_t, int64_t>;
+  using Key = std::tuple<std::string, std::string, std::string, int64_t, int64_t, int64_t, int64_t>;
   std::map<Key, std::vector<double>> groups;
   for (const CalibrationSample& s : samples) {
     if (s.kind != "spec_graph" || s.name == kEarlyExitSkipSample) continue;
@@ -154,7 +300,8 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
                   "' (draft, draft_early_exit, verify or extend)");
     }
     if (s.mode != "graph" || s.batch < 1 || s.nodes < 1 || s.ctx_tokens < 0) continue;
-    groups[{s.model, s.name, s.mode, s.batch, s.nodes, s.ctx_tokens}].push_back(s.value_ns);
+    groups[{s.model, s.name, s.mode, s.batch, s.nodes, s.ctx_tokens, std::max<int64_t>(0, s.bytes)}]
+        .push_back(s.value_ns);
   }
   // One-GPU pricing per model label, as a simulated run of the preset builds it.
   struct Pricing {
@@ -182,7 +329,7 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
   };
   std::vector<SpecGraphPoint> out;
   for (const auto& [key, v] : groups) {
-    const auto& [model, graph, mode, batch, positions, ctx] = key;
+    const auto& [model, graph, mode, batch, positions, ctx, capacity] = key;
     const Pricing* p = pricing_of(model);
     if (p == nullptr || positions > (int64_t(1) << 20) || batch > (int64_t(1) << 20)) continue;
     SpecGraphPoint pt;
@@ -192,11 +339,19 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
     pt.batch = batch;
     pt.positions = positions;
     pt.ctx_tokens = ctx;
+    pt.capacity_tokens = capacity;
     pt.samples = int64_t(v.size());
     pt.measured_ns = median(v);
-    pt.priced_ns = double(spec_graph_price_ns(*p->cost, hw.graph_node_gap_ns, p->model, p->draft,
-                                              spec_graph_by_name(graph), int32_t(batch),
-                                              int32_t(positions), ctx * batch, p->tp));
+    const SpecGraph kind = spec_graph_by_name(graph);
+    pt.priced_ns =
+        double(spec_graph_price_ns(*p->cost, hw.graph_node_gap_ns, p->model, p->draft, kind,
+                                   int32_t(batch), int32_t(positions), ctx * batch, p->tp));
+    if (const auto* f = attention_partition_fit_for(hw, model); f != nullptr && capacity > 0) {
+      pt.partition_ns = spec_graph_partition_ns(
+          *f, p->model, p->draft, kind, int32_t(batch_bucket(int32_t(batch))), int32_t(positions),
+          double(ctx), int32_t(std::min<int64_t>(capacity, 1 << 30)), ctx, hw.sm_count, p->tp);
+      pt.priced_ns += pt.partition_ns;
+    }
     out.push_back(std::move(pt));
   }
   return out;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/attention_split.h"
 #include "kernels/tuning.h"
 #include "tests/kernels/test_util.h"
 
@@ -652,6 +653,37 @@ TEST(Attention, FusedRopeRejectsWhatItCannotDo) {
     ADD_FAILURE() << "accepted without split_q_smem";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("split_q_smem"), std::string::npos) << e.what();
+  }
+}
+
+// The launcher's partition is the shared rule the simulator prices (kernels/attention_split.h):
+// attention_num_splits against attention_partition with this device's SMs, over random
+// capacities, requests and KV heads; and the workspace holds every split's partials.
+TEST(Attention, PartitionIsTheSharedRule) {
+  TS_SKIP_WITHOUT_GPU();
+  int device = 0, sms = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 500; ++trial) {
+    KvCache cache;
+    cache.num_layers = 1;
+    cache.num_kv_heads = 1 << std::uniform_int_distribution<int>(0, 3)(rng);  // 1..8
+    cache.capacity_tokens = std::uniform_int_distribution<int>(16, 40000)(rng);
+    AttentionShape shape;
+    shape.num_requests = std::uniform_int_distribution<int>(1, 64)(rng);
+    shape.num_q_heads = 4 * cache.num_kv_heads;
+    shape.q_len = std::uniform_int_distribution<int>(1, 16)(rng);
+    const AttentionPartition p =
+        attention_partition(cache.capacity_tokens, shape.num_requests, cache.num_kv_heads, sms);
+    ASSERT_EQ(attention_num_splits(shape, cache), p.splits)
+        << "capacity " << cache.capacity_tokens << ", " << shape.num_requests << " requests, "
+        << cache.num_kv_heads << " KV heads";
+    EXPECT_EQ(p.split_tokens % kAttentionTileTokens, 0);
+    EXPECT_GE(p.split_tokens * p.splits, cache.capacity_tokens);
+    EXPECT_LT(p.split_tokens * (p.splits - 1), cache.capacity_tokens);
   }
 }
 

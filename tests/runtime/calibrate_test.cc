@@ -3,6 +3,7 @@
 // graphs and the prefill passes it was fitted on; `--spec-only`; `--prefill-only`.
 #include "runtime/calibrate.h"
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,8 +13,11 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/attention_split.h"
+#include "kernels/common.h"
 #include "policies/calibration_model.h"
 #include "policies/error.h"
+#include "policies/kv_capacity.h"
 #include "policies/step_kernels.h"
 #include "runtime/real_backend.h"
 #include "simulator/calibration.h"
@@ -39,7 +43,7 @@ TEST(Calibrate, QuickProfileLoadsAndReproducesTheStepsItWasFittedOn) {
   ASSERT_FALSE(run.samples.empty());
   for (const char* kind :
        {"kernel", "node_gap", "eager_launch", "graph_launch", "event_sync", "d2h", "stream_read",
-        "host_op", "step", "step_profiled", "spec_graph", "prefill"}) {
+        "host_op", "step", "step_profiled", "spec_graph", "prefill", "attention_partition"}) {
     EXPECT_TRUE(std::any_of(run.samples.begin(), run.samples.end(),
                             [&](const CalibrationSample& s) { return s.kind == kind; }))
         << kind;
@@ -176,6 +180,47 @@ TEST(Calibrate, PrefillOnlyTimesOnePromptPerLength) {
   EXPECT_THROW(runtime::run_calibration(o), Error);
 }
 
+// --partition-only, quick: llama-3.2-3b's attention at ctx 8192, one request, 1 / 8 / 16 rows, at
+// calibrate's speculative capacity and the first capacities of the next two split sizes; the
+// split sizes recorded are the shared rule's (kernels/attention_split.h) on this device, and the
+// fit prices every shape's spread.
+TEST(Calibrate, PartitionOnlyMeasuresTheAttentionAtThreeSplitSizes) {
+  std::string why;
+  if (!real_backend_available(&why)) GTEST_SKIP() << why;
+  runtime::CalibrateOptions o;
+  o.quick = true;
+  o.models = {"llama-3.2-3b"};
+  o.partition_only = true;
+  const runtime::CalibrationRun run = runtime::run_calibration(o);
+  int device = 0, sms = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const ModelSpec m = model_preset("llama-3.2-3b");
+  const int kv_heads = m.layers[0].attn.num_kv_heads;
+  std::map<int64_t, std::set<int64_t>> splits;  // rows -> split sizes
+  for (const CalibrationSample& s : run.samples) {
+    ASSERT_EQ(s.kind, "attention_partition");
+    EXPECT_EQ(s.model, "llama-3.2-3b");
+    EXPECT_EQ(s.batch, 1);
+    EXPECT_EQ(s.ctx_tokens, 8192);
+    EXPECT_GT(s.value_ns, 0);
+    EXPECT_GE(s.bytes, spec_calibration_capacity_tokens(8192, 16));
+    EXPECT_EQ(s.flops, kernels::attention_partition(int(s.bytes), 1, kv_heads, sms).split_tokens);
+    splits[s.nodes].insert(s.flops);
+  }
+  ASSERT_EQ(splits.size(), 3u);  // rows 1, 8, 16
+  for (const auto& [rows, sizes] : splits) EXPECT_EQ(sizes.size(), 3u) << rows << " rows";
+  const std::vector<HardwareSpec::AttentionPartitionFit> fits =
+      fit_attention_partition(run.samples);
+  ASSERT_EQ(fits.size(), 1u);
+  EXPECT_EQ(fits[0].points, 9);
+  EXPECT_TRUE(std::isfinite(fits[0].ns_per_split) && std::isfinite(fits[0].ns_per_tile));
+  std::printf("llama-3.2-3b partition: %.1f ns per split, %.1f ns per tile, r2 %.3f\n",
+              fits[0].ns_per_split, fits[0].ns_per_tile, fits[0].r2);
+  o.partition = false;
+  EXPECT_THROW(runtime::run_calibration(o), Error);
+}
+
 // --spec-only on the quick grid of llama-3.2-3b at context 128 (tp: its shard's).
 runtime::CalibrateOptions spec_only_options(int tp) {
   runtime::CalibrateOptions o;
@@ -280,7 +325,8 @@ TEST(Calibrate, FusedSessionLabelsItsSamplesWithTheFusedStep) {
     kinds.insert(s.kind);
     if (s.kind == "kernel" && s.mode == "graph") names[{s.batch, s.ctx_tokens}].insert(s.name);
   }
-  for (const char* absent : {"stream_read", "d2h", "eager_launch", "event_sync", "prefill"})
+  for (const char* absent :
+       {"stream_read", "d2h", "eager_launch", "event_sync", "prefill", "attention_partition"})
     EXPECT_EQ(kinds.count(absent), 0u) << absent;
   for (const char* present : {"kernel", "step", "step_profiled", "spec_graph"})
     EXPECT_EQ(kinds.count(present), 1u) << present;
