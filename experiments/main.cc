@@ -485,7 +485,7 @@ struct CalibrateGrid {
   bool spec_only = false;
   std::vector<int> spec_batches;
   int spec_capacity_tokens = 0;  // CalibrateOptions::spec_capacity_tokens
-  bool no_partition = false;     // !CalibrateOptions::partition
+  int spec_partitions = 3;       // CalibrateOptions::spec_partitions
   bool partition_only = false;   // CalibrateOptions::partition_only
   // Prefill passes (CalibrateOptions::prefill, prefill_only, prefill_tokens).
   bool no_prefill = false;
@@ -572,7 +572,7 @@ runtime::CalibrateOptions calibrate_options(bool quick, const std::vector<std::s
   o.spec_only = grid.spec_only;
   o.spec_batches = grid.spec_batches;
   o.spec_capacity_tokens = grid.spec_capacity_tokens;
-  o.partition = !grid.no_partition;
+  o.spec_partitions = grid.spec_partitions;
   o.partition_only = grid.partition_only;
   o.prefill = !grid.no_prefill;
   o.prefill_only = grid.prefill_only;
@@ -631,14 +631,15 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   }
   if (fit_only &&
       (grid.spec_only || grid.no_spec || !grid.spec_batches.empty() ||
-       grid.spec_capacity_tokens != 0 || grid.no_partition || grid.partition_only ||
+       grid.spec_capacity_tokens != 0 || grid.spec_partitions != 3 || grid.partition_only ||
        grid.prefill_only || grid.no_prefill || !grid.prefill_tokens.empty() || grid.breaks_only))
-    throw ConfigError("",
-                      "--spec-only, --no-spec, --spec-batches, --spec-capacity-tokens, "
-                      "--no-partition, --partition-only, --prefill-only, --no-prefill, "
-                      "--prefill-tokens and --breaks-only choose what calibrate measures; "
-                      "--fit-only measures nothing (it refits every stored sample, spec_graph, "
-                      "prefill and collective_break ones too)");
+    throw ConfigError(
+        "",
+        "--spec-only, --no-spec, --spec-batches, --spec-capacity-tokens, --spec-partitions, "
+        "--partition-only, --prefill-only, --no-prefill, "
+        "--prefill-tokens and --breaks-only choose what calibrate measures; "
+        "--fit-only measures nothing (it refits every stored sample, spec_graph, "
+        "prefill and collective_break ones too)");
   if (grid.no_spec && !grid.spec_batches.empty())
     throw ConfigError("", "--spec-batches sets the speculative graphs' batches; drop --no-spec");
   if (fit_only && !grid.fusion.empty())
@@ -972,12 +973,13 @@ int main(int argc, char** argv) {
   calibrate->add_option("--spec-capacity-tokens", cal_grid.spec_capacity_tokens,
                         "KV capacity of the speculative graphs' engine, tokens (default: each "
                         "context plus one round); the attention's partition follows it");
-  calibrate->add_flag("--no-partition", cal_grid.no_partition,
-                      "skip the attention at several KV capacities (measured by default; they "
-                      "fit the profile's attention_partition)");
+  calibrate->add_option("--spec-partitions", cal_grid.spec_partitions,
+                        "attention split sizes the speculative graphs are measured at, at the "
+                        "largest context (1..8, default 3): one round's capacity, then larger "
+                        "ones");
   calibrate->add_flag("--partition-only", cal_grid.partition_only,
-                      "measure only the attention at several KV capacities (fit them with "
-                      "stored sessions: --fit-only --sessions); with --spec-only, both");
+                      "measure only the decode attention at several KV capacities (stored for "
+                      "reading, no fit uses them); with --spec-only, both");
   calibrate->add_flag("--prefill-only", cal_grid.prefill_only,
                       "measure only the prefill passes (fit them with stored sessions: --fit-only "
                       "--sessions); with --spec-only, both");

@@ -27,9 +27,9 @@ struct AttentionPartition {
 // and batch it is fixed, so a verify pass and plain decode steps split the context identically.
 // Lumpy in the capacity: Qwen3-30B-A3B's 4 KV heads, one request, 132 SMs give 128-token splits
 // at capacity 8256 (65 of them) and 192-token ones at 9280 (49).
-inline AttentionPartition attention_partition(int capacity_tokens, int requests, int kv_heads,
-                                              int sms, int ctas_per_sm = kAttentionCtasPerSm,
-                                              bool within_one_wave = kAttentionSplitsWithinOneWave) {
+inline AttentionPartition attention_partition(
+    int capacity_tokens, int requests, int kv_heads, int sms, int ctas_per_sm = kAttentionCtasPerSm,
+    bool within_one_wave = kAttentionSplitsWithinOneWave) {
   const int blocks_per_split = std::max(1, requests * kv_heads);
   const int target_blocks = ctas_per_sm * std::max(1, sms);
   const int target_splits =
@@ -37,9 +37,8 @@ inline AttentionPartition attention_partition(int capacity_tokens, int requests,
                                   : (target_blocks + blocks_per_split - 1) / blocks_per_split);
   const int tokens = (std::max(1, capacity_tokens) + target_splits - 1) / target_splits;
   AttentionPartition p;
-  p.split_tokens =
-      std::max(kAttentionTileTokens,
-               (tokens + kAttentionTileTokens - 1) / kAttentionTileTokens * kAttentionTileTokens);
+  p.split_tokens = std::max(kAttentionTileTokens, (tokens + kAttentionTileTokens - 1) /
+                                                      kAttentionTileTokens * kAttentionTileTokens);
   p.splits = (std::max(1, capacity_tokens) + p.split_tokens - 1) / p.split_tokens;
   return p;
 }
@@ -48,7 +47,8 @@ inline AttentionPartition attention_partition(int capacity_tokens, int requests,
 // split kernel that stream KV for it and the partials the combine reads, per KV head.
 inline int attention_active_splits(const AttentionPartition& p, long long tokens) {
   if (p.split_tokens <= 0 || tokens <= 0) return 0;
-  return static_cast<int>(std::min<long long>(p.splits, (tokens + p.split_tokens - 1) / p.split_tokens));
+  return static_cast<int>(
+      std::min<long long>(p.splits, (tokens + p.split_tokens - 1) / p.split_tokens));
 }
 
 }  // namespace twinstep::kernels

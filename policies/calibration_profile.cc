@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "policies/error.h"
 #include "policies/step_kernels.h"
@@ -545,19 +546,24 @@ void read_spec_graph_residuals(Reader& r, const YAML::Node& node, HardwareSpec& 
       for (size_t k = 0; k < corr->size(); ++k) {
         const YAML::Node& pt = (*corr)[k];
         const std::string pwhat = what + ".corrections[" + std::to_string(k) + "]";
-        if (!pt.IsSequence() || pt.size() != 3) {
-          r.fail(pt.Mark(), pwhat + " must be a point [positions, ctx, ns]");
+        if (!pt.IsSequence() || (pt.size() != 3 && pt.size() != 4)) {
+          r.fail(pt.Mark(), pwhat +
+                                " must be a point [positions, ctx, ns] or [positions, ctx, "
+                                "ns, split_tokens]");
         }
         const HardwareSpec::SpecGraphResidual::Correction c{
             r.integer(pt[0], pwhat + ".positions", 1, int64_t(1) << 20),
             r.integer(pt[1], pwhat + ".ctx", 0, int64_t(1) << 40),
-            r.number(pt[2], pwhat + ".ns", -1e12, false, 1e12)};
+            r.number(pt[2], pwhat + ".ns", -1e12, false, 1e12),
+            pt.size() == 4 ? r.integer(pt[3], pwhat + ".split_tokens", 1, int64_t(1) << 30) : 0};
         if (!f.corrections.empty()) {
           const auto& prev = f.corrections.back();
-          if (std::pair(c.positions, c.ctx) <= std::pair(prev.positions, prev.ctx)) {
+          if (std::tuple(c.positions, c.ctx, c.split_tokens) <=
+              std::tuple(prev.positions, prev.ctx, prev.split_tokens)) {
             r.fail(pt.Mark(), pwhat + " must follow [" + std::to_string(prev.positions) + ", " +
                                   std::to_string(prev.ctx) +
-                                  "] (points sorted by positions, then ctx, distinct)");
+                                  ", ...] (points sorted by positions, ctx, then split, "
+                                  "distinct)");
           }
         }
         f.corrections.push_back(c);
@@ -585,7 +591,8 @@ void write_spec_graph_residuals(std::ostringstream& o, const HardwareSpec& hw) {
        "it. ns_per_skipped_step: per conditional step an\n# early-exit draft graph skips past "
        "its length. corrections: [P, ctx, ns] what the form leaves at each\n# measured point, "
        "added between points (linear in ctx per P, held outside; then linear in P);\n# "
-       "max_rel_err_loo: the error at each point priced without its own correction.\n";
+       "max_rel_err_loo: the error at each point priced without its own correction. A fourth\n# "
+       "element: the attention split size measured (per context, the launch's nearest is used).\n";
   o << "spec_graph_residuals:";
   for (const HardwareSpec::SpecGraphResidual& f : hw.spec_graph_residuals) {
     o << "\n  - {model: " << quoted(f.model) << ", graph: " << quoted(f.graph)
@@ -602,7 +609,9 @@ void write_spec_graph_residuals(std::ostringstream& o, const HardwareSpec& hw) {
       o << ", max_rel_err_loo: " << num(f.max_rel_err_loo) << ", corrections: [";
       for (size_t k = 0; k < f.corrections.size(); ++k) {
         const auto& c = f.corrections[k];
-        o << (k ? ", [" : "[") << c.positions << ", " << c.ctx << ", " << num(c.ns) << "]";
+        o << (k ? ", [" : "[") << c.positions << ", " << c.ctx << ", " << num(c.ns);
+        if (c.split_tokens > 0) o << ", " << c.split_tokens;
+        o << "]";
       }
       o << "]";
     }
@@ -611,55 +620,13 @@ void write_spec_graph_residuals(std::ostringstream& o, const HardwareSpec& hw) {
   o << "\n";
 }
 
-// ---- attention partition (HardwareSpec::attention_partition_fits) -----------------------------
-
-// attention_partition: a list of {model, ns_per_split, ns_per_tile, r2, max_abs_err_ns, points},
-// every field required, models distinct.
-void read_attention_partition(Reader& r, const YAML::Node& node, HardwareSpec& hw) {
-  if (!node.IsSequence()) r.fail(node.Mark(), "attention_partition must be a list of fits");
-  for (size_t i = 0; i < node.size(); ++i) {
-    const YAML::Node& e = node[i];
-    const std::string what = "attention_partition[" + std::to_string(i) + "]";
-    const auto m = r.mapping(
-        e, what, {"model", "ns_per_split", "ns_per_tile", "r2", "max_abs_err_ns", "points"});
-    auto field = [&](const char* name) -> const YAML::Node& { return r.require(m, e, name, what); };
-    HardwareSpec::AttentionPartitionFit f;
-    f.model = r.text(field("model"), what + ".model");
-    if (f.model.empty()) r.fail(field("model").Mark(), what + ".model must not be empty");
-    f.ns_per_split = r.number(field("ns_per_split"), what + ".ns_per_split", -1e9, false, 1e9);
-    f.ns_per_tile = r.number(field("ns_per_tile"), what + ".ns_per_tile", -1e9, false, 1e9);
-    f.r2 = r.number(field("r2"), what + ".r2", -1e300, false, 1);
-    f.max_abs_err_ns = r.number(field("max_abs_err_ns"), what + ".max_abs_err_ns", 0, false, 1e300);
-    f.points = r.integer(field("points"), what + ".points", 1, int64_t(1) << 50);
-    for (const HardwareSpec::AttentionPartitionFit& q : hw.attention_partition_fits) {
-      if (q.model == f.model) r.fail(e.Mark(), what + ": a second fit of " + f.model);
-    }
-    hw.attention_partition_fits.push_back(std::move(f));
-  }
-}
-
-// The section, after spec_graph_residuals; nothing when there are no fits.
-void write_attention_partition(std::ostringstream& o, const HardwareSpec& hw) {
-  if (hw.attention_partition_fits.empty()) return;
-  o << "# Attention partition: per model, an attention launch's cost per context split its "
-       "requests fill and\n# per 64-token tile of the split size (the split size follows the KV "
-       "capacity); r2 within the\n# measured shapes, each shape's mean removed.\n";
-  o << "attention_partition:";
-  for (const HardwareSpec::AttentionPartitionFit& f : hw.attention_partition_fits) {
-    o << "\n  - {model: " << quoted(f.model) << ", ns_per_split: " << num(f.ns_per_split)
-      << ", ns_per_tile: " << num(f.ns_per_tile) << ", r2: " << num(f.r2)
-      << ", max_abs_err_ns: " << num(f.max_abs_err_ns) << ", points: " << f.points << "}";
-  }
-  o << "\n";
-}
-
 CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
-  const auto top = r.mapping(
-      doc, "the profile",
-      {"format", "name", "base", "header", "figures", "kernels", "kernel_names",
-       "kernel_model_fits", "pdl_node_gap_by_rows", "graph_node_gap_by_rows",
-       "eager_node_gap_by_rows", "pdl_break_gap_by_rows", "graph_break_gap_by_rows", "host_ops",
-       "measurements", "collective_skew", "spec_graph_residuals", "attention_partition"});
+  const auto top =
+      r.mapping(doc, "the profile",
+                {"format", "name", "base", "header", "figures", "kernels", "kernel_names",
+                 "kernel_model_fits", "pdl_node_gap_by_rows", "graph_node_gap_by_rows",
+                 "eager_node_gap_by_rows", "pdl_break_gap_by_rows", "graph_break_gap_by_rows",
+                 "host_ops", "measurements", "collective_skew", "spec_graph_residuals"});
   CalibrationProfile p;
   const YAML::Node& format = r.require(top, doc, "format", "the profile");
   if (r.integer(format, "format", 0, 1000000) != kFormat) {
@@ -763,9 +730,6 @@ CalibrationProfile parse_document(const YAML::Node& doc, Reader& r) {
 
   if (const YAML::Node* sn = Reader::find(top, "spec_graph_residuals")) {
     read_spec_graph_residuals(r, *sn, p.hw);
-  }
-  if (const YAML::Node* an = Reader::find(top, "attention_partition")) {
-    read_attention_partition(r, *an, p.hw);
   }
   if (const YAML::Node* on = Reader::find(top, "host_ops")) {
     for (const auto& [key, v] : r.mapping(*on, "host_ops", {})) {
@@ -901,7 +865,6 @@ std::string write_calibration_profile(const CalibrationProfile& p) {
             "at each collective\n# position (calibrate --tp); PDL graphs, then plain graphs.\n");
   gap_table("graph_break_gap_by_rows", p.hw.graph_break_gap_by_rows, "");
   write_spec_graph_residuals(o, p.hw);
-  write_attention_partition(o, p.hw);
   o << "host_ops:";
   for (const auto& [name, d] : p.host_ops) {
     o << "\n  " << quoted(name) << ": {n: " << d.n << ", mean_ns: " << num(d.mean_ns)

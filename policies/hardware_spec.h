@@ -211,12 +211,18 @@ struct HardwareSpec {
     double ns_per_skipped_step = 0;
     // What the form above leaves at each measured point: measured − (price + form), by
     // (positions, ctx per request). Priced between the points (spec_graph_residual_ns): linear
-    // in ctx among a measured width's points, held beyond its first and last, then linear in
-    // positions between measured widths (held beyond). Sorted by (positions, ctx), distinct.
+    // in ctx among a measured width's points (per context the split nearest the launch's), held
+    // beyond its first and last, then linear in positions between measured widths (held beyond).
+    // Sorted by (positions, ctx, split_tokens), distinct.
+    // split_tokens: the attention split size of the engine the point was measured in
+    // (kernels/attention_split.h: it follows the KV capacity; 0: not recorded); a context
+    // measured at several partitions has a correction per split size, and a launch takes the one
+    // of the split nearest its own (docs/calibration.md "Attention partition").
     struct Correction {
       int64_t positions = 0;
       int64_t ctx = 0;
       double ns = 0;
+      int64_t split_tokens = 0;
     };
     std::vector<Correction> corrections;
     // With the corrections, the max relative error at a point priced without its own (leave
@@ -224,25 +230,6 @@ struct HardwareSpec {
     double max_rel_err_loo = 0;
   };
   std::vector<SpecGraphResidual> spec_graph_residuals;  // (model, graph, mode, batch) distinct
-
-  // ---- Attention partition (docs/calibration.md "Attention partition") ----
-  // The decode attention splits the context into blocks whose size follows the engine's KV
-  // capacity (kernels/attention_split.h), not the context: the same launch at another capacity
-  // runs another partition. Per model label, what one attention launch (split + combine) costs
-  // per context split its requests fill and per 64-token tile of the split size, fitted from
-  // calibrate's attention_partition samples (the same launch at several capacities):
-  // t = t(shape) + ns_per_split · active splits + ns_per_tile · split tiles. The simulator adds
-  // the difference between a speculative launch's partition in the run and the one calibrate
-  // measured its graphs at (spec_graph_partition_ns, simulator/spec_graphs.h).
-  struct AttentionPartitionFit {
-    std::string model;  // calibration model label
-    double ns_per_split = 0;
-    double ns_per_tile = 0;
-    double r2 = 0;              // within the shapes (each shape's mean removed)
-    double max_abs_err_ns = 0;  // of the fitted launch times
-    int64_t points = 0;         // (shape, capacity) medians fitted
-  };
-  std::vector<AttentionPartitionFit> attention_partition_fits;  // models distinct
 
   // ---- Collective arrival skew (issue #11; `twinstep calibrate-nccl`, docs/calibration.md
   // "Collectives") ----

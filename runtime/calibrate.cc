@@ -911,10 +911,16 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
     x.bytes = capacity;  // spec_graph samples: the KV capacity (CalibrationSample::bytes)
     out.push_back(x);
   };
+  // The engines: per context, the capacity of one round past it (or --spec-capacity-tokens);
+  // at the largest context also the first capacities of the next spec_partitions − 1 split sizes
+  // of the smallest batch (kernels/attention_split.h): runs hold their whole output, so their
+  // partition is often another than one round's (docs/calibration.md "Attention partition").
+  int sms = 0, device = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int min_batch = *std::min_element(batches.begin(), batches.end());
+  std::vector<std::pair<int, int32_t>> engines;  // (ctx, capacity)
   for (const int ctx : contexts) {
-    const int max_batch = *std::max_element(batches.begin(), batches.end());
-    EngineOptions eo;
-    eo.max_slots = max_batch;
     // One round's tokens past the prompt (every draft accepted) and a verify's width of margin.
     const int32_t round_capacity = spec_calibration_capacity_tokens(ctx, max_width);
     if (o.spec_capacity_tokens > 0 && o.spec_capacity_tokens < round_capacity)
@@ -922,15 +928,38 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
                   " holds less than context " + std::to_string(ctx) +
                   " plus one round of the widest verify (" + std::to_string(round_capacity) +
                   " tokens)");
-    eo.capacity_tokens = o.spec_capacity_tokens > 0 ? o.spec_capacity_tokens : round_capacity;
+    if (o.spec_capacity_tokens > 0) {
+      engines.emplace_back(ctx, o.spec_capacity_tokens);
+      continue;
+    }
+    engines.emplace_back(ctx, round_capacity);
+    if (ctx != contexts.back()) continue;
+    int last =
+        kernels::attention_partition(round_capacity, min_batch, config.kv_heads, sms).split_tokens;
+    int added = 1;
+    for (int32_t cap = round_capacity + 64; added < o.spec_partitions && cap <= 4 * ctx + 4096;
+         cap += 64) {
+      const int split =
+          kernels::attention_partition(cap, min_batch, config.kv_heads, sms).split_tokens;
+      if (split == last) continue;
+      engines.emplace_back(ctx, cap);
+      last = split;
+      ++added;
+    }
+  }
+  for (const auto& [ctx, engine_capacity] : engines) {
+    const int max_batch = *std::max_element(batches.begin(), batches.end());
+    EngineOptions eo;
+    eo.max_slots = max_batch;
+    eo.capacity_tokens = engine_capacity;
     capacity = eo.capacity_tokens;
     eo.draft = true;
     eo.draft_early_exit = early_exit;  // used by drafts with device stops only
     eo.tp.size = o.tp;                 // a shard measured alone: no communicator
     eo.fused_norms = o.fusion.norms;   // the target's fusions (the draft never fuses)
     eo.fused_rope = o.fusion.rope;
-    std::fprintf(o.log, "calibrate: %s speculative graphs, ctx %d, %d slots\n", label.c_str(), ctx,
-                 max_batch);
+    std::fprintf(o.log, "calibrate: %s speculative graphs, ctx %d, %d slots, KV capacity %d\n",
+                 label.c_str(), ctx, max_batch, capacity);
     auto engine = Engine::create_synthetic(config, 1, eo, /*draft_fidelity=*/0.5);
     engine->warm_up(GraphMode::kCudaGraph, kDecodeWarmupLaunches);  // as the grid's engines
     const cudaStream_t stream = engine->compute_stream();
@@ -1197,12 +1226,12 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
     if (i > 0 && o.spec_batches[i] <= o.spec_batches[i - 1])
       throw Error("calibrate: --spec-batches must be increasing");
   }
+  if (o.spec_partitions < 1 || o.spec_partitions > 8)
+    throw Error("calibrate: --spec-partitions " + std::to_string(o.spec_partitions) +
+                " outside [1, 8]");
   if (o.spec_capacity_tokens < 0 || o.spec_capacity_tokens > 262144)
     throw Error("calibrate: --spec-capacity-tokens " + std::to_string(o.spec_capacity_tokens) +
                 " outside [0, 262144]");
-  if (o.partition_only && !o.partition)
-    throw Error(
-        "calibrate: --partition-only measures the attention partition; drop --no-partition");
   if (o.partition_only && o.breaks_only)
     throw Error(
         "calibrate: --partition-only and --breaks-only each measure only their own samples");
@@ -1279,9 +1308,6 @@ CalibrationRun run_calibration(const CalibrateOptions& o) {
     for (const std::string& m : o.models) spec_graphs(o, m, out);
   }
   if (fused) return run;
-  if (o.partition) {
-    for (const std::string& m : o.models) attention_partition(o, m, out);
-  }
   if (o.prefill) {
     for (const std::string& m : o.models) prefill_passes(o, m, out);
   }

@@ -52,6 +52,10 @@ struct CalibrateOptions {
   // output (runtime/real_factory.cc), so this measures the graphs as such a run launches them.
   // At least the largest context plus one round (checked).
   int spec_capacity_tokens = 0;
+  // Without spec_capacity_tokens: the partitions (attention split sizes) the speculative graphs
+  // are measured at, at the largest context: one round's capacity, then the first capacities of
+  // the next split sizes (runtime/calibrate.cc spec_graphs); 1..8.
+  int spec_partitions = 3;
   // Prefill passes (docs/calibration.md "Prefill"): every model's prefill of one prompt
   // (Engine::enqueue_prefill, eager: cuBLAS projections over every row, chunked decode attention)
   // at each of prefill_tokens (empty: 1024, 2048, 4096, 8192; quick: 1024, 4096), bracketed by an
@@ -71,11 +75,11 @@ struct CalibrateOptions {
   // times are the samples). The fit subtracts the profile's price of the collectives
   // (simulator/calibration.h fit_in_situ_break_gaps).
   bool in_situ = false;
-  // The decode attention of every model at several KV capacities (docs/calibration.md "Attention
-  // partition": the split size follows the capacity; runtime/calibrate.cc attention_partition),
-  // fitted into the profile's attention_partition; a few seconds per model. partition_only: only
-  // these (with spec_only / prefill_only, those too), to be fitted with stored sessions.
-  bool partition = true;
+  // partition_only: only the decode attention of every model at several KV capacities
+  // (docs/calibration.md "Attention partition": the split size follows the capacity;
+  // runtime/calibrate.cc attention_partition), a few seconds per model; with spec_only /
+  // prefill_only, those too. Stored for reading: no fit uses them (the speculative graphs are
+  // measured at several partitions in situ instead, spec_partitions).
   bool partition_only = false;
   bool prefill = true;
   bool prefill_only = false;

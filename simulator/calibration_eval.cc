@@ -158,24 +158,16 @@ CalibrationEvaluation evaluate_calibration(const HardwareSpec& hw,
     r.positions = pt.positions;
     r.ctx_tokens = pt.ctx_tokens;
     r.capacity_tokens = pt.capacity_tokens;
+    r.split_tokens = pt.split_tokens;
     r.samples = pt.samples;
     r.measured_us = pt.measured_ns / 1e3;
-    r.sim_us = (pt.priced_ns - pt.partition_ns) / 1e3;
+    r.sim_us = pt.priced_ns / 1e3;
     const SpecGraph graph = spec_graph_by_name(pt.graph);
     if (const HardwareSpec::SpecGraphResidual* f =
             spec_graph_residual_for(hw, pt.model, graph, pt.mode, pt.batch)) {
-      double ns = double(spec_graph_residual_ns(*f, graph, pt.batch, int32_t(pt.positions),
-                                                double(pt.ctx_tokens)));
-      const HardwareSpec::AttentionPartitionFit* part = attention_partition_fit_for(hw, pt.model);
-      if (part != nullptr && pt.capacity_tokens > 0) {
-        const CalibrationModel cm = parse_calibration_model(pt.model);
-        const ModelSpec model = calibration_model_spec(cm);
-        ns += double(std::llround(spec_graph_partition_ns(
-            *part, model, nextn_draft(model), graph, batch_bucket(int32_t(pt.batch)),
-            int32_t(pt.positions), double(pt.ctx_tokens), int32_t(pt.capacity_tokens),
-            spec_graph_reference_ctx(*f, double(pt.ctx_tokens)), hw.sm_count, cm.tp)));
-      }
-      r.residual_us = ns / 1e3;
+      r.residual_us = double(spec_graph_residual_ns(*f, graph, pt.batch, int32_t(pt.positions),
+                                                    double(pt.ctx_tokens), 0, pt.split_tokens)) /
+                      1e3;
     }
     r.err_sim_pct = 100.0 * (r.sim_us - r.measured_us) / r.measured_us;
     r.err_pct = 100.0 * (std::max(0.0, r.sim_us + r.residual_us) - r.measured_us) / r.measured_us;
@@ -248,9 +240,10 @@ std::string evaluation_report(const CalibrationEvaluation& e, bool by_batch) {
   out +=
       "speculative graphs, the simulator's price (sim) and with the profile's residual (fit) vs "
       "the measured median launch:\n";
-  std::snprintf(line, sizeof line, "%-14s %-16s %-5s %5s %4s %6s %7s %10s %10s %10s %8s %8s %8s\n",
-                "model", "graph", "mode", "batch", "pos", "ctx", "samples", "meas_us", "sim_us",
-                "fit_us", "err_sim", "err_fit", "capacity");
+  std::snprintf(line, sizeof line,
+                "%-14s %-16s %-5s %5s %4s %6s %7s %10s %10s %10s %8s %8s %8s %5s\n", "model",
+                "graph", "mode", "batch", "pos", "ctx", "samples", "meas_us", "sim_us", "fit_us",
+                "err_sim", "err_fit", "capacity", "split");
   out += line;
   using GraphKey = std::tuple<std::string, std::string, std::string>;
   std::map<GraphKey, std::pair<ErrorSum, ErrorSum>> graphs;  // without, with the residual
@@ -258,11 +251,12 @@ std::string evaluation_report(const CalibrationEvaluation& e, bool by_batch) {
     const double fit_us = std::max(0.0, r.sim_us + r.residual_us);
     std::snprintf(line, sizeof line,
                   "%-14s %-16s %-5s %5lld %4lld %6lld %7lld %10.1f %10.1f %10.1f %+8.2f %+8.2f "
-                  "%8lld\n",
+                  "%8lld %5lld\n",
                   r.model.c_str(), r.graph.c_str(), r.mode.c_str(), static_cast<long long>(r.batch),
                   static_cast<long long>(r.positions), static_cast<long long>(r.ctx_tokens),
                   static_cast<long long>(r.samples), r.measured_us, r.sim_us, fit_us, r.err_sim_pct,
-                  r.err_pct, static_cast<long long>(r.capacity_tokens));
+                  r.err_pct, static_cast<long long>(r.capacity_tokens),
+                  static_cast<long long>(r.split_tokens));
     out += line;
     auto& sums = graphs[{r.model, r.graph, r.mode}];
     sums.first.add(r.measured_us, r.sim_us);

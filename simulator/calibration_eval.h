@@ -52,13 +52,11 @@ struct SpecGraphEvalRow {
   int64_t positions = 0;        // draft tokens, or verify / extend width
   int64_t ctx_tokens = 0;       // per request
   int64_t capacity_tokens = 0;  // the engine's KV capacity (0: not recorded)
+  int64_t split_tokens = 0;     // the attention split size it gave (spec_graph_split_tokens)
   int64_t samples = 0;
   double measured_us = 0;  // median
   double sim_us = 0;       // the price without a residual
-  // The profile's residual (0: none for this graph, mode and model), with the attention
-  // partition's difference at the point's capacity, as the simulator adds them
-  // (spec_graph_partition_ns against the residual's nearest measured context).
-  double residual_us = 0;
+  double residual_us = 0;  // the profile's residual (0: none for this graph, mode and model)
   double err_sim_pct = 0;  // (sim − measured) / measured
   double err_pct = 0;      // (max(0, sim + residual) − measured) / measured
 };

@@ -138,8 +138,6 @@ class Engine {
         break_model_(tp_shard_label(model.name, options.layout)),
         break_draft_(tp_shard_label(draft.name, options.layout)),
         spec_model_(spec_residual_model(hw, model, options.layout)),
-        partition_fit_(spec_model_.empty() ? nullptr
-                                           : attention_partition_fit_for(hw, spec_model_)),
         kv_capacity_(engine_kv_capacity_tokens(requests, options.spec)),
         model_moe_(model.has_moe()) {}
 
@@ -600,14 +598,10 @@ class Engine {
     const HardwareSpec::SpecGraphResidual* r =
         spec_graph_residual_for(hw_, spec_model_, graph, "graph", w.shape.requests);
     if (r == nullptr) return 0;
-    const double ctx = double(w.shape.ctx_tokens) / w.shape.requests;
-    int64_t ns = spec_graph_residual_ns(*r, graph, w.shape.requests, positions, ctx, skipped);
-    if (partition_fit_ != nullptr) {
-      ns += std::llround(spec_graph_partition_ns(
-          *partition_fit_, model_, draft_, graph, w.shape.requests, positions, ctx, kv_capacity_,
-          spec_graph_reference_ctx(*r, ctx), hw_.sm_count, options_.layout.tp));
-    }
-    return ns;
+    const int64_t split = spec_graph_split_tokens(model_, options_.layout.tp, w.shape.requests,
+                                                  kv_capacity_, hw_.sm_count);
+    return spec_graph_residual_ns(*r, graph, w.shape.requests, positions,
+                                  double(w.shape.ctx_tokens) / w.shape.requests, skipped, split);
   }
 
   // A calibrated speculative graph's residual on a rank of coupled ranks (its TP shard, measured
@@ -1236,11 +1230,9 @@ class Engine {
   // GPU, its shard "<model>@tp<N>" for tensor parallelism alone (every rank the same shard);
   // empty where the profile has none (spec_residual_model).
   std::string spec_model_;
-  // The attention partition fit of spec_model_ (nullptr: none) and the KV capacity of the engine
-  // the real backend would build for these requests (policies/kv_capacity.h): a speculative
-  // launch's residual adds the difference between its attention's partition at this capacity and
-  // at the one calibrate measured the graphs at (spec_graph_partition_ns).
-  const HardwareSpec::AttentionPartitionFit* partition_fit_;
+  // The KV capacity of the engine the real backend builds for these requests (policies/
+  // kv_capacity.h): the attention's split size follows it, and a speculative launch's residual
+  // takes the corrections measured at the split size nearest its own.
   int32_t kv_capacity_;
   bool model_moe_;  // the target has MoE layers (a verify's routed positions change its price)
   std::vector<Rank> ranks_;

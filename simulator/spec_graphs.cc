@@ -2,7 +2,6 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -99,18 +98,29 @@ int64_t spec_graph_extra_chunks(SpecGraph graph, int64_t requests, int64_t posit
 }
 
 double spec_graph_correction_ns(const std::vector<HardwareSpec::SpecGraphResidual::Correction>& c,
-                                double positions, double ctx_per_request) {
+                                double positions, double ctx_per_request, int64_t split_tokens) {
   if (c.empty()) return 0;
-  // The correction along ctx among the points of width w: [first, last) of c, sorted by ctx.
+  // The correction along ctx among the points of width w: [first, last) of c, sorted by ctx then
+  // split; per context the point of the split nearest split_tokens.
   auto along_ctx = [&](size_t first, size_t last) {
-    if (ctx_per_request <= double(c[first].ctx)) return c[first].ns;
-    for (size_t i = first + 1; i < last; ++i) {
-      if (ctx_per_request <= double(c[i].ctx)) {
-        const double t = (ctx_per_request - double(c[i - 1].ctx)) / double(c[i].ctx - c[i - 1].ctx);
-        return c[i - 1].ns + t * (c[i].ns - c[i - 1].ns);
+    double prev_ctx = 0, prev_ns = 0;
+    bool have_prev = false;
+    for (size_t i = first; i < last;) {
+      size_t best = i, j = i;
+      for (; j < last && c[j].ctx == c[i].ctx; ++j) {
+        if (std::abs(c[j].split_tokens - split_tokens) <
+            std::abs(c[best].split_tokens - split_tokens))
+          best = j;
       }
+      const double x = double(c[i].ctx), ns = c[best].ns;
+      if (ctx_per_request <= x) {
+        if (!have_prev) return ns;
+        return prev_ns + (ctx_per_request - prev_ctx) / (x - prev_ctx) * (ns - prev_ns);
+      }
+      prev_ctx = x, prev_ns = ns, have_prev = true;
+      i = j;
     }
-    return c[last - 1].ns;
+    return prev_ns;
   };
   // The widths' ranges: [begin, end) of each distinct positions value, in order.
   size_t lo_first = 0, lo_last = 0, hi_first = 0, hi_last = 0;
@@ -135,158 +145,26 @@ double spec_graph_correction_ns(const std::vector<HardwareSpec::SpecGraphResidua
   return lo + (positions - w0) / (w1 - w0) * (along_ctx(hi_first, hi_last) - lo);
 }
 
+int64_t spec_graph_split_tokens(const ModelSpec& model, int32_t tp, int32_t requests,
+                                int32_t capacity, int32_t sms) {
+  if (capacity <= 0 || sms <= 0) return 0;
+  for (const LayerSpec& l : model.layers) {
+    if (l.attn.kind != AttentionKind::kGqa || l.attn.num_kv_heads <= 0) continue;
+    const int heads = std::max(1, l.attn.num_kv_heads / std::max(1, tp));
+    return kernels::attention_partition(capacity, std::max(1, requests), heads, sms).split_tokens;
+  }
+  return 0;
+}
+
 int64_t spec_graph_residual_ns(const HardwareSpec::SpecGraphResidual& r, SpecGraph graph,
                                int64_t requests, int32_t positions, double ctx_per_request,
-                               int32_t skipped_steps) {
+                               int32_t skipped_steps, int64_t split_tokens) {
   const double p = double(positions);
   return std::llround(
       r.base_ns + r.ns_per_position * p + r.ns_per_position_ctx * p * ctx_per_request +
       r.ns_per_extra_chunk * double(spec_graph_extra_chunks(graph, requests, positions)) +
-      spec_graph_correction_ns(r.corrections, p, ctx_per_request) +
+      spec_graph_correction_ns(r.corrections, p, ctx_per_request, split_tokens) +
       r.ns_per_skipped_step * double(std::max(0, skipped_steps)));
-}
-
-const HardwareSpec::AttentionPartitionFit* attention_partition_fit_for(const HardwareSpec& hw,
-                                                                       const std::string& model) {
-  const std::string preset = model.substr(0, model.find_first_of("@+"));
-  const HardwareSpec::AttentionPartitionFit* own = nullptr;
-  const HardwareSpec::AttentionPartitionFit* base = nullptr;
-  for (const HardwareSpec::AttentionPartitionFit& f : hw.attention_partition_fits) {
-    if (f.model == model) own = &f;
-    if (f.model == preset) base = &f;
-  }
-  return own != nullptr ? own : base;
-}
-
-int64_t spec_graph_reference_ctx(const HardwareSpec::SpecGraphResidual& r, double ctx_per_request) {
-  int64_t best = std::llround(ctx_per_request);
-  double best_distance = -1;
-  for (const HardwareSpec::SpecGraphResidual::Correction& c : r.corrections) {
-    const double d = std::abs(double(c.ctx) - ctx_per_request);
-    if (best_distance < 0 || d < best_distance || (d == best_distance && c.ctx < best)) {
-      best = c.ctx;
-      best_distance = d;
-    }
-  }
-  return best;
-}
-
-double spec_graph_partition_ns(const HardwareSpec::AttentionPartitionFit& f, const ModelSpec& model,
-                               const ModelSpec& draft, SpecGraph graph, int32_t requests,
-                               int32_t positions, double ctx_per_request, int32_t capacity,
-                               int64_t reference_ctx, int32_t sms, int32_t tp) {
-  if (capacity <= 0 || sms <= 0 || requests < 1) return 0;
-  const ModelSpec* m = nullptr;
-  int64_t forwards = 1;
-  int32_t rows = positions;
-  switch (graph) {
-    case SpecGraph::kVerify:
-      m = &model;
-      break;
-    case SpecGraph::kDraft:
-    case SpecGraph::kDraftEarlyExit:
-      m = &draft;
-      forwards = std::max(0, positions - 1);
-      rows = 1;
-      break;
-    default:
-      return 0;  // the extend's KV pass runs no attention
-  }
-  // The widest verify of the model sets calibrate's capacity (its first GQA layer's heads).
-  int32_t q_heads = 0, kv_heads = 0;
-  for (const LayerSpec& l : model.layers) {
-    if (l.attn.kind == AttentionKind::kGqa && l.attn.num_kv_heads > 0) {
-      q_heads = l.attn.num_q_heads;
-      kv_heads = l.attn.num_kv_heads;
-      break;
-    }
-  }
-  if (kv_heads == 0) return 0;
-  const int32_t reference = spec_calibration_capacity_tokens(
-      reference_ctx, spec_calibration_max_width(q_heads, kv_heads));
-  const long long keys = std::llround(std::max(0.0, ctx_per_request)) + rows;
-  double ns = 0;
-  for (const LayerSpec& l : m->layers) {
-    if (l.attn.kind != AttentionKind::kGqa || l.attn.num_kv_heads <= 0) continue;
-    const int heads = std::max(1, l.attn.num_kv_heads / std::max(1, tp));
-    const kernels::AttentionPartition run =
-        kernels::attention_partition(capacity, requests, heads, sms);
-    const kernels::AttentionPartition cal =
-        kernels::attention_partition(reference, requests, heads, sms);
-    ns +=
-        f.ns_per_split * double(kernels::attention_active_splits(run, keys) -
-                                kernels::attention_active_splits(cal, keys)) +
-        f.ns_per_tile * double(run.split_tokens - cal.split_tokens) / kernels::kAttentionTileTokens;
-  }
-  return double(forwards) * ns;
-}
-
-std::vector<HardwareSpec::AttentionPartitionFit> fit_attention_partition(
-    const std::vector<CalibrationSample>& samples) {
-  // (model, requests, ctx, rows) -> (capacity, split tokens) -> launch times
-  using Shape = std::tuple<std::string, int64_t, int64_t, int64_t>;
-  std::map<Shape, std::map<std::pair<int64_t, int64_t>, std::vector<double>>> shapes;
-  for (const CalibrationSample& s : samples) {
-    if (s.kind != "attention_partition") continue;
-    if (s.batch < 1 || s.ctx_tokens < 0 || s.nodes < 1 || s.bytes < 1 || s.flops < 1 ||
-        s.flops % kernels::kAttentionTileTokens != 0 || s.value_ns <= 0)
-      throw Error("attention_partition sample of '" + s.model +
-                  "' needs requests, ctx, rows, a capacity and a split of whole 64-token tiles");
-    shapes[{s.model, s.batch, s.ctx_tokens, s.nodes}][{s.bytes, s.flops}].push_back(s.value_ns);
-  }
-  struct Row {
-    double dt, ds, dtiles;
-  };
-  std::map<std::string, std::vector<Row>> rows_of;
-  for (const auto& [shape, points] : shapes) {
-    if (points.size() < 2) continue;
-    const auto& [model, requests, ctx, rows] = shape;
-    std::vector<std::array<double, 3>> v;  // time, active splits, tiles
-    for (const auto& [key, times] : points) {
-      const auto [capacity, split] = key;
-      const kernels::AttentionPartition part{int(split), int((capacity + split - 1) / split)};
-      v.push_back({median(times), double(kernels::attention_active_splits(part, ctx + rows)),
-                   double(split / kernels::kAttentionTileTokens)});
-    }
-    std::array<double, 3> mean{0, 0, 0};
-    for (const auto& x : v)
-      for (size_t i = 0; i < 3; ++i) mean[i] += x[i] / double(v.size());
-    for (const auto& x : v)
-      rows_of[model].push_back({x[0] - mean[0], x[1] - mean[1], x[2] - mean[2]});
-  }
-  std::vector<HardwareSpec::AttentionPartitionFit> out;
-  for (const auto& [model, rows] : rows_of) {
-    double sss = 0, stt = 0, sst = 0, sy_s = 0, sy_t = 0, syy = 0;
-    for (const Row& r : rows) {
-      sss += r.ds * r.ds;
-      stt += r.dtiles * r.dtiles;
-      sst += r.ds * r.dtiles;
-      sy_s += r.dt * r.ds;
-      sy_t += r.dt * r.dtiles;
-      syy += r.dt * r.dt;
-    }
-    HardwareSpec::AttentionPartitionFit f;
-    f.model = model;
-    const double det = sss * stt - sst * sst;
-    if (det > 1e-9 * std::max(1.0, sss * stt)) {
-      f.ns_per_split = (sy_s * stt - sy_t * sst) / det;
-      f.ns_per_tile = (sy_t * sss - sy_s * sst) / det;
-    } else if (sss > 0) {
-      f.ns_per_split = sy_s / sss;
-    } else if (stt > 0) {
-      f.ns_per_tile = sy_t / stt;
-    }
-    double ss_res = 0;
-    for (const Row& r : rows) {
-      const double e = r.dt - f.ns_per_split * r.ds - f.ns_per_tile * r.dtiles;
-      ss_res += e * e;
-      f.max_abs_err_ns = std::max(f.max_abs_err_ns, std::abs(e));
-    }
-    f.r2 = syy > 0 ? 1 - ss_res / syy : 1.0;
-    f.points = int64_t(rows.size());
-    out.push_back(std::move(f));
-  }
-  return out;
 }
 
 std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSample>& samples,
@@ -340,18 +218,27 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
     pt.positions = positions;
     pt.ctx_tokens = ctx;
     pt.capacity_tokens = capacity;
+    {
+      // The split of the engine measured: its recorded capacity, else calibrate's rule.
+      int32_t q_heads = 0, kv_heads = 0;
+      for (const LayerSpec& l : p->model.layers) {
+        if (l.attn.kind == AttentionKind::kGqa && l.attn.num_kv_heads > 0) {
+          q_heads = l.attn.num_q_heads, kv_heads = l.attn.num_kv_heads;
+          break;
+        }
+      }
+      const int64_t cap = capacity > 0 ? capacity
+                                       : spec_calibration_capacity_tokens(
+                                             ctx, spec_calibration_max_width(q_heads, kv_heads));
+      pt.split_tokens =
+          spec_graph_split_tokens(p->model, p->tp, batch_bucket(int32_t(batch)),
+                                  int32_t(std::min<int64_t>(cap, 1 << 30)), hw.sm_count);
+    }
     pt.samples = int64_t(v.size());
     pt.measured_ns = median(v);
-    const SpecGraph kind = spec_graph_by_name(graph);
-    pt.priced_ns =
-        double(spec_graph_price_ns(*p->cost, hw.graph_node_gap_ns, p->model, p->draft, kind,
-                                   int32_t(batch), int32_t(positions), ctx * batch, p->tp));
-    if (const auto* f = attention_partition_fit_for(hw, model); f != nullptr && capacity > 0) {
-      pt.partition_ns = spec_graph_partition_ns(
-          *f, p->model, p->draft, kind, int32_t(batch_bucket(int32_t(batch))), int32_t(positions),
-          double(ctx), int32_t(std::min<int64_t>(capacity, 1 << 30)), ctx, hw.sm_count, p->tp);
-      pt.priced_ns += pt.partition_ns;
-    }
+    pt.priced_ns = double(spec_graph_price_ns(*p->cost, hw.graph_node_gap_ns, p->model, p->draft,
+                                              spec_graph_by_name(graph), int32_t(batch),
+                                              int32_t(positions), ctx * batch, p->tp));
     out.push_back(std::move(pt));
   }
   return out;
@@ -472,40 +359,61 @@ std::vector<HardwareSpec::SpecGraphResidual> fit_spec_graph_residuals(
     // One point, or residuals all equal: R² is 1 where the fit reproduces them (to rounding).
     f.r2 = ss_tot > 0 ? 1 - ss_res / ss_tot : (ss_res <= double(m) ? 1.0 : 0.0);
     f.points = m;
-    // The corrections (points come ordered by positions, then ctx): points of one width whose
-    // contexts are within same_context() of the first of them (one grid context measured by
-    // several sessions) make one, their mean weighted by samples at their mean context. Then
-    // each point priced without its own (max_rel_err_loo).
+    // The corrections: points of one width and one attention split size whose contexts are
+    // within same_context() of the first of them (one grid context measured by several sessions)
+    // make one, their mean weighted by samples at their mean context; sorted by (positions, ctx,
+    // split). Then each point priced without its own (max_rel_err_loo).
+    std::vector<size_t> order(pts.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return std::tuple(pts[a].positions, pts[a].split_tokens, pts[a].ctx_tokens) <
+             std::tuple(pts[b].positions, pts[b].split_tokens, pts[b].ctx_tokens);
+    });
     std::vector<HardwareSpec::SpecGraphResidual::Correction> corrections;
     std::vector<size_t> correction_of(pts.size());
-    for (size_t i = 0; i < pts.size();) {
+    for (size_t i = 0; i < order.size();) {
+      const SpecGraphPoint& head = pts[order[i]];
       size_t j = i;
       double ns = 0, ctx = 0, weight = 0;
-      for (; j < pts.size() && pts[j].positions == pts[i].positions &&
-             pts[j].ctx_tokens - pts[i].ctx_tokens <= same_context(pts[i].ctx_tokens);
+      for (; j < order.size() && pts[order[j]].positions == head.positions &&
+             pts[order[j]].split_tokens == head.split_tokens &&
+             pts[order[j]].ctx_tokens - head.ctx_tokens <= same_context(head.ctx_tokens);
            ++j) {
-        const SpecGraphPoint& pt = pts[j];
+        const SpecGraphPoint& pt = pts[order[j]];
         const double form_ns = double(spec_graph_residual_ns(
             f, kind, pt.batch, int32_t(pt.positions), double(pt.ctx_tokens)));
         const double w = double(std::max<int64_t>(1, pt.samples));
         ns += w * (pt.measured_ns - pt.priced_ns - form_ns);
         ctx += w * double(pt.ctx_tokens);
         weight += w;
-        correction_of[j] = corrections.size();
+        correction_of[order[j]] = corrections.size();
       }
-      corrections.push_back({pts[i].positions, std::llround(ctx / weight), ns / weight});
+      corrections.push_back(
+          {head.positions, std::llround(ctx / weight), ns / weight, head.split_tokens});
       i = j;
     }
-    f.corrections = std::move(corrections);
+    // Sorted by (positions, ctx, split); correction_of follows.
+    std::vector<size_t> by_key(corrections.size());
+    for (size_t i = 0; i < by_key.size(); ++i) by_key[i] = i;
+    std::sort(by_key.begin(), by_key.end(), [&](size_t a, size_t b) {
+      return std::tuple(corrections[a].positions, corrections[a].ctx, corrections[a].split_tokens) <
+             std::tuple(corrections[b].positions, corrections[b].ctx, corrections[b].split_tokens);
+    });
+    std::vector<size_t> rank(by_key.size());
+    for (size_t i = 0; i < by_key.size(); ++i) {
+      rank[by_key[i]] = i;
+      f.corrections.push_back(corrections[by_key[i]]);
+    }
+    for (size_t& c : correction_of) c = rank[c];
     if (f.corrections.size() >= 2) {
       for (size_t i = 0; i < pts.size(); ++i) {
         HardwareSpec::SpecGraphResidual others = f;
         others.corrections.erase(others.corrections.begin() + std::ptrdiff_t(correction_of[i]));
         const SpecGraphPoint& pt = pts[i];
-        const double corrected =
-            std::max(0.0, pt.priced_ns + double(spec_graph_residual_ns(others, kind, pt.batch,
-                                                                       int32_t(pt.positions),
-                                                                       double(pt.ctx_tokens))));
+        const double corrected = std::max(
+            0.0, pt.priced_ns +
+                     double(spec_graph_residual_ns(others, kind, pt.batch, int32_t(pt.positions),
+                                                   double(pt.ctx_tokens), 0, pt.split_tokens)));
         f.max_rel_err_loo =
             std::max(f.max_rel_err_loo, std::abs(corrected - pt.measured_ns) / pt.measured_ns);
       }

@@ -60,53 +60,26 @@ const HardwareSpec::SpecGraphResidual* spec_graph_residual_for(const HardwareSpe
 int64_t spec_graph_extra_chunks(SpecGraph graph, int64_t requests, int64_t positions);
 // The residual of a `graph` launch (r's graph kind) of `requests` requests: base +
 // per_position · positions + per_position_ctx · positions · ctx_per_request + per_extra_chunk ·
-// spec_graph_extra_chunks + spec_graph_correction_ns + ns_per_skipped_step · skipped_steps
-// (an early-exit draft graph's conditional steps past its length), rounded half away from zero;
-// signed.
+// spec_graph_extra_chunks + spec_graph_correction_ns (at the launch's attention split size
+// split_tokens; 0: not known) + ns_per_skipped_step · skipped_steps (an early-exit draft graph's
+// conditional steps past its length), rounded half away from zero; signed.
 int64_t spec_graph_residual_ns(const HardwareSpec::SpecGraphResidual& r, SpecGraph graph,
                                int64_t requests, int32_t positions, double ctx_per_request,
-                               int32_t skipped_steps = 0);
-// r.corrections at (positions, ctx_per_request): among the points of each of the two measured
-// widths nearest `positions` (below and above; one where it is measured or outside them),
-// linear in ctx between the two points around it and the nearest point's value outside them;
-// then linear in positions between the two widths. 0 without corrections.
+                               int32_t skipped_steps = 0, int64_t split_tokens = 0);
+// r.corrections at (positions, ctx_per_request, split_tokens): among the points of each of the
+// two measured widths nearest `positions` (below and above; one where it is measured or outside
+// them), per measured context the point whose split size is nearest split_tokens (ties, and
+// split_tokens <= 0: the smaller; a point without one counts as 0), then linear in ctx between
+// the two contexts around it and the nearest context's value outside them; then linear in
+// positions between the two widths. 0 without corrections.
 double spec_graph_correction_ns(const std::vector<HardwareSpec::SpecGraphResidual::Correction>& c,
-                                double positions, double ctx_per_request);
-
-// ---- the attention partition (docs/calibration.md "Attention partition") ----
-// The fit of `model` (a calibration model label) in hw.attention_partition_fits: its own, else its
-// preset's (the label before "@tp" or "+": a shard or a fused label), else nullptr.
-const HardwareSpec::AttentionPartitionFit* attention_partition_fit_for(const HardwareSpec& hw,
-                                                                       const std::string& model);
-// The context a residual's price at ctx_per_request rests on: the measured context of
-// r.corrections nearest it (ties: the smaller); ctx_per_request rounded without corrections.
-int64_t spec_graph_reference_ctx(const HardwareSpec::SpecGraphResidual& r, double ctx_per_request);
-// What the attention launches of one `graph` launch cost in an engine of KV capacity `capacity`
-// beyond what they cost at the capacity calibrate measures the graphs at for context
-// `reference_ctx` (spec_calibration_capacity_tokens, the model's widest verify), both at this
-// launch's context: per attention launch f.ns_per_split · (active splits − theirs) +
-// f.ns_per_tile · (split tiles − theirs), the partitions of kernels/attention_split.h for
-// `requests` requests of the shard's KV heads (tp > 1: num_kv_heads / tp) on `sms` SMs, each
-// request's keys ctx_per_request (rounded) + its query rows. Attention launches: verify, the
-// model's GQA layers with `positions` query rows; a draft of `positions` tokens, positions − 1
-// forwards of the draft's GQA layers with one row; the extend none (its KV pass runs no
-// attention). 0 for capacity <= 0 or sms <= 0.
-double spec_graph_partition_ns(const HardwareSpec::AttentionPartitionFit& f, const ModelSpec& model,
-                               const ModelSpec& draft, SpecGraph graph, int32_t requests,
-                               int32_t positions, double ctx_per_request, int32_t capacity,
-                               int64_t reference_ctx, int32_t sms, int32_t tp = 1);
-
-// Per model label, the attention partition fit of its attention_partition samples (calibrate:
-// the same launch at several KV capacities; bytes = capacity, flops = the split size measured,
-// nodes = query rows per request, batch = requests): the medians per (requests, ctx, rows,
-// capacity), then within each (requests, ctx, rows) with >= 2 capacities, least squares of the
-// time less the shape's mean on the active splits (attention_active_splits of ctx + rows) and
-// the split tiles, each less the shape's mean: t = shape mean + ns_per_split · ΔS + ns_per_tile ·
-// ΔT, coefficients signed (one regressor alone where the other does not vary). r2 and
-// max_abs_err_ns of that fit. Models without two capacities of one shape get none. Ordered by
-// model.
-std::vector<HardwareSpec::AttentionPartitionFit> fit_attention_partition(
-    const std::vector<CalibrationSample>& samples);
+                                double positions, double ctx_per_request, int64_t split_tokens = 0);
+// The attention split size (kernels/attention_split.h) of `model`'s launches of `requests`
+// requests (the bucket the runtime launches) in an engine of KV capacity `capacity` on `sms` SMs:
+// the first GQA layer's KV heads, of its TP shard for tp > 1 (num_kv_heads / tp). 0 for a model
+// without GQA layers, capacity <= 0 or sms <= 0.
+int64_t spec_graph_split_tokens(const ModelSpec& model, int32_t tp, int32_t requests,
+                                int32_t capacity, int32_t sms);
 
 // One measured point of a speculative graph (the median of its spec_graph samples) against the
 // price, for the fit and the held-out evaluation.
@@ -117,16 +90,14 @@ struct SpecGraphPoint {
   int64_t batch = 0;
   int64_t positions = 0;
   int64_t ctx_tokens = 0;  // per request
-  // The engine's KV capacity (the samples' `bytes`; 0: not recorded, sessions before 2026-12-02,
-  // taken as spec_calibration_capacity_tokens of the context).
+  // The engine's KV capacity (the samples' `bytes`; 0: not recorded, sessions before
+  // 2026-12-02, taken as spec_calibration_capacity_tokens of the context) and the attention split
+  // size it gives the launch (spec_graph_split_tokens).
   int64_t capacity_tokens = 0;
+  int64_t split_tokens = 0;
   int64_t samples = 0;
   double measured_ns = 0;  // median
-  // spec_graph_price_ns with hw's fits and node gap, plus partition_ns.
-  double priced_ns = 0;
-  // spec_graph_partition_ns of the point's capacity against calibrate's for its own context (0
-  // at that capacity, unrecorded, or without a fit): the residual is fitted at calibrate's.
-  double partition_ns = 0;
+  double priced_ns = 0;    // spec_graph_price_ns with hw's fits and node gap
 };
 // The points of every spec_graph sample of a model label the simulator can price (a preset, or
 // a TP shard "<preset>@tp<N>"; an unknown label's samples are skipped) in mode graph (the only
