@@ -5,7 +5,7 @@
 #      ctx 1K / 2K / 8K over a run's capacity, one wave beside the old round-up, side by side);
 #   2. the calibration sessions whose attention launches the rule changed (every batch of 2 or
 #      more requests whose requests x KV heads do not divide 2 x SMs), measured again in a copy of
-#      results/h200/calibration_0bf7f6f.db.xz (sessions 1-28 of calibration_9386db7.db.xz, which
+#      results/h200/calibration_0bf7f6f.db.xz (sessions 1-28 of calibration_d1f6e37.db.xz, which
 #      replaced it): Llama-3-8B's main session (28's command),
 #      Qwen3-30B-A3B's grid and speculative graphs (24, 25), Llama-3-8B TP2's grid and
 #      speculative graphs (26, 27); the refit keeps 2, 4, 12, 15, 21-23 and takes the new ones in
@@ -22,7 +22,7 @@ recal_build twinstep twinstep_kernels_bench kernels_test || recal_finish cal hel
 recal_kernel_tests '*Attention*'
 recal_bench attention_batch
 step "calibration sessions"
-recal_base_db "$root/results/h200/calibration_9386db7.db.xz" 29 28  # calibration_0bf7f6f's 1-28
+recal_base_db "$root/results/h200/calibration_d1f6e37.db.xz" 29 28  # calibration_0bf7f6f's 1-28
 run_cal main
 run_cal qwen3 --models qwen3-30b-a3b --contexts 128,1024 --batches 1,2,4,8,16 --no-spec
 run_cal qwen3_spec --spec-only --models qwen3-30b-a3b

@@ -5,13 +5,13 @@
 # kernel at each collective position) into a copy of CAL_DB, one session per line of BREAKS.
 #   scripts/gpu_breaks.sh OUT_DIR
 # Writes OUT_DIR/{configure,build,stub_test,breaks_*}.log and OUT_DIR/cal.db.
-# Env: CAL_DB (default results/h200/calibration_9386db7.db.xz); BREAKS, lines of "MODEL TP
+# Env: CAL_DB (default results/h200/calibration_d1f6e37.db.xz); BREAKS, lines of "MODEL TP
 # CONTEXTS BATCHES" (default: qwen3-30b-a3b and llama-3-8b at tp 2, qwen3-30b-a3b at tp 4, each
 # over at least four contexts: the fit takes the median over contexts, and one context's pair can
 # be off by 2 us per position, as the first context of every session is);
 # INSITU=1: each line under mpirun -np TP (one GPU per rank) with --in-situ, the shard's steps with
 # its real collectives instead of the stubs (docs/calibration.md "Settled GPU state"; no stub test);
-# TWINSTEP_BUILD_DIR (default build). Sessions 21-23 of calibration_9386db7.db.xz are the default
+# TWINSTEP_BUILD_DIR (default build). Sessions 21-23 of calibration_d1f6e37.db.xz are the default
 # lines, measured into a copy of its sessions 1-20 (17-20: b2772ed's first, narrower grids; then
 # calibration_e8341f9.db.xz held sessions 1-23).
 set -uo pipefail
@@ -34,7 +34,7 @@ if [ "$insitu" != 1 ]; then
   grep -E "OK \]|FAILED|SKIPPED \]" "$out/stub_test.log" | head
 fi
 
-cal=${CAL_DB:-$root/results/h200/calibration_9386db7.db.xz}
+cal=${CAL_DB:-$root/results/h200/calibration_d1f6e37.db.xz}
 python3 "$root/scripts/cut_calibration.py" "$cal" "$out/cal.db" || status=1
 breaks=${BREAKS:-"qwen3-30b-a3b 2 128,512,1024,2048,4096,8192 1,2,4,8,16
 llama-3-8b 2 128,512,1024,2048,4096,8192 1,2,4,8,16

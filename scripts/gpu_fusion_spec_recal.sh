@@ -8,7 +8,7 @@
 # them in place of 40's speculative graphs (sessions 2, 4, 12, 15, 21-23, 29, 30, 32, 33, 37-44;
 # the speculative graphs of 12, 15, 33, 37-39 and 41-44), then the fused speculative validation
 # (SPEC_SUITE=fusion scripts/gpu_spec_suite.sh) against that profile. 141d520 ran it: its database
-# is results/h200/calibration_9386db7.db.xz (sessions 1-42 are 74ae82a's, which it replaced), so
+# is results/h200/calibration_d1f6e37.db.xz (sessions 1-42 are 74ae82a's, which it replaced), so
 # this script starts from its sessions 1-42.
 #   scripts/gpu_fusion_spec_recal.sh OUT_DIR
 # Writes OUT_DIR/{h200-calibrated.yaml,cal.db.xz,logs.tar.xz} and OUT_DIR/suite/ (gpu_spec_suite.sh's
@@ -17,7 +17,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_recal_lib.sh"
 recal_init "${1:?usage: scripts/gpu_fusion_spec_recal.sh OUT_DIR}"
 recal_build twinstep || recal_finish cal
-recal_base_db "$root/results/h200/calibration_9386db7.db.xz" 43 42
+recal_base_db "$root/results/h200/calibration_d1f6e37.db.xz" 43 42
 step "fused speculative graphs (norms + rope) at 1-32 requests, and at 1K"
 run_cal fused_spec_all --spec-only --fusion norms,rope --models llama-3-8b --spec-batches 1,4,8,16,32
 run_cal fused_spec_1k --spec-only --fusion norms,rope --models llama-3-8b --contexts 1024 \

@@ -6,7 +6,7 @@
 # h200-calibrated.yaml; then scripts/gpu_tp.sh (TP2 and TP2-EP2, both backends, that profile).
 #   scripts/gpu_insitu.sh OUT_DIR
 # Writes OUT_DIR/breaks/ (cal.db, logs), OUT_DIR/profiles/h200-calibrated.yaml, OUT_DIR/fit.log,
-# OUT_DIR/tp/ (gpu_tp.sh's records). Env: CAL_DB (default results/h200/calibration_9386db7.db.xz),
+# OUT_DIR/tp/ (gpu_tp.sh's records). Env: CAL_DB (default results/h200/calibration_d1f6e37.db.xz),
 # FIT_SESSIONS and FIT_SPEC_SESSIONS (the committed profile's sessions and those of its speculative
 # graphs; default those of the committed profile, tests/cli/cli_test.sh), TWINSTEP_COMMIT,
 # TWINSTEP_BUILD_DIR (default build).
@@ -18,7 +18,7 @@ source "$(dirname "$0")/gpu_env.sh"  # root, SQLite from .device-deps
 build=${TWINSTEP_BUILD_DIR:-$root/build}
 status=0
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
-export CAL_DB=${CAL_DB:-$root/results/h200/calibration_9386db7.db.xz}
+export CAL_DB=${CAL_DB:-$root/results/h200/calibration_d1f6e37.db.xz}
 INSITU=1 BREAKS="llama-3-8b 2 1024,2048,4096,8192 1,2,4,8,16
 qwen3-30b-a3b 2 1024,2048,4096,8192 1,2,4,8,16" bash "$root/scripts/gpu_breaks.sh" "$out/breaks" ||
   status=1

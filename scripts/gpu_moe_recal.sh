@@ -3,7 +3,7 @@
 # (session 27, GemvTuning::moe_fill 3: moe_forward 1.8-2.6x faster than on the bulk-copy ring it
 # replaced; docs/kernels.md round 22). Every calibration session of the committed profile that
 # timed moe_forward is measured again, like for like, into a copy of the committed database
-# (sessions 1-44 of results/h200/calibration_9386db7.db.xz), and the profile refitted with the new
+# (sessions 1-44 of results/h200/calibration_d1f6e37.db.xz), and the profile refitted with the new
 # sessions in place of the old ones:
 #   45 the one-GPU decode grid          (replaces 30)    46 its speculative graphs     (39)
 #   47 the TP2-EP2 shard's decode grid  (4)              48 its speculative graphs     (15)
@@ -12,7 +12,7 @@
 # (the dense sessions 2, 22, 29, 32, 33, 37, 38 and 40-44 stay). Then experiments/validation/
 # h200_moe.yaml, sim and real, against that profile (scripts/gpu_calibrate.sh CALIBRATE_PROFILE).
 # The same call serves each change of the MoE kernels (session 28: GemvTuning::moe_warp_tiles on,
-# sessions 45-51 of calibration_9386db7.db.xz): MOE_KERNELS=1 first runs the MoE kernel tests and the benchmark's moe section (OUT_DIR/moe.json),
+# sessions 45-51 of calibration_d1f6e37.db.xz): MOE_KERNELS=1 first runs the MoE kernel tests and the benchmark's moe section (OUT_DIR/moe.json),
 # MOE_SPEC=1 last runs scripts/gpu_moe_spec.sh against the refitted profile (OUT_DIR/spec.tar;
 # about 80 s more).
 #   [MOE_KERNELS=1] [MOE_SPEC=1] TWINSTEP_COMMIT=<sha> scripts/gpu_moe_recal.sh OUT_DIR
@@ -30,7 +30,7 @@ if [ "${MOE_KERNELS:-0}" = 1 ]; then
   recal_kernel_tests 'Moe*:*/Moe*'
   recal_bench moe
 fi
-recal_base_db "$root/results/h200/calibration_9386db7.db.xz" 45 44
+recal_base_db "$root/results/h200/calibration_d1f6e37.db.xz" 45 44
 [ "$first" = 45 ] || { echo "expected the next session to be 45, got $first"; status=1; }
 step "Qwen3-30B-A3B sessions 45-51"
 narrow="--contexts 128,1024 --batches 1,2,4,8,16"

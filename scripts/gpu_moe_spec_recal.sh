@@ -7,7 +7,7 @@
 # call: the speculative GPU tests and the engine's, those graphs into a copy of that database
 # (session 39), and the committed profile refitted with them in place of 31's (sessions 2, 4, 12,
 # 15, 21-23, 29, 30, 32, 33, 37, 38 and 39; the speculative graphs of 12, 15, 33, 37, 38 and 39).
-# a7acc12 ran it: its database is results/h200/calibration_9386db7.db.xz (sessions 1-38 are
+# a7acc12 ran it: its database is results/h200/calibration_d1f6e37.db.xz (sessions 1-38 are
 # 8cf36ca's, which it replaced), so this script now starts from its sessions 1-38.
 #   scripts/gpu_moe_spec_recal.sh OUT_DIR
 # Writes OUT_DIR/{h200-calibrated.yaml,cal.db.xz,logs.tar.xz}. The MoE speculative validation's
@@ -21,7 +21,7 @@ step "speculative and engine GPU tests"
 "$build/tests/runtime/runtime_spec_gpu_test" >"$logs/spec_tests.log" 2>&1 || status=1
 "$build/tests/runtime/runtime_gpu_test" >"$logs/engine_tests.log" 2>&1 || status=1
 grep -hE "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]" "$logs/spec_tests.log" "$logs/engine_tests.log"
-recal_base_db "$root/results/h200/calibration_9386db7.db.xz" 39 38
+recal_base_db "$root/results/h200/calibration_d1f6e37.db.xz" 39 38
 step "Qwen3-30B-A3B speculative graphs"
 run_cal qwen3_spec --spec-only --models qwen3-30b-a3b
 grep -E "stopping after 1|W (2|8):" "$logs/qwen3_spec.log" | cut -c1-170

@@ -8,7 +8,7 @@
 # and the residual's corrections are kept per split size.
 #   1. the attention kernel tests (the partition rule moved to kernels/attention_split.h) and
 #      calibrate's GPU tests;
-#   2. into a copy of results/h200/calibration_9386db7.db.xz (sessions 1-51): session 52 =
+#   2. into a copy of results/h200/calibration_d1f6e37.db.xz (sessions 1-51): session 52 =
 #      calibrate --partition-only for llama-3-8b and qwen3-30b-a3b (read, not fitted), session 53
 #      = Qwen3-30B-A3B's speculative graphs again (its session 46's grid, now at three split sizes
 #      at 8192);
@@ -26,7 +26,7 @@ step "calibrate GPU tests"
 "$build/tests/runtime/runtime_calibrate_gpu_test" --gtest_filter='Calibrate.*' \
   >"$logs/calibrate_tests.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]" "$logs/calibrate_tests.log"
-recal_base_db "$root/results/h200/calibration_9386db7.db.xz" 52 51
+recal_base_db "$root/results/h200/calibration_d1f6e37.db.xz" 52 51
 [ "$first" = 52 ] || { echo "expected the next session to be 52, got $first"; status=1; }
 step "sessions 52-53"
 run_cal partition --partition-only --models llama-3-8b,qwen3-30b-a3b

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Llama-3-8B's main calibration session measured again (session 5's command: the default grid,
 # speculative graphs, prefill) in a copy of results/h200/calibration_fd6530c.db.xz (now sessions
-# 1-27 of calibration_9386db7.db.xz), the profile
+# 1-27 of calibration_d1f6e37.db.xz), the profile
 # refitted with it in place of session 5, and the one-GPU validation experiments run against that
 # profile (real runs now, the same day as the calibration), in one call:
 #   scripts/gpu_recal_main.sh OUT_DIR
@@ -13,7 +13,7 @@ source "$(dirname "$0")/gpu_recal_lib.sh"
 recal_init "${1:?usage: scripts/gpu_recal_main.sh OUT_DIR}"
 recal_build twinstep || exit 1
 step "calibrate llama-3-8b (session 5's command)"
-recal_base_db "$root/results/h200/calibration_9386db7.db.xz" 28 27  # calibration_fd6530c's 1-27
+recal_base_db "$root/results/h200/calibration_d1f6e37.db.xz" 28 27  # calibration_fd6530c's 1-27
 run_cal main
 recal_refit "2,4,12,15,21,22,23,24,25,26,27,$first"
 step validation

@@ -4,7 +4,7 @@
 # calibrate's early-exit drafts that stop after one token in graphs of 3, 7 and 15 steps (sample
 # draft_early_exit_skip), at 1, 4 and 32 requests, then at a 1K context (batch 1: where the
 # suite's confidence rounds ran), into a copy of the committed calibration (6d90284 ran it on
-# calibration_735cee4.db.xz, sessions 1-34: they made 35 and 36 of calibration_9386db7.db.xz,
+# calibration_735cee4.db.xz, sessions 1-34: they made 35 and 36 of calibration_d1f6e37.db.xz,
 # which replaced it; on that file this script adds 39 and 40); and
 # experiments/validation/h200_spec_trace.yaml (every batch-1 round launch by launch, both
 # backends) into a copy of the suite's database (its acceptance calibration), after the
@@ -19,7 +19,7 @@ step "calibrate GPU tests"
 "$build/tests/runtime/runtime_calibrate_gpu_test" --gtest_filter='Calibrate.*' \
   >"$logs/calibrate_tests.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]" "$logs/calibrate_tests.log"
-recal_base_db "$root/results/h200/calibration_9386db7.db.xz" 39 38
+recal_base_db "$root/results/h200/calibration_d1f6e37.db.xz" 39 38
 step "speculative graphs with skipped early-exit steps"
 run_cal spec_skip --spec-only --models llama-3-8b --spec-batches 1,4,32
 grep -E "stopping after 1|batch 1 ctx [0-9]+ W (2|16):" "$logs/spec_skip.log" | cut -c1-160

@@ -5,7 +5,7 @@
 #      choice beside forced splits and rings);
 #   2. the calibration sessions whose shapes the rule changed, measured again in a copy of the
 #      committed calibration database (then calibration_e8341f9.db.xz, now sessions 1-23 of
-#      results/h200/calibration_9386db7.db.xz): Qwen3-30B-A3B's
+#      results/h200/calibration_d1f6e37.db.xz): Qwen3-30B-A3B's
 #      grid (its qkv 5120 x 2048 was S = 2) and speculative graphs, Llama-3-8B's TP2 shard grid
 #      (qkv 3072 x 4096 was S = 4, lm_head S = 2) and speculative graphs; the sessions they
 #      stand for (1, 7, 3, 6) are left out of the refit, the others kept;
@@ -22,7 +22,7 @@ recal_build twinstep twinstep_kernels_bench kernels_test || recal_finish cal hel
 recal_kernel_tests '*Gemv*:*LmHead*:*Moe*'
 recal_bench gemv_split
 step "calibration sessions"
-recal_base_db "$root/results/h200/calibration_9386db7.db.xz" 24 23  # calibration_e8341f9's 1-23
+recal_base_db "$root/results/h200/calibration_d1f6e37.db.xz" 24 23  # calibration_e8341f9's 1-23
 run_cal qwen3 --models qwen3-30b-a3b --contexts 128,1024 --batches 1,2,4,8,16 --no-spec
 run_cal qwen3_spec --spec-only --models qwen3-30b-a3b
 run_cal tp2 --models llama-3-8b --tp 2 --contexts 128,1024 --batches 1,2,4,8,16 --no-spec

@@ -15,7 +15,7 @@
 # Writes OUT_DIR/{kernels_test,bench,calibrate_tp2,calibrate_tp4,calibrate_grid8k_tp*}.log,
 # bench.json, cal.db and
 # OUT_DIR/tp4/, OUT_DIR/ep2/ (gpu_tp.sh's files). Env: CAL_DB and CAL_LAST (default sessions
-# 1-10 of results/h200/calibration_9386db7.db.xz, what calibration_969770c.db.xz held; CAL_LAST
+# 1-10 of results/h200/calibration_d1f6e37.db.xz, what calibration_969770c.db.xz held; CAL_LAST
 # empty: all of CAL_DB); STEPS (default "kernels calibrate tp4 ep2"); CAL_TPS (default "2 4": the
 # shards calibrated).
 set -uo pipefail
@@ -50,7 +50,7 @@ if has kernels; then
 fi
 
 if has calibrate; then
-  cal=${CAL_DB:-$root/results/h200/calibration_9386db7.db.xz}
+  cal=${CAL_DB:-$root/results/h200/calibration_d1f6e37.db.xz}
   last=${CAL_LAST-10}
   python3 "$root/scripts/cut_calibration.py" "$cal" "$out/cal.db" $last || status=1
   for tp in ${CAL_TPS:-2 4}; do

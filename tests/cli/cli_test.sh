@@ -219,12 +219,12 @@ check "compare --accept-tolerance says by how much" grep -q "mean accept length 
 # prefill passes, the TP2 shards of Llama-3-8B and Qwen3-30B-A3B; 5 of 321e4f2, the Llama-3-8B grid
 # with its speculative graphs).
 cdb=$work/calib.db
-python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_9386db7.db.xz" "$cdb" 5
+python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_d1f6e37.db.xz" "$cdb" 5
 check "the cut keeps sessions 1-5" test "$(q "$cdb" 'SELECT max(id) FROM calibration_session')" = 5
-if python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_9386db7.db.xz" \
+if python3 "$src/scripts/cut_calibration.py" "$src/results/h200/calibration_d1f6e37.db.xz" \
   "$work/cut99.db" 99 2>"$work/cut.err"; then bad "a cut to a missing session fails"; else
   ok "a cut to a missing session fails"; fi
-check "... saying which" grep -q "no session 99 (sessions 1..51)" "$work/cut.err"
+check "... saying which" grep -q "no session 99 (sessions 1..53)" "$work/cut.err"
 check "... and writes nothing" test ! -e "$work/cut99.db" -a ! -e "$work/cut99.db.part"
 "$bin" --db "$cdb" calibrate --fit-only --sessions 5 --out "$work/s1.yaml" >/dev/null 2>&1
 check "fit-only of session 5 writes a profile" grep -q '^name: "s1"' "$work/s1.yaml"
@@ -254,13 +254,15 @@ check "session 5 is the latest: same fits" test "$(grep -v -e '^name:' -e 'comma
 # 40's; 45-51 of 9386db7, Qwen3-30B-A3B's sessions measured again after its expert GEMVs moved to
 # the split kernel's warp-owned tiles (scripts/gpu_moe_recal.sh; 7dd6e44's pass measured the
 # 8-piece split kernel), in place of 30, 39, 4, 15, 12, 21 and 23 (the
-# speculative graphs of 46, 48 and 49 in place of 39, 15 and 12). The
-# collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as group r4.
+# speculative graphs of 46, 48 and 49 in place of 39, 15 and 12); 53 of d1f6e37, Qwen3-30B-A3B's
+# speculative graphs again at three attention split sizes at 8K (scripts/gpu_partition.sh;
+# docs/calibration.md "Attention partition"), in place of 46 (52: calibrate --partition-only,
+# read, not fitted). The collectives: the 2-GPU tables of 583eee2, and the 4-GPU ones of 631b9bd as group r4.
 cdb6=$work/calib6.db
-xz -dc "$src/results/h200/calibration_9386db7.db.xz" >"$cdb6"
+xz -dc "$src/results/h200/calibration_d1f6e37.db.xz" >"$cdb6"
 "$bin" --db "$cdb6" calibrate --fit-only \
-  --sessions 2,22,29,32,33,37,38,40,41,42,43,44,45,46,47,48,49,50,51 \
-  --spec-sessions 33,37,38,41,42,43,44,46,48,49 \
+  --sessions 2,22,29,32,33,37,38,40,41,42,43,44,45,47,48,49,50,51,53 \
+  --spec-sessions 33,37,38,41,42,43,44,48,49,53 \
   --collectives-from "$src/results/h200/nccl_profile_583eee2.yaml" \
   --collectives-from "$src/results/h200/nccl_profile_4gpu_631b9bd.yaml" \
   --out "$work/h200-calibrated.yaml" >/dev/null 2>&1

@@ -232,8 +232,15 @@ TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
   std::string why;
   if (!real_backend_available(&why)) GTEST_SKIP() << why;
   runtime::CalibrateOptions o = spec_only_options(1);
+  o.spec_partitions = 2;  // one round's capacity, then the first of the next split size
   const runtime::CalibrationRun run = runtime::run_calibration(o);
+  int device = 0, sms = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int kv_heads = model_preset("llama-3.2-3b").layers[0].attn.num_kv_heads;
+  const int32_t round = spec_calibration_capacity_tokens(128, 16);
   std::map<std::pair<std::string, int64_t>, std::vector<double>> by_graph;  // (graph, positions)
+  std::map<int64_t, int64_t> per_capacity;                                  // launches
   for (const CalibrationSample& s : run.samples) {
     ASSERT_EQ(s.kind, "spec_graph");
     EXPECT_EQ(s.model, "llama-3.2-3b");
@@ -241,8 +248,18 @@ TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
     EXPECT_EQ(s.batch, 1);
     EXPECT_EQ(s.ctx_tokens, 128);  // every round from the prompt's context
     EXPECT_GT(s.value_ns, 0);
-    by_graph[{s.name, s.nodes}].push_back(s.value_ns);
+    ++per_capacity[s.bytes];  // spec_graph samples: the engine's KV capacity
+    if (s.bytes == round) by_graph[{s.name, s.nodes}].push_back(s.value_ns);
   }
+  // Two engines: one round past the context, then the smallest capacity of the next split size.
+  ASSERT_EQ(per_capacity.size(), 2u);
+  ASSERT_EQ(per_capacity.begin()->first, round);
+  const int64_t second = per_capacity.rbegin()->first;
+  EXPECT_EQ(per_capacity.begin()->second, per_capacity.rbegin()->second);
+  EXPECT_GT(kernels::attention_partition(int(second), 1, kv_heads, sms).split_tokens,
+            kernels::attention_partition(round, 1, kv_heads, sms).split_tokens);
+  EXPECT_EQ(kernels::attention_partition(int(second) - 64, 1, kv_heads, sms).split_tokens,
+            kernels::attention_partition(round, 1, kv_heads, sms).split_tokens);
   // Quick widths 2, 6, 16 (drafts of 1, 5, 15 tokens), 6 launches each.
   for (const auto& [graph, positions] :
        std::vector<std::pair<std::string, int64_t>>{{"draft", 1},
@@ -274,7 +291,9 @@ TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
 TEST(Calibrate, SpecOnlyOfATensorParallelShard) {
   std::string why;
   if (!real_backend_available(&why)) GTEST_SKIP() << why;
-  const runtime::CalibrationRun run = runtime::run_calibration(spec_only_options(2));
+  runtime::CalibrateOptions o = spec_only_options(2);
+  o.spec_partitions = 1;  // one round's capacity only
+  const runtime::CalibrationRun run = runtime::run_calibration(o);
   std::map<std::pair<std::string, int64_t>, int> count;
   for (const CalibrationSample& s : run.samples) {
     ASSERT_EQ(s.kind, "spec_graph");

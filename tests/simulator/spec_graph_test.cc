@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention_split.h"
 #include "policies/calibration_model.h"
 #include "policies/calibration_profile.h"
 #include "policies/decode_loop.h"
 #include "policies/error.h"
+#include "policies/kv_capacity.h"
 #include "policies/step_kernels.h"
 #include "results/db.h"
 #include "simulator/calibration.h"
@@ -360,6 +362,74 @@ TEST(SpecGraphFit, CorrectionsInterpolateInContextThenWidth) {
   EXPECT_EQ(spec_graph_residual_ns(r, SpecGraph::kVerify, 1, 3, 600), 1000);
 }
 
+// Corrections per attention split size (docs/calibration.md "Attention partition"): width 2 at
+// ctx 100 (split 64: +1000) and at ctx 1100 measured at splits 128 (-1000) and 192 (-3000). Per
+// context the split nearest the launch's, then linear in ctx.
+TEST(SpecGraphFit, CorrectionsTakeTheNearestSplitPerContext) {
+  const std::vector<Residual::Correction> c = {
+      {2, 100, 1000, 64}, {2, 1100, -1000, 128}, {2, 1100, -3000, 192}};
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 1100, 128), -1000);
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 1100, 192), -3000);
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 1100, 256), -3000);  // nearest: 192
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 1100, 160), -1000);  // a tie: the smaller
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 1100, 0), -1000);    // unknown: the smallest
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 100, 192), 1000);    // ctx 100 has one split
+  // Halfway from ctx 100 to 1100 at split 192: (1000 + -3000) / 2.
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 600, 192), -1000);
+  EXPECT_DOUBLE_EQ(spec_graph_correction_ns(c, 2, 5000, 192), -3000);  // held above
+  Residual r;
+  r.corrections = c;
+  EXPECT_EQ(spec_graph_residual_ns(r, SpecGraph::kVerify, 1, 2, 1100, 0, 192), -3000);
+  EXPECT_EQ(spec_graph_residual_ns(r, SpecGraph::kVerify, 1, 2, 1100), -1000);
+}
+
+// The split size a launch gets (kernels/attention_split.h on 132 SMs, two blocks per SM):
+// Qwen3-30B-A3B's 4 KV heads, one request: 264 / 4 = 66 target splits, so capacity 8256 gives
+// ceil(8256 / 66) = 126 -> 128 tokens and 9280 gives 141 -> 192; four requests: 16 target splits,
+// 8256 / 16 = 516 -> 576. Its TP2 shard (2 KV heads): 132 splits, 9280 / 132 = 71 -> 128.
+// Llama-3-8B's 8 KV heads: 33 splits, 8256 -> 251 -> 256.
+TEST(SpecGraphFit, SplitTokensFollowTheCapacity) {
+  const ModelSpec qwen = model_preset("qwen3-30b-a3b");
+  EXPECT_EQ(spec_graph_split_tokens(qwen, 1, 1, 8256, 132), 128);
+  EXPECT_EQ(spec_graph_split_tokens(qwen, 1, 1, 9280, 132), 192);
+  EXPECT_EQ(spec_graph_split_tokens(qwen, 1, 4, 8256, 132), 576);
+  EXPECT_EQ(spec_graph_split_tokens(qwen, 2, 1, 9280, 132), 128);
+  EXPECT_EQ(spec_graph_split_tokens(model_preset("llama-3-8b"), 1, 1, 8256, 132), 256);
+  EXPECT_EQ(spec_graph_split_tokens(qwen, 1, 1, 0, 132), 0);
+  EXPECT_EQ(spec_graph_split_tokens(qwen, 1, 1, 8256, 0), 0);
+  const kernels::AttentionPartition p = kernels::attention_partition(8256, 1, 4, 132);
+  EXPECT_EQ(p.splits, 65);  // ceil(8256 / 128)
+  EXPECT_EQ(kernels::attention_active_splits(p, 8192), 64);
+  EXPECT_EQ(kernels::attention_active_splits(p, 8193), 65);
+  EXPECT_EQ(kernels::attention_active_splits(p, 100000), 65);  // at most the grid's
+}
+
+// The engine's KV capacity, as the real backend sizes it: the h200_moe_spec.yaml cases (prompt
+// 8192, 1024 output tokens): none 8192 + 1024 = 9216 -> 9216; confidence with up to 7 drafts
+// 3 * 8 = 24 more, 9240 -> 9280; chain(5) (draft_tokens 6: 5 drafts) 18 more, 9234 -> 9280. A
+// prompt of 100 pads to 112; the largest request decides; at least 16 -> 64.
+TEST(SpecGraphFit, EngineCapacityAsTheRealBackendSizesIt) {
+  const std::vector<RequestSpec> requests = {{0, 0, 8192, 1024}, {1, 0, 100, 10}};
+  SpecSpec none;
+  EXPECT_EQ(engine_kv_capacity_tokens(requests, none), 9216);
+  SpecSpec device;
+  device.method = SpecMethod::kConfidence;
+  device.max_steps = 7;
+  EXPECT_EQ(spec_kv_margin(device), 24);
+  EXPECT_EQ(engine_kv_capacity_tokens(requests, device), 9280);
+  SpecSpec chain;
+  chain.method = SpecMethod::kChain;
+  chain.draft_tokens = 6;
+  EXPECT_EQ(spec_kv_margin(chain), 18);
+  EXPECT_EQ(engine_kv_capacity_tokens(requests, chain), 9280);
+  EXPECT_EQ(request_kv_tokens(requests[1], none), 112 + 10);
+  EXPECT_EQ(engine_kv_capacity_tokens({}, none), 64);
+  EXPECT_EQ(spec_calibration_capacity_tokens(8192, 8), 8256);
+  EXPECT_EQ(spec_calibration_capacity_tokens(8192, 16), 8256);
+  EXPECT_EQ(spec_calibration_max_width(32, 4), 8);   // Qwen3-30B-A3B: 8 q heads per KV head
+  EXPECT_EQ(spec_calibration_max_width(32, 8), 16);  // Llama-3-8B
+}
+
 // The form cannot follow a residual that bends in ctx (verify at 16 positions: 0 at ctx 100,
 // +30 us at 1000, +40 us at 8000; 0 at 2 positions); the corrections make every point exact,
 // and max_rel_err_loo prices each point from the others' corrections.
@@ -537,15 +607,15 @@ TEST(SpecGraphProfile, BadEntriesSayWhereAndWhat) {
             "p.yaml:13:5: spec_graph_residuals[0]: max_rel_err_loo and corrections come together");
   EXPECT_EQ(error_of("points: 12}",
                      "points: 12, max_rel_err_loo: 0.1, corrections: [[2, 100, 5], [2, 100, 6]]}"),
-            "p.yaml:13:302: spec_graph_residuals[0].corrections[1] must follow [2, 100] (points "
-            "sorted by positions, then ctx, distinct)");
+            "p.yaml:13:302: spec_graph_residuals[0].corrections[1] must follow [2, 100, ...] "
+            "(points sorted by positions, ctx, then split, distinct)");
   EXPECT_EQ(
       error_of("points: 12}", "points: 12, max_rel_err_loo: 0.1, corrections: [[0, 100, 5]]}"),
       "p.yaml:13:290: spec_graph_residuals[0].corrections[0].positions = 0 is out of range "
       "[1, 1048576]");
   EXPECT_EQ(error_of("points: 12}", "points: 12, max_rel_err_loo: 0.1, corrections: [[2, 100]]}"),
             "p.yaml:13:289: spec_graph_residuals[0].corrections[0] must be a point [positions, "
-            "ctx, ns]");
+            "ctx, ns] or [positions, ctx, ns, split_tokens]");
   EXPECT_EQ(error_of("spec_graph_residuals:\n  - ", "spec_graph_residuals:\n  x: "),
             "p.yaml:13:3: spec_graph_residuals must be a list of fits");
   const std::string entry = "  - {model: \"llama-3-8b\", graph: \"draft\"";
