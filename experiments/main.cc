@@ -631,8 +631,9 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
   }
   if (fit_only &&
       (grid.spec_only || grid.no_spec || !grid.spec_batches.empty() ||
-       grid.spec_capacity_tokens != 0 || grid.spec_partitions != 3 || grid.partition_only ||
-       grid.prefill_only || grid.no_prefill || !grid.prefill_tokens.empty() || grid.breaks_only))
+       grid.spec_capacity_tokens != 0 || grid.spec_partitions != CalibrateGrid{}.spec_partitions ||
+       grid.partition_only || grid.prefill_only || grid.no_prefill ||
+       !grid.prefill_tokens.empty() || grid.breaks_only))
     throw ConfigError(
         "",
         "--spec-only, --no-spec, --spec-batches, --spec-capacity-tokens, --spec-partitions, "

@@ -89,6 +89,14 @@ std::unique_ptr<T, DeviceFree<T>> device_alloc(size_t bytes) {
   return std::unique_ptr<T, DeviceFree<T>>(static_cast<T*>(p));
 }
 
+// SMs of the current device (the attention partition's and the stream read's grid).
+int device_sms() {
+  int device = 0, sms = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 CalibrationSample sample(const char* kind, double ns) {
   CalibrationSample s;
   s.kind = kind;
@@ -214,8 +222,7 @@ void stream_reads(bool quick, int reps, std::vector<CalibrationSample>& out) {
   TS_CUDA_CHECK(cudaMemset(buf.get(), 1, bytes));
   Stream s;
   Events ev(2);
-  int sms = 0;
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int sms = device_sms();
   for (const int blocks_per_sm : {4, 8, 16}) {
     for (int rep = -1; rep < reps; ++rep) {
       TS_CUDA_CHECK(cudaEventRecord(ev[0], s));
@@ -751,9 +758,7 @@ void attention_partition(const CalibrateOptions& o, const std::string& name,
   constexpr int kLayers = 32;
   const int kv_heads = config.kv_heads, q_heads = config.q_heads;
   const int max_width = spec_calibration_max_width(q_heads, kv_heads);
-  int sms = 0, device = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&device));
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = device_sms();
   const std::vector<int> requests_list = o.quick ? std::vector<int>{1} : std::vector<int>{1, 4};
   const std::vector<int> contexts = o.quick ? std::vector<int>{8192} : std::vector<int>{2048, 8192};
   const std::vector<int> rows_list = {1, std::max(1, max_width / 2), max_width};
@@ -915,9 +920,7 @@ void spec_graphs(const CalibrateOptions& o, const std::string& name,
   // at the largest context also the first capacities of the next spec_partitions − 1 split sizes
   // of the smallest batch (kernels/attention_split.h): runs hold their whole output, so their
   // partition is often another than one round's (docs/calibration.md "Attention partition").
-  int sms = 0, device = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&device));
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = device_sms();
   const int min_batch = *std::min_element(batches.begin(), batches.end());
   std::vector<std::pair<int, int32_t>> engines;  // (ctx, capacity)
   for (const int ctx : contexts) {

@@ -35,10 +35,10 @@ struct CalibrateOptions {
   // speculative decoding for (dense or MoE) gets its draft(L), draft(L) with early exit (tp 1: TP
   // runs drafts without it), verify(W) and extend(W) graphs timed in situ (spec_graph samples;
   // tp > 1: rank 0's shard alone, labelled "<model>@tp<N>") at the smallest and largest
-  // context of the grid, batches 1 and 4 (quick: 1; with `batches`, those <= 4, else the
-  // smallest), W in 2..16 (L = W − 1); ~11 s for Llama-3-8B on an H200. spec_only: only these
-  // (no microbenchmarks, decode grid or host operations), to be fitted with stored sessions
-  // (calibrate --fit-only --sessions).
+  // context of the grid (the largest at spec_partitions attention split sizes), batches 1 and 4
+  // (quick: 1; with `batches`, those <= 4, else the smallest), W in 2..16 (L = W − 1); ~11 s for
+  // Llama-3-8B on an H200. spec_only: only these (no microbenchmarks, decode grid or host
+  // operations), to be fitted with stored sessions (calibrate --fit-only --sessions).
   bool spec = true;
   bool spec_only = false;
   // The speculative graphs' batches, increasing, 1..64; empty: the rule above. Verify(W) of B

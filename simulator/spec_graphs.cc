@@ -24,6 +24,15 @@ static_assert(std::size(kSpecGraphNames) == size_t(SpecGraph::kCount));
 // it (calibrate's sessions land a nominal context a few tokens apart).
 int64_t same_context(int64_t ctx) { return std::max<int64_t>(16, ctx / 64); }
 
+// The first GQA layer's attention of `model` (the heads the attention partition and calibrate's
+// widest verify follow), or nullptr.
+const AttentionSpec* first_gqa(const ModelSpec& model) {
+  for (const LayerSpec& l : model.layers) {
+    if (l.attn.kind == AttentionKind::kGqa && l.attn.num_kv_heads > 0) return &l.attn;
+  }
+  return nullptr;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -147,13 +156,10 @@ double spec_graph_correction_ns(const std::vector<HardwareSpec::SpecGraphResidua
 
 int64_t spec_graph_split_tokens(const ModelSpec& model, int32_t tp, int32_t requests,
                                 int32_t capacity, int32_t sms) {
-  if (capacity <= 0 || sms <= 0) return 0;
-  for (const LayerSpec& l : model.layers) {
-    if (l.attn.kind != AttentionKind::kGqa || l.attn.num_kv_heads <= 0) continue;
-    const int heads = std::max(1, l.attn.num_kv_heads / std::max(1, tp));
-    return kernels::attention_partition(capacity, std::max(1, requests), heads, sms).split_tokens;
-  }
-  return 0;
+  const AttentionSpec* a = first_gqa(model);
+  if (a == nullptr || capacity <= 0 || sms <= 0) return 0;
+  const int heads = std::max(1, a->num_kv_heads / std::max(1, tp));
+  return kernels::attention_partition(capacity, std::max(1, requests), heads, sms).split_tokens;
 }
 
 int64_t spec_graph_residual_ns(const HardwareSpec::SpecGraphResidual& r, SpecGraph graph,
@@ -218,18 +224,12 @@ std::vector<SpecGraphPoint> spec_graph_points(const std::vector<CalibrationSampl
     pt.positions = positions;
     pt.ctx_tokens = ctx;
     pt.capacity_tokens = capacity;
-    {
-      // The split of the engine measured: its recorded capacity, else calibrate's rule.
-      int32_t q_heads = 0, kv_heads = 0;
-      for (const LayerSpec& l : p->model.layers) {
-        if (l.attn.kind == AttentionKind::kGqa && l.attn.num_kv_heads > 0) {
-          q_heads = l.attn.num_q_heads, kv_heads = l.attn.num_kv_heads;
-          break;
-        }
-      }
-      const int64_t cap = capacity > 0 ? capacity
-                                       : spec_calibration_capacity_tokens(
-                                             ctx, spec_calibration_max_width(q_heads, kv_heads));
+    // The split of the engine measured: its recorded capacity, else calibrate's rule.
+    if (const AttentionSpec* a = first_gqa(p->model)) {
+      const int64_t cap =
+          capacity > 0 ? capacity
+                       : spec_calibration_capacity_tokens(
+                             ctx, spec_calibration_max_width(a->num_q_heads, a->num_kv_heads));
       pt.split_tokens =
           spec_graph_split_tokens(p->model, p->tp, batch_bucket(int32_t(batch)),
                                   int32_t(std::min<int64_t>(cap, 1 << 30)), hw.sm_count);

@@ -28,6 +28,14 @@
 namespace twinstep {
 namespace {
 
+// SMs of the current device (the attention partition's rule).
+int device_sms() {
+  int device = 0, sms = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -191,9 +199,7 @@ TEST(Calibrate, PartitionOnlyMeasuresTheAttentionAtThreeSplitSizes) {
   o.models = {"llama-3.2-3b"};
   o.partition_only = true;
   const runtime::CalibrationRun run = runtime::run_calibration(o);
-  int device = 0, sms = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&device));
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = device_sms();
   const ModelSpec m = model_preset("llama-3.2-3b");
   const int kv_heads = m.layers[0].attn.num_kv_heads;
   std::map<int64_t, std::set<int64_t>> splits;  // rows -> split sizes
@@ -234,9 +240,7 @@ TEST(Calibrate, SpecOnlyMeasuresTheSpeculativeGraphsAlone) {
   runtime::CalibrateOptions o = spec_only_options(1);
   o.spec_partitions = 2;  // one round's capacity, then the first of the next split size
   const runtime::CalibrationRun run = runtime::run_calibration(o);
-  int device = 0, sms = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&device));
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = device_sms();
   const int kv_heads = model_preset("llama-3.2-3b").layers[0].attn.num_kv_heads;
   const int32_t round = spec_calibration_capacity_tokens(128, 16);
   std::map<std::pair<std::string, int64_t>, std::vector<double>> by_graph;  // (graph, positions)
