@@ -536,7 +536,7 @@ std::string gemv_variant() {
     return std::string(t.stages == 0  ? "splitreg"
                        : t.stages < 0 ? "splitasyncauto"
                                       : "splitasync" + std::to_string(t.stages)) +
-           (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split)) +
+           (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split)) + (t.refill ? "_refill" : "") +
            (t.large_m_registers ? "" : "_ringm16") +
            (t.large_m_stages == 0 ? "" : "_lms" + std::to_string(t.large_m_stages));
   return std::string(t.fill == 0 ? "bulk" : "cpasync") + "_kc" + std::to_string(t.kc) + "_smem" +
@@ -585,6 +585,13 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
                        }) /
                        launches;
       }
+    // The steady-state period of a launch in a long PDL chain (a decode step's graph has ~300
+    // kernels): the graph of 2 x launches less the graph of launches, per launch. Unlike t, it
+    // leaves out the graph's own launch and drain (~9 us per replay, docs/kernels.md round 17).
+    const double t_double = time_graph_us([&](cudaStream_t s) {
+      for (int i = 0; i < 2 * launches; ++i) ours(s, w[i % copies], true);
+    });
+    const double period_us = (t_double - t[1][1] * launches) / launches;
     const double t_single =
         full ? time_single_us([&](cudaStream_t s, int i) { ours(s, w[i % copies], false); },
                               std::max(copies, 8))
@@ -612,7 +619,10 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
         .b("pdl", true)
         .s("timing", "captured graph of back-to-back launches, cold weights rotated")
         .n("copies", copies);
-    row.n("time_no_pdl_us", t[1][0])
+    row.n("launches", launches)
+        .n("period_us", period_us)
+        .n("pct_of_floor_period", 100.0 * bytes / (period_us * 1e-6) / 1e12 / g_floor_tbps)
+        .n("time_no_pdl_us", t[1][0])
         .n("tbps_no_pdl", bytes / (t[1][0] * 1e-6) / 1e12)
         .n("pct_of_floor_no_pdl", 100.0 * bytes / (t[1][0] * 1e-6) / 1e12 / g_floor_tbps);
     if (full)
@@ -667,10 +677,11 @@ double bench_gemv(cublasHandle_t cublas, const Shape& shape, const std::vector<i
       tuning = saved;
     }
     std::printf(
-        "gemv %-14s %-15s m=%2d  graph+pdl %7.2f us (%5.1f%%)  graph %7.2f us (%5.1f%%)  single "
-        "%7.2f us  warm %7.2f  cuBLAS %7.2f us (%5.1f%%)\n",
+        "gemv %-14s %-15s m=%2d  graph+pdl %7.2f us (%5.1f%%)  period %7.2f us (%5.1f%%)  graph "
+        "%7.2f us (%5.1f%%)  single %7.2f us  warm %7.2f  cuBLAS %7.2f us (%5.1f%%)\n",
         gemv_variant().c_str(), shape.name, m, t[1][1],
-        100.0 * bytes / (t[1][1] * 1e-6) / 1e12 / g_floor_tbps, t[1][0],
+        100.0 * bytes / (t[1][1] * 1e-6) / 1e12 / g_floor_tbps, period_us,
+        100.0 * bytes / (period_us * 1e-6) / 1e12 / g_floor_tbps, t[1][0],
         100.0 * bytes / (t[1][0] * 1e-6) / 1e12 / g_floor_tbps, t_single, t[0][1], t_cublas,
         t_cublas > 0 ? 100.0 * bytes / (t_cublas * 1e-6) / 1e12 / g_floor_tbps : 0.0);
   }
@@ -1554,7 +1565,8 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     const detail::GemvTuning gemv_saved = gt;
     // Each configuration from the defaults: the small kernels' trigger placement, the 4-part
     // combine at every split count (parts), the combine's context length before its wait
-    // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages).
+    // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages), the
+    // ring of 3 refilled (GemvTuning::refill) where the rule picks it / for every GEMV.
     auto after_wait = [&] { kt.early_trigger = false; };
     auto at_exit = [&] { kt.trigger_at_exit = true; };
     auto parts = [&] { at.combine_parts_min_splits = 0; };
@@ -1569,7 +1581,10 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         {"parts+gemv_ring2", [&] { parts(), gt.stages = 2; }},
         {"ctx_early", ctx_early},
         {"parts+ctx_early", [&] { parts(), ctx_early(); }},
-        {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }}};
+        {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }},
+        {"parts+ctx_early+refill", [&] { parts(), ctx_early(), gt.refill = true; }},
+        {"parts+ctx_early+ring3refill",
+         [&] { parts(), ctx_early(), gt.stages = 3, gt.refill = true; }}};
     for (const auto& [label, set] : configs) {
       kt = kernel_saved;
       at = attn_saved;
@@ -2020,6 +2035,12 @@ int main(int argc, char** argv) {
       detail::GemvTuning{256, 100 * 1024, 2},        detail::GemvTuning{256, 100 * 1024, 3, 0, 0},
       detail::GemvTuning{256, 100 * 1024, 3, 0, 3},  detail::GemvTuning{256, 100 * 1024, 3, 1, 6},
       detail::GemvTuning{256, 100 * 1024, 3, 0, -1}, detail::GemvTuning{256, 100 * 1024, 3, 0, 2}};
+  // The refilled ring of 3 (round 24), forced and where the auto rule picks the ring of 3.
+  for (const int stages : {3, -1}) {
+    detail::GemvTuning refill{256, 100 * 1024, 3, 0, stages};
+    refill.refill = true;
+    gemv_sweep.push_back(refill);
+  }
   if (!want("gemv")) gemv_sweep.clear();
   for (const detail::GemvTuning v : gemv_sweep) {
     tuning = v;
