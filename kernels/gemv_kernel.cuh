@@ -647,9 +647,7 @@ __device__ __forceinline__ float2 warp_inv_rms(const float* sq, int r0, int r1, 
 //    (kStages - 1 batches in flight, no register cost), waits with cp.async.wait_group.
 //    kStages = 2 refills a slot right after its batch is consumed (read into registers and used
 //    by the mma), not one step later: 2 batches in flight at each wait from 64 KB per block, as
-//    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8. kRefill does the
-//    same for a ring of 3: all 3 batches (96 KB) issued before the dependency wait and in flight
-//    again after each step (GemvTuning::refill).
+//    the ring of 3 has from 96 KB, leaving L1 for the activation rows of m > 8.
 // With S = 1 and kStages = 0 the arithmetic and its order are exactly those of fill 2.
 //
 // Grouped mode (kMoeGateUp, kMoeDown; moe.h): the tiles are those of GemvGroup's entries (the
@@ -662,14 +660,10 @@ __device__ __forceinline__ float2 warp_inv_rms(const float* sq, int r0, int r1, 
 // k (tile w * gridDim.x + blockIdx.x, then every gridDim.x * 8), summed in k order by that warp
 // alone and written from its registers: no block barrier, no cross-warp sum. Other bits than the
 // 8-piece split's, again a function of k only.
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false,
-          bool kRefill = false>
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false>
 __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
   constexpr int kBatch = 4;
-  // Each slot is refilled as soon as its batch is in registers: kStages batches in flight.
-  constexpr bool kRefilled = kStages == 2 || kRefill;
-  static_assert(!kRefill || kStages == 3, "refill: the ring of 3 (the ring of 2 always refills)");
   constexpr bool kGrouped = GemvWork<kEpilogue>::kGrouped;
   constexpr bool kMoeDown = kEpilogue == GemvEpilogue::kMoeDown;
   constexpr bool kSwiglu = kEpilogue == GemvEpilogue::kSwiglu ||
@@ -836,7 +830,7 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
   if constexpr (kStages == 0) {
     if (step.count > 0) load_regs(cur, step);  // weights never depend on the previous kernel
   } else {
-    constexpr int kPrologue = kRefilled ? kStages : kStages - 1;
+    constexpr int kPrologue = kStages == 2 ? 2 : kStages - 1;
 #pragma unroll
     for (int j = 0; j < kPrologue; ++j) {
       issue_async(ahead, j);
@@ -891,8 +885,8 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     const Step following = next_step(step);
     if constexpr (kStages == 0) {
       if (following.count > 0) load_regs(nxt, following);
-    } else if constexpr (kRefilled) {
-      cp_async_wait<kStages - 1>();  // this step's group has landed; the next ones may be in flight
+    } else if constexpr (kStages == 2) {
+      cp_async_wait<1>();  // this step's group has landed; the next one may be in flight
 #pragma unroll
       for (int u = 0; u < kBatch; ++u)
         if (u < step.count) {
@@ -925,11 +919,11 @@ __global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
         cur[u][0] = nxt[u][0];
         cur[u][1] = nxt[u][1];
       }
-    } else if constexpr (kRefilled) {
+    } else if constexpr (kStages == 2) {
       // The slot's batch is in registers and consumed by the mma above: refill it now.
       issue_async(ahead, slot);
       ahead = next_step(ahead);
-      slot = slot + 1 == kStages ? 0 : slot + 1;
+      slot ^= 1;
     } else {
       slot = slot + 1 == kStages ? 0 : slot + 1;
     }
@@ -1119,10 +1113,9 @@ inline int choose_split(int tiles, int k, int forced) {
   return gemv_choose_split(tiles, k, num_sms(), forced);
 }
 
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false,
-          bool kRefill = false>
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false>
 void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bool pdl) {
-  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages, kWarpTiles, kRefill>;
+  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages, kWarpTiles>;
   const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
   static const int per_sm = [&] {
     if (smem > 48 * 1024)
@@ -1171,13 +1164,12 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-// kRefill applies to m <= 8 (m > 8 takes the ring of 3 as it is: same bits either way).
-template <GemvEpilogue kEpilogue, int kStages, bool kRefill = false>
+template <GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / out_cols_per_tile<kEpilogue>();
   p.split = choose_split(tiles, p.k, split);
   if (p.m <= 8)
-    launch_gemv_split_t<1, kEpilogue, kStages, false, kRefill>(p, tiles, stream, pdl);
+    launch_gemv_split_t<1, kEpilogue, kStages>(p, tiles, stream, pdl);
   else
     launch_gemv_split_t<2, kEpilogue, kStages>(p, tiles, stream, pdl);
 }
@@ -1196,8 +1188,6 @@ void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t st
   if (p.m > 8 && t.large_m_registers) stages = t.large_m_stages;
   if (stages >= 6)
     launch_gemv_split_s<kEpilogue, 6>(p, split, stream, pdl);
-  else if (stages >= 3 && t.refill)
-    launch_gemv_split_s<kEpilogue, 3, true>(p, split, stream, pdl);
   else if (stages >= 3)
     launch_gemv_split_s<kEpilogue, 3>(p, split, stream, pdl);
   else if (stages == 2)

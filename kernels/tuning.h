@@ -80,10 +80,6 @@ struct GemvTuning {
   // at 6 and 16 rows and +1 % at one (2d83629, docs/kernels.md round 22); the default since
   // session 28, with the MoE sessions calibrated again on it (scripts/gpu_moe_recal.sh).
   bool moe_warp_tiles = true;
-  // The dense ring of 3 (m <= 8) refilled like the ring of 2: each slot reissued as soon as its
-  // batch is in registers, so 3 batches (96 KB per block) are in flight before the dependency
-  // wait and after every step, against 2 (64 KB). Same bits. Benchmark option (round 24).
-  bool refill = false;
 };
 GemvTuning& gemv_tuning();
 

@@ -536,7 +536,7 @@ std::string gemv_variant() {
     return std::string(t.stages == 0  ? "splitreg"
                        : t.stages < 0 ? "splitasyncauto"
                                       : "splitasync" + std::to_string(t.stages)) +
-           (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split)) + (t.refill ? "_refill" : "") +
+           (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split)) +
            (t.large_m_registers ? "" : "_ringm16") +
            (t.large_m_stages == 0 ? "" : "_lms" + std::to_string(t.large_m_stages));
   return std::string(t.fill == 0 ? "bulk" : "cpasync") + "_kc" + std::to_string(t.kc) + "_smem" +
@@ -1565,8 +1565,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     const detail::GemvTuning gemv_saved = gt;
     // Each configuration from the defaults: the small kernels' trigger placement, the 4-part
     // combine at every split count (parts), the combine's context length before its wait
-    // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages), the
-    // ring of 3 refilled (GemvTuning::refill) where the rule picks it / for every GEMV.
+    // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages).
     auto after_wait = [&] { kt.early_trigger = false; };
     auto at_exit = [&] { kt.trigger_at_exit = true; };
     auto parts = [&] { at.combine_parts_min_splits = 0; };
@@ -1581,10 +1580,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         {"parts+gemv_ring2", [&] { parts(), gt.stages = 2; }},
         {"ctx_early", ctx_early},
         {"parts+ctx_early", [&] { parts(), ctx_early(); }},
-        {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }},
-        {"parts+ctx_early+refill", [&] { parts(), ctx_early(), gt.refill = true; }},
-        {"parts+ctx_early+ring3refill",
-         [&] { parts(), ctx_early(), gt.stages = 3, gt.refill = true; }}};
+        {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }}};
     for (const auto& [label, set] : configs) {
       kt = kernel_saved;
       at = attn_saved;
@@ -2035,12 +2031,6 @@ int main(int argc, char** argv) {
       detail::GemvTuning{256, 100 * 1024, 2},        detail::GemvTuning{256, 100 * 1024, 3, 0, 0},
       detail::GemvTuning{256, 100 * 1024, 3, 0, 3},  detail::GemvTuning{256, 100 * 1024, 3, 1, 6},
       detail::GemvTuning{256, 100 * 1024, 3, 0, -1}, detail::GemvTuning{256, 100 * 1024, 3, 0, 2}};
-  // The refilled ring of 3 (round 24), forced and where the auto rule picks the ring of 3.
-  for (const int stages : {3, -1}) {
-    detail::GemvTuning refill{256, 100 * 1024, 3, 0, stages};
-    refill.refill = true;
-    gemv_sweep.push_back(refill);
-  }
   if (!want("gemv")) gemv_sweep.clear();
   for (const detail::GemvTuning v : gemv_sweep) {
     tuning = v;
