@@ -34,6 +34,19 @@ inline int32_t confident_prefix(const SpecSpec& spec, std::span<const float> con
   return n;
 }
 
+// Forwards of the draft module in a draft launch of width `q_tokens` whose longest request drafts
+// `longest` tokens. NEXTN: the first draft token comes from the previous round's extend, so L
+// tokens take L - 1 forwards. Confidence-scheduled drafts decided on the device (not host_late)
+// stop past the longest only with early exit in a graph; otherwise they run every step of the
+// width, padded. Chains and host-chosen lengths run their longest.
+inline int32_t draft_passes(const SpecSpec& spec, GraphMode mode, int32_t longest,
+                            int32_t q_tokens) {
+  const bool device_decides =
+      spec.method == SpecMethod::kConfidence && spec.mode != DraftMode::kHostLate;
+  const bool skips = !device_decides || (spec.early_exit && mode != GraphMode::kEager);
+  return std::max(0, (skips ? longest : q_tokens) - 1);
+}
+
 // Greedy verification: draft tokens accepted = the leading run the target agrees with.
 inline int32_t accepted_prefix(std::span<const bool> agrees, int32_t draft_len) {
   int32_t n = 0;

@@ -545,6 +545,40 @@ StepShape decode_shape(int32_t requests, int32_t q_tokens_each, int64_t ctx_toke
   return s;
 }
 
+StepShape verify_shape(int32_t requests, int32_t positions, int64_t ctx_sum) {
+  StepShape s = decode_shape(requests, positions, ctx_sum);
+  s.row_exact = true;
+  return s;
+}
+
+StepShape extend_shape(int32_t requests, int32_t positions, int64_t ctx_sum) {
+  StepShape s = decode_shape(requests, positions, ctx_sum);
+  s.row_exact = true;
+  s.kv_pass = true;
+  return s;
+}
+
+LaunchWork launch_work(Phase phase, int32_t requests, int32_t q_tokens, int64_t ctx_sum,
+                       int32_t draft_passes, int64_t moe_tokens) {
+  const int32_t rows = batch_bucket(requests);
+  switch (phase) {
+    case Phase::kDecode:
+      return {false, decode_shape(rows, q_tokens, ctx_sum), 1};
+    case Phase::kDraft:
+      return {true, decode_shape(rows, 1, ctx_sum), std::max(0, draft_passes)};
+    case Phase::kVerify: {
+      LaunchWork w{false, verify_shape(rows, q_tokens, ctx_sum), 1};
+      w.shape.moe_tokens = moe_tokens;
+      return w;
+    }
+    case Phase::kExtend:
+      return {true, extend_shape(rows, q_tokens, ctx_sum), 1};
+    case Phase::kPrefill:
+      break;
+  }
+  throw Error("launch_work: prefill is not a decode-phase launch");
+}
+
 int32_t prefill_attention_chunk(int32_t q_heads, int32_t kv_heads) {
   const int32_t group = kv_heads > 0 ? std::max(1, q_heads / kv_heads) : 1;
   return std::min(16, std::max(1, 64 / group));

@@ -13,6 +13,7 @@
 #include "policies/layout.h"
 #include "policies/model_spec.h"
 #include "policies/moe_routing.h"
+#include "policies/plan.h"
 
 namespace twinstep {
 
@@ -137,6 +138,28 @@ bool step_fuses_rope(const ModelSpec& model, const StepShape& shape);
 int32_t batch_bucket(int32_t requests);
 
 StepShape decode_shape(int32_t requests, int32_t q_tokens_each, int64_t ctx_tokens_sum);
+// A speculative verify / extend launch of `requests` requests, `positions` rows each, over
+// `ctx_sum` cached tokens: decode_shape with row_exact (both) and kv_pass (the extend), as the
+// runtime runs them (runtime/engine_spec.cc).
+StepShape verify_shape(int32_t requests, int32_t positions, int64_t ctx_sum);
+StepShape extend_shape(int32_t requests, int32_t positions, int64_t ctx_sum);
+
+// What one launch of a decode-phase `phase` (decode, draft, verify, extend) runs, as both
+// backends count it (the simulator prices it; the real backend sums a step's bytes_read from it):
+// the module (the NEXTN draft, nextn_draft, for drafts and the extend; else the target), the
+// shape of one pass over batch_bucket(requests) rows (the padding rows run too, as in the
+// runtime's graphs) with the real requests' `ctx_sum` cached tokens and `q_tokens` positions each
+// (drafts: one per forward), and its passes: `draft_passes` for a draft (draft_passes()), else 1.
+// moe_tokens: a verify's positions routed through the experts (StepShape::moe_tokens; -1: every
+// row). Prefill is not a decode-phase launch (Error).
+struct LaunchWork {
+  bool draft_module = false;
+  StepShape shape;
+  int32_t passes = 1;
+};
+LaunchWork launch_work(Phase phase, int32_t requests, int32_t q_tokens, int64_t ctx_sum,
+                       int32_t draft_passes = 0, int64_t moe_tokens = -1);
+
 StepShape prefill_shape(int32_t requests, int64_t prompt_tokens_sum, int64_t prompt_sq_sum);
 
 // ---- Prefill attention as the runtime runs it (runtime/engine.cc Engine::prefill_pass) ----

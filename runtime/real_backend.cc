@@ -16,6 +16,7 @@
 #include "policies/error.h"
 #include "policies/moe_routing.h"
 #include "policies/rng.h"
+#include "policies/spec_rules.h"
 #include "policies/step_kernels.h"
 #include "runtime/engine.h"
 
@@ -70,12 +71,28 @@ struct CopyRecord {
   int64_t flow;
 };
 
+// A decode-phase launch as a step's bytes_read counts it (launch_work, as the simulator prices
+// it). A draft's and a verify's entry is completed by the host wait that reads its outputs: the
+// requests' exact context (ctx_sum is the bound ctx + ctx_slack until then), the longest draft
+// and the positions a verify routed through the experts; an extend's context by the wait that
+// reads its step's verify.
+struct CountedLaunch {
+  Phase phase = Phase::kDecode;
+  GraphMode mode = GraphMode::kEager;
+  int32_t q_tokens = 1;
+  int64_t seq = -1;  // output entry (-1: none)
+  int64_t ctx_sum = 0;
+  int32_t longest = 0;  // draft: its requests' longest draft
+  int64_t routed = -1;  // verify: Σ (draft length + 1) over its requests
+  std::vector<int32_t> ids;
+};
+
 struct PendingStep {
   StepSample sample;
   bool awaits_outputs = false;  // speculative: tokens and draft length come with the outputs
   std::vector<LaunchRecord> launches;
   std::vector<CopyRecord> copies;
-  std::vector<std::pair<int32_t, int64_t>> decode_shapes;  // (requests, Σ ctx) per decode launch
+  std::vector<CountedLaunch> counted;  // decode, draft, verify and extend launches
   bool trace = false;
 };
 
@@ -108,6 +125,7 @@ struct RealBackend::State {
   RunRecord& record;
   LayoutSpec shard_layout;  // this engine's kernels (a step's bytes_read): engine_shard
   int32_t shard_rank = 0;
+  const ModelSpec draft_model = nextn_draft(b.model_);  // the draft module's kernels
   int64_t t0 = 0;
   std::array<cudaEvent_t, kPlanEvents> plan_events{};
   std::array<EventId, kPlanEvents> plan_event_ids{};
@@ -339,7 +357,7 @@ struct RealBackend::State {
       decode_slots.clear();
       p.sample.batch += g.request_count;
       p.sample.tokens += g.request_count;
-      p.decode_shapes.emplace_back(g.request_count, ctx_sum);
+      p.counted.push_back({Phase::kDecode, g.mode, 1, out.seq, ctx_sum, 0, -1, out.requests});
       rec.routed_rows = g.request_count;
       rec.gpu_name = g.mode == GraphMode::kEager ? "decode_eager" : "decode_graph";
       rec.host_name = g.mode == GraphMode::kEager ? "launch_eager" : "launch_graph";
@@ -379,6 +397,8 @@ struct RealBackend::State {
     const bool graph = g.mode != GraphMode::kEager;
     const SpecSpec& spec = b.options_.spec;
     p.awaits_outputs = true;
+    CountedLaunch counted{g.phase, g.mode, g.q_tokens, -1, 0, 0, -1, out.requests};
+    for (const int32_t r : out.requests) counted.ctx_sum += ctx[size_t(r)] + ctx_slack[size_t(r)];
     switch (g.phase) {
       case Phase::kDraft:
         out.seq =
@@ -386,19 +406,16 @@ struct RealBackend::State {
         rec.gpu_name = graph ? "draft_graph" : "draft_eager";
         break;
       case Phase::kVerify: {
-        int64_t ctx_sum = 0;
         for (int32_t i = 0; i < g.request_count; ++i) {
           const size_t r = size_t(ids[i]);
           if (ctx[r] + ctx_slack[r] + g.q_tokens > capacity)
             throw Error("real backend: request " + std::to_string(ids[i]) +
                         " may outgrow the KV capacity of " + std::to_string(capacity) +
                         " tokens (verify of " + std::to_string(g.q_tokens) + " positions)");
-          ctx_sum += ctx[r] + ctx_slack[r];
           ctx_slack[r] += g.q_tokens;
         }
         out.seq = engine.enqueue_verify(decode_slots, g.q_tokens, float(spec.threshold), g.mode);
         p.sample.batch += g.request_count;
-        p.decode_shapes.emplace_back(g.request_count, ctx_sum);  // bytes as one decode step
         rec.routed_rows = g.request_count * g.q_tokens;  // request r's position j: r * W + j
         rec.gpu_name = graph ? "verify_graph" : "verify_eager";
         break;
@@ -411,6 +428,8 @@ struct RealBackend::State {
       default:
         assert(false);
     }
+    counted.seq = out.seq;
+    p.counted.push_back(std::move(counted));
     if (g.phase == Phase::kExtend) decode_slots.clear();
     rec.decode = false;  // node timestamps are taken for plain decode graphs only
     rec.host_name = graph ? "launch_graph" : "launch_eager";
@@ -440,6 +459,24 @@ struct RealBackend::State {
     p.sample.host_launch_ns += now() - begin;
   }
 
+  // The counted entry of launch `l` of `owner`, from its output rows, read before they update
+  // the host's contexts: the exact context before the launch, a draft's longest draft, a
+  // verify's routed positions (each request's drafts, at most width - 1, and its committed token).
+  void complete_counted(PendingStep& owner, const StepOutputsPlan::Launch& l,
+                        const runtime::OutputRow* rows) {
+    for (CountedLaunch& c : owner.counted) {
+      if (c.seq != l.seq || (c.phase != Phase::kDraft && c.phase != Phase::kVerify)) continue;
+      c.ctx_sum = 0;
+      c.longest = 0;
+      c.routed = 0;
+      for (int32_t i = 0; i < l.count; ++i) {
+        c.ctx_sum += ctx[size_t(l.requests[size_t(i)])];
+        c.longest = std::max(c.longest, rows[i].draft_len);
+        c.routed += std::clamp(rows[i].draft_len, 0, l.width - 1) + 1;
+      }
+    }
+  }
+
   void host_wait(const Plan& plan, const Op& op, PendingStep& p) {
     cudaEvent_t ev = plan_event(op.event, false);
     const int64_t begin = now();
@@ -453,11 +490,15 @@ struct RealBackend::State {
       throw Error("real backend: outputs of step " + std::to_string(op.payload_step) +
                   " are no longer held (run-ahead deeper than the step ring)");
     outputs.clear();
+    PendingStep* owner = op.payload_step == plan.step ? &p : nullptr;
+    for (PendingStep& q : pending)
+      if (q.sample.step == op.payload_step) owner = &q;
     bool draft_only = true;
     int32_t committed = 0, longest = 0;
     for (const StepOutputsPlan::Launch& l : so.launches) {
       const runtime::OutputRow* rows = engine.host_outputs(l.seq);
       draft_only = draft_only && l.phase == Phase::kDraft;
+      if (owner != nullptr) complete_counted(*owner, l, rows);
       for (int32_t i = 0; i < l.count; ++i) {
         const int32_t r = l.requests[size_t(i)];
         const runtime::OutputRow& row = rows[i];
@@ -499,10 +540,14 @@ struct RealBackend::State {
       }
     }
     draft_only = draft_only && !so.launches.empty();
+    // The extend runs after its step's verify: its context is the one the verify left.
+    if (owner != nullptr && !draft_only)
+      for (CountedLaunch& c : owner->counted)
+        if (c.phase == Phase::kExtend) {
+          c.ctx_sum = 0;
+          for (const int32_t r : c.ids) c.ctx_sum += ctx[size_t(r)];
+        }
     // The step's committed tokens and draft length (StepSample), known only now.
-    PendingStep* owner = op.payload_step == plan.step ? &p : nullptr;
-    for (PendingStep& q : pending)
-      if (q.sample.step == op.payload_step) owner = &q;
     if (owner != nullptr && owner->awaits_outputs) {
       owner->sample.tokens += committed;
       owner->sample.draft_len = std::max(owner->sample.draft_len, longest);
@@ -608,12 +653,17 @@ struct RealBackend::State {
         const int64_t start = gpu_ns(c.start_ev);
         span(Lane::kCopy, "d2h_outputs", s.step, start, gpu_ns(c.end_ev) - start, c.flow);
       }
-      // The kernels of this rank's shard (as the simulator counts a rank's bytes); a verify is
-      // counted as one decode step.
-      for (const auto& [n, ctx_sum] : p.decode_shapes) {
+      // The kernels of this rank's shard, launch by launch as the simulator counts a rank's
+      // bytes (launch_work): drafts by their forwards, verify and extend by their rows.
+      for (const CountedLaunch& c : p.counted) {
+        const int32_t passes = c.phase == Phase::kDraft
+                                   ? draft_passes(b.options_.spec, c.mode, c.longest, c.q_tokens)
+                                   : 1;
+        const LaunchWork w = launch_work(c.phase, int32_t(c.ids.size()), c.q_tokens, c.ctx_sum,
+                                         passes, b.model_.has_moe() ? c.routed : -1);
         StepKernels k;
-        step_kernels(b.model_, decode_shape(n, 1, ctx_sum), shard_layout, shard_rank, k);
-        s.bytes_read += k.bytes_read();
+        step_kernels(w.draft_module ? draft_model : b.model_, w.shape, shard_layout, shard_rank, k);
+        s.bytes_read += int64_t{w.passes} * k.bytes_read();
       }
       s.end_ns = prev;
       s.dur_ns = prev - prev_step_end_ns;

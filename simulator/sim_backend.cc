@@ -424,6 +424,11 @@ class Engine {
     return g;
   }
 
+  // The module, shape and passes of a launch (launch_work, shared with the real backend).
+  DeviceWork work_of(const LaunchWork& w, int32_t q_tokens) const {
+    return {w.draft_module ? &draft_ : &model_, w.shape, q_tokens, w.passes};
+  }
+
   // Applies a launch's device-side effects (contexts, drafts, acceptance, outputs) and says
   // what it runs.
   DeviceWork device_execute(Rank& r, const Plan& plan, const GraphLaunch& g, OutputSlot& out,
@@ -454,8 +459,7 @@ class Engine {
         }
         sample.batch += n;
         sample.tokens += n * g.q_tokens;
-        // Every row of the batch bucket (batch_bucket), padding included, as the runtime runs it.
-        return {&model_, decode_shape(batch_bucket(n), g.q_tokens, ctx), g.q_tokens, 1};
+        return work_of(launch_work(Phase::kDecode, n, g.q_tokens, ctx), g.q_tokens);
       case Phase::kDraft: {
         // Confidence-scheduled drafts stop on the device; chains and host-chosen lengths run
         // exactly q_tokens. The draft loop runs as long as any request drafts.
@@ -475,14 +479,8 @@ class Engine {
           longest = std::max(longest, r.draft_len[id]);
           out.outputs.push_back({ids[i], 0, r.draft_len[id], r.conf_len[id]});
         }
-        // NEXTN: the first draft token comes from the previous round's extend, so L draft
-        // tokens take L - 1 draft forwards. Device-decided lengths skip the steps past the
-        // longest only with early exit in a graph; otherwise every step runs, padded.
-        const bool skips =
-            !device_decides || (options_.spec.early_exit && g.mode != GraphMode::kEager);
-        const int32_t forwards = skips ? longest : g.q_tokens;
-        // Speculative graphs run their bucket's rows (batch_bucket), padding included.
-        return {&draft_, decode_shape(batch_bucket(n), 1, ctx), 1, std::max(0, forwards - 1)};
+        const int32_t passes = draft_passes(options_.spec, g.mode, longest, g.q_tokens);
+        return work_of(launch_work(Phase::kDraft, n, g.q_tokens, ctx, passes), 1);
       }
       case Phase::kVerify: {
         int32_t widest = 0;
@@ -514,13 +512,11 @@ class Engine {
         sample.draft_len = std::max(sample.draft_len, widest);
         // The runtime routes a request's draft positions and committed token through the MoE
         // experts, not the padding up to the launch's width (kernels/moe.h active_rows).
-        StepShape shape = spec_launch_shape(SpecGraph::kVerify, batch_bucket(n), g.q_tokens, ctx);
-        if (model_moe_) shape.moe_tokens = routed;  // (a dense price would not change)
-        return {&model_, shape, g.q_tokens, 1};
+        return work_of(launch_work(Phase::kVerify, n, g.q_tokens, ctx, 0, model_moe_ ? routed : -1),
+                       g.q_tokens);
       }
       case Phase::kExtend:
-        return {&draft_, spec_launch_shape(SpecGraph::kExtend, batch_bucket(n), g.q_tokens, ctx),
-                g.q_tokens, 1};
+        return work_of(launch_work(Phase::kExtend, n, g.q_tokens, ctx), g.q_tokens);
       case Phase::kPrefill:
         break;
     }

@@ -42,10 +42,9 @@ double median(std::vector<double> v) {
 }  // namespace
 
 StepShape spec_launch_shape(SpecGraph graph, int32_t requests, int32_t positions, int64_t ctx_sum) {
-  StepShape s = decode_shape(requests, positions, ctx_sum);
-  s.row_exact = graph == SpecGraph::kVerify || graph == SpecGraph::kExtend;
-  s.kv_pass = graph == SpecGraph::kExtend;
-  return s;
+  if (graph == SpecGraph::kVerify) return verify_shape(requests, positions, ctx_sum);
+  if (graph == SpecGraph::kExtend) return extend_shape(requests, positions, ctx_sum);
+  return decode_shape(requests, positions, ctx_sum);
 }
 
 const char* spec_graph_name(SpecGraph g) {

@@ -101,6 +101,31 @@ TEST(SpecRules, DeviceDraftLength) {
   EXPECT_EQ(accepted_prefix(agree, 1), 1);
 }
 
+// Draft forwards (NEXTN: L tokens take L - 1), hand-worked per rule.
+TEST(SpecRules, DraftPassesFollowWhoDecidesTheLength) {
+  SpecSpec chain;
+  chain.method = SpecMethod::kChain;
+  EXPECT_EQ(draft_passes(chain, GraphMode::kCudaGraph, 5, 5), 4);
+  EXPECT_EQ(draft_passes(chain, GraphMode::kEager, 5, 5), 4);
+  EXPECT_EQ(draft_passes(chain, GraphMode::kCudaGraph, 0, 5), 0);  // never below 0
+  SpecSpec device;
+  device.method = SpecMethod::kConfidence;
+  device.mode = DraftMode::kDevice;
+  device.early_exit = true;
+  // Early exit in a graph stops past the longest draft; eager runs the whole width.
+  EXPECT_EQ(draft_passes(device, GraphMode::kCudaGraph, 3, 8), 2);
+  EXPECT_EQ(draft_passes(device, GraphMode::kCudaGraphPdl, 3, 8), 2);
+  EXPECT_EQ(draft_passes(device, GraphMode::kEager, 3, 8), 7);
+  device.early_exit = false;
+  EXPECT_EQ(draft_passes(device, GraphMode::kCudaGraph, 3, 8), 7);
+  SpecSpec late = device;
+  late.mode = DraftMode::kHostLate;  // the host chose the length: exactly its longest
+  EXPECT_EQ(draft_passes(late, GraphMode::kEager, 3, 8), 2);
+  SpecSpec blocking = device;
+  blocking.mode = DraftMode::kHostBlocking;  // decided on the device, then read by the host
+  EXPECT_EQ(draft_passes(blocking, GraphMode::kEager, 3, 8), 7);
+}
+
 TEST(AcceptanceSpec, ChainLengthAndInverse) {
   // Σ_{i=0}^{5} 0.5^i = 1 + 0.5 + 0.25 + 0.125 + 0.0625 + 0.03125 = 1.96875.
   EXPECT_DOUBLE_EQ(chain_accept_len(0.5, 5), 1.96875);

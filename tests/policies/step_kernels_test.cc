@@ -42,6 +42,50 @@ TEST(StepKernels, Llama8bDecodeReadsEveryWeightOnce) {
   EXPECT_EQ(s.node_count(), 1 + 32 * 10 + 2);
 }
 
+// launch_work, hand-worked: the bucket's rows (3 requests -> 4), the module and the passes per
+// phase; the verify's and the extend's row-exact (and KV-pass) shapes.
+TEST(StepKernels, LaunchWorkPerPhase) {
+  const LaunchWork decode = launch_work(Phase::kDecode, 3, 1, 300);
+  EXPECT_FALSE(decode.draft_module);
+  EXPECT_EQ(decode.passes, 1);
+  EXPECT_EQ(decode.shape.requests, 4);
+  EXPECT_EQ(decode.shape.tokens, 4);
+  EXPECT_EQ(decode.shape.ctx_tokens, 300);
+  EXPECT_EQ(decode.shape.attn_pairs, 300 + 4);  // q·ctx + requests·q(q+1)/2
+  EXPECT_FALSE(decode.shape.row_exact);
+
+  const LaunchWork draft = launch_work(Phase::kDraft, 5, 6, 1000, 4);
+  EXPECT_TRUE(draft.draft_module);
+  EXPECT_EQ(draft.passes, 4);
+  EXPECT_EQ(draft.shape.requests, 8);
+  EXPECT_EQ(draft.shape.tokens, 8);  // one position per forward
+  EXPECT_FALSE(draft.shape.row_exact);
+  EXPECT_EQ(launch_work(Phase::kDraft, 1, 6, 0, -2).passes, 0);
+
+  const LaunchWork verify = launch_work(Phase::kVerify, 2, 6, 1000, 0, 9);
+  EXPECT_FALSE(verify.draft_module);
+  EXPECT_EQ(verify.passes, 1);
+  EXPECT_EQ(verify.shape.requests, 2);
+  EXPECT_EQ(verify.shape.tokens, 12);
+  EXPECT_EQ(verify.shape.attn_pairs, 6 * 1000 + 2 * 6 * 7 / 2);
+  EXPECT_EQ(verify.shape.moe_tokens, 9);
+  EXPECT_TRUE(verify.shape.row_exact);
+  EXPECT_FALSE(verify.shape.kv_pass);
+  EXPECT_EQ(launch_work(Phase::kVerify, 2, 6, 1000).shape.moe_tokens, -1);
+
+  const LaunchWork extend = launch_work(Phase::kExtend, 1, 6, 50);
+  EXPECT_TRUE(extend.draft_module);
+  EXPECT_EQ(extend.shape.tokens, 6);
+  EXPECT_TRUE(extend.shape.row_exact);
+  EXPECT_TRUE(extend.shape.kv_pass);
+
+  EXPECT_THROW(launch_work(Phase::kPrefill, 1, 1, 0), Error);
+  // The shapes are decode_shape's but for the speculative flags.
+  const StepShape v = verify_shape(3, 4, 77), d = decode_shape(3, 4, 77);
+  EXPECT_EQ(v.tokens, d.tokens);
+  EXPECT_EQ(v.attn_pairs, d.attn_pairs);
+}
+
 // The kernels of every layer, flattened in execution order (runs repeated).
 std::vector<std::string> flat_names(const StepKernels& s) {
   std::vector<std::string> names;

@@ -8,7 +8,8 @@
 //   - the fidelity dial: mean accept length of a chain of 8 per fidelity, and acceptance per
 //     confidence bucket (printed; the ends of the range asserted);
 //   - the draft module (dense and MoE) loaded from a make-checkpoint directory equals the
-//     in-memory synthetic one.
+//     in-memory synthetic one;
+//   - each step's bytes_read equal to the simulator's replaying the run's rounds.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -20,10 +21,13 @@
 #include <span>
 
 #include "policies/decode_loop.h"
+#include "policies/hardware_spec.h"
 #include "policies/spec_rules.h"
+#include "results/acceptance.h"
 #include "runtime/checkpoint.h"
 #include "runtime/engine.h"
 #include "runtime/real_backend.h"
+#include "simulator/sim_backend.h"
 #include "tests/runtime/cpu_reference.h"
 #include "tests/runtime/gpu_skip.h"
 
@@ -417,6 +421,64 @@ TEST_F(TinySpec, GreedyRerunAfterSampledRequestsIsIdentical) {
     for (const ChunkSample& c : a.record.chunks) ca.push_back(c.tokens);
     for (const ChunkSample& c : b.record.chunks) cb.push_back(c.tokens);
     EXPECT_EQ(ca, cb) << spec_method_name(s.method);
+  }
+}
+
+// The twin's bytes: a speculative step's bytes_read counts each of its launches (the draft's
+// forwards, the verify's rows, the extend) at the step's contexts, as the simulator does. The
+// simulator replaying the real run's rounds (calibrated acceptance aligned on the text: the same
+// accepted count in every round, so the same contexts, plans and draft lengths) must give every
+// step the bytes the real backend counted. Before, the real backend counted a verify as one
+// plain decode step and its drafts not at all.
+TEST_F(TinySpec, StepBytesEqualTheSimulatorReplayingTheRun) {
+  struct Case {
+    const char* label;
+    SpecSpec spec;
+    HostSchedule schedule;
+    GraphMode mode;
+  };
+  const Case cases[] = {
+      {"chain(5) lockstep graphs", chain(5, 6), HostSchedule::kLockstep, GraphMode::kCudaGraph},
+      {"chain(3) lockstep eager", chain(3, 4), HostSchedule::kLockstep, GraphMode::kEager},
+      {"confidence device lockstep", confidence(DraftMode::kDevice), HostSchedule::kLockstep,
+       GraphMode::kCudaGraph},
+  };
+  const SpecRun source = run(*engine_, spec_, w_, chain(8, 9), HostSchedule::kLockstep);
+  AcceptanceSpec acceptance;
+  acceptance.calibrated =
+      std::make_shared<const AcceptanceTable>(acceptance_table(source.record.rounds, "chain(8)"));
+  auto from = std::make_shared<AcceptanceSource>();
+  from->align_position = true;
+  acceptance.calibrated_from = from;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.label);
+    const SpecRun real = run(*engine_, spec_, w_, k.spec, k.schedule, k.mode);
+    PolicySpec p;
+    p.host_schedule = k.schedule;
+    p.graph_mode = k.mode;
+    p.spec = k.spec;
+    const std::vector<RequestSpec> requests = generate_requests(w_);
+    RunRecord sim;
+    DecodeLoop loop(p, w_, requests, &sim);
+    const HostCostModel host(HostCostSpec{}, 1);
+    SimOptions so;
+    so.spec = k.spec;
+    so.acceptance = acceptance;
+    SimBackend backend(spec_, hardware_preset("h200"), host, requests, so);
+    HostProgram* ranks[] = {&loop};
+    backend.run(ranks, sim);
+    // The replay gives the real run's acceptance: the same steps, tokens and draft lengths.
+    ASSERT_EQ(sim.steps.size(), real.record.steps.size());
+    int64_t spec_steps = 0;
+    for (size_t i = 0; i < sim.steps.size(); ++i) {
+      const StepSample& a = real.record.steps[i];
+      const StepSample& b = sim.steps[i];
+      ASSERT_EQ(b.tokens, a.tokens) << "step " << i;
+      ASSERT_EQ(b.draft_len, a.draft_len) << "step " << i;
+      EXPECT_EQ(b.bytes_read, a.bytes_read) << "step " << i;
+      spec_steps += a.draft_len > 0;
+    }
+    EXPECT_GT(spec_steps, 20);
   }
 }
 
