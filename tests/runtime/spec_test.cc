@@ -426,10 +426,11 @@ TEST_F(TinySpec, GreedyRerunAfterSampledRequestsIsIdentical) {
 
 // The twin's bytes: a speculative step's bytes_read counts each of its launches (the draft's
 // forwards, the verify's rows, the extend) at the step's contexts, as the simulator does. The
-// simulator replaying the real run's rounds (calibrated acceptance aligned on the text: the same
-// accepted count in every round, so the same contexts, plans and draft lengths) must give every
-// step the bytes the real backend counted. Before, the real backend counted a verify as one
-// plain decode step and its drafts not at all.
+// simulator replaying a real run's own rounds (calibrated acceptance aligned on the text: the
+// same accepted count in every round, so the same contexts, plans and draft lengths) must give
+// every step the bytes the real backend counted. Before, the real backend counted a verify as one
+// plain decode step and its drafts not at all. Confidence at threshold 0 drafts its whole width
+// (a calibrated table needs rounds of one length) through the device-decided path.
 TEST_F(TinySpec, StepBytesEqualTheSimulatorReplayingTheRun) {
   struct Case {
     const char* label;
@@ -440,19 +441,21 @@ TEST_F(TinySpec, StepBytesEqualTheSimulatorReplayingTheRun) {
   const Case cases[] = {
       {"chain(5) lockstep graphs", chain(5, 6), HostSchedule::kLockstep, GraphMode::kCudaGraph},
       {"chain(3) lockstep eager", chain(3, 4), HostSchedule::kLockstep, GraphMode::kEager},
-      {"confidence device lockstep", confidence(DraftMode::kDevice), HostSchedule::kLockstep,
-       GraphMode::kCudaGraph},
+      {"chain(5) run-ahead graphs", chain(5, 6), HostSchedule::kRunahead, GraphMode::kCudaGraph},
+      {"confidence device eager", confidence(DraftMode::kDevice, 0.0, 1, 6),
+       HostSchedule::kLockstep, GraphMode::kEager},
+      {"confidence device graphs", confidence(DraftMode::kDevice, 0.0, 1, 6),
+       HostSchedule::kRunahead, GraphMode::kCudaGraph},
   };
-  const SpecRun source = run(*engine_, spec_, w_, chain(8, 9), HostSchedule::kLockstep);
-  AcceptanceSpec acceptance;
-  acceptance.calibrated =
-      std::make_shared<const AcceptanceTable>(acceptance_table(source.record.rounds, "chain(8)"));
-  auto from = std::make_shared<AcceptanceSource>();
-  from->align_position = true;
-  acceptance.calibrated_from = from;
   for (const Case& k : cases) {
     SCOPED_TRACE(k.label);
     const SpecRun real = run(*engine_, spec_, w_, k.spec, k.schedule, k.mode);
+    AcceptanceSpec acceptance;
+    acceptance.calibrated =
+        std::make_shared<const AcceptanceTable>(acceptance_table(real.record.rounds, k.label));
+    auto from = std::make_shared<AcceptanceSource>();
+    from->align_position = true;
+    acceptance.calibrated_from = from;
     PolicySpec p;
     p.host_schedule = k.schedule;
     p.graph_mode = k.mode;
