@@ -52,7 +52,7 @@ struct StepSample {
   int32_t prefills = 0;            // requests prefilled this step
   int32_t tokens = 0;              // tokens committed by decode this step (all requests)
   int32_t draft_len = 0;           // most draft tokens of a request this step (0: no speculation)
-  int64_t bytes_read = 0;          // decode kernels' bytes read
+  int64_t bytes_read = 0;          // decode, draft, verify and extend kernels' bytes read
   std::array<int64_t, kHostOpCount> host_ns{};  // per host op, this step's plan
   int64_t host_launch_ns = 0;                   // host time spent in launch calls
   int64_t host_wait_ns = 0;                     // host time blocked on events
