@@ -268,6 +268,14 @@ TEST(SpecTiny, DeviceDraftLengthFollowsTheSharedRule) {
   std::printf("\n");
 }
 
+// A speculative policy with the host schedule and graph mode it runs under.
+struct SpecCase {
+  const char* label;
+  SpecSpec spec;
+  HostSchedule schedule;
+  GraphMode mode;
+};
+
 class TinySpec : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -288,13 +296,7 @@ class TinySpec : public ::testing::Test {
 TEST_F(TinySpec, GreedySpeculativeOutputEqualsPlainGreedy) {
   const SpecRun plain = run(*engine_, spec_, w_, SpecSpec{});
   ASSERT_EQ(plain.tokens[0].size(), 300u);
-  struct Case {
-    const char* label;
-    SpecSpec spec;
-    HostSchedule schedule;
-    GraphMode mode;
-  };
-  const Case cases[] = {
+  const SpecCase cases[] = {
       {"chain(5) graphs", chain(5, 6), HostSchedule::kRunahead, GraphMode::kCudaGraph},
       {"chain(5) eager lockstep", chain(5, 6), HostSchedule::kLockstep, GraphMode::kEager},
       {"confidence device", confidence(DraftMode::kDevice), HostSchedule::kRunahead,
@@ -304,7 +306,7 @@ TEST_F(TinySpec, GreedySpeculativeOutputEqualsPlainGreedy) {
       {"confidence host_blocking", confidence(DraftMode::kHostBlocking), HostSchedule::kRunahead,
        GraphMode::kCudaGraph},
   };
-  for (const Case& k : cases) {
+  for (const SpecCase& k : cases) {
     const SpecRun r = run(*engine_, spec_, w_, k.spec, k.schedule, k.mode);
     EXPECT_EQ(r.tokens, plain.tokens) << k.label;
     EXPECT_GE(r.accept_len, 1.0) << k.label;
@@ -432,13 +434,7 @@ TEST_F(TinySpec, GreedyRerunAfterSampledRequestsIsIdentical) {
 // plain decode step and its drafts not at all. Confidence at threshold 0 drafts its whole width
 // (a calibrated table needs rounds of one length) through the device-decided path.
 TEST_F(TinySpec, StepBytesEqualTheSimulatorReplayingTheRun) {
-  struct Case {
-    const char* label;
-    SpecSpec spec;
-    HostSchedule schedule;
-    GraphMode mode;
-  };
-  const Case cases[] = {
+  const SpecCase cases[] = {
       {"chain(5) lockstep graphs", chain(5, 6), HostSchedule::kLockstep, GraphMode::kCudaGraph},
       {"chain(3) lockstep eager", chain(3, 4), HostSchedule::kLockstep, GraphMode::kEager},
       {"chain(5) run-ahead graphs", chain(5, 6), HostSchedule::kRunahead, GraphMode::kCudaGraph},
@@ -447,7 +443,7 @@ TEST_F(TinySpec, StepBytesEqualTheSimulatorReplayingTheRun) {
       {"confidence device graphs", confidence(DraftMode::kDevice, 0.0, 1, 6),
        HostSchedule::kRunahead, GraphMode::kCudaGraph},
   };
-  for (const Case& k : cases) {
+  for (const SpecCase& k : cases) {
     SCOPED_TRACE(k.label);
     const SpecRun real = run(*engine_, spec_, w_, k.spec, k.schedule, k.mode);
     AcceptanceSpec acceptance;
