@@ -660,11 +660,8 @@ __device__ __forceinline__ float2 warp_inv_rms(const float* sq, int r0, int r1, 
 // k (tile w * gridDim.x + blockIdx.x, then every gridDim.x * 8), summed in k order by that warp
 // alone and written from its registers: no block barrier, no cross-warp sum. Other bits than the
 // 8-piece split's, again a function of k only.
-// kMinBlocks > 0: blocks per SM the registers must allow (GemvTuning::ring2_three_blocks: 3 for
-// the ring of 2, 80 registers), else 1 for the ring of 6 and 2 otherwise.
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false,
-          int kMinBlocks = 0>
-__global__ void __launch_bounds__(kRegThreads, kMinBlocks > 0 ? kMinBlocks : (kStages >= 6 ? 1 : 2))
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false>
+__global__ void __launch_bounds__(kRegThreads, kStages >= 6 ? 1 : 2)
     gemv_split_kernel(const GemvParams p) {
   constexpr int kBatch = 4;
   constexpr bool kGrouped = GemvWork<kEpilogue>::kGrouped;
@@ -1116,10 +1113,9 @@ inline int choose_split(int tiles, int k, int forced) {
   return gemv_choose_split(tiles, k, num_sms(), forced);
 }
 
-template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false,
-          int kMinBlocks = 0>
+template <int kNTiles, GemvEpilogue kEpilogue, int kStages, bool kWarpTiles = false>
 void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bool pdl) {
-  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages, kWarpTiles, kMinBlocks>;
+  auto kernel = gemv_split_kernel<kNTiles, kEpilogue, kStages, kWarpTiles>;
   const size_t smem = static_cast<size_t>(kStages) * 32 * 1024;
   static const int per_sm = [&] {
     if (smem > 48 * 1024)
@@ -1168,13 +1164,12 @@ void launch_gemv_split_t(const GemvParams& p, int tiles, cudaStream_t stream, bo
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-// kMinBlocks applies to m <= 8 (m > 8 keeps the default bound: same bits either way).
-template <GemvEpilogue kEpilogue, int kStages, int kMinBlocks = 0>
+template <GemvEpilogue kEpilogue, int kStages>
 void launch_gemv_split_s(GemvParams p, int split, cudaStream_t stream, bool pdl) {
   const int tiles = p.n / out_cols_per_tile<kEpilogue>();
   p.split = choose_split(tiles, p.k, split);
   if (p.m <= 8)
-    launch_gemv_split_t<1, kEpilogue, kStages, false, kMinBlocks>(p, tiles, stream, pdl);
+    launch_gemv_split_t<1, kEpilogue, kStages>(p, tiles, stream, pdl);
   else
     launch_gemv_split_t<2, kEpilogue, kStages>(p, tiles, stream, pdl);
 }
@@ -1191,12 +1186,6 @@ void launch_gemv_split(const GemvParams& p, const GemvTuning& t, cudaStream_t st
   int stages = t.stages;
   if (stages < 0) stages = split > 1 ? 3 : gemv_auto_stages(tiles, num_sms());
   if (p.m > 8 && t.large_m_registers) stages = t.large_m_stages;
-  // The plain epilogues only: the normed and residual ones spill at 80 registers.
-  constexpr bool kPlain = kEpilogue == GemvEpilogue::kStore || kEpilogue == GemvEpilogue::kSwiglu ||
-                          kEpilogue == GemvEpilogue::kLogits;
-  if constexpr (kPlain)
-    if (stages == 2 && t.ring2_three_blocks)
-      return launch_gemv_split_s<kEpilogue, 2, 3>(p, split, stream, pdl);
   if (stages >= 6)
     launch_gemv_split_s<kEpilogue, 6>(p, split, stream, pdl);
   else if (stages >= 3)

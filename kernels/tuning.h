@@ -80,12 +80,6 @@ struct GemvTuning {
   // at 6 and 16 rows and +1 % at one (2d83629, docs/kernels.md round 22); the default since
   // session 28, with the MoE sessions calibrated again on it (scripts/gpu_moe_recal.sh).
   bool moe_warp_tiles = true;
-  // The ring of 2 (stages 2, m <= 8, the plain epilogues) compiled for three blocks per SM (80
-  // registers: the store spills nothing, SwiGLU 8 bytes and the LM head's logits epilogue 12)
-  // instead of two: a launch of at most two blocks per SM leaves a slot in
-  // which the next launch's blocks become resident and issue their first weights while it runs.
-  // Same bits. Benchmark option (round 25).
-  bool ring2_three_blocks = false;
 };
 GemvTuning& gemv_tuning();
 

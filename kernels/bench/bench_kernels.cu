@@ -537,7 +537,7 @@ std::string gemv_variant() {
                        : t.stages < 0 ? "splitasyncauto"
                                       : "splitasync" + std::to_string(t.stages)) +
            (t.split == 0 ? "_auto" : "_s" + std::to_string(t.split)) +
-           (t.ring2_three_blocks ? "_x3" : "") + (t.large_m_registers ? "" : "_ringm16") +
+           (t.large_m_registers ? "" : "_ringm16") +
            (t.large_m_stages == 0 ? "" : "_lms" + std::to_string(t.large_m_stages));
   return std::string(t.fill == 0 ? "bulk" : "cpasync") + "_kc" + std::to_string(t.kc) + "_smem" +
          std::to_string(t.smem_budget_bytes / 1024) + "k";
@@ -1565,9 +1565,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     const detail::GemvTuning gemv_saved = gt;
     // Each configuration from the defaults: the small kernels' trigger placement, the 4-part
     // combine at every split count (parts), the combine's context length before its wait
-    // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages), the
-    // ring of 2 at three blocks per SM (GemvTuning::ring2_three_blocks: the 9 kernels' plain
-    // GEMVs; the fused chain's normed ones keep two).
+    // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages).
     auto after_wait = [&] { kt.early_trigger = false; };
     auto at_exit = [&] { kt.trigger_at_exit = true; };
     auto parts = [&] { at.combine_parts_min_splits = 0; };
@@ -1582,9 +1580,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         {"parts+gemv_ring2", [&] { parts(), gt.stages = 2; }},
         {"ctx_early", ctx_early},
         {"parts+ctx_early", [&] { parts(), ctx_early(); }},
-        {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }},
-        {"parts+ctx_early+ring2x3",
-         [&] { parts(), ctx_early(), gt.stages = 2, gt.ring2_three_blocks = true; }}};
+        {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }}};
     for (const auto& [label, set] : configs) {
       kt = kernel_saved;
       at = attn_saved;
@@ -2035,9 +2031,6 @@ int main(int argc, char** argv) {
       detail::GemvTuning{256, 100 * 1024, 2},        detail::GemvTuning{256, 100 * 1024, 3, 0, 0},
       detail::GemvTuning{256, 100 * 1024, 3, 0, 3},  detail::GemvTuning{256, 100 * 1024, 3, 1, 6},
       detail::GemvTuning{256, 100 * 1024, 3, 0, -1}, detail::GemvTuning{256, 100 * 1024, 3, 0, 2}};
-  // The ring of 2 at three blocks per SM (round 25).
-  gemv_sweep.push_back(detail::GemvTuning{256, 100 * 1024, 3, 0, 2});
-  gemv_sweep.back().ring2_three_blocks = true;
   if (!want("gemv")) gemv_sweep.clear();
   for (const detail::GemvTuning v : gemv_sweep) {
     tuning = v;

@@ -198,56 +198,6 @@ TEST(Gemv, SplitKOverSeveralRoundsMatchesCpuReference) {
   detail::gemv_tuning() = saved;
 }
 
-// The ring of 2 compiled for three blocks per SM (GemvTuning::ring2_three_blocks: 80 registers,
-// a larger grid) must give the ring of 2's bits, plain and SwiGLU, one and several rounds of tiles
-// per block, S = 1 and S = 2, an uneven K split; and the CPU reference's values.
-TEST(Gemv, RingOfTwoAtThreeBlocksGivesTheRingsBits) {
-  TS_SKIP_WITHOUT_GPU();
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  const detail::GemvTuning saved = detail::gemv_tuning();
-  struct Case {
-    int n, k, split;
-  };
-  for (const Case c :
-       {Case{4096, 4096, 1}, Case{16384, 1344, 1}, Case{1536, 4096, 2}, Case{6144, 4096, 0}}) {
-    const Bf16Host w = test::random_bf16(static_cast<size_t>(c.n) * c.k, rng);
-    const Bf16Host x = test::random_bf16(static_cast<size_t>(8) * c.k, rng);
-    auto dw = test::to_device(w);
-    auto dx = test::to_device(x);
-    const auto ref = reference_gemv(w, x, 8, c.n, c.k);
-    for (const int m : {1, 6, 8})
-      for (const bool swiglu : {false, true}) {
-        SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " split " +
-                     std::to_string(c.split) + " m " + std::to_string(m) + " swiglu " +
-                     std::to_string(swiglu));
-        const int cols = swiglu ? c.n / 2 : c.n;
-        std::vector<uint16_t> bits[2];
-        for (const bool three : {false, true}) {
-          detail::gemv_tuning() = saved;
-          detail::gemv_tuning().fill = 3;
-          detail::gemv_tuning().split = c.split;
-          detail::gemv_tuning().stages = 2;
-          detail::gemv_tuning().ring2_three_blocks = three;
-          DeviceBuffer<bf16> out(static_cast<size_t>(m) * cols);
-          out.poison();
-          if (swiglu)
-            gemv_swiglu(dw.get(), dx.get(), out.get(), m, cols, c.k, nullptr);
-          else
-            gemv(dw.get(), dx.get(), out.get(), m, c.n, c.k, nullptr);
-          bits[three] = out.download<uint16_t>();
-        }
-        ASSERT_EQ(bits[1], bits[0]);
-        if (!swiglu) {
-          const std::vector<double> ref_m(ref.begin(), ref.begin() + static_cast<size_t>(m) * c.n);
-          EXPECT_LT(test::rel_error(test::bf16_to_float(bits[1]), ref_m), test::kBf16RelTol);
-        }
-      }
-  }
-  detail::gemv_tuning() = saved;
-}
-
 TEST(Gemv, RejectsInvalidShapes) {
   // Validation happens before any CUDA call: runs with or without a GPU.
   const bf16* p = reinterpret_cast<const bf16*>(0x100);
