@@ -1517,11 +1517,17 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
   // stands for nothing). fused_norms: the norms carried by the GEMVs (gemv_norm.h: o and down add
   // into the residual and write its tile sums of squares, qkv and gate+up scale by 1 / rms with
   // the norm weights folded into theirs; launchers 0 and 5 then stand for nothing).
+  // qkv_stages > 0: the qkv projection launched on that ring (GemvTuning::stages, read at launch
+  // time, so a captured graph keeps it), the other GEMVs on the tuning's.
+  int qkv_stages = 0;
   auto forward = [&](cudaStream_t s, unsigned mask, unsigned skip = 0, bool fused_rope = false,
                      bool fused_norms = false) {
     auto on = [&](int i) { return ((mask >> i) & 1u) != 0; };
     auto run = [&](int i) { return ((skip >> i) & 1u) == 0; };
+    detail::GemvTuning& tuning = detail::gemv_tuning();
+    const int stages = tuning.stages;
     for (int l = 0; l < layers; ++l) {
+      if (qkv_stages > 0) tuning.stages = qkv_stages;
       if (fused_norms) {
         gemv_normed(w[l].qkv_folded, residual, sq, 1e-5f, qkv, m, qkv_n, hidden, s, on(1));
       } else {
@@ -1529,6 +1535,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
           rmsnorm_residual(delta, residual, w[l].norm1, normed, m, hidden, 1e-5f, s, on(0));
         if (run(1)) gemv(w[l].qkv, normed, qkv, m, qkv_n, hidden, s, on(1));
       }
+      tuning.stages = stages;
       if (fused_rope) {
         if (run(3))
           decode_attention_rope(qkv, kv.cache, l, kv.ctx, rope, attn, shape, ws, s, on(3));
@@ -1565,7 +1572,8 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     const detail::GemvTuning gemv_saved = gt;
     // Each configuration from the defaults: the small kernels' trigger placement, the 4-part
     // combine at every split count (parts), the combine's context length before its wait
-    // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages).
+    // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages), the
+    // qkv projection alone on the ring of 2 (qkv_stages).
     auto after_wait = [&] { kt.early_trigger = false; };
     auto at_exit = [&] { kt.trigger_at_exit = true; };
     auto parts = [&] { at.combine_parts_min_splits = 0; };
@@ -1580,11 +1588,15 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         {"parts+gemv_ring2", [&] { parts(), gt.stages = 2; }},
         {"ctx_early", ctx_early},
         {"parts+ctx_early", [&] { parts(), ctx_early(); }},
-        {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }}};
+        {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }},
+        {"parts+ctx_early+qkv_ring2", [&] { parts(), ctx_early(), qkv_stages = 2; }},
+        {"parts+ctx_early+ring3+qkv_ring2",
+         [&] { parts(), ctx_early(), gt.stages = 3, qkv_stages = 2; }}};
     for (const auto& [label, set] : configs) {
       kt = kernel_saved;
       at = attn_saved;
       gt = gemv_saved;
+      qkv_stages = 0;
       set();
       const double us9 = time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu); }, 7) / layers;
       const double us6 =
@@ -1610,6 +1622,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     kt = kernel_saved;
     at = attn_saved;
     gt = gemv_saved;
+    qkv_stages = 0;
   }
   if (!trigger_sweep) {
     // Each attention contender (attention_contenders: the default first), PDL off and on; the
