@@ -32,6 +32,7 @@
 #include "results/compare.h"
 #include "results/db.h"
 #include "results/format.h"
+#include "results/metrics.h"
 #include "results/trace.h"
 #include "runtime/checkpoint.h"
 #include "simulator/calibration.h"
@@ -229,7 +230,7 @@ constexpr int kToleranceExceeded = 3;
 int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
                 const std::string& db_path, OutputFormat f, bool sim_real, bool ops,
                 bool collectives, double tolerance_pct, const std::vector<std::string>& metrics,
-                bool accept, double accept_tolerance) {
+                bool metrics_given, bool accept, double accept_tolerance) {
   ResultsDb db = open_db(db_path);
   const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
   if (accept || accept_tolerance >= 0) {
@@ -275,10 +276,25 @@ int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
     return 0;
   }
   double worst = 0;
-  const QueryResult table = sim_vs_real(db, ids, metrics, &worst);
-  if (table.rows.empty()) {
+  std::vector<std::string> uncompared;
+  const QueryResult table = sim_vs_real(db, ids, metrics, &worst, &uncompared);
+  if (table.rows.empty() && uncompared.empty()) {
     throw Error("no variant has both a simulated and a measured (real) run among these runs");
   }
+  for (const std::string& u : uncompared)
+    std::fprintf(stderr, "twinstep: not compared: %s\n", u.c_str());
+  // A gate must not pass on a metric it was asked for and never compared (one these runs do not
+  // store); the default list names each one it could not compare above and gates on the rest.
+  if (tolerance_pct >= 0 && metrics_given)
+    for (const std::string& key : metrics) {
+      const bool compared = std::any_of(table.rows.begin(), table.rows.end(), [&](const auto& row) {
+        return std::get<std::string>(row[1]) == key;
+      });
+      if (!compared)
+        throw Error("compare --tolerance: no variant has " + key +
+                    " in both its simulated and measured run, so the gate cannot check it "
+                    "(leave it out of --metrics)");
+    }
   print_table(table, f);
   if (tolerance_pct >= 0 && worst > tolerance_pct) {
     std::fprintf(stderr,
@@ -860,8 +876,13 @@ int main(int argc, char** argv) {
   compare->add_option("--tolerance", compare_tolerance,
                       "fail (exit 3) when a simulated metric is off the measured one by more "
                       "than this many percent (implies --sim-vs-real)");
-  compare->add_option("--metrics", compare_metrics, "metrics for --sim-vs-real / --tolerance")
-      ->capture_default_str();
+  CLI::Option* metrics_option =
+      compare
+          ->add_option("--metrics", compare_metrics,
+                       "metrics for --sim-vs-real / --tolerance (space- or comma-separated; the "
+                       "keys of docs/database.md's metric table)")
+          ->delimiter(',')
+          ->capture_default_str();
   bool compare_accept = false;
   double compare_accept_tolerance = -1;
   compare->add_flag("--accept", compare_accept,
@@ -1083,9 +1104,19 @@ int main(int argc, char** argv) {
         run_ids.push_back(std::stoll(*it));
         it = compare_metrics.erase(it);
       }
+      // A name outside the catalogue would compare nothing and, under --tolerance, gate nothing.
+      for (const std::string& key : compare_metrics) {
+        const auto& defs = metric_definitions();
+        if (std::none_of(defs.begin(), defs.end(),
+                         [&](const MetricDef& d) { return d.key == key; })) {
+          std::string known;
+          for (const MetricDef& d : defs) known += (known.empty() ? "" : ", ") + d.key;
+          throw Error("compare --metrics: unknown metric \"" + key + "\" (known: " + known + ")");
+        }
+      }
       return cmd_compare(run_ids, experiment, db_path, f, compare_sim_real, compare_ops,
-                         compare_collectives, compare_tolerance, compare_metrics, compare_accept,
-                         compare_accept_tolerance);
+                         compare_collectives, compare_tolerance, compare_metrics,
+                         metrics_option->count() > 0, compare_accept, compare_accept_tolerance);
     }
     if (*trace) return cmd_trace(trace_run, trace_out, db_path);
     if (*plot) return cmd_plot(run_ids, experiment, plot_out, db_path);

@@ -116,7 +116,8 @@ std::map<int64_t, SimRealPair> sim_real_pairs(ResultsDb& db, const std::vector<i
 }  // namespace
 
 QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
-                        const std::vector<std::string>& keys, double* worst_abs_error_pct) {
+                        const std::vector<std::string>& keys, double* worst_abs_error_pct,
+                        std::vector<std::string>* uncompared) {
   const std::map<int64_t, SimRealPair> pairs = sim_real_pairs(db, run_ids);
   QueryResult out;
   out.columns = {"variant", "metric", "sim", "real", "error_pct"};
@@ -132,7 +133,17 @@ QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
     if (p.sim < 0 || p.real < 0) continue;
     for (const std::string& key : keys) {
       double s = 0, r = 0;
-      if (!value(p.sim, key, &s) || !value(p.real, key, &r) || r == 0) continue;
+      const bool has_sim = value(p.sim, key, &s), has_real = value(p.real, key, &r);
+      if (!has_sim || !has_real || r == 0) {
+        if (uncompared)
+          uncompared->push_back(p.label + ": " + key + " (" +
+                                (!has_sim ? "absent from the simulated run " + std::to_string(p.sim)
+                                 : !has_real
+                                     ? "absent from the measured run " + std::to_string(p.real)
+                                     : std::string("measured 0")) +
+                                ")");
+        continue;
+      }
       const double err = 100.0 * (s - r) / r;
       worst = std::max(worst, std::fabs(err));
       out.rows.push_back({p.label, key, s, r, err});

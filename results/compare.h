@@ -23,9 +23,12 @@ QueryResult compare_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
 
 // Simulated against measured: for each variant with a sim and a real run among `run_ids`, one
 // row per key both runs have: variant, metric, sim, real, error_pct = 100·(sim − real)/real.
-// *worst_abs_error_pct (if given) receives the largest |error_pct| (0 with no pair).
+// *worst_abs_error_pct (if given) receives the largest |error_pct| (0 with no pair). *uncompared
+// (if given) receives, per paired variant, each key it could not compare: "<variant>: <key>
+// (absent from the simulated run N | the measured run N | measured 0)".
 QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
-                        const std::vector<std::string>& keys, double* worst_abs_error_pct);
+                        const std::vector<std::string>& keys, double* worst_abs_error_pct,
+                        std::vector<std::string>* uncompared = nullptr);
 
 // Operation by operation, for each variant with a sim and a real run among `run_ids` that both
 // stored a timeline (YAML `trace:`). Spans are matched by (rank, step, lane, name, k): the k-th

@@ -178,6 +178,16 @@ xz -dc "$src/results/h200/ep2_b2ac37f.db.xz" > "$work/ep2.db"
 "$bin" --db "$work/ep2.db" compare --experiment validation-h200-ep2-h200-calibrated --collectives --csv > "$work/coll.csv"
 check "compare --collectives lists both ranks' MoE all-reduce waits" test "$(grep -c '^workload.concurrency=1,[01],moe_all_reduce,96,' "$work/coll.csv")" -eq 2
 check "sim-vs-real rows carry the error" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode --sim-vs-real --csv | head -1 | grep -q 'variant,metric,sim,real,error_pct'"
+# --metrics: a name outside the metric catalogue is refused up front (it used to compare nothing
+# and, under --tolerance, gate nothing); comma-separated lists equal space-separated ones; a gate
+# on a metric the runs do not store cannot pass.
+"$bin" --db "$db5" compare --experiment validation-h200-decode --sim-vs-real --metrics tpot_ms_meen >/dev/null 2>"$work/metric.err"
+check "compare --metrics refuses an unknown metric" test $? -ne 0
+check "and names it" grep -q "unknown metric \"tpot_ms_meen\"" "$work/metric.err"
+check "comma-separated metrics equal space-separated" test "$("$bin" --db "$db5" compare --experiment validation-h200-decode --sim-vs-real --metrics tpot_ms_mean,ttft_ms_mean --csv 2>&1)" = "$("$bin" --db "$db5" compare --experiment validation-h200-decode --sim-vs-real --metrics tpot_ms_mean ttft_ms_mean --csv 2>&1)"
+"$bin" --db "$db5" compare --experiment validation-h200-decode --tolerance 50 --metrics tpot_ms_mean moe_routing_passes >/dev/null 2>"$work/gate.err"
+check "a gate on a metric no run stores exits 1" test $? -eq 1
+check "and says it cannot check it" grep -q "moe_routing_passes in both its simulated and measured run" "$work/gate.err"
 # Run ids after --metrics (a greedy list option) are still run ids: the same table as before it.
 ids=$(q "$db5" "SELECT group_concat(id, ' ') FROM (SELECT id FROM run ORDER BY id LIMIT 2)")
 before=$("$bin" --db "$db5" compare $ids --metrics tpot_ms_mean --csv 2>&1)

@@ -82,6 +82,35 @@ TEST(Compare, OneColumnPerRunInTheFixedOrder) {
             "accept_len_mean  tokens/step               2             NULL\n");
 }
 
+// sim_vs_real, hand-worked: the error of each key both runs of a variant have; each key it could
+// not compare named with the run that lacks it (or a measured 0), never silently dropped.
+TEST(Compare, SimVsRealNamesWhatItCouldNotCompare) {
+  auto db = ResultsDb::open(":memory:");
+  const int64_t sim = complete(db, info("e", "y", 0, "sim"),
+                               {{"tpot_ms_mean", 10.5, "ms"}, {"gpu_busy_frac", 0.9, ""}});
+  const int64_t real = complete(
+      db, info("e", "y", 0, "real"),
+      {{"tpot_ms_mean", 10.0, "ms"}, {"ttft_ms_mean", 120, "ms"}, {"gpu_busy_frac", 0.0, ""}});
+  double worst = -1;
+  std::vector<std::string> uncompared;
+  const QueryResult t = sim_vs_real(
+      db, {sim, real}, {"tpot_ms_mean", "ttft_ms_mean", "gpu_busy_frac", "step_ms_mean"}, &worst,
+      &uncompared);
+  ASSERT_EQ(t.rows.size(), 1u);
+  EXPECT_EQ(std::get<std::string>(t.rows[0][1]), "tpot_ms_mean");
+  EXPECT_DOUBLE_EQ(std::get<double>(t.rows[0][4]), 5.0);  // 100 (10.5 - 10) / 10
+  EXPECT_DOUBLE_EQ(worst, 5.0);
+  const std::string s = std::to_string(sim);
+  EXPECT_EQ(uncompared, (std::vector<std::string>{
+                            "lockstep: ttft_ms_mean (absent from the simulated run " + s + ")",
+                            "lockstep: gpu_busy_frac (measured 0)",
+                            "lockstep: step_ms_mean (absent from the simulated run " + s + ")"}));
+  // A lone run pairs with nothing: nothing compared, nothing listed.
+  uncompared.clear();
+  EXPECT_TRUE(sim_vs_real(db, {sim}, {"tpot_ms_mean"}, nullptr, &uncompared).rows.empty());
+  EXPECT_TRUE(uncompared.empty());
+}
+
 TEST(Compare, DuplicateHeadersGetRunIdsAndUnknownRunsFail) {
   auto db = ResultsDb::open(":memory:");
   const int64_t a = complete(db, info("e", "y", 0, "sim"), {{"tpot_ms_mean", 1, "ms"}});
