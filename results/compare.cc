@@ -130,7 +130,13 @@ QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
     return true;
   };
   for (const auto& [index, p] : pairs) {
-    if (p.sim < 0 || p.real < 0) continue;
+    if (p.sim < 0 || p.real < 0) {
+      if (uncompared &&
+          pairs.size() > 1)  // a lone run is no comparison at all (the caller's error)
+        uncompared->push_back(p.label + ": no " + (p.sim < 0 ? "simulated" : "measured") +
+                              " run among these runs");
+      continue;
+    }
     for (const std::string& key : keys) {
       double s = 0, r = 0;
       const bool has_sim = value(p.sim, key, &s), has_real = value(p.real, key, &r);

@@ -25,7 +25,8 @@ QueryResult compare_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
 // row per key both runs have: variant, metric, sim, real, error_pct = 100·(sim − real)/real.
 // *worst_abs_error_pct (if given) receives the largest |error_pct| (0 with no pair). *uncompared
 // (if given) receives, per paired variant, each key it could not compare: "<variant>: <key>
-// (absent from the simulated run N | the measured run N | measured 0)".
+// (absent from the simulated run N | the measured run N | measured 0)", and, when the runs hold
+// more than one variant, each variant with one backend only ("<variant>: no simulated run ...").
 QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
                         const std::vector<std::string>& keys, double* worst_abs_error_pct,
                         std::vector<std::string>* uncompared = nullptr);

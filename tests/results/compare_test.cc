@@ -105,10 +105,16 @@ TEST(Compare, SimVsRealNamesWhatItCouldNotCompare) {
                             "lockstep: ttft_ms_mean (absent from the simulated run " + s + ")",
                             "lockstep: gpu_busy_frac (measured 0)",
                             "lockstep: step_ms_mean (absent from the simulated run " + s + ")"}));
-  // A lone run pairs with nothing: nothing compared, nothing listed.
+  // A lone run pairs with nothing: nothing compared, nothing listed (the caller's error).
   uncompared.clear();
   EXPECT_TRUE(sim_vs_real(db, {sim}, {"tpot_ms_mean"}, nullptr, &uncompared).rows.empty());
   EXPECT_TRUE(uncompared.empty());
+  // Beside a paired variant, a variant with one backend only is named.
+  const int64_t other = complete(db, info("e", "y", 1, "real"), {{"tpot_ms_mean", 9.0, "ms"}});
+  uncompared.clear();
+  EXPECT_EQ(sim_vs_real(db, {sim, real, other}, {"tpot_ms_mean"}, nullptr, &uncompared).rows.size(),
+            1u);
+  EXPECT_EQ(uncompared, (std::vector<std::string>{"run_ahead: no simulated run among these runs"}));
 }
 
 TEST(Compare, DuplicateHeadersGetRunIdsAndUnknownRunsFail) {
