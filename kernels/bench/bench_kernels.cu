@@ -1573,7 +1573,8 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     // Each configuration from the defaults: the small kernels' trigger placement, the 4-part
     // combine at every split count (parts), the combine's context length before its wait
     // (ctx_early), every GEMV on the ring of 3 / the refilled ring of 2 (GemvTuning::stages), the
-    // qkv projection alone on the ring of 2 (qkv_stages).
+    // qkv projection alone on the ring of 2 (qkv_stages), the split's whole ring issued before its
+    // wait (AttentionTuning::split_full_ring).
     auto after_wait = [&] { kt.early_trigger = false; };
     auto at_exit = [&] { kt.trigger_at_exit = true; };
     auto parts = [&] { at.combine_parts_min_splits = 0; };
@@ -1589,6 +1590,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         {"ctx_early", ctx_early},
         {"parts+ctx_early", [&] { parts(), ctx_early(); }},
         {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }},
+        {"parts+ctx_early+full_ring", [&] { parts(), ctx_early(), at.split_full_ring = true; }},
         {"parts+ctx_early+qkv_ring2", [&] { parts(), ctx_early(), qkv_stages = 2; }},
         {"parts+ctx_early+ring3+qkv_ring2",
          [&] { parts(), ctx_early(), gt.stages = 3, qkv_stages = 2; }}};
