@@ -278,11 +278,13 @@ int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
   double worst = 0;
   std::vector<std::string> uncompared;
   const QueryResult table = sim_vs_real(db, ids, metrics, &worst, &uncompared);
-  if (table.rows.empty() && uncompared.empty()) {
-    throw Error("no variant has both a simulated and a measured (real) run among these runs");
-  }
   for (const std::string& u : uncompared)
     std::fprintf(stderr, "twinstep: not compared: %s\n", u.c_str());
+  if (table.rows.empty()) {
+    throw Error(uncompared.empty()
+                    ? "no variant has both a simulated and a measured (real) run among these runs"
+                    : "nothing compared (the lines above say why)");
+  }
   // A gate must not pass on a metric it was asked for and never compared (one these runs do not
   // store); the default list names each one it could not compare above and gates on the rest.
   if (tolerance_pct >= 0 && metrics_given)

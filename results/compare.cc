@@ -131,8 +131,8 @@ QueryResult sim_vs_real(ResultsDb& db, const std::vector<int64_t>& run_ids,
   };
   for (const auto& [index, p] : pairs) {
     if (p.sim < 0 || p.real < 0) {
-      if (uncompared &&
-          pairs.size() > 1)  // a lone run is no comparison at all (the caller's error)
+      // A lone variant is no comparison at all: the caller's error, not a line of it.
+      if (uncompared && pairs.size() > 1)
         uncompared->push_back(p.label + ": no " + (p.sim < 0 ? "simulated" : "measured") +
                               " run among these runs");
       continue;

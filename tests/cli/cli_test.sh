@@ -188,6 +188,10 @@ check "comma-separated metrics equal space-separated" test "$("$bin" --db "$db5"
 "$bin" --db "$db5" compare --experiment validation-h200-decode --tolerance 50 --metrics tpot_ms_mean moe_routing_passes >/dev/null 2>"$work/gate.err"
 check "a gate on a metric no run stores exits 1" test $? -eq 1
 check "and says it cannot check it" grep -q "moe_routing_passes in both its simulated and measured run" "$work/gate.err"
+sims=$(q "$db5" "SELECT group_concat(id, ' ') FROM (SELECT r.id FROM run r JOIN experiment e ON e.id=r.experiment_id WHERE e.name='validation-h200-decode' AND r.backend='sim' ORDER BY r.variant_index LIMIT 2)")
+"$bin" --db "$db5" compare --tolerance 50 $sims >/dev/null 2>"$work/unpaired.err"
+check "a gate over variants with no measured run exits 1" test $? -eq 1
+check "and names each variant" test "$(grep -c 'no measured run among these runs' "$work/unpaired.err")" -eq 2
 # Run ids after --metrics (a greedy list option) are still run ids: the same table as before it.
 ids=$(q "$db5" "SELECT group_concat(id, ' ') FROM (SELECT id FROM run ORDER BY id LIMIT 2)")
 before=$("$bin" --db "$db5" compare $ids --metrics tpot_ms_mean --csv 2>&1)
