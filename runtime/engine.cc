@@ -21,6 +21,7 @@
 #include "kernels/swiglu.h"
 #include "policies/error.h"
 #include "policies/step_kernels.h"
+#include "runtime/cublas_loader.h"
 #include "runtime/engine_internal.h"
 #include "runtime/memory_plan.h"
 #include "runtime/spec_ops.h"
@@ -32,7 +33,8 @@ using kernels::bf16;
 
 void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
   throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + expr +
-                           ": cuBLAS status " + std::to_string(static_cast<int>(st)));
+                           ": cuBLAS status " + std::to_string(static_cast<int>(st)) + " (" +
+                           cublas_api().status_string(st) + ")");
 }
 
 namespace {
@@ -153,13 +155,14 @@ Engine::Engine(const LlamaConfig& config, const EngineOptions& options)
                c, "", dev, free_bytes, total_bytes);
   rope_ = kernels::llama3_rope_table(c.rope_theta, c.rope_factor, c.rope_low_freq_factor,
                                      c.rope_high_freq_factor, c.rope_original_context);
+  const CublasApi& blas = cublas_api();  // before any resource: a missing library leaks nothing
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&b_->aux, cudaStreamNonBlocking));
-  TS_CUBLAS_CHECK(cublasCreate(&cublas_));
+  TS_CUBLAS_CHECK(blas.create(&cublas_));
   b_->cublas = cublas_;
-  TS_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
-  TS_CUBLAS_CHECK(cublasSetMathMode(
+  TS_CUBLAS_CHECK(blas.set_stream(cublas_, compute_));
+  TS_CUBLAS_CHECK(blas.set_math_mode(
       cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   prefill_gemm_gemv_ = prefill_gemm_is_gemv();
@@ -176,7 +179,7 @@ Engine::~Engine() {
   if (compute_) cudaStreamSynchronize(compute_);
   if (copy_) cudaStreamSynchronize(copy_);
   for (cudaEvent_t e : b_->staging_done) cudaEventDestroy(e);
-  if (cublas_) cublasDestroy(cublas_);
+  if (cublas_) cublas_api().destroy(cublas_);
   if (b_->aux) cudaStreamDestroy(b_->aux);
   if (compute_) cudaStreamDestroy(compute_);
   if (copy_) cudaStreamDestroy(copy_);
@@ -445,7 +448,7 @@ void Engine::allocate() {
   }
   TS_CUDA_CHECK(cudaMalloc(&b.cublas_ws, kCublasWorkspaceBytes));
   b.device_allocs.push_back(b.cublas_ws);
-  TS_CUBLAS_CHECK(cublasSetWorkspace(cublas_, b.cublas_ws, kCublasWorkspaceBytes));
+  TS_CUBLAS_CHECK(cublas_api().set_workspace(cublas_, b.cublas_ws, kCublasWorkspaceBytes));
   if (options_.draft) allocate_spec();
   TS_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -556,9 +559,9 @@ void Engine::proj(const bf16* w, const bf16* x, bf16* out, int m, int n, int k, 
   }
   // out[m][n] = x[m][k] · w[n][k]^T: column-major C(n×m) = W^T(n×k) · X(k×m).
   const float alpha = 1.0f, beta = 0.0f;
-  TS_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF,
-                               k, x, CUDA_R_16BF, k, &beta, out, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT));
+  TS_CUBLAS_CHECK(cublas_api().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w,
+                                       CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, out, CUDA_R_16BF,
+                                       n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void Engine::node(const char* name) {

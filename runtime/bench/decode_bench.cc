@@ -32,6 +32,7 @@
 #include "kernels/tuning.h"
 #include "policies/decode_loop.h"
 #include "runtime/checkpoint.h"
+#include "runtime/cublas_loader.h"
 #include "runtime/device_ops.h"
 #include "runtime/engine.h"
 #include "runtime/real_backend.h"
@@ -669,8 +670,8 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
        }},
       {"cublas_handle",
        [&] {
-         TS_CUBLAS_CHECK(cublasCreate(&blas));
-         TS_CUBLAS_CHECK(cublasSetStream(blas, streams[0]));
+         TS_CUBLAS_CHECK(runtime::cublas_api().create(&blas));
+         TS_CUBLAS_CHECK(runtime::cublas_api().set_stream(blas, streams[0]));
        }},
       {"pinned_64MiB_and_events",
        [&] {
@@ -716,7 +717,7 @@ void probe_alloc(const std::string& out_dir, const std::string& header) {
   }
   for (cudaEvent_t e : events) cudaEventDestroy(e);
   for (void* x : small) cudaFree(x);
-  if (blas) cublasDestroy(blas);
+  if (blas) runtime::cublas_api().destroy(blas);
   for (cudaStream_t x : streams) cudaStreamDestroy(x);
   if (pinned) cudaFreeHost(pinned);
   pb.json.write(out_dir + "/decode_alloc_probe.json", header);
@@ -836,10 +837,11 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
   };
   auto make_cublas = [&] {  // as an engine sets its handle up
     handles.emplace_back();
-    TS_CUBLAS_CHECK(cublasCreate(&handles.back()));
-    TS_CUBLAS_CHECK(cublasSetStream(handles.back(), pb.a->compute_stream()));
+    TS_CUBLAS_CHECK(runtime::cublas_api().create(&handles.back()));
+    TS_CUBLAS_CHECK(runtime::cublas_api().set_stream(handles.back(), pb.a->compute_stream()));
     malloc_kept(size_t{32} << 20);
-    TS_CUBLAS_CHECK(cublasSetWorkspace(handles.back(), device.back(), size_t{32} << 20));
+    TS_CUBLAS_CHECK(
+        runtime::cublas_api().set_workspace(handles.back(), device.back(), size_t{32} << 20));
   };
   // 16 GiB kept, written by 290 init launches on `st` (an engine's tensors' count).
   auto init_many = [&](cudaStream_t st) {
@@ -876,7 +878,7 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
       {"cublas_cycle",
        [&] {
          make_cublas();
-         drop_last(handles, cublasDestroy);
+         drop_last(handles, runtime::cublas_api().destroy);
          drop_last(device, cudaFree);
          make_cublas();
        }},
@@ -967,7 +969,7 @@ void probe_cycle(const std::string& out_dir, const std::string& header) {
     time_after_phase(pb, kWindows, kLaunches, {{"order", q(order)}}, phase);
   }
   engines.clear();
-  for (cublasHandle_t h : handles) cublasDestroy(h);
+  for (cublasHandle_t h : handles) runtime::cublas_api().destroy(h);
   for (void* p : device) cudaFree(p);
   for (void* p : host) cudaFreeHost(p);
   for (cudaEvent_t e : events) cudaEventDestroy(e);

@@ -32,6 +32,11 @@ check "gpu_check_commit refuses another" not commit_ok abc1235 "$fake"
 sed -i 's/abc1234;/abc1234-dirty;/' "$fake"
 check "gpu_check_commit refuses a dirty build" not commit_ok abc1234 "$fake"
 check "gpu_check_commit refuses this build for another commit" not commit_ok 0000000 "$bin"
+# cuBLAS is loaded by the real backend when it runs (runtime/cublas_loader.h), never at start-up:
+# linked, its initialisers cost every command ~0.5 s and ~200 MB.
+if command -v ldd >/dev/null; then
+  check "twinstep does not link cuBLAS" not grep -q libcublas <(ldd "$bin")
+fi
 # Every experiment the repository ships validates (models, hardware names, sweeps, policies).
 bad_exp=""
 while IFS= read -r f; do
