@@ -459,6 +459,7 @@ int cmd_bench_sim(int32_t requests) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<RequestSpec> reqs = generate_requests(w);
   RunRecord record;
+  reserve_steps(record, step_capacity_hint(w, reqs));  // as simulate_variant does
   DecodeLoop loop(policy, w, reqs, &record);
   const HostCostModel host(costs, 1);
   SimBackend backend(model_preset("llama-3-8b"), hardware_preset("h200"), host, reqs);

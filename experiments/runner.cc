@@ -41,6 +41,7 @@ RunRecord measure_variant(const Variant& v) {
   // simulator's model only.
   const std::vector<RequestSpec> requests = generate_requests(v.workload);
   RunRecord record;
+  reserve_steps(record, step_capacity_hint(v.workload, requests));
   DecodeLoop loop(v.policy, v.workload, requests, &record);
   const std::unique_ptr<Backend> backend = make_real_backend(v, requests);
   HostProgram* ranks[] = {&loop};
@@ -70,6 +71,7 @@ RunRecord simulate_variant(const Variant& v) {
   // One host program per rank (SPMD). Rank 0's requests are the ones the client sees; the
   // other ranks' request samples are discarded.
   const int32_t world = v.layout.world();
+  reserve_steps(record, world * step_capacity_hint(v.workload, requests));
   std::vector<RunRecord> shadow(size_t(world - 1));
   std::vector<std::unique_ptr<DecodeLoop>> loops;
   std::vector<HostProgram*> ranks;

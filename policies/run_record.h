@@ -94,4 +94,10 @@ struct RunRecord {
   MoeRoutingStats moe_routing;
 };
 
+// Room for `steps` step samples before a run (step_capacity_hint, workload.h, times the ranks).
+// Where the kernel grants transparent huge pages on request (Linux, "madvise" mode) the buffer
+// asks for them: a million samples (150 MB) then fault in 2 MB pages instead of 4 KB ones, which
+// on this project's virtual machines was a third of bench-sim's wall time. Advice only.
+void reserve_steps(RunRecord& record, int64_t steps);
+
 }  // namespace twinstep

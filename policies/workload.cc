@@ -1,5 +1,6 @@
 #include "policies/workload.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "policies/rng.h"
@@ -34,6 +35,14 @@ std::vector<RequestSpec> generate_requests(const WorkloadSpec& spec) {
                    draw_length(spec.output_len, spec.seed, kOutput, uint64_t(i))});
   }
   return out;
+}
+
+int64_t step_capacity_hint(const WorkloadSpec& spec, const std::vector<RequestSpec>& requests) {
+  if (requests.empty()) return 0;
+  int64_t tokens = 0;
+  for (const RequestSpec& r : requests) tokens += int64_t{r.output_len} + 1;
+  const int64_t c = std::clamp<int64_t>(spec.max_concurrency, 1, int64_t(requests.size()));
+  return (tokens + c - 1) / c + int64_t(requests.size()) + 64;
 }
 
 }  // namespace twinstep

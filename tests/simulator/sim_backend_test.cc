@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "policies/decode_loop.h"
+#include "policies/rng.h"
 #include "tests/support/recording_backend.h"
 #include "tests/support/sim_fixtures.h"
 
@@ -358,6 +359,35 @@ TEST(SimBackend, SameSeedSameRecord) {
   };
   EXPECT_EQ(once(9), once(9));
   EXPECT_NE(once(9), once(10));
+}
+
+// step_capacity_hint (workload.h) bounds the steps a closed loop takes, over random workloads,
+// concurrencies and host schedules, and tight: at most the run's steps plus two per request (a
+// step commits at most one token per running request) and the margin.
+TEST(SimBackend, StepCapacityHintBoundsTheSteps) {
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    WorkloadSpec w;
+    w.num_requests = 1 + int32_t(rng_uniform(seed, 1, 0) * 12);
+    w.max_concurrency = 1 + int32_t(rng_uniform(seed, 2, 0) * w.num_requests);
+    const int32_t lo = 1 + int32_t(rng_uniform(seed, 3, 0) * 60);
+    w.output_len = seed % 3 == 0 ? LengthDist{lo, lo} : LengthDist{lo, lo + 90};
+    w.input_len = {16, 400};
+    w.seed = seed;
+    PolicySpec policy;
+    policy.host_schedule = seed % 2 ? HostSchedule::kRunahead : HostSchedule::kLockstep;
+    const std::vector<RequestSpec> reqs = generate_requests(w);
+    RunRecord r;
+    DecodeLoop loop(policy, w, reqs, &r);
+    HostCostModel host(host_costs(20 * kUs, 50 * kUs, 30 * kUs), seed);
+    SimBackend backend(model_preset("tiny-llama"), ideal_machine(), host, reqs);
+    HostProgram* ranks[] = {&loop};
+    backend.run(ranks, r);
+    const int64_t hint = step_capacity_hint(w, reqs);
+    EXPECT_LE(int64_t(r.steps.size()), hint) << "seed " << seed << ": " << w.num_requests
+                                             << " requests at concurrency " << w.max_concurrency;
+    // A step commits at most one token per running request: steps >= sum(output_len) / c.
+    EXPECT_LE(hint - int64_t(r.steps.size()), 2 * w.num_requests + 65) << "seed " << seed;
+  }
 }
 
 }  // namespace
