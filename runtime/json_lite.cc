@@ -1,5 +1,6 @@
 #include "runtime/json_lite.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -20,8 +21,15 @@ class Parser {
   }
 
  private:
+  // Where: line and column (1-based, in bytes) for a text a person edits, the byte offset too.
   [[noreturn]] void fail(const std::string& what) const {
-    throw JsonError("JSON: " + what + " at byte " + std::to_string(pos_));
+    const std::string_view before = s_.substr(0, std::min(pos_, s_.size()));
+    const size_t newline = before.rfind('\n');
+    const size_t line = size_t(std::count(before.begin(), before.end(), '\n')) + 1;
+    const size_t column =
+        (newline == std::string_view::npos ? before.size() : before.size() - newline - 1) + 1;
+    throw JsonError("JSON: " + what + " at line " + std::to_string(line) + ", column " +
+                    std::to_string(column) + " (byte " + std::to_string(pos_) + ")");
   }
   void skip_ws() {
     while (pos_ < s_.size() &&

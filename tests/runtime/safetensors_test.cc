@@ -182,5 +182,22 @@ TEST(JsonLite, Basics) {
   EXPECT_THROW(parse_json("[1,]"), JsonError);
 }
 
+// Errors say where: line and column (1-based) and the byte offset.
+TEST(JsonLite, ErrorsNameLineAndColumn) {
+  auto error_of = [](std::string_view text) {
+    try {
+      parse_json(text);
+    } catch (const JsonError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of("01"),
+            "JSON: unexpected text after the JSON value at line 1, column 2 (byte 1)");
+  // Line 3 starts at byte 12; the value missing after "[1," is where ']' stands, byte 25.
+  EXPECT_EQ(error_of("{\n  \"a\": 1,\n  \"rows\": [1,]\n}"),
+            "JSON: invalid number at line 3, column 14 (byte 25)");
+}
+
 }  // namespace
 }  // namespace twinstep
