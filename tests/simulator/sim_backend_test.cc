@@ -365,6 +365,8 @@ TEST(SimBackend, SameSeedSameRecord) {
 // concurrencies and host schedules, and tight: at most the run's steps plus two per request (a
 // step commits at most one token per running request) and the margin.
 TEST(SimBackend, StepCapacityHintBoundsTheSteps) {
+  const ModelSpec model = model_preset("tiny-llama");
+  const HardwareSpec hw = ideal_machine();
   for (uint64_t seed = 1; seed <= 24; ++seed) {
     WorkloadSpec w;
     w.num_requests = 1 + int32_t(rng_uniform(seed, 1, 0) * 12);
@@ -379,7 +381,7 @@ TEST(SimBackend, StepCapacityHintBoundsTheSteps) {
     RunRecord r;
     DecodeLoop loop(policy, w, reqs, &r);
     HostCostModel host(host_costs(20 * kUs, 50 * kUs, 30 * kUs), seed);
-    SimBackend backend(model_preset("tiny-llama"), ideal_machine(), host, reqs);
+    SimBackend backend(model, hw, host, reqs);  // holds references: named, not temporaries
     HostProgram* ranks[] = {&loop};
     backend.run(ranks, r);
     const int64_t hint = step_capacity_hint(w, reqs);
