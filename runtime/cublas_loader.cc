@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -12,8 +13,11 @@
 namespace twinstep::runtime {
 namespace {
 
+// Written once under `mu`, then published by `ready` (release); readers that see `ready` (acquire)
+// read the table without the lock: the engine calls cublas_api() for every prefill GEMM.
 struct Loaded {
   std::mutex mu;
+  std::atomic<bool> ready{false};
   void* handle = nullptr;
   CublasApi api;
   std::string path;
@@ -57,6 +61,7 @@ void resolve(void* handle, const std::string& path, const char* name, Fn& fn) {
 
 const CublasApi& cublas_api() {
   Loaded& l = loaded();
+  if (l.ready.load(std::memory_order_acquire)) return l.api;
   std::lock_guard<std::mutex> lock(l.mu);
   if (l.handle != nullptr) return l.api;
   std::string tried;
@@ -90,11 +95,13 @@ const CublasApi& cublas_api() {
   l.api = api;
   l.path = path;
   l.handle = handle;  // kept open for the process's life: handles and graphs refer to its code
+  l.ready.store(true, std::memory_order_release);
   return l.api;
 }
 
 const char* cublas_library_path() {
   Loaded& l = loaded();
+  if (l.ready.load(std::memory_order_acquire)) return l.path.c_str();
   std::lock_guard<std::mutex> lock(l.mu);
   return l.path.c_str();
 }

@@ -3,10 +3,36 @@
 
 #include <gtest/gtest.h>
 
+#include <latch>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace twinstep::runtime {
 namespace {
+
+// First in the file, so the threads race for the first load (ctest runs each test in its own
+// process): every caller gets the one table, fully resolved.
+TEST(CublasLoader, ConcurrentFirstCallsShareOneTable) {
+  constexpr int kThreads = 8;
+  std::latch start(kThreads);
+  std::vector<const CublasApi*> seen(kThreads, nullptr);
+  std::vector<CublasGemmExFn> gemm(kThreads, nullptr);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      const CublasApi& api = cublas_api();
+      seen[t] = &api;
+      gemm[t] = api.gemm_ex;
+    });
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(seen[t], seen[0]) << "thread " << t;
+    EXPECT_NE(gemm[t], nullptr) << "thread " << t;
+    EXPECT_EQ(gemm[t], gemm[0]) << "thread " << t;
+  }
+}
 
 TEST(CublasLoader, ResolvesEveryEntryPointOnce) {
   const CublasApi& api = cublas_api();
