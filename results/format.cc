@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <set>
+#include <vector>
 
 #include "policies/error.h"
 #include "results/json.h"
@@ -90,12 +91,39 @@ std::string format_table_number(double v) {
   return buf;
 }
 
+namespace {
+
+// A header wider than its column's cells, split after each ", " and packed greedily into lines
+// no wider than the cells or the longest piece (a compare column's variant label
+// "policies.host_schedule=lockstep, policies.seq_lens_sync=false [sim]" over numbers).
+std::vector<std::string> wrap_header(const std::string& header, size_t cells_width) {
+  std::vector<std::string> pieces;
+  for (size_t begin = 0; begin < header.size();) {
+    const size_t comma = header.find(", ", begin);
+    const size_t end = comma == std::string::npos ? header.size() : comma + 1;
+    pieces.push_back(header.substr(begin, end - begin));
+    begin = comma == std::string::npos ? header.size() : comma + 2;
+  }
+  size_t limit = cells_width;
+  for (const std::string& p : pieces) limit = std::max(limit, display_width(p));
+  std::vector<std::string> lines;
+  for (const std::string& p : pieces) {
+    if (!lines.empty() && display_width(lines.back()) + 1 + display_width(p) <= limit) {
+      lines.back() += " " + p;
+    } else {
+      lines.push_back(p);
+    }
+  }
+  return lines;
+}
+
+}  // namespace
+
 void write_table(const QueryResult& result, std::ostream& out) {
   const size_t ncol = result.columns.size();
   std::vector<std::vector<std::string>> text(result.rows.size());
-  std::vector<size_t> width(ncol);
+  std::vector<size_t> width(ncol, 0);
   std::vector<bool> numeric(ncol, true);  // right-align a column whose non-NULL cells are numbers
-  for (size_t c = 0; c < ncol; ++c) width[c] = display_width(result.columns[c]);
   for (size_t r = 0; r < result.rows.size(); ++r) {
     for (size_t c = 0; c < ncol; ++c) {
       const Cell& cell = result.rows[r][c];
@@ -104,17 +132,32 @@ void write_table(const QueryResult& result, std::ostream& out) {
       if (!is_number(cell) && !std::holds_alternative<std::monostate>(cell)) numeric[c] = false;
     }
   }
-  auto emit_row = [&](const std::vector<std::string>& cells, bool header) {
+  // Headers, bottom-aligned over the rule when some wrap.
+  std::vector<std::vector<std::string>> header(ncol);
+  size_t header_lines = 1;
+  for (size_t c = 0; c < ncol; ++c) {
+    header[c] = wrap_header(table_text(Cell(result.columns[c])), width[c]);
+    for (const std::string& line : header[c]) width[c] = std::max(width[c], display_width(line));
+    header_lines = std::max(header_lines, header[c].size());
+  }
+  auto emit_row = [&](const std::vector<std::string>& cells, bool header_row) {
     std::string line;
     for (size_t c = 0; c < ncol; ++c) {
       const std::string pad(width[c] - display_width(cells[c]), ' ');
       if (c) line += "  ";
-      line += (numeric[c] && !header) ? pad + cells[c] : cells[c] + pad;
+      line += (numeric[c] && !header_row) ? pad + cells[c] : cells[c] + pad;
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out << line << '\n';
   };
-  emit_row(result.columns, true);
+  for (size_t l = 0; l < header_lines; ++l) {
+    std::vector<std::string> cells(ncol);
+    for (size_t c = 0; c < ncol; ++c) {
+      const size_t skip = header_lines - header[c].size();
+      if (l >= skip) cells[c] = header[c][l - skip];
+    }
+    emit_row(cells, true);
+  }
   std::string rule;
   for (size_t c = 0; c < ncol; ++c) rule += (c ? "  " : "") + std::string(width[c], '-');
   out << rule << '\n';

@@ -47,6 +47,27 @@ TEST(Format, TableAlignsNumbersRight) {
   EXPECT_EQ(render(sample(), write_table), expected);
 }
 
+// compare's columns: a variant label over numbers wraps after its ", " separators, packed up to
+// the widest piece; a header no wider than its cells, or without ", ", stays on one line.
+TEST(Format, TableWrapsHeadersWiderThanTheirCells) {
+  QueryResult r;
+  r.columns = {"metric", "a.host=lockstep, a.sync=false, b=1 [sim]", "x, y", "no_separator_here"};
+  r.rows = {{std::string("tpot_ms_mean"), 5.4735, std::string("long cell"), int64_t{7}},
+            {std::string("gpu_busy_frac"), 0.836, Cell(), int64_t{12}}};
+  // Pieces "a.host=lockstep," (16), "a.sync=false," (13), "b=1 [sim]" (9): no two fit in 16.
+  EXPECT_EQ(render(r, write_table),
+            "               a.host=lockstep,\n"
+            "               a.sync=false,\n"
+            "metric         b=1 [sim]         x, y       no_separator_here\n"
+            "-------------  ----------------  ---------  -----------------\n"
+            "tpot_ms_mean             5.4735  long cell                  7\n"
+            "gpu_busy_frac             0.836  NULL                      12\n");
+  // CSV keeps the header whole.
+  const std::string csv = render(r, write_csv);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "metric,\"a.host=lockstep, a.sync=false, b=1 [sim]\",\"x, y\",no_separator_here");
+}
+
 TEST(Format, TableCountsUtf8CodePoints) {
   QueryResult r;
   r.columns = {"name", "v"};
