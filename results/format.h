@@ -16,8 +16,8 @@ OutputFormat parse_output_format(const std::string& name);
 
 // Aligned columns with a header and a rule; numbers right-aligned, text left-aligned, NULL as
 // "NULL", newline/CR/tab in text shown as \n \r \t. A header wider than its column's cells
-// wraps after ", " (bottom-aligned over the rule; CSV and JSON keep it whole). Reals use format_table_number(); integers
-// print exactly.
+// wraps after ", " (bottom-aligned over the rule; CSV and JSON keep it whole). Reals use
+// format_table_number(); integers print exactly.
 void write_table(const QueryResult& result, std::ostream& out);
 
 // RFC 4180 quoting (a field containing , " CR LF or leading/trailing space is quoted, quotes
