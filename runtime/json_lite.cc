@@ -37,8 +37,17 @@ class Parser {
       ++pos_;
   }
   char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
+  // What stands at pos_, for messages: "end of input (truncated?)" or the character.
+  std::string found() const {
+    if (pos_ >= s_.size()) return "end of input (truncated?)";
+    const unsigned char c = static_cast<unsigned char>(s_[pos_]);
+    if (c < 0x20 || c >= 0x7f)
+      return "byte 0x" + std::string(1, "0123456789abcdef"[c >> 4]) + "0123456789abcdef"[c & 15];
+    return std::string("'") + char(c) + "'";
+  }
   void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
+    if (peek() != c || pos_ >= s_.size())
+      fail(std::string("expected '") + c + "', found " + found());
     ++pos_;
   }
   void literal(std::string_view word) {
@@ -75,6 +84,8 @@ class Parser {
         literal("null");
         return v;
       default:
+        if (peek() != '-' && (peek() < '0' || peek() > '9'))
+          fail("expected a value, found " + found());
         v.kind = JsonValue::Kind::kNumber;
         v.text = number();
         return v;
@@ -90,7 +101,7 @@ class Parser {
     }
     for (;;) {
       skip_ws();
-      if (peek() != '"') fail("expected a string key");
+      if (peek() != '"') fail("expected a string key, found " + found());
       std::string key = string();
       for (const auto& [k, unused] : v.fields)
         if (k == key) fail("duplicate key \"" + key + "\"");
@@ -224,7 +235,7 @@ class Parser {
     auto digits = [&] {
       const size_t d = pos_;
       while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
-      if (pos_ == d) fail("invalid number");
+      if (pos_ == d) fail("invalid number: expected a digit, found " + found());
     };
     if (peek() == '-') ++pos_;
     if (peek() == '0') {

@@ -196,7 +196,17 @@ TEST(JsonLite, ErrorsNameLineAndColumn) {
             "JSON: unexpected text after the JSON value at line 1, column 2 (byte 1)");
   // Line 3 starts at byte 12; the value missing after "[1," is where ']' stands, byte 25.
   EXPECT_EQ(error_of("{\n  \"a\": 1,\n  \"rows\": [1,]\n}"),
-            "JSON: invalid number at line 3, column 14 (byte 25)");
+            "JSON: expected a value, found ']' at line 3, column 14 (byte 25)");
+  // Truncated files say so, at the end: "{\"rows\": [\n" is 11 bytes.
+  EXPECT_EQ(
+      error_of("{\"rows\": [\n"),
+      "JSON: expected a value, found end of input (truncated?) at line 2, column 1 (byte 11)");
+  EXPECT_EQ(error_of("{\"rows\": [1"),
+            "JSON: expected ']', found end of input (truncated?) at line 1, column 12 (byte 11)");
+  EXPECT_EQ(error_of("{\"a\": 1.}"),
+            "JSON: invalid number: expected a digit, found '}' at line 1, column 9 (byte 8)");
+  EXPECT_EQ(error_of("{\"a\": 1, b}"),
+            "JSON: expected a string key, found 'b' at line 1, column 10 (byte 9)");
 }
 
 }  // namespace
