@@ -432,11 +432,18 @@ int cmd_make_checkpoint(const std::string& preset, const std::string& dir, uint6
                         uint64_t shard_mb, double draft_fidelity) {
   const ModelSpec& model = model_preset(preset);
   write_synthetic_checkpoint(model, dir, seed, int64_t(shard_mb) << 20, draft_fidelity);
+  const double bytes = double(model.weight_bytes_total());
+  char size[32];
+  if (bytes >= 1e9) {
+    std::snprintf(size, sizeof size, "%.2f GB", bytes / 1e9);
+  } else {
+    std::snprintf(size, sizeof size, "%.1f MB", bytes / 1e6);
+  }
+  char draft[64] = "";
   if (draft_fidelity >= 0)
-    std::printf("with a draft module (mtp.*) at fidelity %g\n", draft_fidelity);
-  std::printf("wrote %s: synthetic %s checkpoint (%.2f GB of bf16 weights, seed %llu)\n",
-              dir.c_str(), preset.c_str(), double(model.weight_bytes_total()) / 1e9,
-              (unsigned long long)seed);
+    std::snprintf(draft, sizeof draft, ", a draft module (mtp.*) at fidelity %g", draft_fidelity);
+  std::printf("wrote %s: synthetic %s checkpoint (%s of bf16 weights, seed %llu%s)\n", dir.c_str(),
+              preset.c_str(), size, (unsigned long long)seed, draft);
   return 0;
 }
 

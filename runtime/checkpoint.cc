@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "runtime/json_lite.h"
 #include "runtime/synthetic.h"
 
@@ -455,15 +457,12 @@ void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, 
     out[i] = synthetic::element_bits(seed, stream, offset + i, scale);
 }
 
-void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, uint64_t seed,
-                                uint64_t shard_bytes, double draft_fidelity) {
-  const LlamaConfig c = llama_config_from_spec(spec);
-  // Before anything is written: a model or fidelity the weight list refuses leaves no directory.
-  const std::vector<WeightDesc> weights =
-      synthetic_weight_list(c, draft_fidelity >= 0, draft_fidelity);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw CheckpointError(dir + ": cannot create directory: " + ec.message());
+namespace {
+
+// The files of write_synthetic_checkpoint, into `dir` (exists, empty).
+void write_synthetic_files(const LlamaConfig& c, const std::vector<WeightDesc>& weights,
+                           const std::string& dir, uint64_t seed, uint64_t shard_bytes,
+                           double draft_fidelity) {
   {
     std::ofstream cfg(fs::path(dir) / "config.json");
     cfg << llama_config_json(c);
@@ -515,7 +514,50 @@ void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, u
   index << "  }\n}\n";
   std::ofstream out(fs::path(dir) / "model.safetensors.index.json");
   out << index.str();
+  out.close();
   if (!out) throw CheckpointError(dir + "/model.safetensors.index.json: write failed");
+}
+
+}  // namespace
+
+void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, uint64_t seed,
+                                uint64_t shard_bytes, double draft_fidelity) {
+  const LlamaConfig c = llama_config_from_spec(spec);
+  // Before anything is written: a model or fidelity the weight list refuses leaves no directory.
+  const std::vector<WeightDesc> weights =
+      synthetic_weight_list(c, draft_fidelity >= 0, draft_fidelity);
+  fs::path target = fs::path(dir).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "out/" names "out"
+  if (target.empty() || !target.has_filename() || target.filename() == "." ||
+      target.filename() == "..")
+    throw CheckpointError("\"" + dir + "\": not a directory name a checkpoint can be written to");
+  std::error_code ec;
+  if (fs::exists(target, ec)) {
+    if (!fs::is_directory(target, ec))
+      throw CheckpointError(dir + ": exists and is not a directory");
+    if (!fs::is_empty(target, ec))
+      throw CheckpointError(dir +
+                            ": exists and is not empty; a checkpoint is written to a new or "
+                            "empty directory (remove it or choose another)");
+  }
+  // Staged beside the target and renamed into place: an interrupted write leaves only a
+  // "<dir>.partial-<pid>" directory, never a checkpoint that opens with part of its weights.
+  const fs::path staging =
+      target.parent_path() / (target.filename().string() + ".partial-" + std::to_string(getpid()));
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging, ec);
+  if (ec) throw CheckpointError(staging.string() + ": cannot create directory: " + ec.message());
+  try {
+    write_synthetic_files(c, weights, staging.string(), seed, shard_bytes, draft_fidelity);
+    if (fs::exists(target)) fs::remove(target);  // empty, checked above
+    fs::rename(staging, target);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(staging, ec);
+    throw CheckpointError(dir + ": cannot move the written checkpoint into place: " + e.what());
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
 }
 
 std::unique_ptr<Checkpoint> Checkpoint::open(const std::string& dir) {

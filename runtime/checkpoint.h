@@ -136,7 +136,10 @@ double bigram_logit_std(int64_t vocab);
 void synthetic_tensor_bits(const WeightDesc& w, uint64_t seed, uint64_t offset, uint64_t count,
                            uint16_t* out);
 
-// Writes config.json and the weights of `spec` (bf16) into `dir` (created if missing): linear
+// Writes config.json and the weights of `spec` (bf16) into `dir`, which must not exist or be
+// empty (a non-empty one is refused before anything is written: an older checkpoint's index or
+// shards would mix with the new files). The files are staged in "<dir>.partial-<pid>" and renamed
+// into place at the end, so an interrupted write never leaves a checkpoint that opens. Linear
 // weights ~ normal(0, 1/sqrt(fan_in)) (Irwin-Hall approximation, synthetic.h), embeddings
 // normal(0, 1), norm weights 1. Files above shard_bytes are split into shards with an index.
 // The values are those the runtime's in-memory synthetic init produces for the same seed.

@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "policies/error.h"
 #include "runtime/synthetic.h"
@@ -67,6 +70,40 @@ TEST_F(CheckpointTest, ShardedRoundTrip) {
   auto ck = Checkpoint::open(dir_.string());
   expect_synthetic(*ck, 3);
   EXPECT_NE(ck->file_of("lm_head.weight"), ck->file_of("model.embed_tokens.weight"));
+}
+
+// A checkpoint goes to a new or empty directory, whole: a non-empty one is refused untouched
+// (a sharded checkpoint's index would otherwise outrank a later single file), "dir/" names dir,
+// and no staging directory is left behind.
+TEST_F(CheckpointTest, WritesOnlyNewOrEmptyDirectoriesWhole) {
+  write_synthetic_checkpoint(tiny_runtime_spec(), dir_.string(), 3, /*shard_bytes=*/1 << 20);
+  std::vector<std::string> before;
+  for (const auto& e : fs::directory_iterator(dir_)) before.push_back(e.path().filename());
+  std::sort(before.begin(), before.end());
+  try {
+    write_synthetic_checkpoint(tiny_runtime_spec(), dir_.string(), 4);
+    ADD_FAILURE() << "a non-empty directory was written to";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir_.string() + ": exists and is not empty"),
+              std::string::npos)
+        << e.what();
+  }
+  std::vector<std::string> after;
+  for (const auto& e : fs::directory_iterator(dir_)) after.push_back(e.path().filename());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, before);
+  expect_synthetic(*Checkpoint::open(dir_.string()), 3);
+
+  fs::remove_all(dir_);
+  fs::create_directories(dir_);
+  write_synthetic_checkpoint(tiny_runtime_spec(), dir_.string() + "/", 5);
+  expect_synthetic(*Checkpoint::open(dir_.string()), 5);
+  for (const auto& e : fs::directory_iterator(dir_.parent_path()))
+    EXPECT_EQ(e.path().filename().string().find(dir_.filename().string() + ".partial-"),
+              std::string::npos)
+        << e.path();
+  EXPECT_THROW(write_synthetic_checkpoint(tiny_runtime_spec(), (dir_ / "config.json").string(), 1),
+               CheckpointError);  // a file, not a directory
 }
 
 TEST_F(CheckpointTest, SyntheticStatistics) {
