@@ -199,24 +199,35 @@ std::vector<BackendKind> runnable_backends(const Experiment& e, Progress& progre
 
 namespace {
 
-// --resume: the complete runs of this experiment version, by (variant index, backend); runs a
-// killed process left 'running' become 'interrupted'.
+// --resume: the runs not to start, by (variant index, backend): this experiment version's
+// complete runs (their ids), and runs another live process is running now (id -1, named on
+// stderr); runs a process that has ended left 'running' become 'interrupted'.
 std::map<std::pair<int32_t, std::string>, int64_t> resume_state(const Experiment& e, ResultsDb& db,
                                                                 Progress& progress) {
   const std::string hash = fnv1a64_hex(e.yaml_text);
   const QueryResult stale = db.query_params(
-      "SELECT r.id FROM run r JOIN experiment x ON x.id = r.experiment_id "
+      "SELECT r.id, r.variant_index, r.backend, r.variant_label FROM run r "
+      "JOIN experiment x ON x.id = r.experiment_id "
       "WHERE x.name = ?1 AND x.yaml_hash = ?2 AND r.status = 'running'",
       {Cell(e.name), Cell(hash)});
+  std::map<std::pair<int32_t, std::string>, int64_t> complete;
+  int64_t marked = 0;
   for (const auto& row : stale.rows) {
-    db.fail_run(std::get<int64_t>(row[0]), "interrupted",
-                "process ended before the run finished (found by --resume)");
+    const int64_t id = cell_int(row[0], "run.id");
+    if (db.run_in_progress(id)) {
+      const std::string backend = cell_text(row[2], "run.backend");
+      complete[{int32_t(cell_int(row[1], "run.variant_index")), backend}] = -1;
+      progress.warn("run " + std::to_string(id) + " (" + cell_text(row[3], "run.variant_label") +
+                    " [" + backend + "]) is in progress in another process; not started here");
+      continue;
+    }
+    db.fail_run(id, "interrupted", "process ended before the run finished (found by --resume)");
+    ++marked;
   }
-  if (!stale.rows.empty()) {
-    progress.warn("marked " + std::to_string(stale.rows.size()) +
+  if (marked > 0) {
+    progress.warn("marked " + std::to_string(marked) +
                   " run(s) left running by an earlier process as interrupted");
   }
-  std::map<std::pair<int32_t, std::string>, int64_t> complete;
   const QueryResult done = db.query_params(
       "SELECT r.variant_index, r.backend, max(r.id) FROM run r "
       "JOIN experiment x ON x.id = r.experiment_id "
@@ -244,9 +255,11 @@ std::vector<RunOutcome> run_experiment(const Experiment& e, ResultsDb& db, Progr
   for (const Variant& v : e.variants) {
     for (BackendKind b : backends) {
       if (auto it = complete.find({v.index, backend_kind_name(b)}); it != complete.end()) {
-        out.push_back({it->second, v.index, b});
+        if (it->second >= 0) {
+          out.push_back({it->second, v.index, b});
+          ++skipped;
+        }
         ++done;
-        ++skipped;
         continue;
       }
       if (stop.load()) {

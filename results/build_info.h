@@ -26,4 +26,14 @@ struct HostInfo {
 // Read once per process.
 const HostInfo& host_info();
 
+// The process running a run (run.owner): "<boot id>/<pid>/<start time>", the start time in clock
+// ticks after boot as /proc/<pid>/stat field 22 gives it, so a reused pid is a different owner.
+// "" where /proc lacks them (not Linux): such runs are never taken for live ones. Read at each
+// call (a forked child is its own owner).
+std::string this_process_owner();
+// True when `owner` (this_process_owner()'s form) is a process alive now on this machine: the
+// same boot, and /proc/<pid>/stat with the same start time. False for "", for a malformed owner
+// and for another machine's (whose processes cannot be seen from here).
+bool process_owner_alive(const std::string& owner);
+
 }  // namespace twinstep

@@ -266,10 +266,15 @@ void migrate_v3_to_v4(sqlite3* db) {
   exec(db, "ALTER TABLE step_sample ADD COLUMN collective_wait_ns INTEGER NOT NULL DEFAULT 0");
 }
 
+// Version 5: the process running a run (this_process_owner(): boot id, pid, start time), so a
+// run another live process is running is not reported as never completed nor marked interrupted
+// by --resume. NULL in rows written before version 5 (never taken for live).
+void migrate_v4_to_v5(sqlite3* db) { exec(db, "ALTER TABLE run ADD COLUMN owner TEXT"); }
+
 // Migration i takes the schema from version i to i + 1. Append, never edit.
 using MigrationFn = void (*)(sqlite3*);
 constexpr MigrationFn kMigrations[] = {&create_schema_v1, &migrate_v1_to_v2, &migrate_v2_to_v3,
-                                       &migrate_v3_to_v4};
+                                       &migrate_v3_to_v4, &migrate_v4_to_v5};
 static_assert(std::size(kMigrations) == ResultsDb::kSchemaVersion);
 
 void migrate(sqlite3* db, const std::string& path) {
@@ -514,11 +519,16 @@ int64_t ResultsDb::begin_run(const RunInfo& info) {
   }
   Stmt run(db_,
            "INSERT INTO run (experiment_id, build_id, host_id, variant_index, variant_label, "
-           "variant_json, backend, seed, status, started_at) "
-           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9)");
+           "variant_json, backend, seed, status, started_at, owner) "
+           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', ?9, ?10)");
   run.bind(1, experiment_id).bind(2, build_id).bind(3, host_id).bind(4, info.variant_index);
   run.bind(5, info.variant_label).bind(6, params_json(info.variant_params));
   run.bind(7, info.backend).bind(8, std::to_string(info.seed)).bind(9, now_iso8601_utc());
+  if (this_process_owner().empty()) {
+    run.bind_null(10);
+  } else {
+    run.bind(10, this_process_owner());
+  }
   run.run();
   const int64_t run_id = sqlite3_last_insert_rowid(db_);
   // SQLite gives a new run the largest id + 1, which a deleted run may have had; one deleted with
@@ -741,14 +751,26 @@ double cell_number(const Cell& c, const char* what) {
 }
 
 std::vector<int64_t> ResultsDb::incomplete_runs() {
-  // A run redone later (twinstep run --resume) is superseded, not incomplete.
+  // A run redone later (twinstep run --resume) is superseded, not incomplete; one a live process
+  // is running is in progress.
   Stmt s(db_,
-         "SELECT r.id FROM run r WHERE r.status != 'complete' AND NOT EXISTS (SELECT 1 FROM run c "
-         "WHERE c.experiment_id = r.experiment_id AND c.variant_index = r.variant_index AND "
-         "c.backend = r.backend AND c.status = 'complete' AND c.id > r.id) ORDER BY r.id");
+         "SELECT r.id, r.status, r.owner FROM run r WHERE r.status != 'complete' AND NOT EXISTS "
+         "(SELECT 1 FROM run c WHERE c.experiment_id = r.experiment_id AND "
+         "c.variant_index = r.variant_index AND c.backend = r.backend AND "
+         "c.status = 'complete' AND c.id > r.id) ORDER BY r.id");
   std::vector<int64_t> ids;
-  while (s.step()) ids.push_back(s.int64(0));
+  while (s.step()) {
+    if (s.text(1) == "running" && process_owner_alive(s.text(2))) continue;
+    ids.push_back(s.int64(0));
+  }
   return ids;
+}
+
+bool ResultsDb::run_in_progress(int64_t run_id) {
+  Stmt s(db_, "SELECT status, owner FROM run WHERE id = ?1");
+  s.bind(1, run_id);
+  if (!s.step()) throw Error("results database: no run with id " + std::to_string(run_id));
+  return s.text(0) == "running" && process_owner_alive(s.text(1));
 }
 
 // ---- calibration -------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ struct RunInfo {
 
 class ResultsDb {
  public:
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
 
   // Opens or creates the database at `path` (":memory:" for a private in-memory one), enables
   // WAL and foreign keys, and creates/migrates the schema. Throws Error if the parent directory
@@ -80,8 +80,13 @@ class ResultsDb {
   void fail_run(int64_t run_id, const std::string& status, const std::string& error);
 
   // Ids of runs whose status is not 'complete' (running, failed, interrupted) and that no later
-  // complete run of the same experiment version, variant and backend supersedes, ascending.
+  // complete run of the same experiment version, variant and backend supersedes, ascending. A
+  // 'running' run whose process is alive on this machine (run.owner) is in progress, not listed.
   std::vector<int64_t> incomplete_runs();
+
+  // True when run `run_id` is 'running' in a process alive now on this machine (run.owner).
+  // Throws Error when there is no such run.
+  bool run_in_progress(int64_t run_id);
 
   // Runs `sql` (one or more statements; the result of the last statement returning columns is
   // returned). Unless allow_write, a statement that would modify the database is rejected with

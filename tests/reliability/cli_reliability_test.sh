@@ -92,7 +92,7 @@ dump() {  # every table, every column except wall-clock ones, rows sorted
   python3 - "$1" <<'PY'
 import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
-time_columns = {"started_at", "ended_at", "wall_s", "created_at"}
+time_columns = {"started_at", "ended_at", "wall_s", "created_at", "owner"}  # owner: the pid
 for (table,) in c.execute("SELECT name FROM sqlite_schema WHERE type='table' ORDER BY name"):
     cols = [r[1] for r in c.execute(f"PRAGMA table_info({table})") if r[1] not in time_columns]
     rows = c.execute(f"SELECT {', '.join(cols)} FROM {table}").fetchall()
@@ -107,6 +107,44 @@ if cmp -s "$work/d1.txt" "$work/d2.txt" && [ "$(grep -c . "$work/d1.txt")" -gt 2
   ok "quickstart twice: identical databases except time columns ($(wc -l <"$work/d1.txt") rows)"
 else
   bad "quickstart twice: databases differ: $(diff "$work/d1.txt" "$work/d2.txt" | head -5)"
+fi
+
+# ---- a run in progress in another process -------------------------------------------------------
+# Process A is stopped (SIGSTOP) while its first run is 'running'; B opens the same database with
+# --resume: B must leave A's run alone (no "never completed" note, not marked interrupted, its
+# variant not started), run the rest, and A must then finish normally.
+cat >"$work/slow.yaml" <<'YAML'
+name: live_runs
+model: llama-3-8b
+hardware: h200
+workload: {input_len: 1024, output_len: 1024, requests: 1000, concurrency: 1}
+sweep:
+  seed: [1, 2]
+YAML
+live_db=$work/live.db
+"$bin" --db "$live_db" run -q "$work/slow.yaml" >"$work/a.out" 2>"$work/a.err" &
+a_pid=$!
+running=
+for _ in $(seq 600); do
+  running=$(python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(\"SELECT id FROM run WHERE status='running'\").fetchall(); print(r[0][0] if r else '')" "$live_db" 2>/dev/null)
+  [ -n "$running" ] && break
+  sleep 0.05
+done
+kill -STOP "$a_pid"
+"$bin" --db "$live_db" run -q --resume "$work/slow.yaml" >"$work/b.out" 2>"$work/b.err"
+b_rc=$?
+a_status=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT status FROM run WHERE id=?', (int(sys.argv[2]),)).fetchone()[0])" "$live_db" "${running:-0}" 2>&1)
+kill -CONT "$a_pid"
+wait "$a_pid"
+a_rc=$?
+if [ -z "$running" ]; then
+  bad "live run: process A never had a run 'running'"
+elif [ "$b_rc" = 0 ] && [ "$a_rc" = 0 ] && [ "$a_status" = running ] &&
+  grep -q "run $running (seed=[12] \[sim\]) is in progress in another process; not started here" "$work/b.err" &&
+  ! grep -q "never completed" "$work/b.err"; then
+  ok "a run in progress in another process: --resume left it alone, both processes exit 0"
+else
+  bad "live run: A exit $a_rc, B exit $b_rc, A's run $running '$a_status' while A was stopped; B: $(tr '\n' ' ' <"$work/b.err")"
 fi
 
 # ---- kill -9 trials -----------------------------------------------------------------------------

@@ -185,7 +185,7 @@ TEST(ResultsDb, SchemaVersionAndPragmas) {
   {
     auto db = ResultsDb::open(path);
     EXPECT_EQ(db.schema_version(), ResultsDb::kSchemaVersion);
-    EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 4);
+    EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 5);
     EXPECT_EQ(std::get<std::string>(db.query("PRAGMA journal_mode", true).rows.at(0).at(0)), "wal");
     EXPECT_EQ(scalar_int(db, "PRAGMA foreign_keys"), 1);
     EXPECT_EQ(scalar_text(db,
@@ -227,9 +227,10 @@ TEST(ResultsDb, MigratesVersion1) {
   ResultsDb::open(path).begin_run(sample_info());
   raw_exec(path,
            "DROP TABLE draft_round; ALTER TABLE step_sample DROP COLUMN collective_ns; "
-           "ALTER TABLE step_sample DROP COLUMN collective_wait_ns; PRAGMA user_version = 1;");
+           "ALTER TABLE step_sample DROP COLUMN collective_wait_ns; "
+           "ALTER TABLE run DROP COLUMN owner; PRAGMA user_version = 1;");
   auto db = ResultsDb::open(path);
-  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 4);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 5);
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 1);
   RunRecord record = hand_record();
   record.steps[0].collective_ns = 1234;
@@ -248,9 +249,9 @@ TEST(ResultsDb, MigratesVersion2) {
   ResultsDb::open(path).begin_run(sample_info());
   raw_exec(path,
            "DROP TABLE draft_round; ALTER TABLE step_sample DROP COLUMN collective_wait_ns; "
-           "PRAGMA user_version = 2;");
+           "ALTER TABLE run DROP COLUMN owner; PRAGMA user_version = 2;");
   auto db = ResultsDb::open(path);
-  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 4);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 5);
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 1);
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM draft_round"), 0);
 }
@@ -266,9 +267,10 @@ TEST(ResultsDb, MigratesVersion3) {
     old.finish_run(id, hand_record(), {}, 0.1);
   }
   raw_exec(path,
-           "ALTER TABLE step_sample DROP COLUMN collective_wait_ns; PRAGMA user_version = 3;");
+           "ALTER TABLE step_sample DROP COLUMN collective_wait_ns; "
+           "ALTER TABLE run DROP COLUMN owner; PRAGMA user_version = 3;");
   auto db = ResultsDb::open(path);
-  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 4);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 5);
   const int64_t old_steps = scalar_int(db, "SELECT count(*) FROM step_sample");
   EXPECT_GT(old_steps, 0);
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM step_sample WHERE collective_wait_ns = 0"),
@@ -282,6 +284,22 @@ TEST(ResultsDb, MigratesVersion3) {
                                std::to_string(id) +
                                " AND step = " + std::to_string(record.steps[0].step)),
             700);
+}
+
+// A version-4 database (no run.owner) gains the column on open; its 'running' rows have no owner,
+// so they are reported as never completed even though this very process began them.
+TEST(ResultsDb, MigratesVersion4) {
+  TempDir dir;
+  const std::string path = dir.file("v4.db");
+  const int64_t old_id = ResultsDb::open(path).begin_run(sample_info());
+  raw_exec(path, "ALTER TABLE run DROP COLUMN owner; PRAGMA user_version = 4;");
+  auto db = ResultsDb::open(path);
+  EXPECT_EQ(scalar_int(db, "PRAGMA user_version"), 5);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run WHERE owner IS NULL"), 1);
+  EXPECT_FALSE(db.run_in_progress(old_id));
+  const int64_t id = db.begin_run(sample_info());
+  EXPECT_TRUE(db.run_in_progress(id));
+  EXPECT_EQ(db.incomplete_runs(), std::vector<int64_t>{old_id});
 }
 
 // Verify rounds are stored one row per round, numbered per request in record order, with the
@@ -397,6 +415,43 @@ TEST(ResultsDb, QueryErrorsAndResults) {
   EXPECT_TRUE(db.query("").columns.empty());
 }
 
+// run.owner: this process is alive; a child that has exited, a reused pid (another start time),
+// another boot and malformed owners are not.
+TEST(ProcessOwner, AliveOnlyForTheSameRunningProcess) {
+  const std::string self = this_process_owner();
+  ASSERT_FALSE(self.empty()) << "no /proc here";
+  EXPECT_EQ(self.substr(self.find('/') + 1, self.rfind('/') - self.find('/') - 1),
+            std::to_string(getpid()));
+  EXPECT_TRUE(process_owner_alive(self));
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // the child reports its own owner, then exits
+    close(fds[0]);
+    const std::string child = this_process_owner();
+    const ssize_t n = write(fds[1], child.data(), child.size());
+    _exit(n == ssize_t(child.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string child;
+  char buf[256];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) child.append(buf, size_t(n));
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_NE(child.find("/" + std::to_string(pid) + "/"), std::string::npos) << child;
+  EXPECT_FALSE(process_owner_alive(child));
+  const std::string boot = self.substr(0, self.find('/'));
+  const std::string rest = self.substr(self.find('/'));
+  EXPECT_FALSE(process_owner_alive(self.substr(0, self.rfind('/')) + "/1"));
+  EXPECT_FALSE(process_owner_alive("00000000-0000-0000-0000-000000000000" + rest));
+  for (const char* bad : {"", "x", "a/b", "/1/2", "boot/12x/5", "boot//5"})
+    EXPECT_FALSE(process_owner_alive(bad)) << bad;
+  EXPECT_FALSE(process_owner_alive(boot + "/" + std::to_string(getpid()) + "/"));
+}
+
 TEST(ResultsDb, FailAndIncompleteRuns) {
   auto db = ResultsDb::open(":memory:");
   const int64_t a = db.begin_run(sample_info());
@@ -410,11 +465,21 @@ TEST(ResultsDb, FailAndIncompleteRuns) {
   // All four are the same variant and backend: b (complete) supersedes the earlier a, not the
   // later c and d, which were redone after it.
   EXPECT_EQ(db.incomplete_runs(), (std::vector<int64_t>{c, d}));
-  // A different variant is not superseded by b.
+  // A different variant is not superseded by b; while this process runs it, it is in progress.
   RunInfo other = sample_info();
   other.variant_index = 7;
   const int64_t e = db.begin_run(other);
+  EXPECT_TRUE(db.run_in_progress(e));
+  EXPECT_FALSE(db.run_in_progress(c));
+  EXPECT_EQ(db.incomplete_runs(), (std::vector<int64_t>{c, d}));
+  // Once its process is gone (here: another start time for this pid), it never completed.
+  const std::string owner = this_process_owner();
+  ASSERT_FALSE(owner.empty());
+  db.query_params("UPDATE run SET owner = ?1 WHERE id = ?2",
+                  {Cell(owner.substr(0, owner.rfind('/')) + "/0"), Cell(e)}, true);
+  EXPECT_FALSE(db.run_in_progress(e));
   EXPECT_EQ(db.incomplete_runs(), (std::vector<int64_t>{c, d, e}));
+  EXPECT_THROW(db.run_in_progress(999), Error);
   (void)a;
   EXPECT_EQ(scalar_text(db, "SELECT error FROM run WHERE id = " + std::to_string(c)),
             "CUDA error: out of memory");
@@ -556,15 +621,12 @@ off_t file_size(const std::string& path) {
 }
 
 // kill -9 in the middle of finish_run: SQLite rolls the open transaction back on the next open,
-// so the run stays 'running' (incomplete) with no sample rows and the file is intact.
+// so the run stays 'running' (incomplete: its process, the child, is gone) with no sample rows
+// and the file is intact.
 TEST(ResultsDb, SigkillDuringFinishRunLeavesNoHalfWrittenRun) {
   TempDir dir;
   const std::string path = dir.file("kill.db");
-  int64_t id = 0;
-  {
-    auto db = ResultsDb::open(path);
-    id = db.begin_run(sample_info());
-  }
+  ResultsDb::open(path);                             // the schema
   const RunRecord rec = large_record(2'000'000, 0);  // ~100 MB of rows: seconds to write
   const off_t wal_before = file_size(path + "-wal");
   const pid_t pid = fork();
@@ -572,7 +634,7 @@ TEST(ResultsDb, SigkillDuringFinishRunLeavesNoHalfWrittenRun) {
   if (pid == 0) {
     try {
       auto db = ResultsDb::open(path);
-      db.finish_run(id, rec, {}, 0);
+      db.finish_run(db.begin_run(sample_info()), rec, {}, 0);
     } catch (...) {
     }
     _exit(0);  // reaching here means the kill came too late; the parent's checks then fail
@@ -598,6 +660,10 @@ TEST(ResultsDb, SigkillDuringFinishRunLeavesNoHalfWrittenRun) {
 
   auto db = ResultsDb::open(path);
   EXPECT_EQ(scalar_text(db, "PRAGMA integrity_check"), "ok");
+  ASSERT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 1);
+  const int64_t id = scalar_int(db, "SELECT id FROM run");
+  EXPECT_NE(scalar_text(db, "SELECT owner FROM run").find("/" + std::to_string(pid) + "/"),
+            std::string::npos);
   EXPECT_EQ(db.incomplete_runs(), std::vector<int64_t>{id});
   EXPECT_EQ(scalar_text(db, "SELECT status FROM run WHERE id = " + std::to_string(id)), "running");
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM step_sample"), 0);
