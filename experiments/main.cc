@@ -123,15 +123,23 @@ int cmd_validate(const std::string& file) {
 
 // The comparison printed after a run: side by side for a few runs; for a large sweep a pointer
 // to `compare` instead of a table thousands of columns wide.
+// Side by side for people (table format), a run per column up to kMaxColumns runs, then a run per
+// row; CSV and JSON keep a run per column. `run` prints up to kMaxRunRows runs, then says how to
+// see more.
+constexpr size_t kMaxColumns = 12;
+constexpr size_t kMaxRunRows = 64;
+
 void print_run_summary(const Experiment& e, ResultsDb& db, const std::string& db_path,
                        const std::vector<int64_t>& ids, OutputFormat f) {
   if (ids.empty()) return;
   const auto [lo, hi] = std::minmax_element(ids.begin(), ids.end());
   std::printf("experiment %s: %zu run(s) stored in %s (run ids %lld..%lld)\n", e.name.c_str(),
               ids.size(), db_path.c_str(), (long long)*lo, (long long)*hi);
-  constexpr size_t kMaxCompared = 12;
-  if (ids.size() <= kMaxCompared) {
+  if (ids.size() <= kMaxColumns) {
     print_table(compare_runs(db, ids), f);
+  } else if (ids.size() <= kMaxRunRows) {
+    print_table(f == OutputFormat::kTable ? compare_runs_by_run(db, ids) : compare_runs(db, ids),
+                f);
   } else {
     std::printf(
         "compare runs side by side with: twinstep --db %s compare <run ids>, or see them "
@@ -272,7 +280,8 @@ int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
     if (!sim_real && tolerance_pct < 0) return 0;
   }
   if (!sim_real && tolerance_pct < 0) {
-    print_table(compare_runs(db, ids), f);
+    const bool by_run = f == OutputFormat::kTable && ids.size() > kMaxColumns;
+    print_table(by_run ? compare_runs_by_run(db, ids) : compare_runs(db, ids), f);
     return 0;
   }
   double worst = 0;

@@ -73,6 +73,45 @@ QueryResult compare_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
   return out;
 }
 
+QueryResult compare_runs_by_run(ResultsDb& db, const std::vector<int64_t>& run_ids,
+                                const std::vector<std::string>& keys) {
+  const QueryResult by_metric = compare_runs(db, run_ids, keys);
+  // The swept parameters, a column each in first-seen order (a run without one: NULL).
+  std::vector<std::string> params;
+  std::vector<std::map<std::string, Cell>> values(run_ids.size());
+  std::vector<std::string> backends(run_ids.size());
+  for (size_t r = 0; r < run_ids.size(); ++r) {
+    backends[r] = cell_text(
+        db.query_params("SELECT backend FROM run WHERE id = ?1", {Cell(run_ids[r])}).rows.at(0)[0],
+        "run.backend");
+    const QueryResult kv = db.query_params(
+        "SELECT j.key, CASE j.type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' "
+        "ELSE j.value END FROM run, json_each(run.variant_json) j WHERE run.id = ?1 ORDER BY j.id",
+        {Cell(run_ids[r])});
+    for (const auto& row : kv.rows) {
+      const std::string& key = cell_text(row[0], "run.variant_json key");
+      if (std::find(params.begin(), params.end(), key) == params.end()) params.push_back(key);
+      values[r][key] = row[1];
+    }
+  }
+  QueryResult out;
+  out.columns = {"run"};
+  out.columns.insert(out.columns.end(), params.begin(), params.end());
+  out.columns.push_back("backend");
+  for (const auto& row : by_metric.rows) out.columns.push_back(cell_text(row[0], "metric.key"));
+  for (size_t r = 0; r < run_ids.size(); ++r) {
+    std::vector<Cell> row = {Cell(run_ids[r])};
+    for (const std::string& key : params) {
+      auto it = values[r].find(key);
+      row.push_back(it == values[r].end() ? Cell() : it->second);
+    }
+    row.emplace_back(backends[r]);
+    for (const auto& metric_row : by_metric.rows) row.push_back(metric_row[2 + r]);
+    out.rows.push_back(std::move(row));
+  }
+  return out;
+}
+
 std::vector<int64_t> latest_runs_of_experiment(ResultsDb& db, const std::string& name) {
   const QueryResult result = db.query_params(R"sql(
 SELECT max(r.id) FROM run r

@@ -21,6 +21,13 @@ const std::vector<std::string>& compare_metric_keys();
 QueryResult compare_runs(ResultsDb& db, const std::vector<int64_t>& run_ids,
                          const std::vector<std::string>& keys = compare_metric_keys());
 
+// The same figures transposed, for many runs: columns "run", one per swept parameter (the keys
+// of run.variant_json in first-seen order, NULL for a run without it), "backend", then one per key
+// of `keys` that at least one run has; one row per run in `run_ids` order, NULL where a run lacks
+// the metric. Throws Error for an unknown run id.
+QueryResult compare_runs_by_run(ResultsDb& db, const std::vector<int64_t>& run_ids,
+                                const std::vector<std::string>& keys = compare_metric_keys());
+
 // Simulated against measured: for each variant with a sim and a real run among `run_ids`, one
 // row per key both runs have: variant, metric, sim, real, error_pct = 100·(sim − real)/real.
 // *worst_abs_error_pct (if given) receives the largest |error_pct| (0 with no pair). *uncompared

@@ -117,6 +117,30 @@ TEST(Compare, SimVsRealNamesWhatItCouldNotCompare) {
   EXPECT_EQ(uncompared, (std::vector<std::string>{"run_ahead: no simulated run among these runs"}));
 }
 
+// Transposed for many runs: a row per run, a column per swept parameter (JSON booleans as
+// true / false, a run without the parameter NULL), then the backend and the metrics.
+TEST(Compare, ByRunOneRowPerRunAndAColumnPerSweptParameter) {
+  auto db = ResultsDb::open(":memory:");
+  RunInfo a = info("e", "y", 0, "sim");
+  a.variant_params = {{"policies.host_schedule", "lockstep"}, {"policies.seq_lens_sync", "true"}};
+  RunInfo b = info("e", "y", 1, "real");
+  b.variant_params = {{"policies.host_schedule", "runahead"}, {"workload.concurrency", "8"}};
+  const int64_t ia = complete(db, a, {{"tpot_ms_mean", 10.5, "ms"}, {"gpu_busy_frac", 0.8, ""}});
+  const int64_t ib = complete(db, b, {{"tpot_ms_mean", 9.0, "ms"}});
+  const QueryResult t = compare_runs_by_run(db, {ib, ia});
+  EXPECT_EQ(t.columns, (std::vector<std::string>{"run", "policies.host_schedule",
+                                                 "workload.concurrency", "policies.seq_lens_sync",
+                                                 "backend", "tpot_ms_mean", "gpu_busy_frac"}));
+  ASSERT_EQ(t.rows.size(), 2u);
+  const std::vector<Cell> want_b = {
+      Cell(ib), Cell("runahead"), Cell(int64_t{8}), Cell(), Cell("real"), Cell(9.0), Cell()};
+  const std::vector<Cell> want_a = {Cell(ia),    Cell("lockstep"), Cell(),   Cell("true"),
+                                    Cell("sim"), Cell(10.5),       Cell(0.8)};
+  EXPECT_EQ(t.rows[0], want_b);
+  EXPECT_EQ(t.rows[1], want_a);
+  EXPECT_THROW(compare_runs_by_run(db, {ia, 999}), Error);
+}
+
 TEST(Compare, DuplicateHeadersGetRunIdsAndUnknownRunsFail) {
   auto db = ResultsDb::open(":memory:");
   const int64_t a = complete(db, info("e", "y", 0, "sim"), {{"tpot_ms_mean", 1, "ms"}});
