@@ -23,7 +23,7 @@ class Progress {
   bool quiet_;
   bool tty_;
   std::chrono::steady_clock::time_point start_;
-  std::chrono::steady_clock::time_point last_plain_;
+  std::chrono::steady_clock::time_point last_line_;  // the last line printed
   bool line_open_ = false;
 };
 
