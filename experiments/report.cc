@@ -1,5 +1,6 @@
 #include "experiments/report.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -42,27 +43,6 @@ void write_html_table(const QueryResult& t, std::ostream& out) {
 }
 
 // Runs as rows, compare metrics as columns: the form that stays readable for large sweeps.
-QueryResult runs_as_rows(ResultsDb& db, const std::vector<int64_t>& ids, size_t max_rows) {
-  QueryResult t;
-  t.columns = {"run", "variant", "backend"};
-  const std::vector<std::string>& keys = compare_metric_keys();
-  for (const std::string& k : keys) t.columns.push_back(k);
-  const std::vector<RunMeta> meta = load_run_meta(
-      db, std::vector<int64_t>(ids.begin(), ids.begin() + std::min(ids.size(), max_rows)));
-  for (const RunMeta& m : meta) {
-    std::vector<Cell> row(3 + keys.size());
-    row[0] = m.id;
-    row[1] = m.short_label;
-    row[2] = m.backend;
-    for (size_t k = 0; k < keys.size(); ++k) {
-      double v = 0;
-      if (run_metric(db, m.id, keys[k], &v)) row[3 + k] = v;
-    }
-    t.rows.push_back(std::move(row));
-  }
-  return t;
-}
-
 constexpr const char* kStyle = R"css(
 body { font-family: "DejaVu Sans", Arial, sans-serif; margin: 2em auto; max-width: 1600px;
        padding: 0 1em; color: #222; }
@@ -161,7 +141,11 @@ void write_report(ResultsDb& db, const std::string& experiment_name,
       out << "<p>Showing the first " << kMaxRows << " of " << run_ids.size()
           << " runs; query the database for the rest.</p>\n";
     }
-    write_html_table(runs_as_rows(db, run_ids, kMaxRows), out);
+    write_html_table(
+        compare_runs_by_run(
+            db, std::vector<int64_t>(run_ids.begin(),
+                                     run_ids.begin() + std::min(run_ids.size(), kMaxRows))),
+        out);
   }
 
   out << "<h2>Figures</h2>\n";
