@@ -379,6 +379,19 @@ void measure_rank(const NcclCalibrateOptions& o, Communicator& comm, RawComm& ra
   if (o.skew && comm.size() >= 2) run.skew = bench.measure_skew(o);
 }
 
+// The CUDA devices this process sees; an Error saying calibrate-nccl needs them otherwise.
+int cuda_devices_or_throw() {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(std::string("calibrate-nccl needs CUDA GPUs: no usable CUDA device (") +
+                cudaGetErrorString(e) + ")");
+  }
+  if (devices < 1) throw Error("calibrate-nccl needs CUDA GPUs: no CUDA device");
+  return devices;
+}
+
 }  // namespace
 
 NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
@@ -399,9 +412,7 @@ NcclCalibrationRun run_nccl_calibration(const NcclCalibrateOptions& o) {
   NcclCalibrationRun run;
   run.rank = world_rank();
   run.ranks = world_size();
-  int devices = 0;
-  TS_CUDA(cudaGetDeviceCount(&devices));
-  if (devices < 1) throw Error("calibrate-nccl: no CUDA device");
+  const int devices = cuda_devices_or_throw();
   const int local = launcher_local_rank();
   run.device = (local >= 0 ? local : run.rank) % devices;
   TS_CUDA(cudaSetDevice(run.device));
@@ -482,11 +493,8 @@ int calibrate_nccl_command(const std::string& out_path, const std::string& json_
   NcclCalibrateOptions o;
   o.quick = quick;
   o.skew = skew;
-  if (single_process) {
-    int devices = 0;
-    TS_CUDA(cudaGetDeviceCount(&devices));
-    o.threads = devices;
-  }
+  const int devices = cuda_devices_or_throw();
+  if (single_process) o.threads = devices;
   const NcclCalibrationRun run = run_nccl_calibration(o);
   if (run.rank != 0) return 0;
 
