@@ -164,10 +164,11 @@ else:
 check "measured TPOT imported exactly" test "$(q "$db5" "SELECT m.value FROM metric m JOIN run r ON r.id=m.run_id WHERE r.backend='real' AND r.variant_index=1 AND m.key='tpot_ms_mean'")" = "$(record_field tpot)"
 check "measured runs carry the record's GPU and commit" test "$(q "$db5" "SELECT DISTINCT h.gpu_name || ' ' || b.git_sha FROM run r JOIN host h ON h.id=r.host_id JOIN build b ON b.id=r.build_id WHERE r.backend='real'")" = "$(record_field build)"
 check "a second import is refused" bash -c "! '$bin' --db '$db5' import '$src/results/h200/decode.json' --as '$val' 2>/dev/null"
-# Where no GPU is present, the GPU commands say so (on a GPU machine they would measure).
+# Where no GPU is present, the GPU commands say so (on a GPU machine they would measure); a build
+# without CUDA (the sanitizer build) says what the build lacks.
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  check "calibrate without a GPU says it needs one" bash -c "'$bin' --db '$work/nogpu.db' calibrate --out '$work/nogpu.yaml' 2>&1 | grep -q '^twinstep: calibrate needs a CUDA GPU: '"
-  check "calibrate-nccl without a GPU says it needs one" bash -c "'$bin' calibrate-nccl --out '$work/nogpu_nccl.yaml' 2>&1 | grep -q '^twinstep: calibrate-nccl needs CUDA GPUs: '"
+  check "calibrate without a GPU says it needs one" bash -c "'$bin' --db '$work/nogpu.db' calibrate --out '$work/nogpu.yaml' 2>&1 | grep -qE '^twinstep: calibrate needs (a CUDA GPU: |the CUDA runtime)'"
+  check "calibrate-nccl without a GPU says it needs one" bash -c "'$bin' calibrate-nccl --out '$work/nogpu_nccl.yaml' 2>&1 | grep -qE '^twinstep: calibrate-nccl needs (CUDA GPUs: |a CUDA [+] NCCL [+] MPI build)'"
 fi
 check "compare lines up sim and real" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode --csv | head -1 | grep -q '\\[real\\]'"
 # 16 runs: the table has a row per run, its swept parameters and backend in columns.
