@@ -121,11 +121,9 @@ int cmd_validate(const std::string& file) {
   return 0;
 }
 
-// The comparison printed after a run: side by side for a few runs; for a large sweep a pointer
-// to `compare` instead of a table thousands of columns wide.
-// Side by side for people (table format), a run per column up to kMaxColumns runs, then a run per
-// row; CSV and JSON keep a run per column. `run` prints up to kMaxRunRows runs, then says how to
-// see more.
+// The comparison printed after a run, and compare's side by side: for people (table format), a
+// run per column up to kMaxColumns runs, then a run per row; CSV and JSON keep a run per column.
+// `run` prints up to kMaxRunRows runs; for a larger sweep a pointer to `compare` instead.
 constexpr size_t kMaxColumns = 12;
 constexpr size_t kMaxRunRows = 64;
 

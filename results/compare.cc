@@ -81,17 +81,18 @@ QueryResult compare_runs_by_run(ResultsDb& db, const std::vector<int64_t>& run_i
   std::vector<std::map<std::string, Cell>> values(run_ids.size());
   std::vector<std::string> backends(run_ids.size());
   for (size_t r = 0; r < run_ids.size(); ++r) {
-    backends[r] = cell_text(
-        db.query_params("SELECT backend FROM run WHERE id = ?1", {Cell(run_ids[r])}).rows.at(0)[0],
-        "run.backend");
+    // One row per swept parameter (one with NULL key for a run without any).
     const QueryResult kv = db.query_params(
-        "SELECT j.key, CASE j.type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' "
-        "ELSE j.value END FROM run, json_each(run.variant_json) j WHERE run.id = ?1 ORDER BY j.id",
+        "SELECT r.backend, j.key, CASE j.type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' "
+        "ELSE j.value END FROM run r LEFT JOIN json_each(r.variant_json) j WHERE r.id = ?1 "
+        "ORDER BY j.id",
         {Cell(run_ids[r])});
+    backends[r] = cell_text(kv.rows.at(0)[0], "run.backend");
     for (const auto& row : kv.rows) {
-      const std::string& key = cell_text(row[0], "run.variant_json key");
+      if (std::holds_alternative<std::monostate>(row[1])) continue;
+      const std::string& key = cell_text(row[1], "run.variant_json key");
       if (std::find(params.begin(), params.end(), key) == params.end()) params.push_back(key);
-      values[r][key] = row[1];
+      values[r][key] = row[2];
     }
   }
   QueryResult out;

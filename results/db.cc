@@ -524,10 +524,10 @@ int64_t ResultsDb::begin_run(const RunInfo& info) {
   run.bind(1, experiment_id).bind(2, build_id).bind(3, host_id).bind(4, info.variant_index);
   run.bind(5, info.variant_label).bind(6, params_json(info.variant_params));
   run.bind(7, info.backend).bind(8, std::to_string(info.seed)).bind(9, now_iso8601_utc());
-  if (this_process_owner().empty()) {
+  if (const std::string owner = this_process_owner(); owner.empty()) {
     run.bind_null(10);
   } else {
-    run.bind(10, this_process_owner());
+    run.bind(10, owner);
   }
   run.run();
   const int64_t run_id = sqlite3_last_insert_rowid(db_);

@@ -549,14 +549,16 @@ void write_synthetic_checkpoint(const ModelSpec& spec, const std::string& dir, u
   if (ec) throw CheckpointError(staging.string() + ": cannot create directory: " + ec.message());
   try {
     write_synthetic_files(c, weights, staging.string(), seed, shard_bytes, draft_fidelity);
-    if (fs::exists(target)) fs::remove(target);  // empty, checked above
-    fs::rename(staging, target);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(staging, ec);
-    throw CheckpointError(dir + ": cannot move the written checkpoint into place: " + e.what());
   } catch (...) {
     fs::remove_all(staging, ec);
     throw;
+  }
+  if (fs::exists(target, ec)) fs::remove(target, ec);  // empty, checked above
+  fs::rename(staging, target, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove_all(staging, ec);
+    throw CheckpointError(dir + ": cannot move the written checkpoint into place: " + why);
   }
 }
 
