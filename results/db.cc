@@ -22,15 +22,25 @@
 namespace twinstep {
 namespace {
 
+// SQLite's "database is locked" once the busy timeout has passed, said with what to do about it.
+std::string busy_message(sqlite3* db) {
+  const char* file = sqlite3_db_filename(db, "main");
+  return std::string("results database ") + (file != nullptr ? file : "") +
+         " is locked: another process held its write lock longer than this one waits (it is "
+         "writing a long run's samples, or it was stopped mid-write); try again when it is done";
+}
+
 [[noreturn]] void throw_sqlite(sqlite3* db, const std::string& what) {
+  if (db != nullptr && (sqlite3_errcode(db) & 0xff) == SQLITE_BUSY) throw Error(busy_message(db));
   throw Error(what + ": " + (db ? sqlite3_errmsg(db) : "out of memory"));
 }
 
 void exec(sqlite3* db, const std::string& sql) {
   char* message = nullptr;
-  if (sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &message) != SQLITE_OK) {
-    std::string text = message ? message : sqlite3_errmsg(db);
+  if (const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &message); rc != SQLITE_OK) {
+    const std::string text = message != nullptr ? message : sqlite3_errmsg(db);
     sqlite3_free(message);
+    if ((rc & 0xff) == SQLITE_BUSY) throw Error(busy_message(db));
     throw Error("results database: " + text);
   }
 }
@@ -414,7 +424,7 @@ ResultsDb ResultsDb::open(const std::string& path) {
     throw Error("cannot open results database " + path + ": " + why);
   }
   if (rc != SQLITE_OK) throw_sqlite(raw, "cannot open results database " + path);
-  sqlite3_busy_timeout(raw, 10000);
+  sqlite3_busy_timeout(raw, kBusyTimeoutMs);
   try {
     exec(raw, "PRAGMA foreign_keys = ON");
     const int version = user_version(raw);
@@ -468,6 +478,8 @@ ResultsDb& ResultsDb::operator=(ResultsDb&& other) noexcept {
 ResultsDb::~ResultsDb() { sqlite3_close_v2(db_); }
 
 int ResultsDb::schema_version() { return user_version(db_); }
+
+void ResultsDb::set_busy_timeout_ms(int ms) { sqlite3_busy_timeout(db_, ms); }
 
 int64_t ResultsDb::begin_run(const RunInfo& info) {
   if (info.backend != "sim" && info.backend != "real") {

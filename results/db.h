@@ -55,6 +55,9 @@ struct RunInfo {
 class ResultsDb {
  public:
   static constexpr int kSchemaVersion = 5;
+  // How long a write waits for another process's write transaction (a run's samples are one
+  // transaction: about 3 s per million decode steps) before failing with "locked".
+  static constexpr int kBusyTimeoutMs = 60000;
 
   // Opens or creates the database at `path` (":memory:" for a private in-memory one), enables
   // WAL and foreign keys, and creates/migrates the schema. Throws Error if the parent directory
@@ -108,6 +111,8 @@ class ResultsDb {
 
   const std::string& path() const { return path_; }
   int schema_version();
+  // Replaces kBusyTimeoutMs for this handle (tests; 0 fails at once when locked).
+  void set_busy_timeout_ms(int ms);
 
  private:
   ResultsDb(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}

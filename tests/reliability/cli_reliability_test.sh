@@ -110,8 +110,10 @@ else
 fi
 
 # ---- a run in progress in another process -------------------------------------------------------
-# Process A is stopped (SIGSTOP) while its first run is 'running'; B opens the same database with
-# --resume: B must leave A's run alone (no "never completed" note, not marked interrupted, its
+# Process A is stopped (SIGSTOP) while its first run is 'running' and A holds no write lock (it
+# simulates between begin_run and finish_run; stopped inside finish_run's transaction it would
+# keep every writer out, which is the "locked" error, not this case); B opens the same database
+# with --resume: B must leave A's run alone (no "never completed" note, not marked interrupted, its
 # variant not started), run the rest, and A must then finish normally.
 cat >"$work/slow.yaml" <<'YAML'
 name: live_runs
@@ -124,13 +126,36 @@ YAML
 live_db=$work/live.db
 "$bin" --db "$live_db" run -q "$work/slow.yaml" >"$work/a.out" 2>"$work/a.err" &
 a_pid=$!
-running=
-for _ in $(seq 600); do
-  running=$(python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); r=c.execute(\"SELECT id FROM run WHERE status='running'\").fetchall(); print(r[0][0] if r else '')" "$live_db" 2>/dev/null)
-  [ -n "$running" ] && break
-  sleep 0.05
-done
-kill -STOP "$a_pid"
+# Stops A once its run is 'running' and no write lock is held, checked again after the stop (A
+# may have begun its write in between; then it is continued and the watch goes on). Prints the id.
+running=$(python3 - "$live_db" "$a_pid" <<'PY' 2>/dev/null
+import os, signal, sqlite3, sys, time
+path, pid = sys.argv[1], int(sys.argv[2])
+def running_unlocked():
+    c = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        r = c.execute("SELECT id FROM run WHERE status='running'").fetchall()
+        if not r:
+            return None
+        c.execute("BEGIN IMMEDIATE")  # 'database is locked' while A is mid-write
+        c.execute("ROLLBACK")
+        return r[0][0]
+    except sqlite3.OperationalError:
+        return None
+    finally:
+        c.close()
+deadline = time.time() + 120
+while time.time() < deadline:
+    if running_unlocked() is not None:
+        os.kill(pid, signal.SIGSTOP)
+        run_id = running_unlocked()
+        if run_id is not None:
+            print(run_id)
+            break
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(0.005)
+PY
+)
 "$bin" --db "$live_db" run -q --resume "$work/slow.yaml" >"$work/b.out" 2>"$work/b.err"
 b_rc=$?
 a_status=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('SELECT status FROM run WHERE id=?', (int(sys.argv[2]),)).fetchone()[0])" "$live_db" "${running:-0}" 2>&1)

@@ -371,6 +371,47 @@ TEST(ResultsDb, RejectsForeignDatabasesAndMissingDirectories) {
   EXPECT_FALSE(fs::exists(dir.file("no")));
 }
 
+// Another connection's write transaction: a writer waits for it (the run's samples of another
+// process are one transaction), and past its wait fails saying which database and why.
+TEST(ResultsDb, WaitsForAnotherWriterThenSaysTheDatabaseIsLocked) {
+  TempDir dir;
+  const std::string path = dir.file("shared.db");
+  auto db = ResultsDb::open(path);
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+
+  db.set_busy_timeout_ms(50);
+  std::string error;
+  try {
+    db.begin_run(sample_info());
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("results database " + fs::canonical(path).string() + " is locked"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("another process"), std::string::npos) << error;
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 0);  // readers are not blocked
+
+  // With the default wait, a write issued while the other transaction is open goes through once
+  // it commits.
+  db.set_busy_timeout_ms(ResultsDb::kBusyTimeoutMs);
+  std::thread release([other] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t run_id = db.begin_run(sample_info());
+  const double waited_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  release.join();
+  sqlite3_close(other);
+  EXPECT_GE(waited_s, 0.25);
+  EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run WHERE status = 'running'"), 1);
+  EXPECT_EQ(scalar_int(db, "SELECT max(id) FROM run"), run_id);
+}
+
 TEST(ResultsDb, QueryIsReadOnlyUnlessAllowed) {
   auto db = ResultsDb::open(":memory:");
   db.begin_run(sample_info());
