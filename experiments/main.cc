@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -454,9 +456,61 @@ int cmd_make_checkpoint(const std::string& preset, const std::string& dir, uint6
   return 0;
 }
 
+// Stores `record` as one run in a new database file under a fresh temporary directory (removed
+// afterwards) and prints how long that took: metrics, then finish_run's one transaction.
+void bench_store(const RunRecord& record) {
+  namespace fs = std::filesystem;
+  std::string templ = (fs::temp_directory_path() / "twinstep_bench_store_XXXXXX").string();
+  if (mkdtemp(templ.data()) == nullptr) {
+    throw Error("bench-sim --store: cannot create a directory under " +
+                fs::temp_directory_path().string() + ": " + std::strerror(errno));
+  }
+  const fs::path dir = templ;
+  struct RemoveDir {
+    fs::path dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } remove{dir};
+  const std::string path = (dir / "bench.db").string();
+  std::vector<Metric> metrics;
+  std::chrono::steady_clock::time_point t0, t1, t2;
+  {
+    ResultsDb db = ResultsDb::open(path);
+    RunInfo info;
+    info.experiment_name = "bench_sim";
+    info.yaml_text = "name: bench_sim\n";
+    info.variant_label = "bench";
+    info.backend = "sim";
+    info.seed = 1;
+    const int64_t run_id = db.begin_run(info);
+    t0 = std::chrono::steady_clock::now();
+    metrics = compute_metrics(record, MetricsContext{hardware_preset("h200").stream_read_tbps});
+    t1 = std::chrono::steady_clock::now();
+    db.finish_run(run_id, record, metrics, 0.0);
+    t2 = std::chrono::steady_clock::now();
+  }  // closed: the write-ahead log is merged into the database file
+  const double metrics_s = std::chrono::duration<double>(t1 - t0).count();
+  const double write_s = std::chrono::duration<double>(t2 - t1).count();
+  const size_t rows = record.steps.size() + record.chunks.size() + record.requests.size() +
+                      record.timeline.size() + record.rounds.size() + metrics.size();
+  std::error_code ec;
+  const uintmax_t bytes = fs::file_size(path, ec);
+  std::printf("  store: metrics             %.3f s\n", metrics_s);
+  std::printf(
+      "  store: one transaction     %.3f s   (%zu rows: %zu steps, %zu chunks, %zu other)\n",
+      write_s, rows, record.steps.size(), record.chunks.size(),
+      rows - record.steps.size() - record.chunks.size());
+  std::printf("  store: rows / s            %.0f\n", double(rows) / write_s);
+  std::printf("  store: database file       %.1f MB  (in %s)\n", double(bytes) / 1e6,
+              fs::temp_directory_path().c_str());
+}
+
 // The simulator speed benchmark of the foundation issue: 1000 requests of 8192 in / 1024 out at
 // concurrency 1, llama-3-8b on the h200 profile, run-ahead with graphs, no tracing, one thread.
-int cmd_bench_sim(int32_t requests) {
+// With `store`, then the time to store that run in a new database (what `run` does next).
+int cmd_bench_sim(int32_t requests, bool store) {
   WorkloadSpec w;
   w.input_len = {8192, 8192};
   w.output_len = {1024, 1024};
@@ -501,6 +555,7 @@ int cmd_bench_sim(int32_t requests) {
   std::printf(
       "  reference: Vidur, 1000 requests of 512/256 on a 2-core machine: 49.6 s, "
       "~5,200 simulated tokens / s, 1.1 GB (ANCHORS.md)\n");
+  if (store) bench_store(record);
   return 0;
 }
 
@@ -1099,6 +1154,10 @@ int main(int argc, char** argv) {
   CLI::App* bench =
       app.add_subcommand("bench-sim", "simulator speed benchmark (wall time, memory)");
   bench->add_option("--requests", bench_requests, "requests of 8192/1024")->capture_default_str();
+  bool bench_store_run = false;
+  bench->add_flag("--store", bench_store_run,
+                  "then time storing the run in a new database under $TMPDIR (metrics, the "
+                  "one transaction)");
 
   CLI11_PARSE(app, argc, argv);
   const OutputFormat f = json  ? OutputFormat::kJson
@@ -1140,7 +1199,7 @@ int main(int argc, char** argv) {
     if (*report) return cmd_report(run_ids, experiment, report_out, db_path);
     if (*models) return cmd_models(f);
     if (*hardware) return cmd_hardware(f, sources);
-    if (*bench) return cmd_bench_sim(bench_requests);
+    if (*bench) return cmd_bench_sim(bench_requests, bench_store_run);
     if (*calibrate) {
       std::string command = "twinstep";
       for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];

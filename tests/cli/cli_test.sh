@@ -392,6 +392,14 @@ check "and the held-out ones within 3 %" grep -q "^heldout_tpot_pct: 1 of 1 with
 check "and GPU busy in points" grep -q "^gpu_busy_points: 0 of 1 within tolerance" "$work/v.out"
 check "and writes every row" python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(len(d['rows']) != 4 or d['rows'][0]['experiment'] != 'h200-x')" "$work/v.json"
 
+# bench-sim --store: the run's rows stored in a database under $TMPDIR that is removed afterwards.
+mkdir -p "$work/bench_tmp"
+TMPDIR="$work/bench_tmp" "$bin" bench-sim --requests 20 --store >"$work/bench.out" 2>&1
+check "bench-sim --store exits 0" test $? -eq 0
+check "bench-sim --store counts the rows it stored (20 x 1024 chunks, 20 requests)" \
+  grep -Eq "store: one transaction .*\(([0-9]+) rows: 20501 steps, 20480 chunks, " "$work/bench.out"
+check "and leaves nothing under TMPDIR" test -z "$(ls -A "$work/bench_tmp")"
+
 # models / hardware list presets.
 check "models lists llama-3-8b" bash -c "'$bin' models | grep -q 'llama-3-8b .* 8.0303'"
 check "hardware lists h200" bash -c "'$bin' hardware | grep -q '^h200 '"
