@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -97,6 +98,67 @@ class Stmt {
   }
   sqlite3* db_;
   sqlite3_stmt* stmt_ = nullptr;
+};
+
+// The INSERT of `rows` rows of `columns` values into `head` ("INSERT INTO t (a, b)"). Its
+// parameters are anonymous ("?", numbered 1, 2, ... in order): SQLite looks up the names of
+// numbered ones ("?7") by a linear search on every bind, quadratic over a batch.
+std::string insert_sql(const std::string& head, int columns, int rows) {
+  std::string row = "(?";
+  for (int c = 1; c < columns; ++c) row += ",?";
+  row += ")";
+  std::string out = head + " VALUES " + row;
+  for (int r = 1; r < rows; ++r) out += "," + row;
+  return out;
+}
+
+// Inserts `rows` rows: kBatchRows per execution of `batch` (one VDBE run and one cursor seek per
+// batch, not per row), the rest one by one with `one`. Both statements are insert_sql of the
+// same head and columns, for kBatchRows rows and for 1. put() binds a row's values in column
+// order and end_row() ends it (or add() all of them), writing what is complete; after `rows`
+// rows everything is written.
+class RowInserter {
+ public:
+  static constexpr int kBatchRows = 32;
+
+  RowInserter(Stmt& batch, Stmt& one, int columns, size_t rows)
+      : batch_(batch), one_(one), columns_(columns), left_(rows) {}
+
+  template <typename V>
+  RowInserter& put(const V& value) {
+    if (put_ == 0 && row_in_batch_ == 0) {
+      if (left_ == 0) throw Error("results database: more rows than announced");
+      batch_rows_ = left_ >= size_t(kBatchRows) ? kBatchRows : 1;
+      current_ = batch_rows_ == kBatchRows ? &batch_ : &one_;
+    }
+    if (put_ == columns_) throw Error("results database: a row wider than its table");
+    current_->bind(row_in_batch_ * columns_ + ++put_, value);
+    return *this;
+  }
+  void end_row() {
+    if (put_ != columns_) throw Error("results database: a row narrower than its table");
+    put_ = 0;
+    if (++row_in_batch_ == batch_rows_) {
+      current_->run();
+      left_ -= size_t(batch_rows_);
+      row_in_batch_ = 0;
+    }
+  }
+  template <typename... V>
+  void add(const V&... values) {
+    (put(values), ...);
+    end_row();
+  }
+
+ private:
+  Stmt& batch_;
+  Stmt& one_;
+  int columns_;
+  size_t left_;  // rows not yet written
+  int batch_rows_ = 0;
+  int row_in_batch_ = 0;
+  int put_ = 0;  // values of the current row bound so far
+  Stmt* current_ = nullptr;
 };
 
 // Rolls back unless committed.
@@ -463,19 +525,46 @@ ResultsDb ResultsDb::open(const std::string& path) {
   return db;
 }
 
+// Prepared once per connection: a sweep stores thousands of small runs, and preparing the
+// batch INSERTs (hundreds of parameters) for each would cost more than writing their rows.
+struct ResultsDb::Statements {
+  std::map<std::string, std::unique_ptr<Stmt>> by_sql;
+
+  Stmt& get(sqlite3* db, const std::string& sql) {
+    std::unique_ptr<Stmt>& s = by_sql[sql];
+    if (!s) s = std::make_unique<Stmt>(db, sql.c_str());
+    s->reset();
+    return *s;
+  }
+  RowInserter inserter(sqlite3* db, const std::string& head, int columns, size_t rows) {
+    return RowInserter(get(db, insert_sql(head, columns, RowInserter::kBatchRows)),
+                       get(db, insert_sql(head, columns, 1)), columns, rows);
+  }
+};
+
+ResultsDb::ResultsDb(sqlite3* db, std::string path)
+    : db_(db), path_(std::move(path)), statements_(std::make_unique<Statements>()) {}
+
 ResultsDb::ResultsDb(ResultsDb&& other) noexcept
-    : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)) {}
+    : db_(std::exchange(other.db_, nullptr)),
+      path_(std::move(other.path_)),
+      statements_(std::move(other.statements_)) {}
 
 ResultsDb& ResultsDb::operator=(ResultsDb&& other) noexcept {
   if (this != &other) {
+    statements_.reset();  // finalized before their connection closes
     sqlite3_close_v2(db_);
     db_ = std::exchange(other.db_, nullptr);
     path_ = std::move(other.path_);
+    statements_ = std::move(other.statements_);
   }
   return *this;
 }
 
-ResultsDb::~ResultsDb() { sqlite3_close_v2(db_); }
+ResultsDb::~ResultsDb() {
+  statements_.reset();
+  sqlite3_close_v2(db_);
+}
 
 int ResultsDb::schema_version() { return user_version(db_); }
 
@@ -627,63 +716,61 @@ void ResultsDb::finish_run(int64_t run_id, const RunRecord& record,
   Transaction txn(db_);
   require_running(db_, run_id);
 
-  Stmt req(db_,
-           "INSERT INTO request_sample (run_id, request_id, input_len, output_len, arrival_ns, "
-           "start_ns, first_token_ns, end_ns, ttft_ms, tpot_ms, e2e_ms, chunk_count) "
-           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)");
+  RowInserter req = statements_->inserter(
+      db_,
+      "INSERT INTO request_sample (run_id, request_id, input_len, output_len, "
+      "arrival_ns, start_ns, first_token_ns, end_ns, ttft_ms, tpot_ms, e2e_ms, "
+      "chunk_count)",
+      12, req_order.size());
   for (size_t i : req_order) {
     const RequestSample& r = record.requests[i];
-    req.bind(1, run_id).bind(2, r.id).bind(3, r.input_len).bind(4, r.output_len);
-    req.bind(5, r.arrival_ns).bind(6, r.start_ns).bind(7, r.first_token_ns).bind(8, r.end_ns);
-    req.bind(9, request_ttft_ms(r)).bind(10, request_tpot_ms(r)).bind(11, request_e2e_ms(r));
-    req.bind(12, r.chunk_count);
-    req.run();
+    req.add(run_id, r.id, r.input_len, r.output_len, r.arrival_ns, r.start_ns, r.first_token_ns,
+            r.end_ns, request_ttft_ms(r), request_tpot_ms(r), request_e2e_ms(r), r.chunk_count);
   }
 
-  Stmt chunk(db_,
-             "INSERT INTO chunk_sample (run_id, request_id, idx, t_ns, tokens) "
-             "VALUES (?1, ?2, ?3, ?4, ?5)");
+  RowInserter chunk =
+      statements_->inserter(db_, "INSERT INTO chunk_sample (run_id, request_id, idx, t_ns, tokens)",
+                            5, chunk_order.size());
   int32_t idx = 0;
   for (size_t k = 0; k < chunk_order.size(); ++k) {
     const ChunkSample& c = record.chunks[chunk_order[k]];
     if (k > 0 && record.chunks[chunk_order[k - 1]].request != c.request) idx = 0;
-    chunk.bind(1, run_id).bind(2, c.request).bind(3, idx++).bind(4, c.t_ns).bind(5, c.tokens);
-    chunk.run();
+    chunk.add(run_id, c.request, idx++, c.t_ns, c.tokens);
   }
 
-  std::string step_sql =
-      "INSERT INTO step_sample (run_id, rank, step, end_ns, dur_ns, gpu_busy_ns, idle_host_ns, "
-      "idle_launch_ns, idle_dep_ns, batch, prefills, tokens, draft_len, bytes_read" +
-      step_sample_host_columns("") +
-      ", host_launch_ns, host_wait_ns, collective_ns, collective_wait_ns) VALUES (?1";
-  constexpr int kStepColumns = 18 + kHostOpCount;
-  for (int i = 2; i <= kStepColumns; ++i) step_sql += ", ?" + std::to_string(i);
-  step_sql += ")";
-  Stmt step(db_, step_sql.c_str());
+  RowInserter step = statements_->inserter(
+      db_,
+      "INSERT INTO step_sample (run_id, rank, step, end_ns, dur_ns, gpu_busy_ns, "
+      "idle_host_ns, idle_launch_ns, idle_dep_ns, batch, prefills, tokens, draft_len, "
+      "bytes_read" +
+          step_sample_host_columns("") +
+          ", host_launch_ns, host_wait_ns, collective_ns, collective_wait_ns)",
+      18 + kHostOpCount, step_order.size());
   for (size_t i : step_order) {
     const StepSample& s = record.steps[i];
-    step.bind(1, run_id).bind(2, s.rank).bind(3, s.step).bind(4, s.end_ns).bind(5, s.dur_ns);
-    step.bind(6, s.gpu_busy_ns).bind(7, s.idle_host_ns).bind(8, s.idle_launch_ns);
-    step.bind(9, s.idle_dep_ns).bind(10, s.batch).bind(11, s.prefills).bind(12, s.tokens);
-    step.bind(13, s.draft_len).bind(14, s.bytes_read);
-    for (int op = 0; op < kHostOpCount; ++op) step.bind(15 + op, s.host_ns[op]);
-    step.bind(15 + kHostOpCount, s.host_launch_ns).bind(16 + kHostOpCount, s.host_wait_ns);
-    step.bind(17 + kHostOpCount, s.collective_ns).bind(18 + kHostOpCount, s.collective_wait_ns);
-    step.run();
+    step.put(run_id).put(s.rank).put(s.step).put(s.end_ns).put(s.dur_ns).put(s.gpu_busy_ns);
+    step.put(s.idle_host_ns).put(s.idle_launch_ns).put(s.idle_dep_ns).put(s.batch);
+    step.put(s.prefills).put(s.tokens).put(s.draft_len).put(s.bytes_read);
+    for (int op = 0; op < kHostOpCount; ++op) step.put(s.host_ns[op]);
+    step.put(s.host_launch_ns).put(s.host_wait_ns).put(s.collective_ns).put(s.collective_wait_ns);
+    step.end_row();
   }
 
-  Stmt span(db_,
-            "INSERT INTO timeline_span (run_id, rank, lane, name, step, start_ns, dur_ns, flow) "
-            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  RowInserter span = statements_->inserter(
+      db_,
+      "INSERT INTO timeline_span (run_id, rank, lane, name, step, start_ns, dur_ns, "
+      "flow)",
+      8, record.timeline.size());
   for (const TimelineSpan& t : record.timeline) {
-    span.bind(1, run_id).bind(2, t.rank).bind(3, lane_name(t.lane)).bind(4, t.name ? t.name : "");
-    span.bind(5, t.step).bind(6, t.start_ns).bind(7, t.dur_ns).bind(8, t.flow);
-    span.run();
+    span.add(run_id, t.rank, lane_name(t.lane), t.name ? t.name : "", t.step, t.start_ns, t.dur_ns,
+             t.flow);
   }
 
-  Stmt round(db_,
-             "INSERT INTO draft_round (run_id, request_id, idx, step, draft_len, accepted, "
-             "confidence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
+  RowInserter round =
+      statements_->inserter(db_,
+                            "INSERT INTO draft_round (run_id, request_id, idx, step, draft_len, "
+                            "accepted, confidence)",
+                            7, record.rounds.size());
   std::vector<int32_t> round_idx;  // per request: rounds stored so far
   for (const DraftRound& d : record.rounds) {
     if (d.request < 0 || d.draft_len < 1 || d.draft_len > DraftRound::kMaxPositions ||
@@ -705,12 +792,12 @@ void ResultsDb::finish_run(int64_t run_id, const RunRecord& record,
       conf += buf;
     }
     conf += "]";
-    round.bind(1, run_id).bind(2, d.request).bind(3, round_idx[size_t(d.request)]++);
-    round.bind(4, d.step).bind(5, d.draft_len).bind(6, d.accepted).bind(7, conf);
-    round.run();
+    round.add(run_id, d.request, round_idx[size_t(d.request)]++, d.step, d.draft_len, d.accepted,
+              conf);
   }
 
-  Stmt metric(db_, "INSERT INTO metric (run_id, key, value, unit) VALUES (?1, ?2, ?3, ?4)");
+  Stmt& metric = statements_->get(
+      db_, "INSERT INTO metric (run_id, key, value, unit) VALUES (?1, ?2, ?3, ?4)");
   for (const Metric& m : metrics) {
     if (!std::isfinite(m.value)) {
       throw Error("results database: metric " + m.key + " is not finite");

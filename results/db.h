@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -115,9 +116,11 @@ class ResultsDb {
   void set_busy_timeout_ms(int ms);
 
  private:
-  ResultsDb(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  struct Statements;  // finish_run's prepared INSERTs, kept for the next run (db.cc)
+  ResultsDb(sqlite3* db, std::string path);
   sqlite3* db_ = nullptr;
   std::string path_;
+  std::unique_ptr<Statements> statements_;
 };
 
 // FNV-1a 64-bit hash as 16 lowercase hex digits (experiment.yaml_hash).

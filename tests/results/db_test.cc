@@ -7,13 +7,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "policies/error.h"
 #include "results/build_info.h"
+#include "results/metrics.h"
 #include "sample_record.h"
 
 namespace twinstep {
@@ -153,6 +156,145 @@ TEST(ResultsDb, RoundTrip) {
   EXPECT_EQ(scalar_int(db, "SELECT h.gpu_name IS NULL FROM host h"), 1);
   EXPECT_EQ(scalar_text(db, "SELECT yaml_hash FROM experiment"), fnv1a64_hex("name: demo\n"));
   EXPECT_EQ(scalar_text(db, "SELECT yaml_text FROM experiment"), "name: demo\n");
+}
+
+// finish_run writes many rows per statement: every row of every table must come back as it was
+// given, whatever the count relative to the batch size (0, 1, a batch - 1, a batch, a batch + 1,
+// two batches + 1).
+TEST(ResultsDb, EveryRowRoundTripsAcrossInsertBatches) {
+  std::mt19937_64 rng(20261202);
+  auto value = [&] { return int64_t(rng() >> 2); };
+  for (const int n : {0, 1, 31, 32, 33, 65}) {
+    SCOPED_TRACE("rows per table " + std::to_string(n));
+    auto db = ResultsDb::open(":memory:");
+    const int64_t id = db.begin_run(sample_info());
+    RunRecord rec;
+    const int32_t requests = 3;
+    for (int32_t r = 0; r < requests; ++r) {
+      RequestSample q;
+      q.id = r;
+      q.input_len = int32_t(rng() % 9000);
+      q.output_len = int32_t(rng() % 900);
+      q.start_ns = value();
+      rec.requests.push_back(q);
+    }
+    for (int i = 0; i < n; ++i) {
+      rec.chunks.push_back({int32_t(rng() % requests), int32_t(1 + rng() % 16), value()});
+      StepSample s;
+      s.rank = i % 3;
+      s.step = i;
+      for (int64_t* f : {&s.end_ns, &s.dur_ns, &s.gpu_busy_ns, &s.idle_host_ns, &s.idle_launch_ns,
+                         &s.idle_dep_ns, &s.collective_ns, &s.collective_wait_ns, &s.bytes_read,
+                         &s.host_launch_ns, &s.host_wait_ns}) {
+        *f = value();
+      }
+      for (int64_t& h : s.host_ns) h = value();
+      s.batch = int32_t(rng() % 1000);
+      s.prefills = int32_t(rng() % 1000);
+      s.tokens = int32_t(rng() % 1000);
+      s.draft_len = int32_t(rng() % 17);
+      rec.steps.push_back(s);
+      static const char* const kNames[] = {"decode_graph", "launch", "copy_out"};
+      rec.timeline.push_back(
+          {s.rank, Lane(i % 3), kNames[i % 3], s.step, value(), value(), int64_t(i)});
+      DraftRound d;
+      d.request = int32_t(rng() % requests);
+      d.step = i;
+      d.draft_len = int32_t(1 + rng() % 8);
+      d.accepted = int32_t(rng() % (d.draft_len + 1));
+      for (int32_t k = 0; k < d.draft_len; ++k) d.confidence.push_back(float(k + 1) / 16.0f);
+      rec.rounds.push_back(d);
+    }
+    db.finish_run(id, rec, {}, 0.5);
+
+    // Chunks: by request, then record order (idx).
+    std::vector<std::string> want, got;
+    std::vector<int32_t> next_idx(requests, 0);
+    std::vector<std::vector<std::string>> by_request(requests);
+    for (const ChunkSample& c : rec.chunks) {
+      by_request[size_t(c.request)].push_back(
+          std::to_string(c.request) + "/" + std::to_string(next_idx[size_t(c.request)]++) + "/" +
+          std::to_string(c.t_ns) + "/" + std::to_string(c.tokens));
+    }
+    for (const auto& rows : by_request) want.insert(want.end(), rows.begin(), rows.end());
+    for (const auto& row : db.query("SELECT request_id || '/' || idx || '/' || t_ns || '/' || "
+                                    "tokens FROM chunk_sample ORDER BY request_id, idx")
+                               .rows) {
+      got.push_back(std::get<std::string>(row[0]));
+    }
+    EXPECT_EQ(got, want);
+
+    // Steps: every column, by (rank, step).
+    std::vector<StepSample> steps = rec.steps;
+    std::stable_sort(steps.begin(), steps.end(), [](const StepSample& a, const StepSample& b) {
+      return std::pair(a.rank, a.step) < std::pair(b.rank, b.step);
+    });
+    std::string host_cols;
+    for (int op = 0; op < kHostOpCount; ++op) {
+      host_cols += std::string(", host_") + host_op_db_name(HostOp(op)) + "_ns";
+    }
+    const QueryResult step_rows = db.query(
+        "SELECT rank, step, end_ns, dur_ns, gpu_busy_ns, idle_host_ns, idle_launch_ns, "
+        "idle_dep_ns, collective_ns, collective_wait_ns, batch, prefills, tokens, draft_len, "
+        "bytes_read, host_launch_ns, host_wait_ns" +
+        host_cols + " FROM step_sample ORDER BY rank, step");
+    ASSERT_EQ(step_rows.rows.size(), steps.size());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const StepSample& s = steps[i];
+      std::vector<int64_t> expect = {
+          s.rank,           s.step,           s.end_ns,      s.dur_ns,        s.gpu_busy_ns,
+          s.idle_host_ns,   s.idle_launch_ns, s.idle_dep_ns, s.collective_ns, s.collective_wait_ns,
+          s.batch,          s.prefills,       s.tokens,      s.draft_len,     s.bytes_read,
+          s.host_launch_ns, s.host_wait_ns};
+      expect.insert(expect.end(), s.host_ns.begin(), s.host_ns.end());
+      for (size_t c = 0; c < expect.size(); ++c) {
+        ASSERT_EQ(std::get<int64_t>(step_rows.rows[i][c]), expect[c])
+            << "step row " << i << " column " << step_rows.columns[c];
+      }
+    }
+
+    // Timeline spans, in record order (flow numbers them here).
+    want.clear();
+    got.clear();
+    for (const TimelineSpan& t : rec.timeline) {
+      want.push_back(std::to_string(t.rank) + "/" +
+                     (t.lane == Lane::kHost      ? "host"
+                      : t.lane == Lane::kCompute ? "compute"
+                                                 : "copy") +
+                     "/" + t.name + "/" + std::to_string(t.step) + "/" +
+                     std::to_string(t.start_ns) + "/" + std::to_string(t.dur_ns));
+    }
+    for (const auto& row :
+         db.query("SELECT rank || '/' || lane || '/' || name || '/' || step || '/' || start_ns || "
+                  "'/' || dur_ns FROM timeline_span ORDER BY flow")
+             .rows) {
+      got.push_back(std::get<std::string>(row[0]));
+    }
+    EXPECT_EQ(got, want);
+
+    // Draft rounds: idx counts a request's rounds in record order.
+    want.clear();
+    got.clear();
+    std::fill(next_idx.begin(), next_idx.end(), 0);
+    by_request.assign(requests, {});
+    for (const DraftRound& d : rec.rounds) {
+      by_request[size_t(d.request)].push_back(
+          std::to_string(d.request) + "/" + std::to_string(next_idx[size_t(d.request)]++) + "/" +
+          std::to_string(d.step) + "/" + std::to_string(d.draft_len) + "/" +
+          std::to_string(d.accepted) + "/" + std::to_string(d.draft_len / 16.0));
+    }
+    for (const auto& rows : by_request) want.insert(want.end(), rows.begin(), rows.end());
+    for (const auto& row : db.query("SELECT request_id || '/' || idx || '/' || step || '/' || "
+                                    "draft_len || '/' || accepted || '/' || "
+                                    "printf('%f', json_extract(confidence, '$[#-1]')) "
+                                    "FROM draft_round ORDER BY request_id, idx")
+                               .rows) {
+      got.push_back(std::get<std::string>(row[0]));
+    }
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM request_sample"), requests);
+    EXPECT_EQ(scalar_text(db, "SELECT status FROM run"), "complete");
+  }
 }
 
 TEST(ResultsDb, DeduplicatesBuildHostAndExperiment) {
