@@ -350,6 +350,9 @@ constexpr MigrationFn kMigrations[] = {&create_schema_v1, &migrate_v1_to_v2, &mi
 static_assert(std::size(kMigrations) == ResultsDb::kSchemaVersion);
 
 void migrate(sqlite3* db, const std::string& path) {
+  // A current database needs no write lock: a reader (query, compare) opens it while another
+  // process writes a run.
+  if (user_version(db) >= ResultsDb::kSchemaVersion) return;
   Transaction txn(db);
   const int version = user_version(db);  // re-read under the write lock
   if (version >= ResultsDb::kSchemaVersion) return;

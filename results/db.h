@@ -57,7 +57,7 @@ class ResultsDb {
  public:
   static constexpr int kSchemaVersion = 5;
   // How long a write waits for another process's write transaction (a run's samples are one
-  // transaction: about 3 s per million decode steps) before failing with "locked".
+  // transaction: about 1.8 s per million decode steps) before failing with "locked".
   static constexpr int kBusyTimeoutMs = 60000;
 
   // Opens or creates the database at `path` (":memory:" for a private in-memory one), enables

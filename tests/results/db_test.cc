@@ -535,6 +535,9 @@ TEST(ResultsDb, WaitsForAnotherWriterThenSaysTheDatabaseIsLocked) {
       << error;
   EXPECT_NE(error.find("another process"), std::string::npos) << error;
   EXPECT_EQ(scalar_int(db, "SELECT count(*) FROM run"), 0);  // readers are not blocked
+  // Nor is opening a current database (what `query` and `compare` do while a run is written).
+  auto reader = ResultsDb::open(path);
+  EXPECT_EQ(scalar_int(reader, "SELECT count(*) FROM run"), 0);
 
   // With the default wait, a write issued while the other transaction is open goes through once
   // it commits.
