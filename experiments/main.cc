@@ -57,6 +57,8 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 
 constexpr const char* kDefaultDb = "results/twinstep.db";
 
+// Opens (creating it if needed, for commands that write runs) the results database at `path`
+// and notes on stderr the runs in it that never completed.
 ResultsDb open_db(const std::string& path) {
   if (path == kDefaultDb) std::filesystem::create_directories("results");
   ResultsDb db = ResultsDb::open(path);
@@ -73,6 +75,22 @@ ResultsDb open_db(const std::string& path) {
                  bad.size(), path.c_str(), ids.c_str());
   }
   return db;
+}
+
+// open_db for commands that only read (query, compare, trace, plot, report): a database that
+// does not exist is an error, not a new empty file.
+ResultsDb open_existing_db(const std::string& path) {
+  const bool special = path == ":memory:" || path.rfind("file:", 0) == 0;
+  std::error_code ec;
+  if (!special && !std::filesystem::exists(path, ec)) {
+    if (path == kDefaultDb) {
+      throw Error("no results database at " + path +
+                  ": run an experiment first (twinstep run FILE.yaml), or name one with --db");
+    }
+    throw Error("results database " + path + " does not exist (--db names the file " +
+                "`twinstep run` wrote)");
+  }
+  return open_db(path);
 }
 
 void print_table(const QueryResult& r, OutputFormat f) { write_result(r, f, std::cout); }
@@ -202,7 +220,7 @@ int cmd_run(const std::string& file, const std::string& db_path, bool quiet, boo
 }
 
 int cmd_query(const std::string& sql, const std::string& db_path, OutputFormat f) {
-  ResultsDb db = open_db(db_path);
+  ResultsDb db = open_existing_db(db_path);
   print_table(db.query(sql), f);
   return 0;
 }
@@ -239,7 +257,7 @@ int cmd_compare(const std::vector<int64_t>& run_ids, std::string experiment,
                 const std::string& db_path, OutputFormat f, bool sim_real, bool ops,
                 bool collectives, double tolerance_pct, const std::vector<std::string>& metrics,
                 bool metrics_given, bool accept, double accept_tolerance) {
-  ResultsDb db = open_db(db_path);
+  ResultsDb db = open_existing_db(db_path);
   const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
   if (accept || accept_tolerance >= 0) {
     double worst = 0;
@@ -328,7 +346,7 @@ void report_skipped(const std::vector<Figure>& figures) {
 
 int cmd_plot(const std::vector<int64_t>& run_ids, std::string experiment,
              const std::string& out_dir, const std::string& db_path) {
-  ResultsDb db = open_db(db_path);
+  ResultsDb db = open_existing_db(db_path);
   const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
   PlotOptions options;
   options.out_dir = out_dir;
@@ -342,7 +360,7 @@ int cmd_plot(const std::vector<int64_t>& run_ids, std::string experiment,
 
 int cmd_report(const std::vector<int64_t>& run_ids, std::string experiment, std::string out_path,
                const std::string& db_path) {
-  ResultsDb db = open_db(db_path);
+  ResultsDb db = open_existing_db(db_path);
   const std::vector<int64_t> ids = resolve_runs(db, run_ids, &experiment);
   if (out_path.empty()) {
     std::filesystem::create_directories("results");
@@ -375,7 +393,7 @@ int cmd_report(const std::vector<int64_t>& run_ids, std::string experiment, std:
 }
 
 int cmd_trace(int64_t run_id, const std::string& out_path, const std::string& db_path) {
-  ResultsDb db = open_db(db_path);
+  ResultsDb db = open_existing_db(db_path);
   if (out_path.empty() || out_path == "-") {
     write_chrome_trace(db, run_id, std::cout);
     return 0;

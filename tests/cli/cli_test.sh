@@ -392,6 +392,19 @@ check "and the held-out ones within 3 %" grep -q "^heldout_tpot_pct: 1 of 1 with
 check "and GPU busy in points" grep -q "^gpu_busy_points: 0 of 1 within tolerance" "$work/v.out"
 check "and writes every row" python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(len(d['rows']) != 4 or d['rows'][0]['experiment'] != 'h200-x')" "$work/v.json"
 
+# Commands that only read refuse a database that does not exist, and create nothing.
+for cmd in "query 'SELECT 1'" compare "trace 1" "report -o $work/nodb.html" "plot -o $work/nodb_plots"; do
+  eval "\"\$bin\" --db \"\$work/nodb.db\" $cmd" >/dev/null 2>"$work/nodb.err"
+  rc=$?
+  check "$cmd on a missing database fails, says so and creates nothing" \
+    bash -c "[ $rc -ne 0 ] && grep -q 'results database $work/nodb.db does not exist' '$work/nodb.err' && [ ! -e '$work/nodb.db' ] && [ ! -e '$work/nodb.html' ]"
+done
+mkdir "$work/nodefault"
+abs_bin=$(realpath "$bin")
+(cd "$work/nodefault" && "$abs_bin" compare >/dev/null 2>"$work/nodefault.err")
+check "compare without --db and no results/twinstep.db says to run an experiment first" \
+  bash -c "grep -q 'no results database at results/twinstep.db: run an experiment first' '$work/nodefault.err' && [ -z \"\$(ls -A '$work/nodefault')\" ]"
+
 # bench-sim --store: the run's rows stored in a database under $TMPDIR that is removed afterwards.
 mkdir -p "$work/bench_tmp"
 TMPDIR="$work/bench_tmp" "$bin" bench-sim --requests 20 --store >"$work/bench.out" 2>&1

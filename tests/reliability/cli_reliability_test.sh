@@ -32,7 +32,9 @@ expect_error "database file that is not SQLite" \
   "twinstep: results database $work/notes.db is not an SQLite database (SQLite: file is not a database); give --db a new file name or an existing twinstep database" \
   "$bin" --db "$work/notes.db" run -q "$quickstart"
 
-# The version this binary writes, read from a database it just created.
+# The version this binary writes, read from a database it just created (from an empty file:
+# query refuses a database that does not exist).
+: >"$work/fresh.db"
 current=$("$bin" --db "$work/fresh.db" query --csv "PRAGMA user_version" 2>/dev/null | tail -1)
 python3 -c "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('PRAGMA user_version=99'); c.commit()" "$work/v99.db"
 expect_error "database with a newer schema version" \
