@@ -532,6 +532,8 @@ ResultsDb ResultsDb::open(const std::string& path) {
 // batch INSERTs (hundreds of parameters) for each would cost more than writing their rows.
 struct ResultsDb::Statements {
   std::map<std::string, std::unique_ptr<Stmt>> by_sql;
+  // By INSERT head: the kBatchRows-row and the one-row statement (their SQL built once).
+  std::map<std::string, std::pair<std::unique_ptr<Stmt>, std::unique_ptr<Stmt>>> inserts;
 
   Stmt& get(sqlite3* db, const std::string& sql) {
     std::unique_ptr<Stmt>& s = by_sql[sql];
@@ -540,8 +542,15 @@ struct ResultsDb::Statements {
     return *s;
   }
   RowInserter inserter(sqlite3* db, const std::string& head, int columns, size_t rows) {
-    return RowInserter(get(db, insert_sql(head, columns, RowInserter::kBatchRows)),
-                       get(db, insert_sql(head, columns, 1)), columns, rows);
+    auto& [batch, one] = inserts[head];
+    if (!batch) {
+      batch =
+          std::make_unique<Stmt>(db, insert_sql(head, columns, RowInserter::kBatchRows).c_str());
+      one = std::make_unique<Stmt>(db, insert_sql(head, columns, 1).c_str());
+    }
+    batch->reset();
+    one->reset();
+    return RowInserter(*batch, *one, columns, rows);
   }
 };
 
