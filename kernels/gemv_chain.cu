@@ -1,0 +1,386 @@
+#include <cuda/atomic>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/device.cuh"
+#include "kernels/gemv_chain.h"
+
+namespace twinstep::kernels {
+
+namespace {
+
+constexpr int kThreads = 256, kWarps = 8;
+constexpr int kBatchK = 64;  // k elements of one warp batch (16 rows x 64 = 2 KB of weights)
+constexpr int kPieces = 4;   // 16-byte pieces per thread per batch
+constexpr int kKAlign = kWarps * kBatchK;                       // 512
+constexpr size_t kSlotBytes = size_t{kPieces} * kThreads * 16;  // 16 KB per ring slot
+constexpr size_t kMinSmemBytes = 120 * 1024;  // > half an SM: one block per SM, never two
+
+struct ChainParams {
+  GemvChainStage stage[kGemvChainMaxStages];
+  int tiles[kGemvChainMaxStages];  // 16-row tiles (SwiGLU: 8 gate + 8 up rows) per stage
+  int num_stages, m;
+  float eps;
+  unsigned long long* counter;
+};
+
+// Shared memory: the ring [ring][kPieces][kThreads] of 16-byte pieces (each thread reads back only
+// its own), the stage's input rows [m][k_max] bf16, then the warps' row sums [2][kWarps][m][16]
+// (double buffered: one barrier per tile), the rms partials [m][kWarps] and inv_rms [m].
+__host__ __device__ constexpr size_t x_offset(int ring) { return ring * kSlotBytes; }
+__host__ __device__ constexpr size_t red_offset(int ring, int m, int k_max) {
+  return x_offset(ring) + size_t{2} * m * k_max;
+}
+__host__ __device__ constexpr size_t smem_bytes(int m, int ring, int k_max) {
+  return red_offset(ring, m, k_max) + sizeof(float) * (2 * kWarps * m * 16 + m * kWarps + m);
+}
+
+// Where this block's producer or consumer is: stage s, the block's j-th tile of it (tile
+// blockIdx.x + j gridDim.x), batch b of the warp's k piece; s == num_stages past the end.
+struct Cursor {
+  int s = 0, j = 0, b = 0;
+};
+
+__device__ __forceinline__ int block_tiles(const ChainParams& p, int s) {
+  const int left = p.tiles[s] - static_cast<int>(blockIdx.x);
+  return left > 0 ? (left + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x) : 0;
+}
+__device__ __forceinline__ int stage_batches(const ChainParams& p, int s) {
+  return p.stage[s].k / kKAlign;
+}
+__device__ __forceinline__ void skip_empty(const ChainParams& p, Cursor& c) {
+  while (c.s < p.num_stages && c.j >= block_tiles(p, c.s)) {
+    ++c.s;
+    c.j = 0;
+    c.b = 0;
+  }
+}
+__device__ __forceinline__ void advance(const ChainParams& p, Cursor& c) {
+  if (++c.b == stage_batches(p, c.s)) {
+    c.b = 0;
+    ++c.j;
+    skip_empty(p, c);
+  }
+}
+
+// Weight row of tile row r (0..15): 16 consecutive rows, or for SwiGLU 8 gate rows and the 8
+// matching up rows (n further on).
+__device__ __forceinline__ int weight_row(const GemvChainStage& st, int tile, int r) {
+  if (st.epilogue == GemvChainEpilogue::kSwigluNormed)
+    return r < 8 ? 8 * tile + r : st.n + 8 * tile + r - 8;
+  return 16 * tile + r;
+}
+
+// Lane l's pieces: rows (l >> 3) + 4 i, columns 8 (l & 7) .. + 8 of the batch (a warp instruction
+// reads four whole 128-byte row segments).
+__device__ __forceinline__ void issue_batch(const ChainParams& p, const Cursor& c, uint4* ring,
+                                            int slot) {
+  const GemvChainStage& st = p.stage[c.s];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int tile = static_cast<int>(blockIdx.x) + c.j * static_cast<int>(gridDim.x);
+  const int col = warp * (st.k / kWarps) + c.b * kBatchK + (lane & 7) * 8;
+#pragma unroll
+  for (int i = 0; i < kPieces; ++i) {
+    const int row = weight_row(st, tile, (lane >> 3) + 4 * i);
+    detail::cp_async_16(ring + (slot * kPieces + i) * kThreads + threadIdx.x,
+                        st.w + static_cast<size_t>(row) * st.k + col, 16);
+  }
+}
+
+__device__ __forceinline__ void unpack8(const uint4 v, float (&f)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    f[2 * e] = __uint_as_float(u[e] << 16);
+    f[2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+  }
+}
+
+// Grid-wide barrier over a counter that only grows: every block arrives once per barrier, so the
+// arrivals come in generations of gridDim.x and a block waits for the end of its own generation.
+// Writes before it (this block's outputs) are visible to every block after it.
+__device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> c(*counter);
+    __threadfence();
+    const unsigned long long g = gridDim.x;
+    const unsigned long long target = (c.fetch_add(1, cuda::memory_order_acq_rel) / g + 1) * g;
+    while (c.load(cuda::memory_order_acquire) < target) {
+    }
+  }
+  __syncthreads();
+}
+
+template <int kM, int kS>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemv_chain_kernel(const __grid_constant__ ChainParams p, int k_max) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* ring = reinterpret_cast<uint4*>(smem);
+  bf16* xs = reinterpret_cast<bf16*>(smem + x_offset(kS));
+  float* red = reinterpret_cast<float*>(smem + red_offset(kS, kM, k_max));  // [2][kWarps][kM][16]
+  float* rms_part = red + 2 * kWarps * kM * 16;                             // [kM][kWarps]
+  float* inv_rms = rms_part + kM * kWarps;                                  // [kM]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  // Prologue: kS - 1 batches of weights (no activation) before the dependency wait.
+  Cursor prod;
+  skip_empty(p, prod);
+  for (int i = 0; i < kS - 1; ++i) {
+    if (prod.s < p.num_stages) {
+      issue_batch(p, prod, ring, i);
+      advance(p, prod);
+    }
+    detail::cp_async_commit();
+  }
+  int prod_slot = kS - 1, slot = 0, buf = 0;
+  detail::pdl_wait_and_trigger();
+
+  for (int s = 0; s < p.num_stages; ++s) {
+    if (s > 0) grid_barrier(p.counter);
+    const GemvChainStage& st = p.stage[s];
+    const int tiles = block_tiles(p, s);
+    if (tiles == 0) continue;
+    const bool normed = st.epilogue != GemvChainEpilogue::kResidual;
+
+    // The stage's input rows into shared memory (L2 reads: written by other blocks in this launch
+    // or by the preceding kernel), and inv_rms from them in a fixed order.
+    const int chunks = st.k / 8;  // 16-byte chunks per row: at most 8 per thread (k <= 16384)
+    for (int r = 0; r < kM; ++r) {
+      const uint4* src = reinterpret_cast<const uint4*>(st.x + static_cast<size_t>(r) * st.k);
+      uint4* dst = reinterpret_cast<uint4*>(xs + r * st.k);
+      uint4 v[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int c = static_cast<int>(threadIdx.x) + q * kThreads;
+        v[q] = r < p.m && c < chunks ? __ldcg(src + c) : make_uint4(0, 0, 0, 0);
+      }
+      float sq = 0.0f;  // padding rows: zeros, their sums computed and never stored
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int c = static_cast<int>(threadIdx.x) + q * kThreads;
+        if (c < chunks) {
+          dst[c] = v[q];
+          float f[8];
+          unpack8(v[q], f);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sq = fmaf(f[e], f[e], sq);
+        }
+      }
+      if (normed) {
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+        if (lane == 0) rms_part[r * kWarps + warp] = sq;
+      }
+    }
+    __syncthreads();
+    if (normed && threadIdx.x < kM) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += rms_part[threadIdx.x * kWarps + w];
+      inv_rms[threadIdx.x] = rsqrtf(sum / static_cast<float>(st.k) + p.eps);
+    }
+    __syncthreads();
+
+    const int batches = stage_batches(p, s);
+    const int x_base = warp * (st.k / kWarps) + (lane & 7) * 8;
+    for (int j = 0; j < tiles; ++j) {
+      float acc[kM][kPieces];
+#pragma unroll
+      for (int r = 0; r < kM; ++r)
+#pragma unroll
+        for (int i = 0; i < kPieces; ++i) acc[r][i] = 0.0f;
+      for (int b = 0; b < batches; ++b) {
+        detail::cp_async_wait<kS - 2>();  // this thread's batch in `slot` has landed
+        if (prod.s < p.num_stages) {
+          issue_batch(p, prod, ring, prod_slot);
+          advance(p, prod);
+        }
+        detail::cp_async_commit();
+        prod_slot = prod_slot + 1 == kS ? 0 : prod_slot + 1;
+        float xf[kM][8];
+#pragma unroll
+        for (int r = 0; r < kM; ++r)
+          unpack8(*reinterpret_cast<const uint4*>(xs + r * st.k + x_base + b * kBatchK), xf[r]);
+#pragma unroll
+        for (int i = 0; i < kPieces; ++i) {
+          float wf[8];
+          unpack8(ring[(slot * kPieces + i) * kThreads + threadIdx.x], wf);
+#pragma unroll
+          for (int r = 0; r < kM; ++r)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(wf[e], xf[r][e], acc[r][i]);
+        }
+        slot = slot + 1 == kS ? 0 : slot + 1;
+      }
+
+      // The 8 lanes of a row (xor butterfly: every lane ends with the same bits), then the warps
+      // in order.
+      float* red_buf = red + buf * kWarps * kM * 16;
+#pragma unroll
+      for (int r = 0; r < kM; ++r)
+#pragma unroll
+        for (int i = 0; i < kPieces; ++i) {
+          float v = acc[r][i];
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          if ((lane & 7) == 0) red_buf[(warp * kM + r) * 16 + (lane >> 3) + 4 * i] = v;
+        }
+      __syncthreads();
+      const int tile = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
+      auto row_sum = [&](int r, int row) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) sum += red_buf[(w * kM + r) * 16 + row];
+        return sum;
+      };
+      if (st.epilogue == GemvChainEpilogue::kSwigluNormed) {
+        if (threadIdx.x < 8 * kM) {
+          const int r = threadIdx.x / 8, row = threadIdx.x % 8;
+          if (r < p.m) {
+            const float g = inv_rms[r] * row_sum(r, row), u = inv_rms[r] * row_sum(r, row + 8);
+            st.out[static_cast<size_t>(r) * st.n + 8 * tile + row] =
+                __float2bfloat16(g / (1.0f + __expf(-g)) * u);
+          }
+        }
+      } else if (threadIdx.x < 16 * kM) {
+        const int r = threadIdx.x / 16, row = threadIdx.x % 16;
+        if (r < p.m) {
+          bf16* dst = st.out + static_cast<size_t>(r) * st.n + 16 * tile + row;
+          const float sum = row_sum(r, row);
+          if (st.epilogue == GemvChainEpilogue::kNormed) {
+            *dst = __float2bfloat16(inv_rms[r] * sum);
+          } else {
+            const float old = __bfloat162float(__ldcg(dst));
+            *dst = __float2bfloat16(old + __bfloat162float(__float2bfloat16(sum)));
+          }
+        }
+      }
+      buf ^= 1;
+    }
+  }
+  detail::cp_async_wait<0>();
+}
+
+template <int kM, int kS>
+void launch_chain(const ChainParams& params, int k_max, cudaStream_t stream, bool pdl) {
+  const size_t bytes = std::max(smem_bytes(kM, kS, k_max), kMinSmemBytes);
+  auto kernel = gemv_chain_kernel<kM, kS>;
+  int device = 0, sms = 0, per_sm = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  static const bool configured = [&] {  // the launcher checked bytes against this maximum
+    int max_smem = 0;
+    TS_CUDA_CHECK(
+        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    TS_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    return true;
+  }();
+  (void)configured;
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes));
+  if (per_sm != 1)
+    throw_invalid_argument("gemv_chain",
+                           "one block per SM expected, the occupancy calculator "
+                           "gives " +
+                               std::to_string(per_sm));
+  detail::launch(kernel, dim3(sms), dim3(kThreads), bytes, stream, pdl, params, k_max);
+}
+
+template <int kM>
+void dispatch_ring(const ChainParams& params, int k_max, int ring, cudaStream_t stream, bool pdl) {
+  if (ring == 12) return launch_chain<kM, 12>(params, k_max, stream, pdl);
+  if (ring == 8) return launch_chain<kM, 8>(params, k_max, stream, pdl);
+  launch_chain<kM, 6>(params, k_max, stream, pdl);
+}
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const char* pa = static_cast<const char*>(a);
+  const char* pb = static_cast<const char*>(b);
+  return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+}  // namespace
+
+size_t gemv_chain_workspace_bytes() { return 256; }
+
+void gemv_chain_workspace_init(void* workspace, cudaStream_t stream) {
+  TS_REQUIRE(workspace != nullptr, "workspace is null");
+  TS_CUDA_CHECK(cudaMemsetAsync(workspace, 0, gemv_chain_workspace_bytes(), stream));
+}
+
+void gemv_chain(const GemvChain& chain, void* workspace, cudaStream_t stream, bool pdl,
+                int ring_stages) {
+  TS_REQUIRE(chain.num_stages >= 1 && chain.num_stages <= kGemvChainMaxStages,
+             "num_stages " + std::to_string(chain.num_stages) + " outside [1, 8]");
+  TS_REQUIRE(chain.m >= 1 && chain.m <= kGemvChainMaxRows,
+             "m " + std::to_string(chain.m) + " outside [1, 4]");
+  TS_REQUIRE(chain.eps > 0.0f, "eps must be positive");
+  TS_REQUIRE(workspace != nullptr, "workspace is null");
+  ChainParams params{};
+  int k_max = 0;
+  for (int s = 0; s < chain.num_stages; ++s) {
+    const GemvChainStage& st = chain.stage[s];
+    const std::string at = "stage " + std::to_string(s) + ": ";
+    TS_REQUIRE(st.w != nullptr && st.x != nullptr && st.out != nullptr, at + "null pointer");
+    TS_REQUIRE(st.k > 0 && st.k % kKAlign == 0 && st.k <= kGemvChainMaxK,
+               at + "k " + std::to_string(st.k) + " is not a positive multiple of 512 up to " +
+                   std::to_string(kGemvChainMaxK));
+    const bool swiglu = st.epilogue == GemvChainEpilogue::kSwigluNormed;
+    TS_REQUIRE(st.epilogue == GemvChainEpilogue::kResidual ||
+                   st.epilogue == GemvChainEpilogue::kNormed || swiglu,
+               at + "unknown epilogue");
+    TS_REQUIRE(st.n > 0 && st.n % (swiglu ? 8 : 16) == 0, at + "n " + std::to_string(st.n) +
+                                                              " is not a positive multiple of " +
+                                                              (swiglu ? "8" : "16"));
+    TS_REQUIRE(
+        reinterpret_cast<uintptr_t>(st.w) % 16 == 0 && reinterpret_cast<uintptr_t>(st.x) % 16 == 0,
+        at + "w and x must be 16-byte aligned");
+    const size_t w_bytes = size_t{2} * (swiglu ? 2 : 1) * st.n * st.k;
+    const size_t x_bytes = size_t{2} * chain.m * st.k, out_bytes = size_t{2} * chain.m * st.n;
+    TS_REQUIRE(
+        !overlaps(st.out, out_bytes, st.x, x_bytes) && !overlaps(st.out, out_bytes, st.w, w_bytes),
+        at + "out overlaps the stage's x or w");
+    params.stage[s] = st;
+    params.tiles[s] = swiglu ? st.n / 8 : st.n / 16;
+    k_max = std::max(k_max, st.k);
+  }
+  params.num_stages = chain.num_stages;
+  params.m = chain.m;
+  params.eps = chain.eps;
+  params.counter = static_cast<unsigned long long*>(workspace);
+
+  int device = 0, max_smem = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  int ring = ring_stages;
+  if (ring == 0) {
+    for (int candidate : {12, 8, 6})
+      if (smem_bytes(chain.m, candidate, k_max) <= static_cast<size_t>(max_smem)) {
+        ring = candidate;
+        break;
+      }
+    TS_REQUIRE(ring != 0, "m " + std::to_string(chain.m) + " rows of k " + std::to_string(k_max) +
+                              " leave no room for a 6-slot ring in " + std::to_string(max_smem) +
+                              " bytes of shared memory");
+  }
+  TS_REQUIRE(ring == 6 || ring == 8 || ring == 12,
+             "ring_stages " + std::to_string(ring_stages) + " is not 0, 6, 8 or 12");
+  TS_REQUIRE(smem_bytes(chain.m, ring, k_max) <= static_cast<size_t>(max_smem),
+             "a ring of " + std::to_string(ring) + " slots beside " + std::to_string(chain.m) +
+                 " rows of k " + std::to_string(k_max) + " does not fit in shared memory");
+  switch (chain.m) {
+    case 1:
+      return dispatch_ring<1>(params, k_max, ring, stream, pdl);
+    case 2:
+      return dispatch_ring<2>(params, k_max, ring, stream, pdl);
+    case 3:
+      return dispatch_ring<3>(params, k_max, ring, stream, pdl);
+    default:
+      return dispatch_ring<4>(params, k_max, ring, stream, pdl);
+  }
+}
+
+}  // namespace twinstep::kernels
