@@ -311,6 +311,13 @@ void gemv_chain_workspace_init(void* workspace, cudaStream_t stream) {
   TS_CUDA_CHECK(cudaMemsetAsync(workspace, 0, gemv_chain_workspace_bytes(), stream));
 }
 
+bool gemv_chain_ring_fits(int m, int ring_stages, int k_max) {
+  int device = 0, max_smem = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return smem_bytes(m, ring_stages, k_max) <= static_cast<size_t>(max_smem);
+}
+
 void gemv_chain(const GemvChain& chain, void* workspace, cudaStream_t stream, bool pdl,
                 int ring_stages) {
   TS_REQUIRE(chain.num_stages >= 1 && chain.num_stages <= kGemvChainMaxStages,

@@ -57,6 +57,9 @@ void gemv_chain_workspace_init(void* workspace, cudaStream_t stream);
 
 // ring_stages: 0 = the largest ring that fits beside the stages' input rows (at most 12 slots of
 // 16 KB), else 6, 8 or 12 (benchmark sweeps; rejected when it does not fit).
+// Whether a ring of `ring_stages` slots fits in this device's shared memory beside m rows of k_max.
+bool gemv_chain_ring_fits(int m, int ring_stages, int k_max);
+
 void gemv_chain(const GemvChain& chain, void* workspace, cudaStream_t stream, bool pdl = false,
                 int ring_stages = 0);
 
