@@ -16,6 +16,7 @@ constexpr int kPieces = 4;   // 16-byte pieces per thread per batch
 constexpr int kKAlign = kWarps * kBatchK;                       // 512
 constexpr size_t kSlotBytes = size_t{kPieces} * kThreads * 16;  // 16 KB per ring slot
 constexpr size_t kMinSmemBytes = 120 * 1024;  // > half an SM: one block per SM, never two
+constexpr int kXPad = 8;                      // bf16 elements after each staged row (banks)
 
 struct ChainParams {
   GemvChainStage stage[kGemvChainMaxStages];
@@ -23,24 +24,23 @@ struct ChainParams {
   int num_stages, m;
   float eps;
   unsigned long long* counter;
+  unsigned long long* trace;  // benchmark only (GemvChain::trace)
 };
 
-// Shared memory: the ring [ring][kPieces][kThreads] of 16-byte pieces (each thread reads back only
-// its own), the stage's input rows [m][k_max] bf16, then the warps' row sums [2][kWarps][m][16]
-// (double buffered: one barrier per tile), the rms partials [m][kWarps] and inv_rms [m].
+// Shared memory: the ring [ring][kPieces][kThreads] of 16-byte pieces, the stage's input rows
+// [m][k + kXPad] bf16, 16 zero bytes (the padding rows' A fragments), then the warps' row sums
+// [2][kWarps][m][16] (double buffered: one barrier per tile), the rms partials [m][kWarps] and
+// inv_rms [m].
 __host__ __device__ constexpr size_t x_offset(int ring) { return ring * kSlotBytes; }
+__host__ __device__ constexpr size_t zero_offset(int ring, int m, int k_max) {
+  return x_offset(ring) + size_t{2} * m * (k_max + kXPad);
+}
 __host__ __device__ constexpr size_t red_offset(int ring, int m, int k_max) {
-  return x_offset(ring) + size_t{2} * m * k_max;
+  return zero_offset(ring, m, k_max) + 16;
 }
 __host__ __device__ constexpr size_t smem_bytes(int m, int ring, int k_max) {
   return red_offset(ring, m, k_max) + sizeof(float) * (2 * kWarps * m * 16 + m * kWarps + m);
 }
-
-// Where this block's producer or consumer is: stage s, the block's j-th tile of it (tile
-// blockIdx.x + j gridDim.x), batch b of the warp's k piece; s == num_stages past the end.
-struct Cursor {
-  int s = 0, j = 0, b = 0;
-};
 
 __device__ __forceinline__ int block_tiles(const ChainParams& p, int s) {
   const int left = p.tiles[s] - static_cast<int>(blockIdx.x);
@@ -48,20 +48,6 @@ __device__ __forceinline__ int block_tiles(const ChainParams& p, int s) {
 }
 __device__ __forceinline__ int stage_batches(const ChainParams& p, int s) {
   return p.stage[s].k / kKAlign;
-}
-__device__ __forceinline__ void skip_empty(const ChainParams& p, Cursor& c) {
-  while (c.s < p.num_stages && c.j >= block_tiles(p, c.s)) {
-    ++c.s;
-    c.j = 0;
-    c.b = 0;
-  }
-}
-__device__ __forceinline__ void advance(const ChainParams& p, Cursor& c) {
-  if (++c.b == stage_batches(p, c.s)) {
-    c.b = 0;
-    ++c.j;
-    skip_empty(p, c);
-  }
 }
 
 // Weight row of tile row r (0..15): 16 consecutive rows, or for SwiGLU 8 gate rows and the 8
@@ -72,29 +58,44 @@ __device__ __forceinline__ int weight_row(const GemvChainStage& st, int tile, in
   return 16 * tile + r;
 }
 
-// Lane l's pieces: rows (l >> 3) + 4 i, columns 8 (l & 7) .. + 8 of the batch (a warp instruction
-// reads four whole 128-byte row segments).
-__device__ __forceinline__ void issue_batch(const ChainParams& p, const Cursor& c, uint4* ring,
-                                            int slot) {
-  const GemvChainStage& st = p.stage[c.s];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int tile = static_cast<int>(blockIdx.x) + c.j * static_cast<int>(gridDim.x);
-  const int col = warp * (st.k / kWarps) + c.b * kBatchK + (lane & 7) * 8;
-#pragma unroll
-  for (int i = 0; i < kPieces; ++i) {
-    const int row = weight_row(st, tile, (lane >> 3) + 4 * i);
-    detail::cp_async_16(ring + (slot * kPieces + i) * kThreads + threadIdx.x,
-                        st.w + static_cast<size_t>(row) * st.k + col, 16);
-  }
-}
+// This thread's copy stream: stage s, the block's j-th tile of it (tile blockIdx.x + j gridDim.x),
+// batch b of the warp's k piece (s == num_stages past the end). Lane l copies tile row l % 16,
+// its 16-byte chunks 2 i + l / 16 (i < kPieces) of each 64-element batch: piece i of lanes 0-15 /
+// 16-31 holds k 16 i .. + 8 / + 8 .. + 16 of the 16 rows, so an 8-row half of a piece is one
+// 8x8 matrix in 8 consecutive 16-byte slots (conflict-free ldmatrix).
+struct Producer {
+  int s = 0, j = 0, b = 0, batches = 0;
+  const bf16* src = nullptr;  // piece 0 of batch 0 of the current tile for this lane
 
-__device__ __forceinline__ void unpack8(const uint4 v, float (&f)[8]) {
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    f[2 * e] = __uint_as_float(u[e] << 16);
-    f[2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+  __device__ __forceinline__ void enter(const ChainParams& p) {
+    while (s < p.num_stages && j >= block_tiles(p, s)) {
+      ++s;
+      j = 0;
+    }
+    b = 0;
+    if (s == p.num_stages) return;
+    const GemvChainStage& st = p.stage[s];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int tile = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
+    batches = stage_batches(p, s);
+    src = st.w + static_cast<size_t>(weight_row(st, tile, lane % 16)) * st.k +
+          warp * (st.k / kWarps) + (lane / 16) * 8;
   }
+  __device__ __forceinline__ void issue(const ChainParams& p, uint4* ring, int slot) {
+    if (s == p.num_stages) return;
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i)
+      detail::cp_async_16(ring + (slot * kPieces + i) * kThreads + threadIdx.x, src + 16 * i, 16);
+    src += kBatchK;
+    if (++b == batches) {
+      ++j;
+      enter(p);
+    }
+  }
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // Grid-wide barrier over a counter that only grows: every block arrives once per barrier, so the
@@ -113,43 +114,58 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
   __syncthreads();
 }
 
+// Benchmark trace (GemvChain::trace): per stage and block, thread 0's global timer when the block
+// arrived at the stage's barrier (stage 0: before the dependency wait), when it passed it, when
+// its input rows were staged, and its SM.
+__device__ __forceinline__ void trace_mark(const ChainParams& p, int s, int word) {
+  if (p.trace != nullptr && threadIdx.x == 0)
+    p.trace[(static_cast<size_t>(s) * gridDim.x + blockIdx.x) * kGemvChainTraceWords + word] =
+        word == 3 ? detail::sm_id() : detail::global_timer_ns();
+}
+
 template <int kM, int kS>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_chain_kernel(const __grid_constant__ ChainParams p, int k_max) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* ring = reinterpret_cast<uint4*>(smem);
   bf16* xs = reinterpret_cast<bf16*>(smem + x_offset(kS));
+  uint4* zero16 = reinterpret_cast<uint4*>(smem + zero_offset(kS, kM, k_max));
   float* red = reinterpret_cast<float*>(smem + red_offset(kS, kM, k_max));  // [2][kWarps][kM][16]
   float* rms_part = red + 2 * kWarps * kM * 16;                             // [kM][kWarps]
   float* inv_rms = rms_part + kM * kWarps;                                  // [kM]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) *zero16 = make_uint4(0, 0, 0, 0);
 
   // Prologue: kS - 1 batches of weights (no activation) before the dependency wait.
-  Cursor prod;
-  skip_empty(p, prod);
+  Producer prod;
+  prod.enter(p);
   for (int i = 0; i < kS - 1; ++i) {
-    if (prod.s < p.num_stages) {
-      issue_batch(p, prod, ring, i);
-      advance(p, prod);
-    }
+    prod.issue(p, ring, i);
     detail::cp_async_commit();
   }
   int prod_slot = kS - 1, slot = 0, buf = 0;
+  trace_mark(p, 0, 0);
+  trace_mark(p, 0, 3);
   detail::pdl_wait_and_trigger();
 
   for (int s = 0; s < p.num_stages; ++s) {
-    if (s > 0) grid_barrier(p.counter);
+    if (s > 0) {
+      trace_mark(p, s, 0);
+      grid_barrier(p.counter);
+    }
+    trace_mark(p, s, 1);
     const GemvChainStage& st = p.stage[s];
     const int tiles = block_tiles(p, s);
     if (tiles == 0) continue;
     const bool normed = st.epilogue != GemvChainEpilogue::kResidual;
+    const int x_stride = st.k + kXPad;
 
     // The stage's input rows into shared memory (L2 reads: written by other blocks in this launch
     // or by the preceding kernel), and inv_rms from them in a fixed order.
     const int chunks = st.k / 8;  // 16-byte chunks per row: at most 8 per thread (k <= 16384)
     for (int r = 0; r < kM; ++r) {
       const uint4* src = reinterpret_cast<const uint4*>(st.x + static_cast<size_t>(r) * st.k);
-      uint4* dst = reinterpret_cast<uint4*>(xs + r * st.k);
+      uint4* dst = reinterpret_cast<uint4*>(xs + r * x_stride);
       uint4 v[8];
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
@@ -162,10 +178,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int c = static_cast<int>(threadIdx.x) + q * kThreads;
         if (c < chunks) {
           dst[c] = v[q];
-          float f[8];
-          unpack8(v[q], f);
+          const uint32_t u[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
 #pragma unroll
-          for (int e = 0; e < 8; ++e) sq = fmaf(f[e], f[e], sq);
+          for (int e = 0; e < 4; ++e) {
+            const float lo = __uint_as_float(u[e] << 16), hi = __uint_as_float(u[e] & 0xffff0000u);
+            sq = fmaf(lo, lo, sq);
+            sq = fmaf(hi, hi, sq);
+          }
         }
       }
       if (normed) {
@@ -182,52 +201,50 @@ __global__ void __launch_bounds__(kThreads, 1)
       inv_rms[threadIdx.x] = rsqrtf(sum / static_cast<float>(st.k) + p.eps);
     }
     __syncthreads();
+    trace_mark(p, s, 2);
 
+    // A fragments (activation rows x k16, rows >= m zero): lane L gives row L % 8 of matrix L / 8
+    // (rows 0-7 at k 0-7, rows 8-15 at k 0-7, rows 0-7 at k 8-15, rows 8-15 at k 8-15).
+    const int a_row = (lane / 8) % 2 * 8 + lane % 8;
+    const uint32_t a_base =
+        a_row < p.m ? smem_u32(xs + a_row * x_stride + warp * (st.k / kWarps) + lane / 16 * 8)
+                    : smem_u32(zero16);
+    const uint32_t a_step = a_row < p.m ? 2u : 0u;  // bytes per k element (0: the zero slot)
+    // B fragments: lane L gives row L % 8 of matrix L / 8 = (rows 0-7, k 0-7), (rows 0-7, k 8-15),
+    // (rows 8-15, k 0-7), (rows 8-15, k 8-15) of piece i: the slots of lanes L % 8 + {0, 16, 8,
+    // 24}.
+    const int b_lane = lane % 8 + (lane / 8 == 1 ? 16 : lane / 8 == 2 ? 8 : lane / 8 == 3 ? 24 : 0);
     const int batches = stage_batches(p, s);
-    const int x_base = warp * (st.k / kWarps) + (lane & 7) * 8;
     for (int j = 0; j < tiles; ++j) {
-      float acc[kM][kPieces];
-#pragma unroll
-      for (int r = 0; r < kM; ++r)
-#pragma unroll
-        for (int i = 0; i < kPieces; ++i) acc[r][i] = 0.0f;
+      float d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
       for (int b = 0; b < batches; ++b) {
-        detail::cp_async_wait<kS - 2>();  // this thread's batch in `slot` has landed
-        if (prod.s < p.num_stages) {
-          issue_batch(p, prod, ring, prod_slot);
-          advance(p, prod);
-        }
+        detail::cp_async_wait<kS - 2>();  // this thread's copies of batch `slot` have landed
+        __syncwarp();                     // ... and every lane's, for the warp's ldmatrix
+        prod.issue(p, ring, prod_slot);
         detail::cp_async_commit();
         prod_slot = prod_slot + 1 == kS ? 0 : prod_slot + 1;
-        float xf[kM][8];
-#pragma unroll
-        for (int r = 0; r < kM; ++r)
-          unpack8(*reinterpret_cast<const uint4*>(xs + r * st.k + x_base + b * kBatchK), xf[r]);
 #pragma unroll
         for (int i = 0; i < kPieces; ++i) {
-          float wf[8];
-          unpack8(ring[(slot * kPieces + i) * kThreads + threadIdx.x], wf);
-#pragma unroll
-          for (int r = 0; r < kM; ++r)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(wf[e], xf[r][e], acc[r][i]);
+          uint32_t a[4], w[4];
+          detail::ldmatrix_x4(a, a_base + a_step * static_cast<uint32_t>(b * kBatchK + 16 * i));
+          detail::ldmatrix_x4(
+              w, smem_u32(ring + (slot * kPieces + i) * kThreads + warp * 32 + b_lane));
+          detail::mma_16816(d[0], a[0], a[1], a[2], a[3], w[0], w[1]);
+          detail::mma_16816(d[1], a[0], a[1], a[2], a[3], w[2], w[3]);
         }
-        slot = slot + 1 == kS ? 0 : slot + 1;
+        slot = slot + 1 == kS ? 0 : slot + 1;  // refilled after the next __syncwarp: all read
       }
 
-      // The 8 lanes of a row (xor butterfly: every lane ends with the same bits), then the warps
-      // in order.
+      // D: lane l holds activation row l / 4 (and l / 4 + 8, zero), tile rows 8 u + 2 (l % 4)
+      // and + 1; the warps' sums in order.
       float* red_buf = red + buf * kWarps * kM * 16;
+      if (lane / 4 < kM) {
 #pragma unroll
-      for (int r = 0; r < kM; ++r)
-#pragma unroll
-        for (int i = 0; i < kPieces; ++i) {
-          float v = acc[r][i];
-          v += __shfl_xor_sync(0xffffffffu, v, 1);
-          v += __shfl_xor_sync(0xffffffffu, v, 2);
-          v += __shfl_xor_sync(0xffffffffu, v, 4);
-          if ((lane & 7) == 0) red_buf[(warp * kM + r) * 16 + (lane >> 3) + 4 * i] = v;
+        for (int u = 0; u < 2; ++u) {
+          red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4)] = d[u][0];
+          red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4) + 1] = d[u][1];
         }
+      }
       __syncthreads();
       const int tile = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
       auto row_sum = [&](int r, int row) {
@@ -358,6 +375,7 @@ void gemv_chain(const GemvChain& chain, void* workspace, cudaStream_t stream, bo
   params.m = chain.m;
   params.eps = chain.eps;
   params.counter = static_cast<unsigned long long*>(workspace);
+  params.trace = chain.trace;
 
   int device = 0, max_smem = 0;
   TS_CUDA_CHECK(cudaGetDevice(&device));

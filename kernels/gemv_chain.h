@@ -10,9 +10,10 @@
 //   kSwigluNormed: out[m][j] = bf16(silu(g) * u), g / u = inv_rms[m] * acc of rows j / n + j
 //                  (w [2n][k]: the n gate rows, then the n up rows, gamma folded in)
 // inv_rms[m] = rsqrt(sum_k x[m][k]^2 / k + eps), summed in a fixed order by every block.
-// Reduction order: warp w of 8 owns k piece [w k / 8, (w + 1) k / 8) of a 16-row tile, each lane
-// 8 columns of 64-element batches in k order, then an xor butterfly over the 8 lanes of a row and
-// the 8 warps summed in order: a row's result depends on k only, never on m or the grid.
+// Reduction order: warp w of 8 owns k piece [w k / 8, (w + 1) k / 8) of a 16-row tile and sums it
+// on the tensor cores (mma m16n8k16, the activation rows as A padded to 16 with zeros) in k order,
+// then the 8 warps' sums are added in order: a row's result depends on k only, never on m or the
+// grid.
 // Not bit-identical with gemv / gemv_norm.h (other orders and inv_rms from the rows, not from the
 // producers' tile sums): equal to bf16 accuracy.
 //
@@ -45,11 +46,19 @@ struct GemvChainStage {
   GemvChainEpilogue epilogue = GemvChainEpilogue::kNormed;
 };
 
+// Benchmark only: words per (stage, block) of GemvChain::trace.
+constexpr int kGemvChainTraceWords = 4;
+
 struct GemvChain {
   GemvChainStage stage[kGemvChainMaxStages];
   int num_stages = 0;
   int m = 1;
   float eps = 1e-5f;
+  // Benchmark only (null: none): [num_stages][SM count][kGemvChainTraceWords] per block and
+  // stage, written by each launch: global-timer ns of 0 its arrival at the stage's barrier (stage
+  // 0: its prologue issued, before the dependency wait), 1 past the barrier (stage 0: past the
+  // wait), 2 its input rows staged; word 3 of stage 0: the block's SM.
+  unsigned long long* trace = nullptr;
 };
 
 size_t gemv_chain_workspace_bytes();

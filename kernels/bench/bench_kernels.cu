@@ -1576,6 +1576,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
     // Rings that do not fit beside m rows of k 14336 (m = 4: 8 and 12 slots) are left out.
     auto fits = [&](int ring) { return ring == 0 || gemv_chain_ring_fits(m, ring, inter); };
+    unsigned long long* trace = nullptr;  // set: layer 16's launch writes its block timeline
     auto persist = [&](cudaStream_t s, bool pdl, int ring, bool with_attention) {
       GemvChain c;
       c.m = m;
@@ -1599,6 +1600,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
           c.stage[3] = qkv_stage(l + 1);
           c.num_stages = 4;
         }
+        c.trace = l == 16 ? trace : nullptr;
         gemv_chain(c, chain_ws, s, pdl, ring);
       }
     };
@@ -1660,6 +1662,54 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
           ("persistent gemvs only (ring " + std::string(ring ? std::to_string(ring) : "auto") + ")")
               .c_str(),
           1, ring, us, gemv_bytes);
+    }
+    {  // Layer 16's launch, block by block (ring auto, PDL on, with the attention): per stage
+       // the arrivals at its barrier, the release, the staged input rows; us after the first
+       // block passed the dependency wait.
+      int sms = 0;
+      TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      const size_t words = size_t{4} * sms * kGemvChainTraceWords;
+      TS_CUDA_CHECK(cudaMalloc(&trace, words * sizeof(unsigned long long)));
+      time_graph_us([&](cudaStream_t s) { persist(s, true, 0, true); }, 3);
+      std::vector<unsigned long long> t(words);
+      TS_CUDA_CHECK(
+          cudaMemcpy(t.data(), trace, words * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+      TS_CUDA_CHECK(cudaFree(trace));
+      trace = nullptr;
+      auto at = [&](int stage, int block, int word) {
+        return t[(static_cast<size_t>(stage) * sms + block) * kGemvChainTraceWords + word];
+      };
+      unsigned long long t0 = ~0ull;
+      for (int b = 0; b < sms; ++b) t0 = std::min(t0, at(0, b, 1));
+      auto us = [&](unsigned long long v) { return (static_cast<double>(v) - t0) * 1e-3; };
+      const char* names[4] = {"o", "gate_up", "down", "qkv"};
+      for (int stage = 0; stage < 4; ++stage) {
+        std::vector<double> arrive, release, staged;
+        for (int b = 0; b < sms; ++b) {
+          arrive.push_back(us(at(stage, b, 0)));
+          release.push_back(us(at(stage, b, 1)));
+          staged.push_back(us(at(stage, b, 2)));
+        }
+        std::sort(arrive.begin(), arrive.end());
+        std::sort(release.begin(), release.end());
+        std::sort(staged.begin(), staged.end());
+        std::printf(
+            "  persistent trace m=%d stage %-7s: arrivals %7.2f / %7.2f / %7.2f us (first / "
+            "median / last), released %7.2f - %7.2f, rows staged by %7.2f\n",
+            m, names[stage], arrive.front(), arrive[arrive.size() / 2], arrive.back(),
+            release.front(), release.back(), staged.back());
+        Row row;
+        row.s("section", "layer_chain_persistent_trace")
+            .n("m", m)
+            .s("stage", names[stage])
+            .n("arrive_first_us", arrive.front())
+            .n("arrive_median_us", arrive[arrive.size() / 2])
+            .n("arrive_last_us", arrive.back())
+            .n("release_first_us", release.front())
+            .n("release_last_us", release.back())
+            .n("staged_last_us", staged.back());
+        g_rows.push_back(row);
+      }
     }
     TS_CUDA_CHECK(cudaFree(chain_ws));
   }
