@@ -59,13 +59,15 @@ __device__ __forceinline__ int weight_row(const GemvChainStage& st, int tile, in
 }
 
 // This thread's copy stream: stage s, the block's j-th tile of it (tile blockIdx.x + j gridDim.x),
-// batch b of the warp's k piece (s == num_stages past the end). Lane l copies tile row l % 16,
-// its 16-byte chunks 2 i + l / 16 (i < kPieces) of each 64-element batch: piece i of lanes 0-15 /
-// 16-31 holds k 16 i .. + 8 / + 8 .. + 16 of the 16 rows, so an 8-row half of a piece is one
-// 8x8 matrix in 8 consecutive 16-byte slots (conflict-free ldmatrix).
+// batch b of the warp's k piece (s == num_stages past the end). In global memory lane l copies
+// tile rows (l >> 3) + 4 i (i < kPieces), 16-byte chunk c = l & 7 of each 64-element batch, so a
+// warp instruction reads four whole 128-byte row segments. In shared memory chunk c of row r goes
+// to piece c / 2, slot (c % 2) * 16 + r: piece i then holds k 16 i .. + 8 (slots 0-15) and
+// + 8 .. + 16 (slots 16-31) of the 16 rows, and an 8-row half of that is one 8x8 matrix in 8
+// consecutive 16-byte slots (conflict-free ldmatrix).
 struct Producer {
   int s = 0, j = 0, b = 0, batches = 0;
-  const bf16* src = nullptr;  // piece 0 of batch 0 of the current tile for this lane
+  const bf16* src[kPieces] = {};  // this lane's pieces of the current batch
 
   __device__ __forceinline__ void enter(const ChainParams& p) {
     while (s < p.num_stages && j >= block_tiles(p, s)) {
@@ -78,15 +80,21 @@ struct Producer {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int tile = static_cast<int>(blockIdx.x) + j * static_cast<int>(gridDim.x);
     batches = stage_batches(p, s);
-    src = st.w + static_cast<size_t>(weight_row(st, tile, lane % 16)) * st.k +
-          warp * (st.k / kWarps) + (lane / 16) * 8;
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i)
+      src[i] = st.w + static_cast<size_t>(weight_row(st, tile, (lane >> 3) + 4 * i)) * st.k +
+               warp * (st.k / kWarps) + (lane & 7) * 8;
   }
   __device__ __forceinline__ void issue(const ChainParams& p, uint4* ring, int slot) {
     if (s == p.num_stages) return;
+    const int lane = threadIdx.x % 32, c = lane & 7;
+    uint4* dst = ring + (slot * kPieces + c / 2) * kThreads + (threadIdx.x / 32) * 32 + c % 2 * 16 +
+                 (lane >> 3);
 #pragma unroll
-    for (int i = 0; i < kPieces; ++i)
-      detail::cp_async_16(ring + (slot * kPieces + i) * kThreads + threadIdx.x, src + 16 * i, 16);
-    src += kBatchK;
+    for (int i = 0; i < kPieces; ++i) {
+      detail::cp_async_16(dst + 4 * i, src[i], 16);
+      src[i] += kBatchK;
+    }
     if (++b == batches) {
       ++j;
       enter(p);
