@@ -224,24 +224,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int b_lane = lane % 8 + (lane / 8 == 1 ? 16 : lane / 8 == 2 ? 8 : lane / 8 == 3 ? 24 : 0);
     const int batches = stage_batches(p, s);
     for (int j = 0; j < tiles; ++j) {
-      float d[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+      // One accumulator per (piece, n8 unit): no mma waits for another within a batch; summed
+      // in piece order at the tile's end.
+      float d[kPieces][2][4] = {};
       for (int b = 0; b < batches; ++b) {
         detail::cp_async_wait<kS - 2>();  // this thread's copies of batch `slot` have landed
         __syncwarp();                     // ... and every lane's, for the warp's ldmatrix
         prod.issue(p, ring, prod_slot);
         detail::cp_async_commit();
         prod_slot = prod_slot + 1 == kS ? 0 : prod_slot + 1;
+        uint32_t a[kPieces][4], w[kPieces][4];
 #pragma unroll
         for (int i = 0; i < kPieces; ++i) {
-          uint32_t a[4], w[4];
-          detail::ldmatrix_x4(a, a_base + a_step * static_cast<uint32_t>(b * kBatchK + 16 * i));
+          detail::ldmatrix_x4(a[i], a_base + a_step * static_cast<uint32_t>(b * kBatchK + 16 * i));
           detail::ldmatrix_x4(
-              w, smem_u32(ring + (slot * kPieces + i) * kThreads + warp * 32 + b_lane));
-          detail::mma_16816(d[0], a[0], a[1], a[2], a[3], w[0], w[1]);
-          detail::mma_16816(d[1], a[0], a[1], a[2], a[3], w[2], w[3]);
+              w[i], smem_u32(ring + (slot * kPieces + i) * kThreads + warp * 32 + b_lane));
+        }
+#pragma unroll
+        for (int i = 0; i < kPieces; ++i) {
+          detail::mma_16816(d[i][0], a[i][0], a[i][1], a[i][2], a[i][3], w[i][0], w[i][1]);
+          detail::mma_16816(d[i][1], a[i][0], a[i][1], a[i][2], a[i][3], w[i][2], w[i][3]);
         }
         slot = slot + 1 == kS ? 0 : slot + 1;  // refilled after the next __syncwarp: all read
       }
+#pragma unroll
+      for (int i = 1; i < kPieces; ++i)
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) d[0][u][e] += d[i][u][e];
 
       // D: lane l holds activation row l / 4 (and l / 4 + 8, zero), tile rows 8 u + 2 (l % 4)
       // and + 1; the warps' sums in order.
@@ -249,8 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane / 4 < kM) {
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-          red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4)] = d[u][0];
-          red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4) + 1] = d[u][1];
+          red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4)] = d[0][u][0];
+          red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4) + 1] = d[0][u][1];
         }
       }
       __syncthreads();

@@ -11,11 +11,11 @@
 //                  (w [2n][k]: the n gate rows, then the n up rows, gamma folded in)
 // inv_rms[m] = rsqrt(sum_k x[m][k]^2 / k + eps), summed in a fixed order by every block.
 // Reduction order: warp w of 8 owns k piece [w k / 8, (w + 1) k / 8) of a 16-row tile and sums it
-// on the tensor cores (mma m16n8k16, the activation rows as A padded to 16 with zeros) in k order,
-// then the 8 warps' sums are added in order: a row's result depends on k only, never on m or the
-// grid.
-// Not bit-identical with gemv / gemv_norm.h (other orders and inv_rms from the rows, not from the
-// producers' tile sums): equal to bf16 accuracy.
+// on the tensor cores (mma m16n8k16, the activation rows as A padded to 16 with zeros): four
+// accumulators, one per 16-element k step of each 64-element batch, each in k order, added in
+// step order at the tile's end; then the 8 warps' sums are added in order: a row's result depends
+// on k only, never on m or the grid. Not bit-identical with gemv / gemv_norm.h (other orders and
+// inv_rms from the rows, not from the producers' tile sums): equal to bf16 accuracy.
 //
 // Contracts: 1 <= m <= kGemvChainMaxRows; n % 16 == 0 (kSwigluNormed: n % 8 == 0), k % 512 == 0,
 // k <= kGemvChainMaxK; out must not alias w or any stage's x except as the residual a later stage
