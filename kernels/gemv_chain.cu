@@ -85,14 +85,18 @@ struct Producer {
       src[i] = st.w + static_cast<size_t>(weight_row(st, tile, (lane >> 3) + 4 * i)) * st.k +
                warp * (st.k / kWarps) + (lane & 7) * 8;
   }
+  // kMma: the ldmatrix layout above; else each thread's pieces in its own slots (piece i of
+  // thread t at [i][t]), read back by that thread only (GemvChain::fma_consumer).
+  template <bool kMma>
   __device__ __forceinline__ void issue(const ChainParams& p, uint4* ring, int slot) {
     if (s == p.num_stages) return;
     const int lane = threadIdx.x % 32, c = lane & 7;
-    uint4* dst = ring + (slot * kPieces + c / 2) * kThreads + (threadIdx.x / 32) * 32 + c % 2 * 16 +
-                 (lane >> 3);
+    uint4* dst = kMma ? ring + (slot * kPieces + c / 2) * kThreads + (threadIdx.x / 32) * 32 +
+                            c % 2 * 16 + (lane >> 3)
+                      : ring + slot * kPieces * kThreads + threadIdx.x;
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) {
-      detail::cp_async_16(dst + 4 * i, src[i], 16);
+      detail::cp_async_16(dst + (kMma ? 4 : kThreads) * i, src[i], 16);
       src[i] += kBatchK;
     }
     if (++b == batches) {
@@ -131,7 +135,62 @@ __device__ __forceinline__ void trace_mark(const ChainParams& p, int s, int word
         word == 3 ? detail::sm_id() : detail::global_timer_ns();
 }
 
+// The FMA consumer (GemvChain::fma_consumer; the first form of round 27): each thread reads back
+// its own pieces (rows (l >> 3) + 4 i, 8 columns of each batch) and sums them with fp32 FMAs;
+// the 8 lanes of a row by xor butterfly, then red_buf[warp][r][row] for the warps' ordered sum.
 template <int kM, int kS>
+__device__ __forceinline__ void fma_tile(const ChainParams& p, Producer& prod, uint4* ring,
+                                         const bf16* xs, int x_stride, int batches, int& slot,
+                                         int& prod_slot, float* red_buf) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int k = x_stride - kXPad;
+  const int x_base = warp * (k / kWarps) + (lane & 7) * 8;
+  float acc[kM][kPieces] = {};
+  for (int b = 0; b < batches; ++b) {
+    detail::cp_async_wait<kS - 2>();
+    prod.issue<false>(p, ring, prod_slot);
+    detail::cp_async_commit();
+    prod_slot = prod_slot + 1 == kS ? 0 : prod_slot + 1;
+    float xf[kM][8];
+#pragma unroll
+    for (int r = 0; r < kM; ++r) {
+      const uint4 v = *reinterpret_cast<const uint4*>(xs + r * x_stride + x_base + b * kBatchK);
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        xf[r][2 * e] = __uint_as_float(u[e] << 16);
+        xf[r][2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) {
+      const uint4 v = ring[(slot * kPieces + i) * kThreads + threadIdx.x];
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float lo = __uint_as_float(u[e] << 16), hi = __uint_as_float(u[e] & 0xffff0000u);
+#pragma unroll
+        for (int r = 0; r < kM; ++r) {
+          acc[r][i] = fmaf(lo, xf[r][2 * e], acc[r][i]);
+          acc[r][i] = fmaf(hi, xf[r][2 * e + 1], acc[r][i]);
+        }
+      }
+    }
+    slot = slot + 1 == kS ? 0 : slot + 1;
+  }
+#pragma unroll
+  for (int r = 0; r < kM; ++r)
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) {
+      float v = acc[r][i];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      if ((lane & 7) == 0) red_buf[(warp * kM + r) * 16 + (lane >> 3) + 4 * i] = v;
+    }
+}
+
+template <int kM, int kS, bool kMma>
 __global__ void __launch_bounds__(kThreads, 1)
     gemv_chain_kernel(const __grid_constant__ ChainParams p, int k_max) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -148,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Producer prod;
   prod.enter(p);
   for (int i = 0; i < kS - 1; ++i) {
-    prod.issue(p, ring, i);
+    prod.issue<kMma>(p, ring, i);
     detail::cp_async_commit();
   }
   int prod_slot = kS - 1, slot = 0, buf = 0;
@@ -224,44 +283,49 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int b_lane = lane % 8 + (lane / 8 == 1 ? 16 : lane / 8 == 2 ? 8 : lane / 8 == 3 ? 24 : 0);
     const int batches = stage_batches(p, s);
     for (int j = 0; j < tiles; ++j) {
-      // One accumulator per (piece, n8 unit): no mma waits for another within a batch; summed
-      // in piece order at the tile's end.
-      float d[kPieces][2][4] = {};
-      for (int b = 0; b < batches; ++b) {
-        detail::cp_async_wait<kS - 2>();  // this thread's copies of batch `slot` have landed
-        __syncwarp();                     // ... and every lane's, for the warp's ldmatrix
-        prod.issue(p, ring, prod_slot);
-        detail::cp_async_commit();
-        prod_slot = prod_slot + 1 == kS ? 0 : prod_slot + 1;
-        uint32_t a[kPieces][4], w[kPieces][4];
-#pragma unroll
-        for (int i = 0; i < kPieces; ++i) {
-          detail::ldmatrix_x4(a[i], a_base + a_step * static_cast<uint32_t>(b * kBatchK + 16 * i));
-          detail::ldmatrix_x4(
-              w[i], smem_u32(ring + (slot * kPieces + i) * kThreads + warp * 32 + b_lane));
-        }
-#pragma unroll
-        for (int i = 0; i < kPieces; ++i) {
-          detail::mma_16816(d[i][0], a[i][0], a[i][1], a[i][2], a[i][3], w[i][0], w[i][1]);
-          detail::mma_16816(d[i][1], a[i][0], a[i][1], a[i][2], a[i][3], w[i][2], w[i][3]);
-        }
-        slot = slot + 1 == kS ? 0 : slot + 1;  // refilled after the next __syncwarp: all read
-      }
-#pragma unroll
-      for (int i = 1; i < kPieces; ++i)
-#pragma unroll
-        for (int u = 0; u < 2; ++u)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) d[0][u][e] += d[i][u][e];
-
-      // D: lane l holds activation row l / 4 (and l / 4 + 8, zero), tile rows 8 u + 2 (l % 4)
-      // and + 1; the warps' sums in order.
       float* red_buf = red + buf * kWarps * kM * 16;
-      if (lane / 4 < kM) {
+      if constexpr (!kMma) {
+        fma_tile<kM, kS>(p, prod, ring, xs, x_stride, batches, slot, prod_slot, red_buf);
+      } else {
+        // One accumulator per (piece, n8 unit): no mma waits for another within a batch; summed
+        // in piece order at the tile's end.
+        float d[kPieces][2][4] = {};
+        for (int b = 0; b < batches; ++b) {
+          detail::cp_async_wait<kS - 2>();  // this thread's copies of batch `slot` have landed
+          __syncwarp();                     // ... and every lane's, for the warp's ldmatrix
+          prod.issue<kMma>(p, ring, prod_slot);
+          detail::cp_async_commit();
+          prod_slot = prod_slot + 1 == kS ? 0 : prod_slot + 1;
+          uint32_t a[kPieces][4], w[kPieces][4];
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4)] = d[0][u][0];
-          red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4) + 1] = d[0][u][1];
+          for (int i = 0; i < kPieces; ++i) {
+            detail::ldmatrix_x4(a[i],
+                                a_base + a_step * static_cast<uint32_t>(b * kBatchK + 16 * i));
+            detail::ldmatrix_x4(
+                w[i], smem_u32(ring + (slot * kPieces + i) * kThreads + warp * 32 + b_lane));
+          }
+#pragma unroll
+          for (int i = 0; i < kPieces; ++i) {
+            detail::mma_16816(d[i][0], a[i][0], a[i][1], a[i][2], a[i][3], w[i][0], w[i][1]);
+            detail::mma_16816(d[i][1], a[i][0], a[i][1], a[i][2], a[i][3], w[i][2], w[i][3]);
+          }
+          slot = slot + 1 == kS ? 0 : slot + 1;  // refilled after the next __syncwarp: all read
+        }
+#pragma unroll
+        for (int i = 1; i < kPieces; ++i)
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) d[0][u][e] += d[i][u][e];
+
+        // D: lane l holds activation row l / 4 (and l / 4 + 8, zero), tile rows 8 u + 2 (l % 4)
+        // and + 1; the warps' sums in order.
+        if (lane / 4 < kM) {
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4)] = d[0][u][0];
+            red_buf[(warp * kM + lane / 4) * 16 + 8 * u + 2 * (lane % 4) + 1] = d[0][u][1];
+          }
         }
       }
       __syncthreads();
@@ -300,10 +364,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   detail::cp_async_wait<0>();
 }
 
-template <int kM, int kS>
+template <int kM, int kS, bool kMma>
 void launch_chain(const ChainParams& params, int k_max, cudaStream_t stream, bool pdl) {
   const size_t bytes = std::max(smem_bytes(kM, kS, k_max), kMinSmemBytes);
-  auto kernel = gemv_chain_kernel<kM, kS>;
+  auto kernel = gemv_chain_kernel<kM, kS, kMma>;
   int device = 0, sms = 0, per_sm = 0;
   TS_CUDA_CHECK(cudaGetDevice(&device));
   static const bool configured = [&] {  // the launcher checked bytes against this maximum
@@ -325,11 +389,18 @@ void launch_chain(const ChainParams& params, int k_max, cudaStream_t stream, boo
   detail::launch(kernel, dim3(sms), dim3(kThreads), bytes, stream, pdl, params, k_max);
 }
 
-template <int kM>
+template <int kM, bool kMma>
 void dispatch_ring(const ChainParams& params, int k_max, int ring, cudaStream_t stream, bool pdl) {
-  if (ring == 12) return launch_chain<kM, 12>(params, k_max, stream, pdl);
-  if (ring == 8) return launch_chain<kM, 8>(params, k_max, stream, pdl);
-  launch_chain<kM, 6>(params, k_max, stream, pdl);
+  if (ring == 12) return launch_chain<kM, 12, kMma>(params, k_max, stream, pdl);
+  if (ring == 8) return launch_chain<kM, 8, kMma>(params, k_max, stream, pdl);
+  launch_chain<kM, 6, kMma>(params, k_max, stream, pdl);
+}
+
+template <int kM>
+void dispatch_consumer(const ChainParams& params, int k_max, int ring, bool fma,
+                       cudaStream_t stream, bool pdl) {
+  if (fma) return dispatch_ring<kM, false>(params, k_max, ring, stream, pdl);
+  dispatch_ring<kM, true>(params, k_max, ring, stream, pdl);
 }
 
 bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
@@ -417,13 +488,13 @@ void gemv_chain(const GemvChain& chain, void* workspace, cudaStream_t stream, bo
                  " rows of k " + std::to_string(k_max) + " does not fit in shared memory");
   switch (chain.m) {
     case 1:
-      return dispatch_ring<1>(params, k_max, ring, stream, pdl);
+      return dispatch_consumer<1>(params, k_max, ring, chain.fma_consumer, stream, pdl);
     case 2:
-      return dispatch_ring<2>(params, k_max, ring, stream, pdl);
+      return dispatch_consumer<2>(params, k_max, ring, chain.fma_consumer, stream, pdl);
     case 3:
-      return dispatch_ring<3>(params, k_max, ring, stream, pdl);
+      return dispatch_consumer<3>(params, k_max, ring, chain.fma_consumer, stream, pdl);
     default:
-      return dispatch_ring<4>(params, k_max, ring, stream, pdl);
+      return dispatch_consumer<4>(params, k_max, ring, chain.fma_consumer, stream, pdl);
   }
 }
 

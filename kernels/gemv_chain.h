@@ -59,6 +59,9 @@ struct GemvChain {
   // 0: its prologue issued, before the dependency wait), 1 past the barrier (stage 0: past the
   // wait), 2 its input rows staged; word 3 of stage 0: the block's SM.
   unsigned long long* trace = nullptr;
+  // Benchmark only: the stage sums by fp32 FMAs on each thread's own copies instead of the
+  // tensor cores (other bits, the same contracts).
+  bool fma_consumer = false;
 };
 
 size_t gemv_chain_workspace_bytes();

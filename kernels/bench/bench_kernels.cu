@@ -1577,10 +1577,12 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     // Rings that do not fit beside m rows of k 14336 (m = 4: 8 and 12 slots) are left out.
     auto fits = [&](int ring) { return ring == 0 || gemv_chain_ring_fits(m, ring, inter); };
     unsigned long long* trace = nullptr;  // set: layer 16's launch writes its block timeline
+    bool fma_consumer = false;
     auto persist = [&](cudaStream_t s, bool pdl, int ring, bool with_attention) {
       GemvChain c;
       c.m = m;
       c.eps = 1e-5f;
+      c.fma_consumer = fma_consumer;
       auto qkv_stage = [&](int l) {
         return GemvChainStage{w[l].qkv_folded, residual, qkv,
                               qkv_n,           hidden,   GemvChainEpilogue::kNormed};
@@ -1663,13 +1665,22 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
               .c_str(),
           1, ring, us, gemv_bytes);
     }
-    {  // Layer 16's launch, block by block (ring auto, PDL on, with the attention): per stage
-       // the arrivals at its barrier, the release, the staged input rows; us after the first
-       // block passed the dependency wait.
+    // The FMA consumer (GemvChain::fma_consumer), ring auto, PDL on.
+    fma_consumer = true;
+    report("persistent gemvs only, FMA consumer", 1, 0,
+           time_graph_us([&](cudaStream_t s) { persist(s, true, 0, false); }, 7) / layers,
+           gemv_bytes);
+    report("persistent gemvs (FMA consumer) + attention", 1, 0,
+           time_graph_us([&](cudaStream_t s) { persist(s, true, 0, true); }, 7) / layers, bytes);
+    for (const bool fma : {false, true}) {  // Layer 16's launch, block by block (ring auto, PDL on,
+                                            // with the attention): per stage
+      // the arrivals at its barrier, the release, the staged input rows; us after the first
+      // block passed the dependency wait.
       int sms = 0;
       TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
       const size_t words = size_t{4} * sms * kGemvChainTraceWords;
       TS_CUDA_CHECK(cudaMalloc(&trace, words * sizeof(unsigned long long)));
+      fma_consumer = fma;
       time_graph_us([&](cudaStream_t s) { persist(s, true, 0, true); }, 3);
       std::vector<unsigned long long> t(words);
       TS_CUDA_CHECK(
@@ -1694,13 +1705,14 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         std::sort(release.begin(), release.end());
         std::sort(staged.begin(), staged.end());
         std::printf(
-            "  persistent trace m=%d stage %-7s: arrivals %7.2f / %7.2f / %7.2f us (first / "
+            "  persistent trace m=%d %s stage %-7s: arrivals %7.2f / %7.2f / %7.2f us (first / "
             "median / last), released %7.2f - %7.2f, rows staged by %7.2f\n",
-            m, names[stage], arrive.front(), arrive[arrive.size() / 2], arrive.back(),
-            release.front(), release.back(), staged.back());
+            m, fma ? "fma" : "mma", names[stage], arrive.front(), arrive[arrive.size() / 2],
+            arrive.back(), release.front(), release.back(), staged.back());
         Row row;
         row.s("section", "layer_chain_persistent_trace")
             .n("m", m)
+            .s("consumer", fma ? "fma" : "mma")
             .s("stage", names[stage])
             .n("arrive_first_us", arrive.front())
             .n("arrive_median_us", arrive[arrive.size() / 2])

@@ -166,14 +166,17 @@ void expect_matches(const Outputs& out, const Reference& ref) {
   check(out.qkv, ref.qkv, "qkv");
 }
 
-void run_against_reference(const Dims& d, int m) {
+void run_against_reference(const Dims& d, int m, bool fma_consumer = false) {
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed) + ", m " + std::to_string(m));
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", m " + std::to_string(m) +
+               (fma_consumer ? ", FMA consumer" : ""));
   std::mt19937_64 rng(seed);
   const HostLayer h(d, m, rng);
   DeviceLayer dev(h, d, m);
   dev.reset(h);
-  gemv_chain(dev.chain(d, m), dev.workspace.get(), nullptr);
+  GemvChain chain = dev.chain(d, m);
+  chain.fma_consumer = fma_consumer;
+  gemv_chain(chain, dev.workspace.get(), nullptr);
   TS_CUDA_CHECK(cudaDeviceSynchronize());
   expect_matches(download(dev), reference(h, d, m));
 }
@@ -183,12 +186,16 @@ constexpr Dims kLlama3{4096, 14336, 6144};
 
 TEST(GemvChain, LayerStagesMatchTheCpuReference) {
   TS_SKIP_WITHOUT_GPU();
-  for (int m = 1; m <= kGemvChainMaxRows; ++m) run_against_reference(kSmall, m);
+  for (int m = 1; m <= kGemvChainMaxRows; ++m) {
+    run_against_reference(kSmall, m);
+    run_against_reference(kSmall, m, true);
+  }
 }
 
 TEST(GemvChain, Llama3ShapesMatchTheCpuReference) {
   TS_SKIP_WITHOUT_GPU();
   run_against_reference(kLlama3, 1);
+  run_against_reference(kLlama3, 1, true);
   run_against_reference(kLlama3, 2);
 }
 
