@@ -59,12 +59,16 @@ __device__ __forceinline__ int weight_row(const GemvChainStage& st, int tile, in
 }
 
 // This thread's copy stream: stage s, the block's j-th tile of it (tile blockIdx.x + j gridDim.x),
-// batch b of the warp's k piece (s == num_stages past the end). In global memory lane l copies
-// tile rows (l >> 3) + 4 i (i < kPieces), 16-byte chunk c = l & 7 of each 64-element batch, so a
-// warp instruction reads four whole 128-byte row segments. In shared memory chunk c of row r goes
-// to piece c / 2, slot (c % 2) * 16 + r: piece i then holds k 16 i .. + 8 (slots 0-15) and
-// + 8 .. + 16 (slots 16-31) of the 16 rows, and an 8-row half of that is one 8x8 matrix in 8
-// consecutive 16-byte slots (conflict-free ldmatrix).
+// batch b of the warp's k piece (s == num_stages past the end). Lane l copies tile rows
+// (l >> 3) + 4 i (i < kPieces), 16-byte chunk c = l & 7 of each 64-element batch: a warp
+// instruction reads four whole 128-byte row segments and writes them whole into shared memory
+// (the warp's 2 KB of the slot, row r at 16-byte unit 8 r), chunk c at unit c ^ (r % 8) so that
+// the 8 rows of one chunk, an ldmatrix 8x8 matrix, lie in 8 different bank groups. (Rows
+// scattered by chunk instead, or 32-byte pieces, left the copies uncoalesced: 2x slower.)
+__device__ __forceinline__ int ring_unit(int slot, int warp, int r, int c) {
+  return slot * kPieces * kThreads + warp * 128 + r * 8 + (c ^ (r & 7));
+}
+
 struct Producer {
   int s = 0, j = 0, b = 0, batches = 0;
   const bf16* src[kPieces] = {};  // this lane's pieces of the current batch
@@ -85,18 +89,13 @@ struct Producer {
       src[i] = st.w + static_cast<size_t>(weight_row(st, tile, (lane >> 3) + 4 * i)) * st.k +
                warp * (st.k / kWarps) + (lane & 7) * 8;
   }
-  // kMma: the ldmatrix layout above; else each thread's pieces in its own slots (piece i of
-  // thread t at [i][t]), read back by that thread only (GemvChain::fma_consumer).
-  template <bool kMma>
   __device__ __forceinline__ void issue(const ChainParams& p, uint4* ring, int slot) {
     if (s == p.num_stages) return;
-    const int lane = threadIdx.x % 32, c = lane & 7;
-    uint4* dst = kMma ? ring + (slot * kPieces + c / 2) * kThreads + (threadIdx.x / 32) * 32 +
-                            c % 2 * 16 + (lane >> 3)
-                      : ring + slot * kPieces * kThreads + threadIdx.x;
+    const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) {
-      detail::cp_async_16(dst + (kMma ? 4 : kThreads) * i, src[i], 16);
+      detail::cp_async_16(ring + ring_unit(slot, threadIdx.x / 32, (lane >> 3) + 4 * i, lane & 7),
+                          src[i], 16);
       src[i] += kBatchK;
     }
     if (++b == batches) {
@@ -148,7 +147,7 @@ __device__ __forceinline__ void fma_tile(const ChainParams& p, Producer& prod, u
   float acc[kM][kPieces] = {};
   for (int b = 0; b < batches; ++b) {
     detail::cp_async_wait<kS - 2>();
-    prod.issue<false>(p, ring, prod_slot);
+    prod.issue(p, ring, prod_slot);
     detail::cp_async_commit();
     prod_slot = prod_slot + 1 == kS ? 0 : prod_slot + 1;
     float xf[kM][8];
@@ -164,7 +163,7 @@ __device__ __forceinline__ void fma_tile(const ChainParams& p, Producer& prod, u
     }
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) {
-      const uint4 v = ring[(slot * kPieces + i) * kThreads + threadIdx.x];
+      const uint4 v = ring[ring_unit(slot, warp, (lane >> 3) + 4 * i, lane & 7)];
       const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -207,7 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Producer prod;
   prod.enter(p);
   for (int i = 0; i < kS - 1; ++i) {
-    prod.issue<kMma>(p, ring, i);
+    prod.issue(p, ring, i);
     detail::cp_async_commit();
   }
   int prod_slot = kS - 1, slot = 0, buf = 0;
@@ -277,10 +276,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         a_row < p.m ? smem_u32(xs + a_row * x_stride + warp * (st.k / kWarps) + lane / 16 * 8)
                     : smem_u32(zero16);
     const uint32_t a_step = a_row < p.m ? 2u : 0u;  // bytes per k element (0: the zero slot)
-    // B fragments: lane L gives row L % 8 of matrix L / 8 = (rows 0-7, k 0-7), (rows 0-7, k 8-15),
-    // (rows 8-15, k 0-7), (rows 8-15, k 8-15) of piece i: the slots of lanes L % 8 + {0, 16, 8,
-    // 24}.
-    const int b_lane = lane % 8 + (lane / 8 == 1 ? 16 : lane / 8 == 2 ? 8 : lane / 8 == 3 ? 24 : 0);
+    // B fragments of k step i: lane L gives row L % 8 of matrix L / 8 = (rows 0-7, chunk 2 i),
+    // (rows 0-7, chunk 2 i + 1), (rows 8-15, chunk 2 i), (rows 8-15, chunk 2 i + 1).
+    const int b_row = lane / 16 * 8 + lane % 8, b_half = lane / 8 % 2;
     const int batches = stage_batches(p, s);
     for (int j = 0; j < tiles; ++j) {
       float* red_buf = red + buf * kWarps * kM * 16;
@@ -293,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int b = 0; b < batches; ++b) {
           detail::cp_async_wait<kS - 2>();  // this thread's copies of batch `slot` have landed
           __syncwarp();                     // ... and every lane's, for the warp's ldmatrix
-          prod.issue<kMma>(p, ring, prod_slot);
+          prod.issue(p, ring, prod_slot);
           detail::cp_async_commit();
           prod_slot = prod_slot + 1 == kS ? 0 : prod_slot + 1;
           uint32_t a[kPieces][4], w[kPieces][4];
@@ -301,8 +299,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < kPieces; ++i) {
             detail::ldmatrix_x4(a[i],
                                 a_base + a_step * static_cast<uint32_t>(b * kBatchK + 16 * i));
-            detail::ldmatrix_x4(
-                w[i], smem_u32(ring + (slot * kPieces + i) * kThreads + warp * 32 + b_lane));
+            detail::ldmatrix_x4(w[i],
+                                smem_u32(ring + ring_unit(slot, warp, b_row, 2 * i + b_half)));
           }
 #pragma unroll
           for (int i = 0; i < kPieces; ++i) {
