@@ -6,9 +6,8 @@
 // SECTION: gemv, gemv_split, access, l2_prefetch, attention, attention_kv_heads,
 // attention_batch, layer_chain, moe, lm_head (default: all; the floor always runs); by name only:
 // attention_trace (per-block timelines of the attention pair), chain_trigger (the layer chain per
-// trigger placement of its small kernels and per combine form), chain_persistent (the layer's
-// GEMVs as one persistent launch, gemv_chain.h, beside the fused chain), ncu (one untimed launch
-// per kernel for Nsight Compute, scripts/gpu_ncu.sh).
+// trigger placement of its small kernels and per combine form), ncu (one untimed launch per
+// kernel for Nsight Compute, scripts/gpu_ncu.sh).
 //
 // Floor: the best streaming-read bandwidth of our own read kernel over a 4 GiB buffer.
 // Cold: every launch in a timed graph reads a different copy of the weights (or KV layer), the
@@ -31,7 +30,6 @@
 #include "kernels/attention.h"
 #include "kernels/device.cuh"
 #include "kernels/gemv.h"
-#include "kernels/gemv_chain.h"
 #include "kernels/gemv_norm.h"
 #include "kernels/gemv_split.h"
 #include "kernels/lm_head.h"
@@ -1458,7 +1456,7 @@ void launch_ncu_targets(const std::vector<Shape>& shapes) {
 // for the attention's 4-part combine at every split count, its context length before its wait
 // (AttentionTuning::combine_ctx_before_wait) and the GEMVs' rings of 3 and 2.
 void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
-                       bool trigger_sweep = false, bool persistent = false) {
+                       bool trigger_sweep = false) {
   const int layers = 32, hidden = 4096, inter = 14336, capacity = ctx + 16;
   const int q_len = m / requests;
   char tag_buf[64];
@@ -1565,167 +1563,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
   const double kv_bytes = 2.0 * requests * (ctx + q_len) * 8 * kHeadDim * 2;
   const double bytes = weight_bytes + kv_bytes;
   const double floor_us = bytes / (g_floor_tbps * 1e12) * 1e6;
-  if (persistent) {
-    // The layer's GEMVs as one persistent launch (gemv_chain.h: o + residual, gate+up SwiGLU
-    // normed, down + residual, the next layer's qkv normed; 3 grid barriers) between the fused
-    // attention pair: 3 launches per layer, against the fused chain's 6 (norms and rope fused),
-    // side by side, PDL on and off; then both without the attention (the GEMVs' bytes alone).
-    void* chain_ws = nullptr;
-    TS_CUDA_CHECK(cudaMalloc(&chain_ws, gemv_chain_workspace_bytes()));
-    gemv_chain_workspace_init(chain_ws, g_stream);
-    TS_CUDA_CHECK(cudaStreamSynchronize(g_stream));
-    // Rings that do not fit beside m rows of k 14336 (m = 4: 8 and 12 slots) are left out.
-    auto fits = [&](int ring) { return ring == 0 || gemv_chain_ring_fits(m, ring, inter); };
-    unsigned long long* trace = nullptr;  // set: layer 16's launch writes its block timeline
-    bool fma_consumer = false;
-    auto persist = [&](cudaStream_t s, bool pdl, int ring, bool with_attention) {
-      GemvChain c;
-      c.m = m;
-      c.eps = 1e-5f;
-      c.fma_consumer = fma_consumer;
-      auto qkv_stage = [&](int l) {
-        return GemvChainStage{w[l].qkv_folded, residual, qkv,
-                              qkv_n,           hidden,   GemvChainEpilogue::kNormed};
-      };
-      c.num_stages = 1;
-      c.stage[0] = qkv_stage(0);
-      gemv_chain(c, chain_ws, s, pdl, ring);
-      for (int l = 0; l < layers; ++l) {
-        if (with_attention)
-          decode_attention_rope(qkv, kv.cache, l, kv.ctx, rope, attn, shape, ws, s, pdl);
-        c.stage[0] = {w[l].o, attn, residual, hidden, hidden, GemvChainEpilogue::kResidual};
-        c.stage[1] = {
-            w[l].gate_up_folded, residual, act, inter, hidden, GemvChainEpilogue::kSwigluNormed};
-        c.stage[2] = {w[l].down, act, residual, hidden, inter, GemvChainEpilogue::kResidual};
-        c.num_stages = 3;
-        if (l + 1 < layers) {
-          c.stage[3] = qkv_stage(l + 1);
-          c.num_stages = 4;
-        }
-        c.trace = l == 16 ? trace : nullptr;
-        gemv_chain(c, chain_ws, s, pdl, ring);
-      }
-    };
-    detail::AttentionTuning& at = detail::attention_tuning();
-    const detail::AttentionTuning attn_saved = at;
-    auto report = [&](const char* label, int pdl, int ring, double us, double of_bytes) {
-      const double fl = of_bytes / (g_floor_tbps * 1e12) * 1e6;
-      std::printf("  layer chain %s %-44s pdl %-3s: %7.2f us (%.3fx of floor %.2f us)\n",
-                  tag.c_str(), label, pdl ? "on" : "off", us, us / fl, fl);
-      Row row;
-      row.s("section", "layer_chain_persistent")
-          .s("config", label)
-          .n("m", m)
-          .n("requests", requests)
-          .n("ctx_tokens", ctx)
-          .b("cold", true)
-          .b("pdl", pdl == 1)
-          .n("ring_slots", ring)
-          .n("time_over_floor", us / fl);
-      add_row(row, of_bytes, us);
-    };
-    for (const bool options : {false, true}) {
-      at = attn_saved;
-      if (options) {  // round 23's attention options: the 4-part combine, its context early
-        at.combine_parts_min_splits = 0;
-        at.combine_ctx_before_wait = true;
-      }
-      const std::string suffix = options ? " +parts+ctx_early" : "";
-      for (int pdl = 1; pdl >= 0; --pdl) {
-        if (!options || pdl == 1) {
-          const double us =
-              time_graph_us([&](cudaStream_t s) { forward(s, pdl ? 0xFFu : 0u, 0, true, true); },
-                            7) /
-              layers;
-          report(("fused 6 kernels" + suffix).c_str(), pdl, 0, us, bytes);
-        }
-        for (const int ring : {0, 6, 8}) {
-          if (ring != 0 && (options || pdl == 0 || !fits(ring))) continue;
-          const double us =
-              time_graph_us([&](cudaStream_t s) { persist(s, pdl == 1, ring, true); }, 7) / layers;
-          report(("persistent gemvs (ring " + std::string(ring ? std::to_string(ring) : "auto") +
-                  ") + attention" + suffix)
-                     .c_str(),
-                 pdl, ring, us, bytes);
-        }
-      }
-    }
-    at = attn_saved;
-    // Without the attention: the GEMVs' bytes alone.
-    const double gemv_bytes = weight_bytes;
-    const double fused_us =
-        time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 1u << 3, true, true); }, 7) / layers;
-    report("fused gemvs only (attention left out)", 1, 0, fused_us, gemv_bytes);
-    for (const int ring : {0, 6, 8}) {
-      if (!fits(ring)) continue;
-      const double us =
-          time_graph_us([&](cudaStream_t s) { persist(s, true, ring, false); }, 7) / layers;
-      report(
-          ("persistent gemvs only (ring " + std::string(ring ? std::to_string(ring) : "auto") + ")")
-              .c_str(),
-          1, ring, us, gemv_bytes);
-    }
-    // The FMA consumer (GemvChain::fma_consumer), ring auto, PDL on.
-    fma_consumer = true;
-    report("persistent gemvs only, FMA consumer", 1, 0,
-           time_graph_us([&](cudaStream_t s) { persist(s, true, 0, false); }, 7) / layers,
-           gemv_bytes);
-    report("persistent gemvs (FMA consumer) + attention", 1, 0,
-           time_graph_us([&](cudaStream_t s) { persist(s, true, 0, true); }, 7) / layers, bytes);
-    for (const bool fma : {false, true}) {  // Layer 16's launch, block by block (ring auto, PDL on,
-                                            // with the attention): per stage
-      // the arrivals at its barrier, the release, the staged input rows; us after the first
-      // block passed the dependency wait.
-      int sms = 0;
-      TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      const size_t words = size_t{4} * sms * kGemvChainTraceWords;
-      TS_CUDA_CHECK(cudaMalloc(&trace, words * sizeof(unsigned long long)));
-      fma_consumer = fma;
-      time_graph_us([&](cudaStream_t s) { persist(s, true, 0, true); }, 3);
-      std::vector<unsigned long long> t(words);
-      TS_CUDA_CHECK(
-          cudaMemcpy(t.data(), trace, words * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-      TS_CUDA_CHECK(cudaFree(trace));
-      trace = nullptr;
-      auto at = [&](int stage, int block, int word) {
-        return t[(static_cast<size_t>(stage) * sms + block) * kGemvChainTraceWords + word];
-      };
-      unsigned long long t0 = ~0ull;
-      for (int b = 0; b < sms; ++b) t0 = std::min(t0, at(0, b, 1));
-      auto us = [&](unsigned long long v) { return (static_cast<double>(v) - t0) * 1e-3; };
-      const char* names[4] = {"o", "gate_up", "down", "qkv"};
-      for (int stage = 0; stage < 4; ++stage) {
-        std::vector<double> arrive, release, staged;
-        for (int b = 0; b < sms; ++b) {
-          arrive.push_back(us(at(stage, b, 0)));
-          release.push_back(us(at(stage, b, 1)));
-          staged.push_back(us(at(stage, b, 2)));
-        }
-        std::sort(arrive.begin(), arrive.end());
-        std::sort(release.begin(), release.end());
-        std::sort(staged.begin(), staged.end());
-        std::printf(
-            "  persistent trace m=%d %s stage %-7s: arrivals %7.2f / %7.2f / %7.2f us (first / "
-            "median / last), released %7.2f - %7.2f, rows staged by %7.2f\n",
-            m, fma ? "fma" : "mma", names[stage], arrive.front(), arrive[arrive.size() / 2],
-            arrive.back(), release.front(), release.back(), staged.back());
-        Row row;
-        row.s("section", "layer_chain_persistent_trace")
-            .n("m", m)
-            .s("consumer", fma ? "fma" : "mma")
-            .s("stage", names[stage])
-            .n("arrive_first_us", arrive.front())
-            .n("arrive_median_us", arrive[arrive.size() / 2])
-            .n("arrive_last_us", arrive.back())
-            .n("release_first_us", release.front())
-            .n("release_last_us", release.back())
-            .n("staged_last_us", staged.back());
-        g_rows.push_back(row);
-      }
-    }
-    TS_CUDA_CHECK(cudaFree(chain_ws));
-  }
-  if (trigger_sweep && !persistent) {
+  if (trigger_sweep) {
     detail::KernelTuning& kt = detail::kernel_tuning();
     detail::AttentionTuning& at = detail::attention_tuning();
     detail::GemvTuning& gt = detail::gemv_tuning();
@@ -1788,7 +1626,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     gt = gemv_saved;
     qkv_stages = 0;
   }
-  if (!trigger_sweep && !persistent) {
+  if (!trigger_sweep) {
     // Each attention contender (attention_contenders: the default first), PDL off and on; the
     // diagnostics below use the default.
     auto& attn_tuning = detail::attention_tuning();
@@ -2237,10 +2075,6 @@ int main(int argc, char** argv) {
   if (std::find(only.begin(), only.end(), "chain_trigger") != only.end()) {
     bench_layer_chain(1, false, 1, 8192, true);
     bench_layer_chain(6, false, 1, 8192, true);
-  }
-  if (std::find(only.begin(), only.end(), "chain_persistent") != only.end()) {
-    bench_layer_chain(1, false, 1, 8192, false, true);
-    bench_layer_chain(4, false, 1, 8192, false, true);
   }
   if (want("layer_chain")) {
     bench_layer_chain(1, false);
