@@ -128,13 +128,11 @@ struct SplitView {
 // new tokens of this split (positions >= ctx) rotated / copied from p.qkv into the cache right
 // after the dependency wait, before any tile holding them is issued (rope_kv_append's work).
 // kTrace: the benchmark's timeline instantiation (AttentionTuning::trace).
-// kStages (AttentionTuning::split_stages): the ring's tiles, 3 or 6; the loop below holds for
-// any count >= 2 (the prologue commits kStages - 1 or kStages groups, one per iteration after).
-template <int kRowTiles, bool kQSmem, bool kRope = false, bool kTrace = false, int kStages = 3>
+template <int kRowTiles, bool kQSmem, bool kRope = false, bool kTrace = false>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
     attention_split_kernel(const std::conditional_t<kRope, RopeSplitParams, SplitParams> p) {
   static_assert(!kRope || kQSmem, "the fused rope writes Q into shared memory");
-  static_assert(kStages >= 2 && (kStages == 3 || kQSmem), "six stages keep Q in shared memory");
+  constexpr int kStages = 3;
   constexpr int kThreads = kSplitThreads * kRowTiles;
   constexpr int kRows = kRowTiles * 16;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -549,33 +547,28 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-// Dynamic shared memory of a split block: the ring, then Q (kQSmem), or the warps' partials
-// where those are larger.
-size_t split_smem_bytes(int stages, bool q_smem, int row_tiles) {
-  const size_t ring = static_cast<size_t>(stages) * kTileBytes +
-                      (q_smem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
-  return std::max(ring, warp_partials_bytes(row_tiles));
-}
-
-template <bool kQSmem, bool kRope = false, bool kTrace = false, int kStages = 3>
+template <bool kQSmem, bool kRope = false, bool kTrace = false>
 void run_split(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p, int row_tiles,
                dim3 grid, cudaStream_t stream, bool pdl) {
-  using Kernel = void (*)(std::conditional_t<kRope, RopeSplitParams, SplitParams>);
-  static const Kernel kernels[4] = {attention_split_kernel<1, kQSmem, kRope, kTrace, kStages>,
-                                    attention_split_kernel<2, kQSmem, kRope, kTrace, kStages>,
-                                    attention_split_kernel<3, kQSmem, kRope, kTrace, kStages>,
-                                    attention_split_kernel<4, kQSmem, kRope, kTrace, kStages>};
+  const size_t ring =
+      size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
+  const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
   static const bool configured = [] {
-    for (int tiles = 1; tiles <= 4; ++tiles)
+    for (auto kernel : {attention_split_kernel<1, kQSmem, kRope, kTrace>,
+                        attention_split_kernel<2, kQSmem, kRope, kTrace>,
+                        attention_split_kernel<3, kQSmem, kRope, kTrace>,
+                        attention_split_kernel<4, kQSmem, kRope, kTrace>})
       TS_CUDA_CHECK(
-          cudaFuncSetAttribute(kernels[tiles - 1], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(std::max<size_t>(
-                                   160 * 1024, split_smem_bytes(kStages, kQSmem, tiles)))));
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
-  launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles),
-                   split_smem_bytes(kStages, kQSmem, row_tiles), stream, pdl,
+  void (*kernels[4])(std::conditional_t<kRope, RopeSplitParams, SplitParams>) = {
+      attention_split_kernel<1, kQSmem, kRope, kTrace>,
+      attention_split_kernel<2, kQSmem, kRope, kTrace>,
+      attention_split_kernel<3, kQSmem, kRope, kTrace>,
+      attention_split_kernel<4, kQSmem, kRope, kTrace>};
+  launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
                    static_cast<int>(grid.z) * p.q_len, p);
 }
 
@@ -585,16 +578,12 @@ void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_t
   const detail::AttentionTuning& tuning = detail::attention_tuning();
   const bool traced = p.trace != nullptr;  // checked by the launcher: no rope, split_q_smem
   if (tuning.launch_split) {
-    const bool six = tuning.split_stages == 6;  // checked by the launcher: with split_q_smem
     if (traced)
-      six ? run_split<true, false, true, 6>(p, row_tiles, grid, stream, pdl)
-          : run_split<true, false, true>(p, row_tiles, grid, stream, pdl);
+      run_split<true, false, true>(p, row_tiles, grid, stream, pdl);
     else if (rope != nullptr)
-      six ? run_split<true, true, false, 6>(*rope, row_tiles, grid, stream, pdl)
-          : run_split<true, true>(*rope, row_tiles, grid, stream, pdl);
+      run_split<true, true>(*rope, row_tiles, grid, stream, pdl);
     else if (tuning.split_q_smem)
-      six ? run_split<true, false, false, 6>(p, row_tiles, grid, stream, pdl)
-          : run_split<true>(p, row_tiles, grid, stream, pdl);
+      run_split<true>(p, row_tiles, grid, stream, pdl);
     else
       run_split<false>(p, row_tiles, grid, stream, pdl);
   }
@@ -663,10 +652,6 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   require(
       split_tokens_for(shape, cache) * static_cast<int64_t>(kMaxSplits) >= cache.capacity_tokens,
       "capacity_tokens too large for 1024 splits");
-  require(tuning.split_stages == 3 ||
-              (tuning.split_stages == 6 && tuning.split_q_smem && tuning.ctas_per_sm == 1),
-          "AttentionTuning::split_stages = " + std::to_string(tuning.split_stages) +
-              ": 3, or 6 with split_q_smem and ctas_per_sm = 1 (192 KB of ring per block)");
 
   SplitParams p = {};
   p.q = q;

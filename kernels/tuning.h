@@ -105,11 +105,6 @@ struct AttentionTuning {
   // 25.47, both 15.68 / 23.38: q_smem alone is the default.
   bool split_full_ring = false;
   bool split_q_smem = true;
-  // The split kernel's ring of 64-token K + V tiles (32 KB each): 3 (the default) or 6. Six
-  // stages (192 KB, one block per SM; needs split_q_smem and ctas_per_sm = 1) let the prologue
-  // issue six tiles, three quarters of an 8K context's bytes for one request, before the
-  // dependency wait (round 28, docs/kernels.md). Same bits as 3 stages at the same partition.
-  int split_stages = 3;
   // Measured and not kept (session 15, docs/kernels.md round 8; ctx 8192, q_len 1, against
   // 14.67 us): the split triggering its dependent before its wait (14.70 us), one block per SM
   // (17.14 us; 15.83 with the early trigger), a bulk L2 prefetch of the split's older K/V before

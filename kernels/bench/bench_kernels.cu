@@ -867,10 +867,9 @@ void free_kv(KvSetup& kv) {
 // 6: each split option alone, stream-only runs (tile math skipped), the split and combine kernels
 // alone, and the floor kernel over one layer's K/V per launch.
 std::string attention_label(const detail::AttentionTuning& t) {
-  return "two_launch_cps" + std::to_string(t.ctas_per_sm) +
-         (t.split_stages != 3 ? "_s" + std::to_string(t.split_stages) : "") +
-         (t.split_full_ring ? "_full" : "") + (t.split_q_smem ? "_qsmem" : "") +
-         (t.carveout_max_shared ? "" : "_carvedrv") + (t.skip_math ? "_nomath" : "");
+  return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
+         (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
+         (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -880,13 +879,8 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   pair_opt.split_full_ring = pair_opt.split_q_smem = true;
   detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
   pair_drv.carveout_max_shared = false;
-  // Round 28: one block per SM on a ring of six tiles, all issued before the wait.
-  detail::AttentionTuning six = defaults;
-  six.ctas_per_sm = 1;
-  six.split_stages = 6;
-  six.split_full_ring = six.split_q_smem = true;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t : {pair, pair_drv, pair_opt, six})
+  for (const auto& t : {pair, pair_drv, pair_opt})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
@@ -1195,22 +1189,6 @@ void bench_attention_trace() {
     t.split_prewait_tiles = tiles;
     variants.push_back({tiles == 0 ? "prewait0" : "prewait1", 1, t});
   }
-  // Round 28: one block per SM on a ring of six tiles (AttentionTuning::split_stages), five or six
-  // of them issued before the wait; with the 4-part combine and the context before its wait too.
-  t = defaults;
-  t.ctas_per_sm = 1;
-  t.split_stages = 6;
-  variants.push_back({"six_stages", 1, t});
-  t.split_full_ring = true;
-  variants.push_back({"six_stages_full", 1, t});
-  variants.push_back({"six_stages_full", 6, t});
-  t.combine_parts_min_splits = 0;
-  t.combine_ctx_before_wait = true;
-  variants.push_back({"six_full_parts_ctx_early", 1, t});
-  variants.push_back({"six_full_parts_ctx_early", 6, t});
-  t.split_stages = 3;  // reference: the ring of 3 at the same partition (one block per SM)
-  t.split_full_ring = false;
-  variants.push_back({"one_block_parts_ctx_early", 1, t});
   detail::KernelTuning& kt = detail::kernel_tuning();
   const detail::KernelTuning kernel_defaults = kt;
   for (const Variant& v : variants) {
@@ -1601,9 +1579,6 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
     auto at_exit = [&] { kt.trigger_at_exit = true; };
     auto parts = [&] { at.combine_parts_min_splits = 0; };
     auto ctx_early = [&] { at.combine_ctx_before_wait = true; };
-    auto six_stages = [&](bool full = true) {  // round 28: one block per SM, a ring of six tiles
-      at.ctas_per_sm = 1, at.split_stages = 6, at.split_full_ring = full;
-    };
     const std::vector<std::pair<const char*, std::function<void()>>> configs = {
         {"before_wait", [] {}},
         {"after_wait", after_wait},
@@ -1618,10 +1593,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         {"parts+ctx_early+full_ring", [&] { parts(), ctx_early(), at.split_full_ring = true; }},
         {"parts+ctx_early+qkv_ring2", [&] { parts(), ctx_early(), qkv_stages = 2; }},
         {"parts+ctx_early+ring3+qkv_ring2",
-         [&] { parts(), ctx_early(), gt.stages = 3, qkv_stages = 2; }},
-        {"six_stages_full", [&] { six_stages(); }},
-        {"parts+ctx_early+six_stages_full", [&] { parts(), ctx_early(), six_stages(); }},
-        {"parts+ctx_early+six_stages", [&] { parts(), ctx_early(), six_stages(false); }}};
+         [&] { parts(), ctx_early(), gt.stages = 3, qkv_stages = 2; }}};
     for (const auto& [label, set] : configs) {
       kt = kernel_saved;
       at = attn_saved;

@@ -26,7 +26,6 @@ struct Variant {
   int ctas_per_sm;
   bool split_full_ring = false, split_q_smem = false;
   bool splits_within_one_wave = true;
-  int split_stages = 3;
 };
 const Variant kVariants[] = {
     {"two_launch", 2},  // the 179ce97 pair: Q in registers, 2-tile prologue
@@ -34,9 +33,6 @@ const Variant kVariants[] = {
     {"two_launch_q_smem", 2, false, true},  // the shipped default
     // The split count rounded up (before the one-wave rule): more splits at 2-32 requests.
     {"two_launch_q_smem_round_up", 2, false, true, false},
-    // One block per SM on a ring of six tiles, five or six of them issued before the wait.
-    {"one_block_six_stages_q_smem", 1, false, true, true, 6},
-    {"one_block_six_stages_full_ring_q_smem", 1, true, true, true, 6},
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -48,7 +44,6 @@ class TuningScope {
     t.split_full_ring = v.split_full_ring;
     t.split_q_smem = v.split_q_smem;
     t.splits_within_one_wave = v.splits_within_one_wave;
-    t.split_stages = v.split_stages;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
@@ -539,88 +534,6 @@ TEST(Attention, CombineContextBeforeWaitGivesTheSameBits) {
               << parts << ", run " << i << ": " << describe_mismatches(bits[i], bits[0]);
       }
     }
-  }
-  detail::attention_tuning() = saved;
-  TS_CUDA_CHECK(cudaStreamDestroy(stream));
-}
-
-// AttentionTuning::split_stages = 6 gives the bits of the ring of 3 at the same partition (one
-// block per SM), prologue of five tiles or the full ring, eagerly and in a PDL chain, plain, with
-// the fused rope and in the traced instantiation: Llama-3-8B heads at ctx 8192 (16 splits of 8
-// tiles, six issued before the wait) and a short second request (its tail splits empty), q_len 1,
-// 6 and 16 (one to four row tiles). Six stages without split_q_smem or above one block per SM are
-// rejected before any launch.
-TEST(Attention, SixStageRingGivesTheSameBitsAsThree) {
-  TS_SKIP_WITHOUT_GPU();
-  const detail::AttentionTuning saved = detail::attention_tuning();
-  const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  cudaStream_t stream;
-  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  KvCache cache;
-  cache.num_layers = 1;
-  cache.num_kv_heads = 8;
-  cache.capacity_tokens = 8192 + 16;
-  DeviceRequests batch = upload_requests(cache, {8192, 300}, 16, 0, rng);
-  const RopeTable rope = llama3_rope_table();
-  const size_t words = kAttentionTraceSlotsPerLayer * size_t{kAttentionTraceWords};
-  DeviceBuffer<unsigned long long> trace(words);
-  for (const int q_len : {1, 6, 16}) {
-    const AttentionShape shape = shape_of(2, q_len, 32);
-    const size_t elems = size_t{2} * q_len * 32 * kHeadDim;
-    const int width = (32 + 2 * 8) * kHeadDim;
-    auto dq = test::to_device(test::random_bf16(elems, rng));
-    auto dqkv = test::to_device(test::random_bf16(size_t{2} * q_len * width, rng));
-    auto ws = make_workspace({shape}, cache);
-    // form 0: decode_attention; 1: decode_attention_rope (rewrites the same new tokens each run);
-    // 2: decode_attention traced (the benchmark's instantiations).
-    for (int form = 0; form < 3; ++form) {
-      std::vector<std::vector<uint16_t>> bits;
-      std::vector<std::string> what;
-      for (const auto& [stages, full] :
-           {std::pair{3, false}, std::pair{6, false}, std::pair{6, true}})
-        for (const bool pdl : {false, true}) {
-          detail::attention_tuning() = saved;
-          detail::attention_tuning().ctas_per_sm = 1;
-          detail::attention_tuning().split_q_smem = true;
-          detail::attention_tuning().split_stages = stages;
-          detail::attention_tuning().split_full_ring = full;
-          detail::attention_tuning().trace = form == 2 ? trace.get() : nullptr;
-          DeviceBuffer<bf16> out(elems);
-          out.poison();
-          if (form == 1)
-            decode_attention_rope(dqkv.get(), cache, 0, batch.ctx.get(), rope, out.get(), shape,
-                                  ws.get(), stream, pdl);
-          else
-            decode_attention(dq.get(), cache, 0, batch.ctx.get(), out.get(), shape, ws.get(),
-                             stream, pdl);
-          TS_CUDA_CHECK(cudaStreamSynchronize(stream));
-          bits.push_back(out.download<uint16_t>());
-          what.push_back("stages " + std::to_string(stages) + (full ? " full ring" : "") +
-                         (pdl ? " pdl" : ""));
-        }
-      EXPECT_EQ(std::count(bits[0].begin(), bits[0].end(), uint16_t{0xFFFF}), 0)
-          << "q_len " << q_len << " form " << form << ": unwritten outputs";
-      for (size_t i = 1; i < bits.size(); ++i)
-        EXPECT_EQ(mismatches(bits[i], bits[0]), 0u)
-            << "q_len " << q_len << ", form " << form << ", " << what[i] << ": "
-            << describe_mismatches(bits[i], bits[0]);
-    }
-  }
-  const AttentionShape shape = shape_of(2, 1, 32);
-  auto ws = make_workspace({shape}, cache);
-  DeviceBuffer<bf16> q(2 * 32 * kHeadDim), out(2 * 32 * kHeadDim);
-  for (const auto& [stages, ctas, q_smem] :
-       {std::tuple{6, 2, true}, std::tuple{6, 1, false}, std::tuple{4, 1, true}}) {
-    detail::attention_tuning() = saved;
-    detail::attention_tuning().split_stages = stages;
-    detail::attention_tuning().ctas_per_sm = ctas;
-    detail::attention_tuning().split_q_smem = q_smem;
-    EXPECT_THROW(
-        decode_attention(q.get(), cache, 0, batch.ctx.get(), out.get(), shape, ws.get(), stream),
-        std::invalid_argument)
-        << "stages " << stages << ", ctas_per_sm " << ctas << ", q_smem " << q_smem;
   }
   detail::attention_tuning() = saved;
   TS_CUDA_CHECK(cudaStreamDestroy(stream));
