@@ -913,6 +913,10 @@ int main(int argc, char** argv) {
                                         "; CUDA " + build.cuda_version + "; NCCL " +
                                         build.nccl_version + ")");
   app.require_subcommand(1);
+  // Subcommands pass options they do not know to the app, so `--db` may follow the subcommand
+  // (`twinstep run x.yaml --db r.db`) as well as precede it. Set before any subcommand is added:
+  // each inherits it at creation.
+  app.fallthrough();
   std::string db_path = kDefaultDb;
   app.add_option("--db", db_path, "results database (SQLite)")->capture_default_str();
   std::string format = "table";

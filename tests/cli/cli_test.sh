@@ -52,6 +52,15 @@ check "run prints the comparison" grep -q "tpot_ms_mean" "$work/run.out"
 check "4 complete runs" test "$(q "$db" "SELECT count(*) FROM run WHERE status='complete'")" = 4
 check "every run has metrics" test "$(q "$db" "SELECT count(DISTINCT run_id) FROM metric WHERE key='tpot_ms_mean'")" = 4
 check "step samples stored" test "$(q "$db" "SELECT count(*) > 20000 FROM step_sample")" = 1
+# --db after the subcommand names the same database as before it; the default is not touched.
+"$bin" validate "$src/experiments/quickstart.yaml" --db "$work/none.db" >/dev/null 2>&1
+check "--db after a subcommand is accepted" test $? -eq 0
+check "--db after the subcommand reads that database" \
+  test "$("$bin" query --csv "SELECT count(*) FROM run WHERE status='complete'" --db "$db" 2>/dev/null | tail -n +2)" = 4
+check "--db after the subcommand, a missing file is refused by name" \
+  grep -q "results database $work/missing.db does not exist" \
+  <("$bin" query "SELECT 1" --db "$work/missing.db" 2>&1)
+check "validate writes no database" test ! -e "$work/none.db"
 
 # The seed's finding: lockstep pays the host loop, run-ahead hides it, the host pin brings back
 # the 485 us prepare.
