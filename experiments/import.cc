@@ -78,8 +78,10 @@ std::vector<Metric> row_metrics(const JsonValue& row) {
 
 }  // namespace
 
-std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, const Experiment& e,
-                                       std::vector<std::string>* unmatched) {
+RecordImport read_record(const std::string& path, const Experiment& e,
+                         std::vector<std::string>* unmatched) {
+  RecordImport plan;
+  plan.path = path;
   std::ifstream in(path);
   if (!in) throw Error("cannot read record " + path);
   std::stringstream text;
@@ -90,7 +92,8 @@ std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, c
   } catch (const JsonError& err) {
     throw Error("record " + path + ": " + err.what());
   }
-  std::string commit, gpu;
+  std::string& commit = plan.commit;
+  std::string& gpu = plan.gpu;
   const JsonValue* rows = nullptr;
   try {
     if (doc.kind != JsonValue::Kind::kObject) throw JsonError("the record is not a JSON object");
@@ -109,7 +112,7 @@ std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, c
   }
 
   // Match every variant first, so a malformed row fails before anything is written.
-  std::vector<std::pair<const Variant*, size_t>> matches;
+  auto& matches = plan.matches;
   for (const Variant& v : e.variants) {
     size_t found = rows->items.size();
     for (size_t i = 0; i < rows->items.size(); ++i) {
@@ -130,7 +133,7 @@ std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, c
   }
   // Metrics of every match, also before anything is written: a number out of double range or
   // two fields that give one metric (tpot_ms and tpot_ms_mean) refuse the whole record.
-  std::vector<std::vector<Metric>> metrics;
+  std::vector<std::vector<Metric>>& metrics = plan.metrics;
   for (const auto& [v, row] : matches) {
     const std::string where = "record " + path + ", row " + std::to_string(row) + ": ";
     try {
@@ -143,6 +146,16 @@ std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, c
       if (!keys.insert(m.key).second) throw Error(where + "two fields give metric '" + m.key + "'");
     }
   }
+  return plan;
+}
+
+std::vector<ImportedRun> store_record(ResultsDb& db, const RecordImport& plan,
+                                      const Experiment& e) {
+  const std::string& path = plan.path;
+  const std::string& commit = plan.commit;
+  const std::string& gpu = plan.gpu;
+  const auto& matches = plan.matches;
+  const auto& metrics = plan.metrics;
   const bool dirty = commit.size() > 6 && commit.substr(commit.size() - 6) == "-dirty";
   const std::string sha = dirty ? commit.substr(0, commit.size() - 6) : commit;
   const QueryResult already = db.query_params(
@@ -176,6 +189,11 @@ std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, c
     out.push_back({id, v->index, row});
   }
   return out;
+}
+
+std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& path, const Experiment& e,
+                                       std::vector<std::string>* unmatched) {
+  return store_record(db, read_record(path, e, unmatched), e);
 }
 
 }  // namespace twinstep

@@ -30,4 +30,18 @@ std::vector<ImportedRun> import_record(ResultsDb& db, const std::string& record_
                                        const Experiment& experiment,
                                        std::vector<std::string>* unmatched);
 
+// import_record in two steps, so that every record of a command is read and checked before the
+// database is opened (a refused command creates no file): read_record needs no database and
+// throws what import_record throws for a malformed record; store_record writes its runs (and
+// refuses a record imported before). `experiment` must outlive the plan.
+struct RecordImport {
+  std::string path, commit, gpu;
+  std::vector<std::pair<const Variant*, size_t>> matches;  // variant, record row
+  std::vector<std::vector<Metric>> metrics;                // per match
+};
+RecordImport read_record(const std::string& record_path, const Experiment& experiment,
+                         std::vector<std::string>* unmatched);
+std::vector<ImportedRun> store_record(ResultsDb& db, const RecordImport& record,
+                                      const Experiment& experiment);
+
 }  // namespace twinstep

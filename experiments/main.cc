@@ -437,10 +437,17 @@ int cmd_capacity(const std::string& model, const std::string& hardware,
 int cmd_import(const std::vector<std::string>& records, const std::string& experiment_file,
                const std::string& db_path) {
   const Experiment e = load_experiment_file(experiment_file);
+  // Every record read and matched before the database is opened: a malformed one refuses the
+  // command with nothing written and no new file.
+  std::vector<RecordImport> plans;
+  std::vector<std::vector<std::string>> unmatched_of(records.size());
+  for (size_t i = 0; i < records.size(); ++i)
+    plans.push_back(read_record(records[i], e, &unmatched_of[i]));
   ResultsDb db = open_db(db_path);
-  for (const std::string& record : records) {
-    std::vector<std::string> unmatched;
-    const std::vector<ImportedRun> runs = import_record(db, record, e, &unmatched);
+  for (size_t i = 0; i < records.size(); ++i) {
+    const std::string& record = records[i];
+    const std::vector<std::string>& unmatched = unmatched_of[i];
+    const std::vector<ImportedRun> runs = store_record(db, plans[i], e);
     std::printf("%s: %zu measured run(s) stored as experiment %s", record.c_str(), runs.size(),
                 e.name.c_str());
     if (!runs.empty()) {
@@ -725,7 +732,6 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     return 0;
   }
 #endif
-  ResultsDb db = open_db(db_path);
   std::vector<CalibrationSample> samples;
   ProfileHeader header;
   if (!fit_only && !grid.sessions.empty())
@@ -773,6 +779,15 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
                       "--breaks-only measures a TP shard's decode steps with and without "
                       "collective stubs: give --tp N (N >= 2), without --spec-only or "
                       "--prefill-only");
+  // The database is opened once the arguments hold and, to measure, a GPU is there: a refused
+  // command leaves no new file behind (--fit-only reads a database that must exist).
+  if (!fit_only) {
+    std::string why;
+    if (!real_backend_available(&why))
+      throw Error("calibrate needs a CUDA GPU: " + why +
+                  "; --fit-only refits samples already in a database");
+  }
+  ResultsDb db = fit_only ? open_existing_db(db_path) : open_db(db_path);
   if (fit_only) {
     // One session (the latest by default), or several fitted as one sample set (e.g. a dense
     // model's full grid and a MoE model's narrow grid, measured by two commands): same GPU only.
@@ -826,9 +841,7 @@ int cmd_calibrate(const std::string& out_path, const std::string& db_path, bool 
     (void)quick;
     (void)models;
     (void)grid;
-    throw Error(
-        "calibrate needs the CUDA runtime (this build has none); --fit-only refits "
-        "samples already in a database");
+    throw Error("unreachable: real_backend_available() is false without the CUDA runtime");
 #endif
   }
   if (base.empty()) {

@@ -178,7 +178,24 @@ check "a second import is refused" bash -c "! '$bin' --db '$db5' import '$src/re
 if ! nvidia-smi -L >/dev/null 2>&1; then
   check "calibrate without a GPU says it needs one" bash -c "'$bin' --db '$work/nogpu.db' calibrate --out '$work/nogpu.yaml' 2>&1 | grep -qE '^twinstep: calibrate needs (a CUDA GPU: |the CUDA runtime)'"
   check "calibrate-nccl without a GPU says it needs one" bash -c "'$bin' calibrate-nccl --out '$work/nogpu_nccl.yaml' 2>&1 | grep -qE '^twinstep: calibrate-nccl needs (CUDA GPUs: |a CUDA [+] NCCL [+] MPI build)'"
+  check "calibrate without a GPU creates no database" test ! -e "$work/nogpu.db"
 fi
+# A refused command leaves no new database behind: calibrate's argument errors, a refit of a
+# database that does not exist, an import whose second record is malformed (nothing stored).
+"$bin" --db "$work/cal_args.db" calibrate --out "$work/cal_args.yaml" --sessions 1 2>/dev/null
+check "calibrate --sessions without --fit-only is refused, creating no database" \
+  bash -c "[ $? -ne 0 ] && [ ! -e '$work/cal_args.db' ]"
+check "calibrate --fit-only names a missing database" \
+  grep -q "results database $work/missing_cal.db does not exist" \
+  <("$bin" --db "$work/missing_cal.db" calibrate --fit-only --out "$work/m.yaml" 2>&1)
+check "calibrate --fit-only creates no database" test ! -e "$work/missing_cal.db"
+echo '{"command": "x", "commit": "abc1234", "gpu": "g", "date": "d", "rows": [1]}' >"$work/bad_record.json"
+"$bin" --db "$work/import_bad.db" import "$src/results/h200/decode.json" "$work/bad_record.json" \
+  --as "$val" >/dev/null 2>"$work/import_bad.err"
+check "an import with a malformed record fails" test $? -ne 0
+check "the import's error names the record" grep -q "record $work/bad_record.json: a row is not an object" "$work/import_bad.err"
+check "a refused import creates no database (the good record before it is not stored either)" \
+  test ! -e "$work/import_bad.db"
 check "compare lines up sim and real" bash -c "'$bin' --db '$db5' compare --experiment validation-h200-decode --csv | head -1 | grep -q '\\[real\\]'"
 # 16 runs: the table has a row per run, its swept parameters and backend in columns.
 check "compare's table of many runs has a row per run" bash -c "out=\$('$bin' --db '$db5' compare --experiment validation-h200-decode); echo \"\$out\" | head -1 | grep -qE '^run +workload.input_len +cases +backend +tpot_ms_mean' && test \$(echo \"\$out\" | grep -cE '^ *[0-9]+  .*  (sim|real) ') -eq 16"
