@@ -227,7 +227,8 @@ const ModelSpec& preset_model(const Context& ctx, const Node& node, const std::s
   for (const std::string& known : model_preset_names()) {
     if (known == name) return model_preset(name);
   }
-  ctx.fail(node.mark, "unknown model preset '" + name + "'; known: " + known_model_presets());
+  ctx.fail(node.mark, "unknown model preset '" + name + "'; known: " + known_model_presets() +
+                          yaml::did_you_mean(name, model_preset_names()));
 }
 
 int32_t read_i32(const Context& ctx, const MapReader& m, std::string_view key, int64_t lo,
@@ -493,7 +494,8 @@ HardwareSpec parse_hardware(const Context& ctx, const Node& node) {
     if (std::find(presets.begin(), presets.end(), name) == presets.end()) {
       ctx.fail(n.mark,
                "unknown hardware preset '" + name + "'; known: " + yaml::join_list(presets) +
-                   " (calibrated profiles are read from " + calibration_profile_dir() + ")");
+                   " (calibrated profiles are read from " + calibration_profile_dir() + ")" +
+                   yaml::did_you_mean(name, presets));
     }
     try {
       return hardware_by_name(name);

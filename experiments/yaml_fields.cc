@@ -75,6 +75,20 @@ std::string join_list(const std::vector<std::string>& names) {
   return out;
 }
 
+std::string did_you_mean(std::string_view name, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = 3;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(name, c);
+    // Two edits at most, and at most a third of the longer name ('a100' is not 'h200').
+    if (d < best_distance && 3 * d <= std::max(name.size(), c.size())) {
+      best_distance = d;
+      best = c;
+    }
+  }
+  return best.empty() ? "" : "; did you mean '" + best + "'?";
+}
+
 MapReader::MapReader(const Context& ctx, const Node& node, std::string path,
                      std::vector<std::string> allowed)
     : ctx_(ctx), node_(node), path_(std::move(path)) {
@@ -86,17 +100,7 @@ MapReader::MapReader(const Context& ctx, const Node& node, std::string path,
     if (std::find(allowed.begin(), allowed.end(), e.key) != allowed.end()) continue;
     std::string message = "unknown key '" + e.key + "'";
     message += path_.empty() ? " at the top level" : " in " + path_;
-    std::string best;
-    size_t best_distance = 3;
-    for (const std::string& a : allowed) {
-      size_t d = edit_distance(e.key, a);
-      if (d < best_distance) {
-        best_distance = d;
-        best = a;
-      }
-    }
-    message += "; allowed: " + join_list(allowed);
-    if (!best.empty()) message += "; did you mean '" + best + "'?";
+    message += "; allowed: " + join_list(allowed) + did_you_mean(e.key, allowed);
     ctx.fail(e.key_mark, message);
   }
 }

@@ -27,6 +27,10 @@ std::string join(const std::string& parent, std::string_view key);
 
 // "a, b, c".
 std::string join_list(const std::vector<std::string>& names);
+// "; did you mean 'X'?" for the closest candidate (the first of equals) within two edits of
+// `name` and at most a third of the longer one's length, else "": appended to the unknown-name
+// errors.
+std::string did_you_mean(std::string_view name, const std::vector<std::string>& candidates);
 
 // A mapping whose keys have been checked against an allowed set. `path` names the mapping in
 // messages ("" for the top level).
@@ -83,7 +87,8 @@ E read_enum(const Context& ctx, const Node& node, const std::string& field,
     if (choice == name) return value;
     names.push_back(choice);
   }
-  ctx.fail(node.mark, "unknown " + field + " '" + name + "'; allowed: " + join_list(names));
+  ctx.fail(node.mark, "unknown " + field + " '" + name + "'; allowed: " + join_list(names) +
+                          did_you_mean(name, names));
 }
 
 }  // namespace twinstep::yaml

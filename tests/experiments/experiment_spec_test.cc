@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "experiments/experiment.h"
+#include "experiments/yaml_fields.h"
 #include "policies/error.h"
 
 namespace twinstep {
@@ -512,6 +513,19 @@ INSTANTIATE_TEST_SUITE_P(Files, BadExperiment, testing::ValuesIn(bad_files()),
                          });
 
 TEST(ExperimentErrors, ManyBadFiles) { EXPECT_GE(bad_files().size(), 20u); }
+
+// The suggestion appended to unknown keys, enum values and preset names: the closest name within
+// two edits and a third of the longer length, the first of equals; none past that.
+TEST(ExperimentErrors, SuggestsOnlyCloseNames) {
+  using yaml::did_you_mean;
+  EXPECT_EQ(did_you_mean("runahed", {"lockstep", "runahead"}), "; did you mean 'runahead'?");
+  EXPECT_EQ(did_you_mean("reqeusts", {"input_len", "requests"}), "; did you mean 'requests'?");
+  EXPECT_EQ(did_you_mean("ahead", {"lockstep", "runahead"}), "");  // three edits
+  EXPECT_EQ(did_you_mean("a100", {"h200"}), "");                   // two edits of four
+  EXPECT_EQ(did_you_mean("h2000", {"b200", "h200"}), "; did you mean 'h200'?");
+  EXPECT_EQ(did_you_mean("h300", {"h200", "b300"}), "; did you mean 'h200'?");  // tie: first
+  EXPECT_EQ(did_you_mean("x", {}), "");
+}
 
 TEST(ExperimentErrors, MissingFileNamesThePath) {
   const std::string path = kDir + "/bad/does_not_exist.yaml";
