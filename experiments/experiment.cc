@@ -492,10 +492,9 @@ HardwareSpec parse_hardware(const Context& ctx, const Node& node) {
   auto preset = [&](const Node& n, const std::string& field) -> HardwareSpec {
     const std::string name = read_string(ctx, n, field);
     if (std::find(presets.begin(), presets.end(), name) == presets.end()) {
-      ctx.fail(n.mark,
-               "unknown hardware preset '" + name + "'; known: " + yaml::join_list(presets) +
-                   " (calibrated profiles are read from " + calibration_profile_dir() + ")" +
-                   yaml::did_you_mean(name, presets));
+      ctx.fail(n.mark, "unknown hardware preset '" + name + "'; known: " +
+                           yaml::join_list(presets) + " (calibrated profiles are read from " +
+                           calibration_profile_dir() + ")" + yaml::did_you_mean(name, presets));
     }
     try {
       return hardware_by_name(name);
