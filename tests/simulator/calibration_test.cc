@@ -644,7 +644,7 @@ TEST_F(ProfileDir, ExperimentsNameProfilesLikePresets) {
     EXPECT_EQ(std::string(err.what()),
               "exp.yaml:3:11: unknown hardware preset 'h900'; known: b200, b300, h100, h20, "
               "h200, broken, h200-test (calibrated profiles are read from " +
-                  dir_.string() + ")");
+                  dir_.string() + "); did you mean 'h100'?");
   }
 }
 
