@@ -38,7 +38,7 @@ struct SplitParams {
   bool skip_math;             // benchmark diagnostic: stream K/V, skip the tile math
   bool full_ring;             // all 3 stages in the prologue (AttentionTuning::split_full_ring)
   unsigned long long* trace;  // benchmark only, read by the kTrace instantiations (attention.h)
-  int prewait_tiles;          // benchmark only, kTrace instantiations: AttentionTuning's cap
+  int prewait_tiles;          // AttentionTuning::split_prewait_tiles (-1: no cap)
 };
 
 // One block's benchmark timeline (attention.h's trace layout), written by thread 0; in the
@@ -128,7 +128,8 @@ struct SplitView {
 // new tokens of this split (positions >= ctx) rotated / copied from p.qkv into the cache right
 // after the dependency wait, before any tile holding them is issued (rope_kv_append's work).
 // kTrace: the benchmark's timeline instantiation (AttentionTuning::trace).
-template <int kRowTiles, bool kQSmem, bool kRope = false, bool kTrace = false>
+// kQkChains: attend_tile's (AttentionTuning::qk_chains).
+template <int kRowTiles, bool kQSmem, bool kRope = false, bool kTrace = false, int kQkChains = 1>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
     attention_split_kernel(const std::conditional_t<kRope, RopeSplitParams, SplitParams> p) {
   static_assert(!kRope || kQSmem, "the fused rope writes Q into shared memory");
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   // appends tokens >= ctx only).
   const bool full = p.full_ring;
   const int prologue = full ? kStages : kStages - 1;
-  const int prewait = kTrace && p.prewait_tiles >= 0 ? min(prologue, p.prewait_tiles) : prologue;
+  const int prewait = p.prewait_tiles >= 0 ? min(prologue, p.prewait_tiles) : prologue;
   int issued = 0;
   while (issued < min(num_tiles, prewait) && t_begin + (issued + 1) * kTileTokens <= ctx) {
     issue_tile(issued++);
@@ -294,8 +295,8 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
       }
     }
     const bf16* k_smem = smem + (tile % kStages) * 2 * kTileElems;
-    attend_tile(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
-                t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
+    attend_tile<kQkChains>(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
+                           t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
   }
 
   trace.mark(kTraceLastTile);
@@ -303,7 +304,8 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   detail::cp_async_wait<0>();
   __syncthreads();
   float* o_smem = reinterpret_cast<float*>(smem_raw);  // [warp][16][128]
-  float2* ml_smem = reinterpret_cast<float2*>(o_smem + kRowTiles * kWarpsPerTile * 16 * kHeadDim);
+  float2* ml_smem =
+      reinterpret_cast<float2*>(o_smem + kRowTiles * kWarpsPerTile * 16 * kPartialStride);
   store_warp_partial(acc, o_smem, ml_smem);
   __syncthreads();
   const int d = threadIdx.x % kHeadDim;
@@ -547,29 +549,40 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-template <bool kQSmem, bool kRope = false, bool kTrace = false>
+template <bool kQSmem, bool kRope = false, bool kTrace = false, int kQkChains = 1>
 void run_split(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p, int row_tiles,
                dim3 grid, cudaStream_t stream, bool pdl) {
   const size_t ring =
       size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
   const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
-  static const bool configured = [] {
-    for (auto kernel : {attention_split_kernel<1, kQSmem, kRope, kTrace>,
-                        attention_split_kernel<2, kQSmem, kRope, kTrace>,
-                        attention_split_kernel<3, kQSmem, kRope, kTrace>,
-                        attention_split_kernel<4, kQSmem, kRope, kTrace>})
+  void (*kernels[4])(std::conditional_t<kRope, RopeSplitParams, SplitParams>) = {
+      attention_split_kernel<1, kQSmem, kRope, kTrace, kQkChains>,
+      attention_split_kernel<2, kQSmem, kRope, kTrace, kQkChains>,
+      attention_split_kernel<3, kQSmem, kRope, kTrace, kQkChains>,
+      attention_split_kernel<4, kQSmem, kRope, kTrace, kQkChains>};
+  static const bool configured = [&kernels] {
+    for (auto kernel : kernels)
       TS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
-  void (*kernels[4])(std::conditional_t<kRope, RopeSplitParams, SplitParams>) = {
-      attention_split_kernel<1, kQSmem, kRope, kTrace>,
-      attention_split_kernel<2, kQSmem, kRope, kTrace>,
-      attention_split_kernel<3, kQSmem, kRope, kTrace>,
-      attention_split_kernel<4, kQSmem, kRope, kTrace>};
   launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
                    static_cast<int>(grid.z) * p.q_len, p);
+}
+
+// run_split with AttentionTuning::qk_chains' instantiation.
+template <bool kQSmem, bool kRope = false, bool kTrace = false>
+void run_split_chains(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p,
+                      int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
+  switch (detail::attention_tuning().qk_chains) {
+    case 2:
+      return run_split<kQSmem, kRope, kTrace, 2>(p, row_tiles, grid, stream, pdl);
+    case 4:
+      return run_split<kQSmem, kRope, kTrace, 4>(p, row_tiles, grid, stream, pdl);
+    default:
+      return run_split<kQSmem, kRope, kTrace, 1>(p, row_tiles, grid, stream, pdl);
+  }
 }
 
 // rope: decode_attention_rope's split parameters (p and the rope fields), else null.
@@ -579,13 +592,13 @@ void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_t
   const bool traced = p.trace != nullptr;  // checked by the launcher: no rope, split_q_smem
   if (tuning.launch_split) {
     if (traced)
-      run_split<true, false, true>(p, row_tiles, grid, stream, pdl);
+      run_split_chains<true, false, true>(p, row_tiles, grid, stream, pdl);
     else if (rope != nullptr)
-      run_split<true, true>(*rope, row_tiles, grid, stream, pdl);
+      run_split_chains<true, true>(*rope, row_tiles, grid, stream, pdl);
     else if (tuning.split_q_smem)
-      run_split<true>(p, row_tiles, grid, stream, pdl);
+      run_split_chains<true>(p, row_tiles, grid, stream, pdl);
     else
-      run_split<false>(p, row_tiles, grid, stream, pdl);
+      run_split_chains<false>(p, row_tiles, grid, stream, pdl);
   }
   if (tuning.launch_combine) {
     const bool parts = tuning.combine_parts && p.num_splits >= tuning.combine_parts_min_splits;
@@ -649,6 +662,8 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   require(layer >= 0 && layer < cache.num_layers, "layer out of range");
   require(cache.capacity_tokens >= shape.q_len, "capacity_tokens < q_len");
   const detail::AttentionTuning& tuning = detail::attention_tuning();
+  require(tuning.qk_chains == 1 || tuning.qk_chains == 2 || tuning.qk_chains == 4,
+          "AttentionTuning::qk_chains = " + std::to_string(tuning.qk_chains) + " is not 1, 2 or 4");
   require(
       split_tokens_for(shape, cache) * static_cast<int64_t>(kMaxSplits) >= cache.capacity_tokens,
       "capacity_tokens too large for 1024 splits");
