@@ -38,7 +38,7 @@ struct SplitParams {
   bool skip_math;             // benchmark diagnostic: stream K/V, skip the tile math
   bool full_ring;             // all 3 stages in the prologue (AttentionTuning::split_full_ring)
   unsigned long long* trace;  // benchmark only, read by the kTrace instantiations (attention.h)
-  int prewait_tiles;          // AttentionTuning::split_prewait_tiles (-1: no cap)
+  int prewait_tiles;          // benchmark only, kTrace instantiations: AttentionTuning's cap
 };
 
 // One block's benchmark timeline (attention.h's trace layout), written by thread 0; in the
@@ -128,8 +128,7 @@ struct SplitView {
 // new tokens of this split (positions >= ctx) rotated / copied from p.qkv into the cache right
 // after the dependency wait, before any tile holding them is issued (rope_kv_append's work).
 // kTrace: the benchmark's timeline instantiation (AttentionTuning::trace).
-// kQkChains: attend_tile's (AttentionTuning::qk_chains).
-template <int kRowTiles, bool kQSmem, bool kRope = false, bool kTrace = false, int kQkChains = 1>
+template <int kRowTiles, bool kQSmem, bool kRope = false, bool kTrace = false>
 __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 : 1)
     attention_split_kernel(const std::conditional_t<kRope, RopeSplitParams, SplitParams> p) {
   static_assert(!kRope || kQSmem, "the fused rope writes Q into shared memory");
@@ -161,7 +160,7 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   // appends tokens >= ctx only).
   const bool full = p.full_ring;
   const int prologue = full ? kStages : kStages - 1;
-  const int prewait = p.prewait_tiles >= 0 ? min(prologue, p.prewait_tiles) : prologue;
+  const int prewait = kTrace && p.prewait_tiles >= 0 ? min(prologue, p.prewait_tiles) : prologue;
   int issued = 0;
   while (issued < min(num_tiles, prewait) && t_begin + (issued + 1) * kTileTokens <= ctx) {
     issue_tile(issued++);
@@ -251,11 +250,21 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
   if constexpr (kRope) {
     // Q is in shared memory already (above).
   } else if constexpr (kQSmem) {
-    for (int i = threadIdx.x; i < kRows * 16; i += kThreads) {  // 16 bytes per thread
-      const int row = i / 16, u = i % 16;
-      const uint4 v = row < p.rows ? detail::load_16(p.q + q_offset(p, request, head, row) + u * 8)
-                                   : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(q_smem + smem_index(row, u)) = v;
+    // 16 bytes per thread and unit, every load issued before the first store (one L2 round trip
+    // on the way to the first tile, not one per unit).
+    constexpr int kQUnits = kRows * 16 / kThreads;
+    static_assert(kRows * 16 % kThreads == 0);
+    uint4 qv[kQUnits];
+#pragma unroll
+    for (int k = 0; k < kQUnits; ++k) {
+      const int row = (threadIdx.x + k * kThreads) / 16, u = threadIdx.x % 16;
+      qv[k] = row < p.rows ? detail::load_16(p.q + q_offset(p, request, head, row) + u * 8)
+                           : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kQUnits; ++k) {
+      const int row = (threadIdx.x + k * kThreads) / 16, u = threadIdx.x % 16;
+      *reinterpret_cast<uint4*>(q_smem + smem_index(row, u)) = qv[k];
     }
   } else {
 #pragma unroll
@@ -295,26 +304,39 @@ __global__ void __launch_bounds__(kSplitThreads* kRowTiles, kRowTiles <= 2 ? 2 :
       }
     }
     const bf16* k_smem = smem + (tile % kStages) * 2 * kTileElems;
-    attend_tile<kQkChains>(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
-                           t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
+    attend_tile(acc, qa, qb, k_smem, k_smem + kTileElems, tok_base,
+                t_begin + tile * kTileTokens + tok_base, limit_a, limit_b, p.scale_log2);
   }
 
   trace.mark(kTraceLastTile);
   // Combine the warps that share a row tile, in warp order, through shared memory.
   detail::cp_async_wait<0>();
   __syncthreads();
-  float* o_smem = reinterpret_cast<float*>(smem_raw);  // [warp][16][128]
+  float* o_smem = reinterpret_cast<float*>(smem_raw);  // [warp][16][kPartialStride]
   float2* ml_smem =
       reinterpret_cast<float2*>(o_smem + kRowTiles * kWarpsPerTile * 16 * kPartialStride);
   store_warp_partial(acc, o_smem, ml_smem);
   __syncthreads();
+  // Thread (row0, d) merges rows row0, row0 + kRowTiles, ... (up to 16) in batches of
+  // kMergeBatch independent merges, so their shared-memory loads and exp2s overlap instead of
+  // running one row's dependent chain after another; a batch's rows past p.rows merge a valid
+  // row again and are not stored. Each row's arithmetic is merge_warps' either way.
+  constexpr int kMergeBatch = 4;
   const int d = threadIdx.x % kHeadDim;
-  for (int row = threadIdx.x / kHeadDim; row < p.rows; row += kRowTiles) {
-    const RowPartial r = merge_warps(o_smem, ml_smem, row, d);
-    const size_t slot =
-        ((static_cast<size_t>(request) * gridDim.y + head) * p.num_splits + split) * p.rows + row;
-    p.part_o[slot * kHeadDim + d] = r.o;
-    if (d == 0) p.part_ml[slot] = make_float2(r.m, r.l);
+  const size_t slot0 =
+      ((static_cast<size_t>(request) * gridDim.y + head) * p.num_splits + split) * p.rows;
+  for (int row0 = threadIdx.x / kHeadDim; row0 < p.rows; row0 += kMergeBatch * kRowTiles) {
+    RowPartial r[kMergeBatch];
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i)
+      r[i] = merge_warps(o_smem, ml_smem, min(row0 + i * kRowTiles, p.rows - 1), d);
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      const int row = row0 + i * kRowTiles;
+      if (row >= p.rows) break;
+      p.part_o[(slot0 + row) * kHeadDim + d] = r[i].o;
+      if (d == 0) p.part_ml[slot0 + row] = make_float2(r[i].m, r[i].l);
+    }
   }
   if constexpr (kTrace) {
     __syncthreads();
@@ -549,40 +571,29 @@ void launch_attention(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   TS_CUDA_CHECK(cudaGetLastError());
 }
 
-template <bool kQSmem, bool kRope = false, bool kTrace = false, int kQkChains = 1>
+template <bool kQSmem, bool kRope = false, bool kTrace = false>
 void run_split(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p, int row_tiles,
                dim3 grid, cudaStream_t stream, bool pdl) {
   const size_t ring =
       size_t{3} * kTileBytes + (kQSmem ? static_cast<size_t>(row_tiles) * 16 * kHeadDim * 2 : 0);
   const size_t smem = std::max(ring, warp_partials_bytes(row_tiles));
-  void (*kernels[4])(std::conditional_t<kRope, RopeSplitParams, SplitParams>) = {
-      attention_split_kernel<1, kQSmem, kRope, kTrace, kQkChains>,
-      attention_split_kernel<2, kQSmem, kRope, kTrace, kQkChains>,
-      attention_split_kernel<3, kQSmem, kRope, kTrace, kQkChains>,
-      attention_split_kernel<4, kQSmem, kRope, kTrace, kQkChains>};
-  static const bool configured = [&kernels] {
-    for (auto kernel : kernels)
+  static const bool configured = [] {
+    for (auto kernel : {attention_split_kernel<1, kQSmem, kRope, kTrace>,
+                        attention_split_kernel<2, kQSmem, kRope, kTrace>,
+                        attention_split_kernel<3, kQSmem, kRope, kTrace>,
+                        attention_split_kernel<4, kQSmem, kRope, kTrace>})
       TS_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
     return true;
   }();
   (void)configured;
+  void (*kernels[4])(std::conditional_t<kRope, RopeSplitParams, SplitParams>) = {
+      attention_split_kernel<1, kQSmem, kRope, kTrace>,
+      attention_split_kernel<2, kQSmem, kRope, kTrace>,
+      attention_split_kernel<3, kQSmem, kRope, kTrace>,
+      attention_split_kernel<4, kQSmem, kRope, kTrace>};
   launch_attention(kernels[row_tiles - 1], grid, dim3(kSplitThreads * row_tiles), smem, stream, pdl,
                    static_cast<int>(grid.z) * p.q_len, p);
-}
-
-// run_split with AttentionTuning::qk_chains' instantiation.
-template <bool kQSmem, bool kRope = false, bool kTrace = false>
-void run_split_chains(const std::conditional_t<kRope, RopeSplitParams, SplitParams>& p,
-                      int row_tiles, dim3 grid, cudaStream_t stream, bool pdl) {
-  switch (detail::attention_tuning().qk_chains) {
-    case 2:
-      return run_split<kQSmem, kRope, kTrace, 2>(p, row_tiles, grid, stream, pdl);
-    case 4:
-      return run_split<kQSmem, kRope, kTrace, 4>(p, row_tiles, grid, stream, pdl);
-    default:
-      return run_split<kQSmem, kRope, kTrace, 1>(p, row_tiles, grid, stream, pdl);
-  }
 }
 
 // rope: decode_attention_rope's split parameters (p and the rope fields), else null.
@@ -592,13 +603,13 @@ void run_two_launch(const SplitParams& p, const RopeSplitParams* rope, int row_t
   const bool traced = p.trace != nullptr;  // checked by the launcher: no rope, split_q_smem
   if (tuning.launch_split) {
     if (traced)
-      run_split_chains<true, false, true>(p, row_tiles, grid, stream, pdl);
+      run_split<true, false, true>(p, row_tiles, grid, stream, pdl);
     else if (rope != nullptr)
-      run_split_chains<true, true>(*rope, row_tiles, grid, stream, pdl);
+      run_split<true, true>(*rope, row_tiles, grid, stream, pdl);
     else if (tuning.split_q_smem)
-      run_split_chains<true>(p, row_tiles, grid, stream, pdl);
+      run_split<true>(p, row_tiles, grid, stream, pdl);
     else
-      run_split_chains<false>(p, row_tiles, grid, stream, pdl);
+      run_split<false>(p, row_tiles, grid, stream, pdl);
   }
   if (tuning.launch_combine) {
     const bool parts = tuning.combine_parts && p.num_splits >= tuning.combine_parts_min_splits;
@@ -662,8 +673,6 @@ void launch_decode_attention(const char* launcher, const bf16* q, const bf16* qk
   require(layer >= 0 && layer < cache.num_layers, "layer out of range");
   require(cache.capacity_tokens >= shape.q_len, "capacity_tokens < q_len");
   const detail::AttentionTuning& tuning = detail::attention_tuning();
-  require(tuning.qk_chains == 1 || tuning.qk_chains == 2 || tuning.qk_chains == 4,
-          "AttentionTuning::qk_chains = " + std::to_string(tuning.qk_chains) + " is not 1, 2 or 4");
   require(
       split_tokens_for(shape, cache) * static_cast<int64_t>(kMaxSplits) >= cache.capacity_tokens,
       "capacity_tokens too large for 1024 splits");

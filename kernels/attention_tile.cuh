@@ -81,40 +81,23 @@ __device__ __forceinline__ void warp_acc_init(WarpAcc& acc) {
 // tok_abs of the first): S = Q K^T, mask (row a sees positions < limit_a, row b < limit_b),
 // online softmax in log2 units, O += P V. qa/qb: Q fragments of rows a/b, k-permuted (lane holds
 // the 16 bytes of units 4c + tq).
-// kQkChains (AttentionTuning::qk_chains): S's 128-dimension sum as that many independent mma
-// accumulation chains (chunk c of 32 dimensions into chain c % kQkChains), added in chain order:
-// 1 is one chain of 8 dependent mmas per 8-token tile (179ce97); 2 and 4 shorten the dependency
-// to 4 and 2 mmas. Another summation order (other bits), the same for every row count.
-template <int kQkChains = 1>
 __device__ __forceinline__ void attend_tile(WarpAcc& acc, const uint4 (&qa)[4],
                                             const uint4 (&qb)[4], const bf16* k_smem,
                                             const bf16* v_smem, int tok_base, int tok_abs,
                                             int limit_a, int limit_b, float scale_log2) {
-  static_assert(kQkChains == 1 || kQkChains == 2 || kQkChains == 4, "1, 2 or 4 chains");
   const int lane = threadIdx.x % 32, gid = lane / 4, tq = lane % 4;
-  float sc[kQkChains][kTokTiles][4];
+  float s[kTokTiles][4];
 #pragma unroll
-  for (int ch = 0; ch < kQkChains; ++ch)
-#pragma unroll
-    for (int n = 0; n < kTokTiles; ++n)
-      sc[ch][n][0] = sc[ch][n][1] = sc[ch][n][2] = sc[ch][n][3] = 0.0f;
+  for (int n = 0; n < kTokTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
   for (int c = 0; c < 4; ++c)
 #pragma unroll
     for (int n = 0; n < kTokTiles; ++n) {
       const int tok = tok_base + n * 8 + gid;
       const uint4 kv = *reinterpret_cast<const uint4*>(k_smem + smem_index(tok, 4 * c + tq));
-      float(&s_c)[4] = sc[c % kQkChains][n];
-      detail::mma_16816(s_c, qa[c].x, qb[c].x, qa[c].y, qb[c].y, kv.x, kv.y);
-      detail::mma_16816(s_c, qa[c].z, qb[c].z, qa[c].w, qb[c].w, kv.z, kv.w);
+      detail::mma_16816(s[n], qa[c].x, qb[c].x, qa[c].y, qb[c].y, kv.x, kv.y);
+      detail::mma_16816(s[n], qa[c].z, qb[c].z, qa[c].w, qb[c].w, kv.z, kv.w);
     }
-  float(&s)[kTokTiles][4] = sc[0];
-#pragma unroll
-  for (int ch = 1; ch < kQkChains; ++ch)
-#pragma unroll
-    for (int n = 0; n < kTokTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = __fadd_rn(s[n][e], sc[ch][n][e]);
 
   // Mask, scale, online softmax (row a in s[n][0..1], row b in s[n][2..3]). A lane whose 16
   // tokens are all visible to both its rows (every tile but the causal tail) skips the mask.

@@ -149,15 +149,9 @@ struct AttentionTuning {
   // (attention.h, kAttentionTrace*) into this buffer, in instantiations of their own (the default
   // kernels' code is not touched). Needs split_q_smem and decode_attention (not the fused rope).
   unsigned long long* trace = nullptr;
-  // At most this many of the split's prologue tiles issued before its dependency wait, the rest
-  // of the prologue right after it, before Q's load (-1: the whole prologue's older tiles, 2 or 3).
-  // Same bits. With split_full_ring and 2: the third tile issued as the wait returns instead of
-  // after Q's load and the first tile's barrier (round 29, docs/kernels.md).
+  // Benchmark only, read by the trace instantiations: at most this many tiles issued before the
+  // split's dependency wait (-1: the prologue's, 2 or 3).
   int split_prewait_tiles = -1;
-  // The split's S = Q K^T sum as 1, 2 or 4 independent mma accumulation chains (attend_tile's
-  // kQkChains): fewer dependent mmas per tile, another summation order (other bits at rounding
-  // level, the same for every row count, so verify rows still match plain decode). Round 29.
-  int qk_chains = 1;
   bool skip_math = false;  // benchmark only: stream K/V, skip the tile math (wrong output)
 };
 AttentionTuning& attention_tuning();

@@ -869,11 +869,7 @@ void free_kv(KvSetup& kv) {
 std::string attention_label(const detail::AttentionTuning& t) {
   return "two_launch_cps" + std::to_string(t.ctas_per_sm) + (t.split_full_ring ? "_full" : "") +
          (t.split_q_smem ? "_qsmem" : "") + (t.carveout_max_shared ? "" : "_carvedrv") +
-         (t.skip_math ? "_nomath" : "") +
-         (t.qk_chains != 1 ? "_qk" + std::to_string(t.qk_chains) : "") +
-         (t.split_prewait_tiles >= 0 ? "_pre" + std::to_string(t.split_prewait_tiles) : "") +
-         (t.combine_parts_min_splits == 0 ? "_parts" : "") +
-         (t.combine_ctx_before_wait ? "_ctxe" : "");
+         (t.skip_math ? "_nomath" : "");
 }
 
 // The attention tunings compared side by side (attention section and layer chain).
@@ -883,26 +879,8 @@ std::vector<detail::AttentionTuning> attention_contenders(const detail::Attentio
   pair_opt.split_full_ring = pair_opt.split_q_smem = true;
   detail::AttentionTuning pair_drv = pair;  // the driver's carveout per kernel (round 4)
   pair_drv.carveout_max_shared = false;
-  // Round 29: S's sum in 2 / 4 mma chains, the full ring's third tile right after the wait, and
-  // round 23's combine options (4 parts at every split count, the context before the wait) with
-  // the best of them.
-  detail::AttentionTuning qk2 = defaults, qk4 = defaults, pre2 = defaults;
-  qk2.qk_chains = 2;
-  qk4.qk_chains = 4;
-  pre2.split_full_ring = true;
-  pre2.split_prewait_tiles = 2;
-  auto with_combine_options = [](detail::AttentionTuning t) {
-    t.combine_parts_min_splits = 0;
-    t.combine_ctx_before_wait = true;
-    return t;
-  };
-  detail::AttentionTuning qk4_pre2 = qk4;
-  qk4_pre2.split_full_ring = true;
-  qk4_pre2.split_prewait_tiles = 2;
   std::vector<detail::AttentionTuning> all = {defaults};
-  for (const auto& t :
-       {pair, pair_drv, pair_opt, qk2, qk4, pre2, qk4_pre2, with_combine_options(defaults),
-        with_combine_options(qk4), with_combine_options(qk4_pre2)})
+  for (const auto& t : {pair, pair_drv, pair_opt})
     if (attention_label(t) != attention_label(defaults)) all.push_back(t);
   return all;
 }
@@ -1211,23 +1189,6 @@ void bench_attention_trace() {
     t.split_prewait_tiles = tiles;
     variants.push_back({tiles == 0 ? "prewait0" : "prewait1", 1, t});
   }
-  // Round 29: S's sum in 4 mma chains; the full ring's third tile issued right after the wait.
-  t = defaults;
-  t.qk_chains = 4;
-  variants.push_back({"qk4", 1, t});
-  variants.push_back({"qk4", 6, t});
-  t = defaults;
-  t.split_full_ring = true;
-  t.split_prewait_tiles = 2;
-  variants.push_back({"full_ring_prewait2", 1, t});
-  t.qk_chains = 4;
-  t.combine_parts_min_splits = 0;
-  t.combine_ctx_before_wait = true;
-  variants.push_back({"combine_parts_ctx_early_qk4_full_pre2", 1, t});
-  t.split_full_ring = false;
-  t.split_prewait_tiles = -1;
-  variants.push_back({"combine_parts_ctx_early_qk4", 1, t});
-  variants.push_back({"combine_parts_ctx_early_qk4", 6, t});
   detail::KernelTuning& kt = detail::kernel_tuning();
   const detail::KernelTuning kernel_defaults = kt;
   for (const Variant& v : variants) {
@@ -1632,17 +1593,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         {"parts+ctx_early+full_ring", [&] { parts(), ctx_early(), at.split_full_ring = true; }},
         {"parts+ctx_early+qkv_ring2", [&] { parts(), ctx_early(), qkv_stages = 2; }},
         {"parts+ctx_early+ring3+qkv_ring2",
-         [&] { parts(), ctx_early(), gt.stages = 3, qkv_stages = 2; }},
-        // Round 29: S's sum in 2 / 4 mma chains; the full ring's third tile after the wait.
-        {"qk4", [&] { at.qk_chains = 4; }},
-        {"parts+ctx_early+qk2", [&] { parts(), ctx_early(), at.qk_chains = 2; }},
-        {"parts+ctx_early+qk4", [&] { parts(), ctx_early(), at.qk_chains = 4; }},
-        {"parts+ctx_early+full_pre2",
-         [&] { parts(), ctx_early(), at.split_full_ring = true, at.split_prewait_tiles = 2; }},
-        {"parts+ctx_early+qk4+full_pre2", [&] {
-           parts(), ctx_early(), at.qk_chains = 4;
-           at.split_full_ring = true, at.split_prewait_tiles = 2;
-         }}};
+         [&] { parts(), ctx_early(), gt.stages = 3, qkv_stages = 2; }}};
     for (const auto& [label, set] : configs) {
       kt = kernel_saved;
       at = attn_saved;
@@ -1653,7 +1604,7 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
       const double us6 =
           time_graph_us([&](cudaStream_t s) { forward(s, 0xFFu, 0, true, true); }, 7) / layers;
       std::printf(
-          "  layer chain %s %-30s: 9 kernels %7.2f us (%.3fx), norms + rope fused (6 kernels) "
+          "  layer chain %s %-21s: 9 kernels %7.2f us (%.3fx), norms + rope fused (6 kernels) "
           "%7.2f us (%.3fx of floor %.2f us)\n",
           tag.c_str(), label, us9, us9 / floor_us, us6, us6 / floor_us, floor_us);
       for (const int kernels : {9, 6}) {

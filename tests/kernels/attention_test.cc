@@ -26,7 +26,6 @@ struct Variant {
   int ctas_per_sm;
   bool split_full_ring = false, split_q_smem = false;
   bool splits_within_one_wave = true;
-  int qk_chains = 1, split_prewait_tiles = -1;
 };
 const Variant kVariants[] = {
     {"two_launch", 2},  // the 179ce97 pair: Q in registers, 2-tile prologue
@@ -34,11 +33,6 @@ const Variant kVariants[] = {
     {"two_launch_q_smem", 2, false, true},  // the shipped default
     // The split count rounded up (before the one-wave rule): more splits at 2-32 requests.
     {"two_launch_q_smem_round_up", 2, false, true, false},
-    // Round 29: S's sum in 2 and 4 mma chains (Q in registers with 4: the most registers); the
-    // full ring's third tile issued right after the wait.
-    {"two_launch_q_smem_qk2", 2, false, true, true, 2},
-    {"two_launch_qk4", 2, false, false, true, 4},
-    {"two_launch_full_ring_q_smem_prewait2", 2, true, true, true, 1, 2},
 };
 
 // Sets the tuning for one test, restores the defaults after.
@@ -50,8 +44,6 @@ class TuningScope {
     t.split_full_ring = v.split_full_ring;
     t.split_q_smem = v.split_q_smem;
     t.splits_within_one_wave = v.splits_within_one_wave;
-    t.qk_chains = v.qk_chains;
-    t.split_prewait_tiles = v.split_prewait_tiles;
   }
   ~TuningScope() { detail::attention_tuning() = saved_; }
 
@@ -713,13 +705,6 @@ TEST(Attention, RejectsInvalidShapes) {
   EXPECT_THROW(decode_attention(q, cache, 0, ctx, out, shape, ws, nullptr), std::invalid_argument);
   shape.num_q_heads = 32;
   EXPECT_THROW(decode_attention(q, cache, 1, ctx, out, shape, ws, nullptr), std::invalid_argument);
-  {
-    const detail::AttentionTuning saved = detail::attention_tuning();
-    detail::attention_tuning().qk_chains = 3;
-    EXPECT_THROW(decode_attention(q, cache, 0, ctx, out, shape, ws, nullptr),
-                 std::invalid_argument);
-    detail::attention_tuning() = saved;
-  }
   cache.capacity_tokens = 0;  // < q_len
   EXPECT_THROW(decode_attention(q, cache, 0, ctx, out, shape, ws, nullptr), std::invalid_argument);
   try {  // checked before any CUDA call; the message names the function once
