@@ -8,7 +8,8 @@
 # even ones), each in its own process.
 #   TWINSTEP_COMMIT=<sha> BASE=<sha> [BASE_TAR=file.tar.xz] SECTIONS="attention chain_trigger" \
 #     [ROUNDS=2] [TESTS=filter] [MEMCHECK=filter] scripts/gpu_ab_kernels.sh OUT_DIR
-# Writes OUT_DIR/{new,base}_SECTION_ROUND.json and OUT_DIR/logs.tar.xz.
+# Writes OUT_DIR/records.tar.xz ({new,base}_SECTION_ROUND.json: few files come back from the GPU
+# machine) and OUT_DIR/logs.tar.xz.
 set -uo pipefail
 source "$(dirname "$0")/gpu_recal_lib.sh"
 recal_init "${1:?usage: BASE=<sha> SECTIONS=... scripts/gpu_ab_kernels.sh OUT_DIR}"
@@ -61,4 +62,5 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 step done
+(cd "$out" && tar cJf records.tar.xz ./*.json && rm -f ./*.json) || status=1
 recal_finish
