@@ -141,9 +141,10 @@ struct AttentionTuning {
   int combine_parts_min_splits = 66;
   // The combine loads the request's context length before its dependency wait (the preceding
   // kernel does not write it), so its partials' loads after the wait are not behind that load.
-  // Same bits. Off: measured in round 23 (docs/kernels.md), a change of every decode step's
-  // attention that goes with a recalibration.
-  bool combine_ctx_before_wait = false;
+  // Same bits. Measured in round 23 (docs/kernels.md: -0.3 us per layer at ctx 8192), the
+  // default since round 29 (session 36), with the split's padded partials: both only shorten the
+  // attention the calibration profile priced (docs/calibration.md, the drift check after it).
+  bool combine_ctx_before_wait = true;
   bool launch_split = true, launch_combine = true;  // benchmark only: either kernel alone
   // Benchmark only (section attention_trace): non-null = the pair's blocks write their timeline
   // (attention.h, kAttentionTrace*) into this buffer, in instantiations of their own (the default

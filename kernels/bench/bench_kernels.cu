@@ -1177,6 +1177,8 @@ void bench_attention_trace() {
   variants.push_back({"combine_parts", 6, t});
   variants.push_back({"combine_parts_at_exit", 1, t, true, true});
   t = defaults;
+  t.combine_ctx_before_wait = false;  // the default before round 29
+  variants.push_back({"ctx_late", 1, t});
   t.combine_ctx_before_wait = true;
   variants.push_back({"ctx_early", 1, t});
   t.combine_parts_min_splits = 0;
@@ -1587,7 +1589,8 @@ void bench_layer_chain(int m, bool diagnose, int requests = 1, int ctx = 8192,
         {"at_exit+parts", [&] { at_exit(), parts(); }},
         {"parts+gemv_ring3", [&] { parts(), gt.stages = 3; }},
         {"parts+gemv_ring2", [&] { parts(), gt.stages = 2; }},
-        {"ctx_early", ctx_early},
+        {"ctx_early", ctx_early},  // the default since round 29: ctx_late is the other side
+        {"ctx_late", [&] { at.combine_ctx_before_wait = false; }},
         {"parts+ctx_early", [&] { parts(), ctx_early(); }},
         {"parts+ctx_early+ring3", [&] { parts(), ctx_early(), gt.stages = 3; }},
         {"parts+ctx_early+full_ring", [&] { parts(), ctx_early(), at.split_full_ring = true; }},

@@ -489,9 +489,9 @@ TEST_P(AttentionVariants, CombineFormsAgree) {
 }
 
 // AttentionTuning::combine_ctx_before_wait (the context length loaded before the combine's
-// dependency wait) gives the same bits as the default, in both combine forms, eagerly and in a
-// PDL chain: one KV head at ctx 8192 (129 splits) and 3000, and eight KV heads at 8192 (the split
-// count of Llama-3-8B's heads), q_len 1 and 8, two requests of different lengths.
+// dependency wait) gives the same bits as loading it after the wait, in both combine forms, eagerly
+// and in a PDL chain: one KV head at ctx 8192 (129 splits) and 3000, and eight KV heads at 8192
+// (the split count of Llama-3-8B's heads), q_len 1 and 8, two requests of different lengths.
 TEST(Attention, CombineContextBeforeWaitGivesTheSameBits) {
   TS_SKIP_WITHOUT_GPU();
   const detail::AttentionTuning saved = detail::attention_tuning();
